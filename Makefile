@@ -1,0 +1,61 @@
+# cairn — one binary, build/cairn. `make test` and `make run` install missing Debian packages first.
+CC      ?= cc
+# SIMD=native (default) compiles the best path for this machine; SIMD=portable builds the scalar path only.
+SIMD    ?= native
+OPT     ?= -O2
+ARCH_native   := -march=native
+ARCH_portable :=
+CFLAGS  ?= $(OPT) -g
+CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -Werror=implicit-function-declaration \
+           -pthread $(ARCH_$(SIMD))
+LDLIBS  := -lcjson -lpcre2-8 -lmicrohttpd -lpthread -lm
+BUILD   ?= build
+
+SRC      := $(shell find src -name '*.c' | sort)
+OBJ      := $(SRC:src/%.c=$(BUILD)/obj/%.o)
+LIB_OBJ  := $(filter-out $(BUILD)/obj/main.o,$(OBJ))
+TEST_SRC := $(sort $(wildcard tests/c/test_*.c))
+TEST_BIN := $(TEST_SRC:tests/c/%.c=$(BUILD)/tests/%)
+PYTHON   := /usr/bin/python3
+
+.PHONY: all deps test test-c run bench asan clean deepseek-v4-tiny-check
+all: $(BUILD)/cairn $(TEST_BIN)
+
+$(BUILD)/cairn: $(OBJ)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/obj/%.o: src/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -c -o $@ $<
+
+$(BUILD)/tests/%: tests/c/%.c $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Isrc -o $@ $< $(LIB_OBJ) $(LDLIBS)
+
+-include $(OBJ:.o=.d)
+
+deps:
+	@scripts/deps.sh
+
+# Every test — C unit programs, protocol, HTTP and node tests — runs under pytest, so the run
+# ends with one summary line.
+test: deps
+	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory BUILD=build/portable SIMD=portable all
+	$(PYTHON) -m pytest -q tests
+
+# Address/UB sanitizer build of everything (the loader's corrupt-file tests run under it).
+asan:
+	@$(MAKE) --no-print-directory BUILD=build/asan OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer" all
+
+run: deps all
+	@scripts/demo.sh
+
+bench: deps all
+	@scripts/bench.sh
+
+deepseek-v4-tiny-check: deps all
+	$(PYTHON) -m pytest -q -s tests/test_deepseek_v4_tiny_check.py
+
+clean:
+	rm -rf build

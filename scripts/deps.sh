@@ -1,0 +1,27 @@
+#!/bin/sh
+# Installs the Debian packages cairn needs (as root), or prints the exact command and stops.
+set -e
+PKGS="build-essential libcjson-dev libpcre2-dev libmicrohttpd-dev python3-numpy python3-pytest nodejs npm"
+missing=""
+for p in $PKGS; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+# node/npm may come from outside Debian (e.g. a preinstalled nodejs); accept any working binaries.
+case "$missing" in *nodejs*|*npm*) command -v node >/dev/null && command -v npm >/dev/null &&
+    missing=$(echo "$missing" | sed 's/ nodejs//; s/ npm//') ;; esac
+if [ -n "$missing" ]; then
+    if [ "$(id -u)" = 0 ]; then
+        echo "deps: installing$missing"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null
+    else
+        echo "deps: missing packages. Run:"
+        echo "  sudo apt-get install -y$missing"
+        exit 1
+    fi
+fi
+# Node packages used as real-world oracles and clients in tests.
+if [ ! -d tests/node/node_modules/openai ] || [ ! -d tests/node/node_modules/@huggingface/tokenizers ] ; then
+    echo "deps: npm install (tests/node)"
+    (cd tests/node && npm install --no-audit --no-fund --loglevel=error >/dev/null)
+fi

@@ -1,0 +1,37 @@
+#include "cli.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int cli_numerics(const char *s) {
+    if (!strcmp(s, "exact")) return NUMERICS_EXACT;
+    if (!strcmp(s, "qat")) return NUMERICS_QAT;
+    return -1;
+}
+
+int cli_int(const char *sub, const char *flag, const char *s, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long v = s ? strtol(s, &end, 10) : 0;
+    if (!s || errno || end == s || *end || v < lo || v > hi) {
+        fprintf(stderr, "cairn %s: bad value for %s: '%s' (expected an integer in [%ld, %ld])\n", sub, flag,
+                s ? s : "(missing)", lo, hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int cli_float(const char *sub, const char *flag, const char *s, double *out) {
+    char *end;
+    double v = s ? strtod(s, &end) : 0;
+    if (!s || end == s || *end || !isfinite(v)) {
+        fprintf(stderr, "cairn %s: bad value for %s: '%s' (expected a number)\n", sub, flag, s ? s : "(missing)");
+        return -1;
+    }
+    *out = v;
+    return 0;
+}

@@ -1,0 +1,53 @@
+/* kernels.h — matrix x vector and matrix x (small batch of rows) for every weight format.
+ *
+ * A qmat describes a weight matrix W [rows, cols] as stored in the checkpoint (no copy):
+ *   WF_F32  : float [rows][cols]
+ *   WF_BF16 : uint16 [rows][cols]
+ *   WF_FP8  : E4M3 bytes [rows][cols] + E8M0 scale [ceil(rows/128)][ceil(cols/128)]
+ *   WF_FP4  : E2M1 nibbles [rows][cols/2] (low nibble = even column) + E8M0 scale [rows][cols/32]
+ * y = W x computes y[r] = sum_c W[r][c] * x[c] with weights dequantized exactly
+ * (code value * block scale).
+ *
+ * CHUNKING INVARIANCE (hard requirement, reuse_design.md §6): y[r] for one input row is
+ * bit-identical whether computed by qmat_vec, or by qmat_mul inside a batch of any size and any
+ * position in that batch, on any number of threads. Each output element is reduced in one fixed
+ * order that depends only on `cols` and the compiled SIMD path.
+ *
+ * SIMD: the best path for the build machine is compiled in (AVX-512 / AVX2+FMA+F16C), and the
+ * scalar path is always available; kernels_force_scalar(1) selects it at run time (tests compare
+ * the two). The scalar path and the SIMD path need not be bitwise equal to each other, but each
+ * is chunking-invariant on its own.
+ */
+#ifndef CAIRN_KERNELS_H
+#define CAIRN_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum { WF_F32, WF_BF16, WF_FP8, WF_FP4 } wformat;
+
+typedef struct {
+    wformat fmt;
+    int rows, cols;
+    const void *data;
+    const uint8_t *scale;   /* E8M0 block scales (FP8, FP4), else NULL */
+} qmat;
+
+const char *wformat_name(wformat f);
+size_t qmat_bytes(const qmat *w);                    /* weight + scale bytes read by one pass */
+
+/* y[rows] = W x[cols] */
+void qmat_vec(const qmat *w, const float *x, float *y);
+/* Y[n][rows] = X[n][cols] W^T: n input rows, each result bit-identical to qmat_vec on that row. */
+void qmat_mul(const qmat *w, const float *x, int n, float *y);
+/* Same as qmat_mul but only output rows [r0, r1) of W, written to y[n][r1-r0]
+ * (used for the per-group wo_a projection and per-expert slices). */
+void qmat_mul_rows(const qmat *w, int r0, int r1, const float *x, int n, float *y);
+
+/* Dequantize row r of W into out[cols] (embedding lookups, tests). */
+void qmat_row(const qmat *w, int r, float *out);
+
+void kernels_force_scalar(int on);
+const char *kernels_simd_name(void);                 /* "avx512", "avx2" or "scalar" */
+
+#endif

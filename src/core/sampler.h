@@ -1,0 +1,38 @@
+/* sampler.h — next-token choice from logits: greedy, temperature, top-k, top-p, min-p, seed.
+ *
+ * INVARIANT: the result is a pure function of (logits, parameters, rng state); the rng is an
+ * explicit xorshift64* state seeded from `seed`, so identical seeds give identical output.
+ * temperature <= 0 is greedy (argmax, ties to the lower id). Non-finite logits are ignored;
+ * if none is finite the result is argmax over raw bits order (id 0 fallback).
+ */
+#ifndef CAIRN_SAMPLER_H
+#define CAIRN_SAMPLER_H
+
+#include <stdint.h>
+
+typedef struct {
+    float temperature;   /* <= 0: greedy */
+    float top_p;         /* 1 = off */
+    int top_k;           /* 0 = off */
+    float min_p;         /* 0 = off */
+    uint64_t seed;
+} sampler_params;
+
+typedef struct {
+    sampler_params p;
+    uint64_t rng;
+    int vocab;
+    float *probs;        /* scratch [vocab] */
+    int *order;          /* scratch [vocab] */
+} sampler;
+
+void sampler_init(sampler *s, const sampler_params *p, int vocab);
+void sampler_free(sampler *s);
+int sampler_pick(sampler *s, const float *logits);
+
+/* log-softmax of logits into out[vocab] (f64 accumulation); used for logprobs. */
+void log_softmax(const float *logits, int n, float *out);
+/* The k most likely ids of logprobs (descending, ties to lower id). */
+void top_logprobs(const float *logprobs, int n, int k, int *ids);
+
+#endif

@@ -1,0 +1,19 @@
+/* threads.h — a fixed pthreads pool for data-parallel loops.
+ *
+ * pool_run(n, fn, ctx) calls fn(ctx, i) for every i in [0, n), spread over the pool's threads,
+ * and returns when all calls are done. Work is split by index only, so a result never depends
+ * on the number of threads (each i must write disjoint output).
+ *
+ * The pool is process-global, created lazily with CAIRN_THREADS (default: online cores).
+ * Nested calls from inside a task run serially on the calling thread.
+ */
+#ifndef CAIRN_THREADS_H
+#define CAIRN_THREADS_H
+
+typedef void (*pool_task)(void *ctx, int i);
+
+void pool_run(int n, pool_task fn, void *ctx);
+int pool_threads(void);
+void pool_set_threads(int n);   /* before first use; 1 = no threads */
+
+#endif

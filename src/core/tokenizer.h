@@ -1,0 +1,49 @@
+/* tokenizer.h — Hugging Face `tokenizer.json` (byte-level BPE) encode/decode.
+ *
+ * Supports what the four families ship: `added_tokens` (special and normal) matched before
+ * everything else, a normalizer (none / NFC passthrough where declared), the pre_tokenizer
+ * `Sequence` of `Split` (regex with Unicode classes, via PCRE2) and `ByteLevel`, BPE `merges`
+ * (both "a b" strings and [a, b] pairs), `byte_fallback` and `ignore_merges` where declared,
+ * and the ByteLevel decoder.
+ *
+ * INVARIANT: tok_encode produces exactly the ids that the reference `@huggingface/tokenizers`
+ * produces for the same tokenizer.json and text (tests/test_tokenizer_parity.* checks it), with
+ * no BOS/post-processor added (callers add template tokens themselves).
+ */
+#ifndef CAIRN_TOKENIZER_H
+#define CAIRN_TOKENIZER_H
+
+#include <stddef.h>
+
+typedef struct tokenizer tokenizer;
+
+tokenizer *tok_load(const char *path, char *err, size_t errlen);   /* path to tokenizer.json */
+void tok_free(tokenizer *t);
+
+int tok_vocab_size(const tokenizer *t);      /* largest id + 1 */
+/* Encode n bytes of UTF-8 text. Returns the number of ids (may exceed max: then only max were
+ * written, and the caller can retry with a larger buffer), or -1 with err. */
+int tok_encode(const tokenizer *t, const char *text, size_t n, int *ids, int max, char *err, size_t errlen);
+/* Encode with special/added tokens treated as plain text (for untrusted user content). */
+int tok_encode_plain(const tokenizer *t, const char *text, size_t n, int *ids, int max, char *err, size_t errlen);
+int tok_id(const tokenizer *t, const char *token);          /* exact vocab/added token lookup, -1 if absent */
+const char *tok_piece(const tokenizer *t, int id);          /* raw vocab string (byte-level alphabet) */
+int tok_is_special(const tokenizer *t, int id);
+
+/* Streaming decoder: feed ids one at a time, get the bytes they add. Bytes are produced as soon
+ * as they are known; a multibyte UTF-8 character whose bytes span several tokens comes out whole
+ * once complete (so every chunk it returns is valid UTF-8 unless the model itself emits invalid
+ * bytes, which are passed through at finish). */
+typedef struct {
+    const tokenizer *t;
+    unsigned char pending[8];
+    int npending;
+} tok_stream;
+void tok_stream_init(tok_stream *s, const tokenizer *t);
+/* Appends the decoded bytes of id to out (capacity cap); returns bytes written. */
+size_t tok_stream_put(tok_stream *s, int id, char *out, size_t cap);
+size_t tok_stream_finish(tok_stream *s, char *out, size_t cap);
+/* Decode a whole id sequence (heap string, NUL-terminated; *len gets the byte count). */
+char *tok_decode(const tokenizer *t, const int *ids, int n, size_t *len);
+
+#endif

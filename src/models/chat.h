@@ -1,0 +1,43 @@
+/* chat.h — chat templates: OpenAI-shaped messages -> the prompt text a family was trained on,
+ * and a generated reply -> reasoning / content / tool calls.
+ *
+ * Messages are the OpenAI JSON shape (cJSON array of {role, content, reasoning_content?,
+ * tool_calls?, tool_call_id?, name?}); roles system, developer, user, assistant, tool.
+ *
+ * INVARIANT (template stability, protocol issue): rendering the conversation
+ * [..., user, assistant(reply)] + [user] produces text that starts with exactly the text the
+ * previous turn's prompt + the assistant reply the model generated, as far as the family's
+ * official template allows (DeepSeek V4 thinking mode drops historical reasoning by design).
+ */
+#ifndef CAIRN_CHAT_H
+#define CAIRN_CHAT_H
+
+#include <cjson/cJSON.h>
+#include <stddef.h>
+
+typedef struct {
+    int thinking;                 /* 1 = thinking mode generation cue */
+    const char *effort;           /* reasoning effort or NULL */
+    const char *tool_choice;      /* "auto", "none", "required", or a function name to force; NULL = auto */
+} chat_opts;
+
+typedef struct {
+    char *reasoning;              /* heap strings, NULL when absent */
+    char *content;
+    cJSON *tool_calls;            /* OpenAI tool_calls array or NULL */
+} chat_reply;
+
+typedef struct {
+    const char *model_type;
+    /* Heap string of the rendered prompt (ends with the generation cue), or NULL + err. */
+    char *(*render)(const cJSON *messages, const cJSON *tools, const chat_opts *o, char *err, size_t errlen);
+    /* Split a finished reply into reasoning / content / tool calls. */
+    void (*parse)(const char *text, size_t n, int thinking, chat_reply *out);
+    /* Byte length of the system-prompt prefix of a rendered prompt (checkpoint hint), 0 if none. */
+    size_t (*system_prefix_bytes)(const char *prompt, size_t n);
+} chat_template;
+
+const chat_template *chat_find(const char *model_type);
+void chat_reply_free(chat_reply *r);
+
+#endif

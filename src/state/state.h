@@ -1,0 +1,113 @@
+/* state.h — one sequence state for every model family: its parts, its record, and the
+ * operations reuse needs (extend, reset, truncate, snapshot, restore), written once.
+ *
+ * THE IDEA. A family describes the state it keeps between forward calls as PARTS, each a flat
+ * buffer of one kind (reuse_design.md §1):
+ *   ROWS  — one self-contained row per `span` positions, addressed absolutely: row i is a fixed
+ *           function of the tokens before (i+1)*span. MLA latent/rope rows (span 1), GQA K/V
+ *           rows, DeepSeek V4 compressed lists (span = compress ratio). Truncatable.
+ *   RING  — `rows` slots reused modulo the window: slot = pos % rows (DSV4 window KV).
+ *           Truncatable only while nothing has been overwritten (len <= rows).
+ *   RECUR — a running summary of every token so far (compressor/indexer partials, linear-attention
+ *           matrices, short-conv windows). Never truncatable. Reset fills it with `fill`.
+ * The family allocates nothing itself: state_add_part() returns the buffer, and the family's
+ * forward pass reads and writes it. Everything else below is generic memcpy over the parts, so
+ * no family file contains reuse logic.
+ *
+ * THE RECORD. ids[0..len) are exactly the token ids the state was built from, at absolute
+ * positions 0..len-1, appended (state_record) as each chunk enters the state — never inferred
+ * from the tensors or from caller arithmetic. The last sampled token is never fed, so never
+ * recorded. Rows beyond the record are garbage and are never read: the family derives how many
+ * rows are valid from the position it is fed at.
+ *
+ * TAINT. Any failure after the state started changing (error, cancel mid-prefill, NaN, input
+ * that ids cannot describe) marks the state tainted; state_usable() is then 0 and the next
+ * request resets. Failing to allocate record/snapshot memory disables reuse, never a request.
+ *
+ * INVARIANTS
+ *  - state_truncate / state_restore either succeed completely or change nothing.
+ *  - A snapshot carries the record and every part needed to continue bit-identically. A
+ *    snapshot taken without ROWS parts ("light") restores only into a state whose record still
+ *    holds the snapshot's ids (its rows are then the same bytes), which state_restore checks.
+ */
+#ifndef CAIRN_STATE_H
+#define CAIRN_STATE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+typedef enum { PART_ROWS, PART_RING, PART_RECUR } part_kind;
+
+typedef struct {
+    part_kind kind;
+    char name[48];          /* for messages and persistence checks, e.g. "L3.window" */
+    size_t row_bytes;       /* ROWS/RING: bytes per row or slot; RECUR: total bytes */
+    int rows;               /* ROWS: capacity; RING: window; RECUR: 1 */
+    int span;               /* ROWS: positions per row (1, or a compression ratio) */
+    float fill;             /* RECUR reset value for every float (0, or -INFINITY for score states) */
+    unsigned char *buf;
+} state_part;
+
+typedef struct {
+    int *ids;               /* record */
+    int len, cap;           /* cap = context capacity in positions */
+    int tainted;
+    int record_ok;          /* 0 after a record allocation failure: reuse disabled */
+    state_part *parts;
+    int nparts;
+} state;
+
+enum { STATE_OK = 0, STATE_EUNSUPPORTED = -2, STATE_ENOMEM = -3, STATE_EMISMATCH = -4 };
+
+/* Set up an empty state for a context of `cap` positions. Returns STATE_ENOMEM if the record
+ * cannot be allocated (the state still works; reuse is disabled). */
+int state_init(state *s, int cap);
+void state_deinit(state *s);
+
+/* Declare a part; returns its buffer (zeroed, or filled for RECUR), NULL on allocation failure. */
+void *state_add_part(state *s, part_kind kind, const char *name, size_t row_bytes, int rows, int span,
+                     float fill);
+
+/* Forget everything: record emptied, taint cleared, RECUR parts refilled. Never fails. */
+void state_reset(state *s);
+
+/* Append ids fed at absolute positions pos0..pos0+n-1 (pos0 must equal len, else the record is
+ * dropped and the state tainted). */
+void state_record(state *s, const int *ids, int pos0, int n);
+void state_taint(state *s);
+int state_usable(const state *s);        /* record_ok && !tainted */
+
+/* Common prefix length of the record and ids[0..n). 0 if the state is not usable. */
+int state_common_prefix(const state *s, const int *ids, int n);
+
+/* Can every part drop positions >= p (p <= len)? */
+int state_can_truncate(const state *s, int p);
+/* Drop positions >= p. STATE_EUNSUPPORTED (and nothing changes) if some part cannot. */
+int state_truncate(state *s, int p);
+
+/* ---- snapshots: one contiguous byte blob, suitable for memory stores and files ---------- */
+typedef struct snapshot snapshot;
+/* with_rows = 0 makes a light snapshot (RING and RECUR parts only). NULL on allocation failure. */
+snapshot *state_snapshot(const state *s, int with_rows);
+/* Restore s to the snapshot. Light snapshots require s's record to hold snap's ids.
+ * STATE_EMISMATCH if the part layout differs (another model/shape) or a light snapshot does not
+ * fit; nothing changes then. */
+int state_restore(state *s, const snapshot *snap);
+void snapshot_free(snapshot *snap);
+int snapshot_len(const snapshot *snap);                 /* positions it covers */
+const int *snapshot_ids(const snapshot *snap);
+int snapshot_has_rows(const snapshot *snap);
+size_t snapshot_bytes(const snapshot *snap);           /* memory it holds */
+
+/* Persistence: versioned header (magic, version, model fingerprint, layout hash, record length,
+ * payload checksum); the length is written last so a torn write reads as absent.
+ * snapshot_read returns NULL with a reason in err for a truncated, foreign or corrupt file. */
+int snapshot_write(const snapshot *snap, uint64_t model_fingerprint, FILE *f, char *err, size_t errlen);
+snapshot *snapshot_read(FILE *f, uint64_t model_fingerprint, char *err, size_t errlen);
+
+/* Bytes of state per position (ROWS parts) and fixed bytes (RING + RECUR), for reports. */
+size_t state_bytes_per_token(const state *s);
+size_t state_fixed_bytes(const state *s);
+
+#endif

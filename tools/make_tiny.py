@@ -1,0 +1,30 @@
+#!/usr/bin/python3
+"""Make a small model of a family in the official checkpoint layout.
+
+usage: python3 tools/make_tiny.py FAMILY OUTDIR [--size tiny|bench] [--seed N]
+
+Each family's generator is tools/tiny_<family>.py with a function
+make(outdir, size, seed) that writes config.json, the safetensors and tokenizer.json.
+"""
+import argparse
+import importlib
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+FAMILIES = {"deepseek_v4": "tiny_deepseek_v4", "glm": "tiny_glm", "glm_moe_dsa": "tiny_glm"}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("family", choices=sorted(FAMILIES))
+    ap.add_argument("outdir")
+    ap.add_argument("--size", choices=["tiny", "bench"], default="tiny")
+    ap.add_argument("--seed", type=int, default=1234)
+    a = ap.parse_args()
+    os.makedirs(a.outdir, exist_ok=True)
+    importlib.import_module(FAMILIES[a.family]).make(a.outdir, a.size, a.seed)
+
+
+if __name__ == "__main__":
+    main()

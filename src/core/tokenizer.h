@@ -29,6 +29,7 @@ int tok_encode_plain(const tokenizer *t, const char *text, size_t n, int *ids, i
 int tok_id(const tokenizer *t, const char *token);          /* exact vocab/added token lookup, -1 if absent */
 const char *tok_piece(const tokenizer *t, int id);          /* raw vocab string (byte-level alphabet) */
 int tok_is_special(const tokenizer *t, int id);
+size_t tok_max_token_bytes(const tokenizer *t);             /* longest decoded token, in bytes */
 
 /* Streaming decoder: feed ids one at a time, get the bytes they add. Bytes are produced as soon
  * as they are known; a multibyte UTF-8 character whose bytes span several tokens comes out whole
@@ -40,7 +41,9 @@ typedef struct {
     int npending;
 } tok_stream;
 void tok_stream_init(tok_stream *s, const tokenizer *t);
-/* Appends the decoded bytes of id to out (capacity cap); returns bytes written. */
+/* Appends the decoded bytes of id to out (capacity cap); returns bytes written. A cap of
+ * tok_max_token_bytes(t) + 4 always suffices (one token plus up to 3 held bytes); bytes beyond
+ * cap are dropped. */
 size_t tok_stream_put(tok_stream *s, int id, char *out, size_t cap);
 size_t tok_stream_finish(tok_stream *s, char *out, size_t cap);
 /* Decode a whole id sequence (heap string, NUL-terminated; *len gets the byte count). */

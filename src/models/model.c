@@ -92,13 +92,14 @@ void seq_free(seq *s) {
     free(s);
 }
 
-int seq_feed(seq *s, const int *ids, int n, float *logits, char *err, size_t errlen) {
+static int feed(seq *s, const int *ids, int n, float *logits, float *all_logits, char *err, size_t errlen) {
     if (s->st.len + n > s->st.cap) return errf(err, errlen, "context full: %d + %d > %d", s->st.len, n, s->st.cap);
     for (int done = 0; done < n;) {
         int k = MIN(s->chunk, n - done);
         int pos0 = s->st.len;
         float *out = done + k == n ? logits : NULL;
-        if (s->m->ops->forward(s->m, s->fam, ids + done, pos0, k, out, NULL, err, errlen)) {
+        float *all = all_logits ? all_logits + (size_t)done * s->m->vocab_size : NULL;
+        if (s->m->ops->forward(s->m, s->fam, ids + done, pos0, k, out, all, err, errlen)) {
             state_taint(&s->st);
             return -1;
         }
@@ -106,4 +107,12 @@ int seq_feed(seq *s, const int *ids, int n, float *logits, char *err, size_t err
         done += k;
     }
     return 0;
+}
+
+int seq_feed(seq *s, const int *ids, int n, float *logits, char *err, size_t errlen) {
+    return feed(s, ids, n, logits, NULL, err, errlen);
+}
+
+int seq_feed_all(seq *s, const int *ids, int n, float *all_logits, char *err, size_t errlen) {
+    return feed(s, ids, n, NULL, all_logits, err, errlen);
 }

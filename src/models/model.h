@@ -60,6 +60,7 @@ struct model {
     int n_eos;
     int max_ctx;               /* max_position_embeddings */
     uint64_t fingerprint;      /* st_fingerprint: identifies the checkpoint for persisted state */
+    int n_validated;           /* tensors the family's load looked up and checked (dtype + shape) */
     void *priv;                /* family data */
 };
 
@@ -82,6 +83,8 @@ void seq_free(seq *s);
  * the state. logits: last token's logits (vocab floats) or NULL. On failure the state is tainted
  * and -1 returned with err. */
 int seq_feed(seq *s, const int *ids, int n, float *logits, char *err, size_t errlen);
+/* seq_feed that writes every fed token's logits into all_logits[n][vocab] (echo / scoring). */
+int seq_feed_all(seq *s, const int *ids, int n, float *all_logits, char *err, size_t errlen);
 
 /* Registry of families (model.c). */
 const family_ops *family_find(const char *model_type);

@@ -1,0 +1,151 @@
+/* bench_model.c — `cairn bench -m DIR`: prefill and decode speed of one model, and decode
+ * efficiency = weight bytes a decode step reads x decode tok/s / the read bandwidth measured in
+ * this same run. Decode of a large MoE is bound by streaming weights, so that ratio says how
+ * close the engine gets to the machine's limit (1.0 = every byte at memory speed).
+ *
+ * The weights are paged in by one untimed prefill first, so the timed runs measure compute and
+ * memory, not the disk. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+#include "cli.h"
+#include "core/kernels.h"
+#include "core/threads.h"
+#include "core/util.h"
+
+typedef struct {
+    const char *model_dir;
+    int json;
+    long prompt, decode, threads;
+    numerics num;
+} bench_opts;
+
+typedef struct {
+    double prefill_tok_s, prefill_gflops, decode_tok_s, bandwidth_gbs, decode_efficiency;
+    size_t decode_bytes;
+} bench_result;
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: cairn bench -m DIR [--json] [--prompt N] [--decode N] [--threads N] [--numerics exact|qat]\n"
+            "\n"
+            "Measures, in one run: the read bandwidth (1 GiB stream), prefill of an N-token prompt\n"
+            "(default 64) in tok/s and GFLOP/s, greedy decode of N tokens (default 16) in tok/s, and\n"
+            "decode efficiency = weight bytes per decode step x decode tok/s / read bandwidth.\n"
+            "--json prints {prefill_tok_s, prefill_gflops, decode_tok_s, bandwidth_gbs, decode_efficiency, ...}.\n");
+}
+
+static int parse(int argc, char **argv, bench_opts *o) {
+    *o = (bench_opts){NULL, 0, 64, 16, 0, NUMERICS_QAT};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); exit(0); }
+        if (!strcmp(a, "--json")) { o->json = 1; continue; }
+        if (!v) { fprintf(stderr, "cairn bench: %s needs a value (or unknown flag)\n", a); return -1; }
+        i++;
+        if (!strcmp(a, "-m")) o->model_dir = v;
+        else if (!strcmp(a, "--prompt")) { if (cli_int("bench", a, v, 1, 1 << 20, &o->prompt)) return -1; }
+        else if (!strcmp(a, "--decode")) { if (cli_int("bench", a, v, 1, 1 << 20, &o->decode)) return -1; }
+        else if (!strcmp(a, "--threads")) { if (cli_int("bench", a, v, 1, 1024, &o->threads)) return -1; }
+        else if (!strcmp(a, "--numerics")) {
+            int n = cli_numerics(v);
+            if (n < 0) { fprintf(stderr, "cairn bench: bad value for --numerics: '%s'\n", v); return -1; }
+            o->num = (numerics)n;
+        } else { fprintf(stderr, "cairn bench: unknown flag '%s' (see cairn bench -m DIR --help)\n", a); return -1; }
+    }
+    if (!o->model_dir) { fprintf(stderr, "cairn bench: -m DIR is required\n"); return -1; }
+    return 0;
+}
+
+/* A fixed pseudo-random prompt (ids 2.. to stay clear of BOS/EOS in small vocabularies). */
+static int *bench_prompt(int n, int vocab) {
+    int *ids = xmalloc(sizeof(int) * n);
+    uint64_t x = 0x9e3779b97f4a7c15ULL;
+    for (int i = 0; i < n; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        ids[i] = vocab > 2 ? 2 + (int)(x % (uint64_t)(vocab - 2)) : 0;
+    }
+    return ids;
+}
+
+static int argmax(const float *x, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+/* Timed prefill then greedy decode on a fresh sequence. */
+static int measure(model *m, const bench_opts *o, const int *ids, int timed, bench_result *r, char *err,
+                   size_t errlen) {
+    seq *s = seq_new(m, (int)(o->prompt + o->decode + 1), err, errlen);
+    if (!s) return -1;
+    float *logits = xmalloc(sizeof(float) * m->vocab_size);
+    s->chunk = (int)o->prompt;
+    double t0 = now_seconds();
+    int rc = seq_feed(s, ids, (int)o->prompt, logits, err, errlen);
+    double t1 = now_seconds();
+    for (long i = 0; timed && !rc && i < o->decode; i++) {
+        int id = argmax(logits, m->vocab_size);
+        rc = seq_feed(s, &id, 1, logits, err, errlen);
+    }
+    double t2 = now_seconds();
+    if (timed && !rc) {
+        double flops = 0;
+        for (int p = 0; p < o->prompt; p++) flops += m->ops->token_flops(m, p);
+        r->prefill_tok_s = o->prompt / (t1 - t0);
+        r->prefill_gflops = flops / (t1 - t0) / 1e9;
+        r->decode_tok_s = o->decode / (t2 - t1);
+    }
+    free(logits);
+    seq_free(s);
+    return rc;
+}
+
+static void report(const bench_opts *o, const bench_result *r) {
+    if (o->json) {
+        printf("{\"prefill_tok_s\":%.3f,\"prefill_gflops\":%.3f,\"decode_tok_s\":%.3f,\"bandwidth_gbs\":%.3f,"
+               "\"decode_efficiency\":%.6f,\"decode_bytes_per_token\":%zu,\"prompt\":%ld,\"decode\":%ld,"
+               "\"threads\":%d,\"simd\":\"%s\"}\n",
+               r->prefill_tok_s, r->prefill_gflops, r->decode_tok_s, r->bandwidth_gbs, r->decode_efficiency,
+               r->decode_bytes, o->prompt, o->decode, pool_threads(), kernels_simd_name());
+        return;
+    }
+    printf("read bandwidth      %10.2f GB/s\n", r->bandwidth_gbs);
+    printf("prefill (%4ld tok)  %10.2f tok/s  %8.2f GFLOP/s\n", o->prompt, r->prefill_tok_s, r->prefill_gflops);
+    printf("decode  (%4ld tok)  %10.2f tok/s  %8.1f MB/token\n", o->decode, r->decode_tok_s, r->decode_bytes / 1e6);
+    printf("decode efficiency   %10.3f  (weight bytes/s over read bandwidth; %d threads, %s)\n", r->decode_efficiency,
+           pool_threads(), kernels_simd_name());
+}
+
+int bench_model(int argc, char **argv) {
+    bench_opts o;
+    if (parse(argc, argv, &o)) return 2;
+    if (o.threads) pool_set_threads((int)o.threads);
+    char err[512] = "";
+    model *m = model_open(o.model_dir, o.num, 0, err, sizeof err);
+    if (!m) { fprintf(stderr, "cairn bench: %s\n", err); return 1; }
+    if (o.prompt + o.decode + 1 > m->max_ctx) {
+        fprintf(stderr, "cairn bench: --prompt + --decode exceed the model's %d positions\n", m->max_ctx);
+        model_close(m);
+        return 2;
+    }
+    int *ids = bench_prompt((int)o.prompt, m->vocab_size);
+    bench_result r = {0};
+    r.decode_bytes = m->ops->decode_bytes(m);
+    int rc = measure(m, &o, ids, 0, &r, err, sizeof err);
+    double bw = rc ? 0 : bench_read_bandwidth((size_t)1 << 30);
+    if (!rc) rc = measure(m, &o, ids, 1, &r, err, sizeof err);
+    if (!rc) {
+        r.bandwidth_gbs = bw / 1e9;
+        r.decode_efficiency = bw > 0 ? r.decode_bytes * r.decode_tok_s / bw : 0;
+        report(&o, &r);
+    } else {
+        fprintf(stderr, "cairn bench: %s\n", err);
+    }
+    free(ids);
+    model_close(m);
+    return rc ? 1 : 0;
+}

@@ -1,0 +1,245 @@
+/* cmd_bench.c — `cairn bench`: the dispatcher, the kernel benchmark and the read-bandwidth probe.
+ *
+ * Kernel throughput is reported as a ratio to the read bandwidth measured in the same run
+ * (bench.h), because absolute figures say nothing across machines: a memory-bound matvec is as
+ * good as it gets when it streams its weights at the speed a plain summing loop reads memory. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+#include "cli.h"
+#include "core/kernels.h"
+#include "core/threads.h"
+#include "core/util.h"
+
+/* Written by other modules; weak until they are linked in (the integrator removes this). */
+int bench_model(int argc, char **argv) __attribute__((weak));
+int bench_reuse(int argc, char **argv) __attribute__((weak));
+
+#define GIB ((size_t)1 << 30)
+#define MIB ((size_t)1 << 20)
+#define BENCH_COLS 4096          /* a typical hidden size, a multiple of every block width */
+#define BENCH_MIN_SECONDS 0.5    /* repeat each measurement at least this long, keep the best */
+
+static void bench_usage(FILE *f) {
+    fprintf(f,
+            "usage: cairn bench kernels [--json] [--mb N]\n"
+            "       cairn bench -m DIR [options]          (prefill/decode speed of a model)\n"
+            "       cairn bench reuse -m DIR [options]    (prefix-reuse speed of a model)\n"
+            "\n"
+            "kernels: measures the read bandwidth of this machine (stream-like sum over 1 GiB on all\n"
+            "  threads), then for each weight format (f32, bf16, fp8, fp4) the matrix-vector\n"
+            "  throughput in weight bytes/s and as a fraction of that bandwidth, and batched\n"
+            "  (n=8, n=32 input rows) GFLOP/s.\n"
+            "  --json   print one JSON object instead of a table\n"
+            "  --mb N   weight matrix size per format in MiB (default 256; keep it above the caches)\n"
+            "  Threads: CAIRN_THREADS (default: online cores).\n"
+            "\n"
+            "-m DIR and reuse: see `cairn bench -m DIR --help` and `cairn bench reuse --help`.\n");
+}
+
+int cmd_bench(int argc, char **argv) {
+    if (argc < 2) { bench_usage(stderr); return 2; }
+    const char *sub = argv[1];
+    if (!strcmp(sub, "--help") || !strcmp(sub, "-h")) { bench_usage(stdout); return 0; }
+    if (!strcmp(sub, "kernels")) return bench_kernels(argc - 1, argv + 1);
+    if (!strcmp(sub, "reuse")) {
+        if (!bench_reuse) { fprintf(stderr, "cairn bench: model benchmarks not built\n"); return 1; }
+        return bench_reuse(argc - 1, argv + 1);
+    }
+    if (sub[0] == '-') {
+        if (!bench_model) { fprintf(stderr, "cairn bench: model benchmarks not built\n"); return 1; }
+        return bench_model(argc, argv);
+    }
+    fprintf(stderr, "cairn bench: unknown benchmark '%s'\n", sub);
+    bench_usage(stderr);
+    return 2;
+}
+
+/* ---- read bandwidth ---- */
+
+#define BW_CHUNK (4 * MIB)
+
+typedef struct {
+    const uint64_t *buf;
+    size_t words_per_chunk;
+    uint64_t *sums;          /* one per chunk, so the compiler cannot drop the reads */
+} bw_job;
+
+/* Integer sums vectorise in every build (float sums would not, without reassociation). */
+static void bw_sum_chunk(void *ctx, int i) {
+    const bw_job *job = ctx;
+    const uint64_t *p = job->buf + (size_t)i * job->words_per_chunk;
+    uint64_t a = 0, b = 0, c = 0, d = 0;
+    for (size_t k = 0; k < job->words_per_chunk; k += 4) {
+        a += p[k];
+        b += p[k + 1];
+        c += p[k + 2];
+        d += p[k + 3];
+    }
+    job->sums[i] = a + b + c + d;
+}
+
+static void bw_fill_chunk(void *ctx, int i) {
+    const bw_job *job = ctx;
+    uint64_t *p = (uint64_t *)job->buf + (size_t)i * job->words_per_chunk;
+    for (size_t k = 0; k < job->words_per_chunk; k++) p[k] = k * 0x9e3779b97f4a7c15ULL + (uint64_t)i;
+}
+
+double bench_read_bandwidth(size_t bytes) {
+    size_t chunks = (bytes + BW_CHUNK - 1) / BW_CHUNK;
+    if (chunks == 0) chunks = 1;
+    uint64_t *buf = aligned_alloc(64, chunks * BW_CHUNK);
+    uint64_t *sums = calloc(chunks, sizeof *sums);
+    if (!buf || !sums) {
+        fprintf(stderr, "cairn bench: cannot allocate %zu MiB for the bandwidth probe\n", chunks * BW_CHUNK / MIB);
+        free(buf);
+        free(sums);
+        return 0;
+    }
+    bw_job job = {buf, BW_CHUNK / sizeof(uint64_t), sums};
+    pool_run((int)chunks, bw_fill_chunk, &job);     /* each thread first-touches the pages it reads */
+    double best = 1e30, start = now_seconds();
+    for (int rep = 0; rep < 3 || now_seconds() - start < 2 * BENCH_MIN_SECONDS; rep++) {
+        double t0 = now_seconds();
+        pool_run((int)chunks, bw_sum_chunk, &job);
+        double t = now_seconds() - t0;
+        if (t < best) best = t;
+    }
+    uint64_t check = 0;
+    for (size_t i = 0; i < chunks; i++) check += sums[i];
+    free(buf);
+    free(sums);
+    return check == 1 ? 0 : (double)(chunks * BW_CHUNK) / best;   /* check keeps the sums alive */
+}
+
+/* ---- kernel throughput ---- */
+
+static uint64_t rng_state = 0x853c49e6748fea9bULL;
+
+static uint32_t rng_next(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 16);
+}
+
+/* Random codes of the format (no NaN codes), scales near 1, as a checkpoint would hold. */
+static int make_matrix(qmat *w, wformat fmt, size_t mb, char *err, size_t errlen) {
+    size_t bytes_per_row = fmt == WF_F32 ? BENCH_COLS * 4 : fmt == WF_BF16 ? BENCH_COLS * 2
+                         : fmt == WF_FP8 ? BENCH_COLS : BENCH_COLS / 2;
+    size_t rows = (mb * MIB / bytes_per_row + 127) / 128 * 128;
+    size_t scale_len = fmt == WF_FP8 ? rows / 128 * (BENCH_COLS / 128) : fmt == WF_FP4 ? rows * (BENCH_COLS / 32) : 0;
+    uint8_t *data = malloc(rows * bytes_per_row);
+    uint8_t *scale = scale_len ? malloc(scale_len) : NULL;
+    if (!data || (scale_len && !scale)) {
+        free(data);
+        free(scale);
+        return errf(err, errlen, "cannot allocate a %zu MiB %s matrix", mb, wformat_name(fmt));
+    }
+    size_t n = rows * bytes_per_row;
+    for (size_t i = 0; i < n; i++) {
+        uint8_t b = (uint8_t)rng_next();
+        data[i] = fmt == WF_FP8 && (b & 0x7f) == 0x7f ? b - 1 : b;
+    }
+    if (fmt == WF_F32 || fmt == WF_BF16) {   /* random bytes could be NaN/inf: write real values */
+        for (size_t i = 0; i < rows * BENCH_COLS; i++) {
+            float v = ((int)(rng_next() % 2001) - 1000) * 1e-3f;
+            if (fmt == WF_F32) memcpy(data + 4 * i, &v, 4);
+            else { uint32_t u; memcpy(&u, &v, 4); uint16_t h = (uint16_t)(u >> 16); memcpy(data + 2 * i, &h, 2); }
+        }
+    }
+    for (size_t i = 0; i < scale_len; i++) scale[i] = (uint8_t)(120 + rng_next() % 8);
+    *w = (qmat){fmt, (int)rows, BENCH_COLS, data, scale};
+    return 0;
+}
+
+typedef struct {
+    double vec_bytes_per_s, vec_seconds, mul8_gflops, mul32_gflops, mul8_row_speedup;
+} kernel_result;
+
+/* Best seconds per call of qmat_mul with n input rows, repeated for at least BENCH_MIN_SECONDS. */
+static double time_mul(const qmat *w, const float *x, int n, float *y) {
+    double best = 1e30, start = now_seconds();
+    for (int rep = 0; rep < 2 || now_seconds() - start < BENCH_MIN_SECONDS; rep++) {
+        double t0 = now_seconds();
+        qmat_mul(w, x, n, y);
+        double t = now_seconds() - t0;
+        if (t < best) best = t;
+    }
+    return best;
+}
+
+static void bench_format(const qmat *w, kernel_result *res) {
+    float *x = xmalloc(32 * (size_t)w->cols * sizeof(float));
+    float *y = xmalloc(32 * (size_t)w->rows * sizeof(float));
+    for (size_t i = 0; i < 32 * (size_t)w->cols; i++) x[i] = ((int)(rng_next() % 2001) - 1000) * 1e-3f;
+    double flops_per_row = 2.0 * w->rows * w->cols;
+    res->vec_seconds = time_mul(w, x, 1, y);
+    res->vec_bytes_per_s = qmat_bytes(w) / res->vec_seconds;
+    double t8 = time_mul(w, x, 8, y);
+    res->mul8_gflops = flops_per_row * 8 / t8 * 1e-9;
+    res->mul8_row_speedup = res->vec_seconds / (t8 / 8);
+    res->mul32_gflops = flops_per_row * 32 / time_mul(w, x, 32, y) * 1e-9;
+    free(x);
+    free(y);
+}
+
+int bench_kernels(int argc, char **argv) {
+    int json = 0;
+    long mb = 256;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--json")) json = 1;
+        else if (!strcmp(argv[i], "--mb")) {
+            if (cli_int("bench kernels", "--mb", i + 1 < argc ? argv[++i] : NULL, 1, 65536, &mb)) return 2;
+        } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            bench_usage(stdout);
+            return 0;
+        } else {
+            fprintf(stderr, "cairn bench kernels: unknown option '%s'\n", argv[i]);
+            return 2;
+        }
+    }
+    double bw = bench_read_bandwidth(GIB);
+    if (bw <= 0) return 1;
+    static const wformat formats[] = {WF_F32, WF_BF16, WF_FP8, WF_FP4};
+    kernel_result res[4];
+    qmat mats[4];
+    for (int f = 0; f < 4; f++) {
+        char err[256];
+        if (make_matrix(&mats[f], formats[f], (size_t)mb, err, sizeof err)) {
+            fprintf(stderr, "cairn bench kernels: %s\n", err);
+            return 1;
+        }
+        bench_format(&mats[f], &res[f]);
+        free((void *)mats[f].data);
+        free((void *)mats[f].scale);
+    }
+    if (json) {
+        printf("{\"simd\":\"%s\",\"threads\":%d,\"read_bandwidth_bytes_per_s\":%.0f,\"formats\":{", kernels_simd_name(),
+               pool_threads(), bw);
+        for (int f = 0; f < 4; f++)
+            printf("%s\"%s\":{\"rows\":%d,\"cols\":%d,\"bytes\":%zu,\"matvec_bytes_per_s\":%.0f,"
+                   "\"matvec_vs_bandwidth\":%.3f,\"mul8_gflops\":%.2f,\"mul32_gflops\":%.2f,"
+                   "\"mul8_per_row_speedup\":%.2f}",
+                   f ? "," : "", wformat_name(formats[f]), mats[f].rows, mats[f].cols, qmat_bytes(&mats[f]),
+                   res[f].vec_bytes_per_s, res[f].vec_bytes_per_s / bw, res[f].mul8_gflops, res[f].mul32_gflops,
+                   res[f].mul8_row_speedup);
+        printf("}}\n");
+        return 0;
+    }
+    printf("cairn bench kernels: simd %s, %d threads, read bandwidth %.2f GB/s\n", kernels_simd_name(), pool_threads(),
+           bw * 1e-9);
+    printf("%-6s %12s %9s %12s %10s %12s %12s %14s\n", "format", "matrix", "MiB", "matvec GB/s", "of bw",
+           "n=8 GFLOP/s", "n=32 GFLOP/s", "n=8 row speedup");
+    for (int f = 0; f < 4; f++) {
+        char shape[32];
+        snprintf(shape, sizeof shape, "%dx%d", mats[f].rows, mats[f].cols);
+        printf("%-6s %12s %9.0f %12.2f %10.3f %12.2f %12.2f %14.2f\n", wformat_name(formats[f]), shape,
+               qmat_bytes(&mats[f]) / (double)MIB, res[f].vec_bytes_per_s * 1e-9, res[f].vec_bytes_per_s / bw,
+               res[f].mul8_gflops, res[f].mul32_gflops, res[f].mul8_row_speedup);
+    }
+    return 0;
+}

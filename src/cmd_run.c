@@ -1,0 +1,535 @@
+/* cmd_run.c — `cairn run`: generate from text, token ids or an interactive chat, with the
+ * test/debug switches that make the engine's exactness observable from the command line
+ * (per-position logprobs, arbitrary prefill splits, state dumps, snapshot round trips).
+ *
+ * Every prompt runs on one sequence; the last sampled token is never fed (so never recorded).
+ * Several `;`-separated --prompt-ids run back to back on the same sequence with a reset between,
+ * which is how tests prove a reset leaves nothing behind. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "core/config.h"
+#include "core/sampler.h"
+#include "core/threads.h"
+#include "core/util.h"
+#include "models/chat.h"
+
+#define RUN_MAX_CHUNKS 64
+
+typedef struct {
+    const char *model_dir, *prompt, *prompt_ids, *dump_state;
+    int chat, raw, jsonl, ignore_eos, validate_only;
+    long n_gen, top_logprobs, echo_logprobs, ctx, threads, snapshot_at;
+    int chunks[RUN_MAX_CHUNKS], nchunks;
+    numerics num;
+    sampler_params sp;
+} run_opts;
+
+/* What one run accumulates for the closing stats line. */
+typedef struct {
+    int prompt, generated, decode_steps;
+    double prefill_s, decode_s;
+} run_stats;
+
+typedef struct {
+    const run_opts *o;
+    model *m;
+    seq *s;
+    sampler smp;
+    run_stats st;
+    float *logits, *lp;        /* [vocab] */
+    int *top;                  /* [top_logprobs] */
+} runner;
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: cairn run -m DIR [-p TEXT | --prompt-ids IDS | --chat] [options]\n"
+            "\n"
+            "  -m DIR                 checkpoint directory (config.json + safetensors + tokenizer.json)\n"
+            "  -p TEXT                prompt, rendered with the model's chat template (see --raw)\n"
+            "  --raw                  feed -p TEXT as plain tokens, without the chat template\n"
+            "  --prompt-ids IDS       comma-separated token ids; ';' separates prompts that run one after\n"
+            "                         another on the same sequence, reset in between\n"
+            "  --chat                 interactive multi-turn chat on stdin (state reused across turns)\n"
+            "  -n N                   tokens to generate (default 256; 0 = prefill only)\n"
+            "  --temperature T        0 = greedy (default 1.0)\n"
+            "  --top-p P  --top-k K  --min-p P  --seed S   sampling filters and rng seed\n"
+            "  --ignore-eos           keep generating after an end-of-sequence token\n"
+            "  --format text|jsonl    text streams the reply; jsonl prints one object per token:\n"
+            "                         {\"id\",\"text\",\"logprob\",\"top\":[{\"id\",\"logprob\"}...]}\n"
+            "  --top-logprobs K       alternatives per token in jsonl output (default 0)\n"
+            "  --numerics exact|qat   qat (default): BF16 activations and QDQ as trained; exact: f32\n"
+            "  --ctx N                context capacity (default: prompt + generation, chat 4096)\n"
+            "  --threads N            worker threads (default: online cores)\n"
+            "\n"
+            "test / debug:\n"
+            "  --echo-logprobs K      before generating, one JSON line per prompt position:\n"
+            "                         {\"pos\":i,\"top\":[{\"id\",\"logprob\"}...]} (from every position's logits)\n"
+            "  --prefill-chunks A,B   feed the prompt in forward calls of these sizes, the rest as one\n"
+            "  --dump-state PATH      write the state snapshot (with rows) after the prefill\n"
+            "  --snapshot-at K        after K prompt tokens: snapshot, serialize, free the sequence,\n"
+            "                         restore into a new one and continue\n"
+            "  --validate-only        open the model, validate every tensor (incl. MTP) and exit\n"
+            "\n"
+            "At exit a stats line is printed on stderr (prompt, generated, rss_mb, state bytes, tok/s).\n");
+}
+
+/* ---- flags -------------------------------------------------------------------------------- */
+
+static int parse_list(const char *flag, const char *s, int *out, int max, int *n) {
+    *n = 0;
+    for (const char *p = s; *p;) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 1 || v > 1 << 30 || (*end && *end != ',') || *n >= max) {
+            fprintf(stderr, "cairn run: bad value for %s: '%s' (expected up to %d positive integers a,b,c)\n", flag,
+                    s, max);
+            return -1;
+        }
+        out[(*n)++] = (int)v;
+        p = *end ? end + 1 : end;
+    }
+    return 0;
+}
+
+static int parse_flags(int argc, char **argv, run_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->n_gen = 256;
+    o->snapshot_at = -1;
+    o->sp = (sampler_params){1.0f, 1.0f, 0, 0.0f, 0};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        double d;
+        long l;
+        int takes = 1;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); exit(0); }
+        else if (!strcmp(a, "--chat")) { o->chat = 1; takes = 0; }
+        else if (!strcmp(a, "--raw")) { o->raw = 1; takes = 0; }
+        else if (!strcmp(a, "--ignore-eos")) { o->ignore_eos = 1; takes = 0; }
+        else if (!strcmp(a, "--validate-only")) { o->validate_only = 1; takes = 0; }
+        else if (!v) { fprintf(stderr, "cairn run: %s needs a value (or unknown flag)\n", a); return -1; }
+        else if (!strcmp(a, "-m")) o->model_dir = v;
+        else if (!strcmp(a, "-p")) o->prompt = v;
+        else if (!strcmp(a, "--prompt-ids")) o->prompt_ids = v;
+        else if (!strcmp(a, "--dump-state")) o->dump_state = v;
+        else if (!strcmp(a, "-n")) { if (cli_int("run", a, v, 0, 1 << 30, &o->n_gen)) return -1; }
+        else if (!strcmp(a, "--top-logprobs")) { if (cli_int("run", a, v, 0, 1000, &o->top_logprobs)) return -1; }
+        else if (!strcmp(a, "--echo-logprobs")) { if (cli_int("run", a, v, 1, 1000, &o->echo_logprobs)) return -1; }
+        else if (!strcmp(a, "--ctx")) { if (cli_int("run", a, v, 1, 1 << 30, &o->ctx)) return -1; }
+        else if (!strcmp(a, "--threads")) { if (cli_int("run", a, v, 1, 1024, &o->threads)) return -1; }
+        else if (!strcmp(a, "--snapshot-at")) { if (cli_int("run", a, v, 1, 1 << 30, &o->snapshot_at)) return -1; }
+        else if (!strcmp(a, "--top-k")) { if (cli_int("run", a, v, 0, 1 << 30, &l)) return -1; o->sp.top_k = (int)l; }
+        else if (!strcmp(a, "--seed")) { if (cli_int("run", a, v, 0, 0x7fffffffffffffffL, &l)) return -1; o->sp.seed = (uint64_t)l; }
+        else if (!strcmp(a, "--temperature")) { if (cli_float("run", a, v, &d)) return -1; o->sp.temperature = (float)d; }
+        else if (!strcmp(a, "--top-p")) { if (cli_float("run", a, v, &d) || d <= 0 || d > 1) goto bad; o->sp.top_p = (float)d; }
+        else if (!strcmp(a, "--min-p")) { if (cli_float("run", a, v, &d) || d < 0 || d > 1) goto bad; o->sp.min_p = (float)d; }
+        else if (!strcmp(a, "--prefill-chunks")) { if (parse_list(a, v, o->chunks, RUN_MAX_CHUNKS, &o->nchunks)) return -1; }
+        else if (!strcmp(a, "--format")) {
+            if (strcmp(v, "text") && strcmp(v, "jsonl")) goto bad;
+            o->jsonl = !strcmp(v, "jsonl");
+        } else if (!strcmp(a, "--numerics")) {
+            int n = cli_numerics(v);
+            if (n < 0) goto bad;
+            o->num = (numerics)n;
+        } else { fprintf(stderr, "cairn run: unknown flag '%s' (see cairn run --help)\n", a); return -1; }
+        i += takes;
+        continue;
+    bad:
+        fprintf(stderr, "cairn run: bad value for %s: '%s'\n", a, v);
+        return -1;
+    }
+    if (!o->model_dir) { fprintf(stderr, "cairn run: -m DIR is required (see cairn run --help)\n"); return -1; }
+    if (!o->validate_only && !o->chat + !o->prompt + !o->prompt_ids != 2) {
+        fprintf(stderr, "cairn run: give exactly one of -p TEXT, --prompt-ids IDS or --chat\n");
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- prompts ------------------------------------------------------------------------------ */
+
+typedef struct {
+    int *ids;
+    int n;
+} prompt;
+
+/* "1,2,3;4,5" -> prompts; every id must be inside the vocabulary. */
+static int parse_prompt_ids(const char *s, int vocab, prompt **out, int *np, char *err, size_t errlen) {
+    *np = 0;
+    *out = NULL;
+    for (const char *p = s;;) {
+        prompt pr = {xmalloc(sizeof(int) * (strlen(p) / 2 + 1)), 0};
+        while (*p && *p != ';') {
+            char *end;
+            long v = strtol(p, &end, 10);
+            if (end == p || v < 0 || v >= vocab || (*end && *end != ',' && *end != ';')) {
+                free(pr.ids);
+                return errf(err, errlen, "--prompt-ids: bad id near '%.20s' (ids are integers in [0, %d))", p, vocab);
+            }
+            pr.ids[pr.n++] = (int)v;
+            p = *end == ',' ? end + 1 : end;
+        }
+        if (!pr.n) {
+            free(pr.ids);
+            return errf(err, errlen, "--prompt-ids: prompt %d is empty", *np + 1);
+        }
+        *out = xrealloc(*out, sizeof(prompt) * (*np + 1));
+        (*out)[(*np)++] = pr;
+        if (!*p) return 0;
+        p++;
+    }
+}
+
+static int encode(const model *m, const char *text, prompt *pr, char *err, size_t errlen) {
+    if (!m->tok) return errf(err, errlen, "the model directory has no tokenizer.json (use --prompt-ids)");
+    size_t len = strlen(text);
+    int cap = (int)len + 16;
+    pr->ids = xmalloc(sizeof(int) * cap);
+    pr->n = tok_encode(m->tok, text, len, pr->ids, cap, err, errlen);
+    if (pr->n < 0) return -1;
+    if (pr->n > cap) return errf(err, errlen, "tokenizer produced more ids than bytes");
+    return 0;
+}
+
+static const chat_template *model_template(const model *m, char *err, size_t errlen) {
+    const char *type = NULL;
+    config_string(m->config, "model_type", &type, NULL, 0);
+    const chat_template *t = chat_find(type);
+    if (!t) errf(err, errlen, "no chat template for model_type '%s' (use --raw or --prompt-ids)", type ? type : "?");
+    return t;
+}
+
+/* Render messages with the chat template and tokenize the result. */
+static int render_ids(const model *m, const cJSON *messages, prompt *pr, char *err, size_t errlen) {
+    const chat_template *t = model_template(m, err, errlen);
+    if (!t) return -1;
+    chat_opts co = {0, NULL, NULL};
+    char *text = t->render(messages, NULL, &co, err, errlen);
+    if (!text) return -1;
+    int rc = encode(m, text, pr, err, errlen);
+    free(text);
+    return rc;
+}
+
+static int text_prompt(const run_opts *o, const model *m, prompt *pr, char *err, size_t errlen) {
+    if (o->raw) return encode(m, o->prompt, pr, err, errlen);
+    cJSON *msgs = cJSON_CreateArray(), *u = cJSON_CreateObject();
+    cJSON_AddStringToObject(u, "role", "user");
+    cJSON_AddStringToObject(u, "content", o->prompt);
+    cJSON_AddItemToArray(msgs, u);
+    int rc = render_ids(m, msgs, pr, err, errlen);
+    cJSON_Delete(msgs);
+    if (!rc && pr->n == 0) return errf(err, errlen, "the prompt encodes to no tokens");
+    return rc;
+}
+
+/* ---- output ------------------------------------------------------------------------------- */
+
+/* Length of the valid UTF-8 sequence starting at s (n bytes left), 0 if invalid. */
+static size_t utf8_valid(const unsigned char *s, size_t n) {
+    size_t len = s[0] < 0x80 ? 1 : (s[0] & 0xe0) == 0xc0 ? 2 : (s[0] & 0xf0) == 0xe0 ? 3 : (s[0] & 0xf8) == 0xf0 ? 4 : 0;
+    if (!len || len > n || (len == 2 && s[0] < 0xc2)) return 0;
+    for (size_t i = 1; i < len; i++)
+        if ((s[i] & 0xc0) != 0x80) return 0;
+    return len;
+}
+
+/* JSON string of n bytes; bytes that are not valid UTF-8 (a random model can emit half a
+ * character) become U+FFFD, so every line stays valid JSON. */
+static void json_string(FILE *f, const char *s, size_t n) {
+    fputc('"', f);
+    for (size_t i = 0; i < n;) {
+        unsigned char c = (unsigned char)s[i];
+        size_t len = utf8_valid((const unsigned char *)s + i, n - i);
+        if (!len) { fputs("\\ufffd", f); i++; continue; }
+        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+        else if (c == '\n') fputs("\\n", f);
+        else if (c == '\t') fputs("\\t", f);
+        else if (c == '\r') fputs("\\r", f);
+        else if (c < 0x20) fprintf(f, "\\u%04x", c);
+        else fwrite(s + i, 1, len, f);
+        i += len;
+    }
+    fputc('"', f);
+}
+
+/* "top":[...] of the k most likely ids under logprobs lp. */
+static void json_top(runner *r, const float *lp, int k) {
+    int vocab = r->m->vocab_size;
+    top_logprobs(lp, vocab, k, r->top);
+    printf("\"top\":[");
+    for (int i = 0; i < k; i++) printf("%s{\"id\":%d,\"logprob\":%.9g}", i ? "," : "", r->top[i], lp[r->top[i]]);
+    printf("]");
+}
+
+static void echo_positions(runner *r, const float *all, int pos0, int n) {
+    int vocab = r->m->vocab_size, k = (int)MIN(r->o->echo_logprobs, vocab);
+    for (int i = 0; i < n; i++) {
+        log_softmax(all + (size_t)i * vocab, vocab, r->lp);
+        printf("{\"pos\":%d,", pos0 + i);
+        json_top(r, r->lp, k);
+        printf("}\n");
+    }
+    fflush(stdout);
+}
+
+static void emit_token(runner *r, tok_stream *ts, int id) {
+    char buf[256];
+    size_t nb = r->m->tok ? tok_stream_put(ts, id, buf, sizeof buf) : 0;
+    if (!r->o->jsonl) {
+        fwrite(buf, 1, nb, stdout);
+        fflush(stdout);
+        return;
+    }
+    log_softmax(r->logits, r->m->vocab_size, r->lp);
+    printf("{\"id\":%d,\"text\":", id);
+    if (r->m->tok) json_string(stdout, buf, nb);
+    else printf("null");
+    printf(",\"logprob\":%.9g,", r->lp[id]);
+    json_top(r, r->lp, (int)MIN(r->o->top_logprobs, r->m->vocab_size));
+    printf("}\n");
+    fflush(stdout);
+}
+
+/* ---- prefill ------------------------------------------------------------------------------ */
+
+/* Snapshot the state, serialize it to a memory FILE, drop the sequence and restore into a new
+ * one: continuing must then be indistinguishable from never having stopped. fmemopen over a
+ * fixed buffer, because snapshot_write seeks back to finish its header and an open_memstream
+ * would shrink to that position. */
+static int snapshot_roundtrip(runner *r, char *err, size_t errlen) {
+    snapshot *snap = state_snapshot(&r->s->st, 1);
+    if (!snap) return errf(err, errlen, "out of memory taking a snapshot");
+    size_t cap = snapshot_bytes(snap) + 4096;
+    char *buf = malloc(cap);
+    FILE *mf = buf ? fmemopen(buf, cap, "w+b") : NULL;
+    int rc = mf ? snapshot_write(snap, r->m->fingerprint, mf, err, errlen) : errf(err, errlen, "no memory FILE");
+    snapshot_free(snap);
+    int ctx = r->s->st.cap;
+    seq_free(r->s);
+    r->s = NULL;
+    snap = NULL;
+    if (!rc) {
+        rewind(mf);
+        snap = snapshot_read(mf, r->m->fingerprint, err, errlen);
+    }
+    if (mf) fclose(mf);
+    free(buf);
+    if (!snap) return -1;
+    r->s = seq_new(r->m, ctx, err, errlen);
+    rc = r->s ? state_restore(&r->s->st, snap) : -1;
+    snapshot_free(snap);
+    if (r->s && rc) return errf(err, errlen, "state_restore failed (%d)", rc);
+    return r->s ? 0 : -1;
+}
+
+/* Where forward calls end: after each --prefill-chunks size, at --snapshot-at, and at n. */
+static int segment_ends(const run_opts *o, int n, int *ends) {
+    int ne = 0, at = 0;
+    for (int i = 0; i < o->nchunks && at + o->chunks[i] < n; i++) ends[ne++] = at += o->chunks[i];
+    ends[ne++] = n;
+    if (o->snapshot_at > 0 && o->snapshot_at < n) {
+        int k = (int)o->snapshot_at, i = ne;
+        while (i > 0 && ends[i - 1] > k) { ends[i] = ends[i - 1]; i--; }
+        if (i > 0 && ends[i - 1] == k) memmove(ends + i, ends + i + 1, sizeof(int) * (ne - i));
+        else { ends[i] = k; ne++; }
+    }
+    return ne;
+}
+
+static int prefill(runner *r, const prompt *pr, char *err, size_t errlen) {
+    const run_opts *o = r->o;
+    int vocab = r->m->vocab_size, ends[RUN_MAX_CHUNKS + 2];
+    if (o->snapshot_at > pr->n) return errf(err, errlen, "--snapshot-at %ld is beyond the prompt (%d tokens)", o->snapshot_at, pr->n);
+    int ne = segment_ends(o, pr->n, ends);
+    float *all = o->echo_logprobs ? malloc(sizeof(float) * pr->n * vocab) : NULL;
+    if (o->echo_logprobs && !all) return errf(err, errlen, "out of memory for %d x %d echo logits", pr->n, vocab);
+    double t0 = now_seconds();
+    int rc = 0;
+    for (int i = 0, at = 0; i < ne && !rc; at = ends[i++]) {
+        int k = ends[i] - at;
+        rc = all ? seq_feed_all(r->s, pr->ids + at, k, all + (size_t)at * vocab, err, errlen)
+                 : seq_feed(r->s, pr->ids + at, k, ends[i] == pr->n ? r->logits : NULL, err, errlen);
+        if (!rc && ends[i] == o->snapshot_at) rc = snapshot_roundtrip(r, err, errlen);
+    }
+    r->st.prefill_s += now_seconds() - t0;
+    r->st.prompt += pr->n;
+    if (!rc && all) {
+        memcpy(r->logits, all + (size_t)(pr->n - 1) * vocab, sizeof(float) * vocab);
+        echo_positions(r, all, 0, pr->n);
+    }
+    free(all);
+    return rc;
+}
+
+static int dump_state(runner *r, char *err, size_t errlen) {
+    snapshot *snap = state_snapshot(&r->s->st, 1);
+    if (!snap) return errf(err, errlen, "out of memory taking a snapshot for --dump-state");
+    FILE *f = fopen(r->o->dump_state, "wb");
+    int rc = f ? snapshot_write(snap, r->m->fingerprint, f, err, errlen)
+               : errf(err, errlen, "cannot create %s", r->o->dump_state);
+    if (f && fclose(f) && !rc) rc = errf(err, errlen, "error writing %s", r->o->dump_state);
+    snapshot_free(snap);
+    return rc;
+}
+
+/* ---- generation --------------------------------------------------------------------------- */
+
+/* Sample up to n_gen tokens from r->logits; every sampled token but the last is fed back.
+ * If reply is non-NULL the generated ids are appended to it (chat history). */
+static int generate(runner *r, prompt *reply, char *err, size_t errlen) {
+    tok_stream ts;
+    if (r->m->tok) tok_stream_init(&ts, r->m->tok);
+    for (long g = 0; g < r->o->n_gen; g++) {
+        int id = sampler_pick(&r->smp, r->logits);
+        int stop = model_is_eos(r->m, id) && !r->o->ignore_eos;
+        if (!stop || r->o->jsonl) emit_token(r, &ts, id);
+        r->st.generated++;
+        if (reply && !stop) reply->ids[reply->n++] = id;
+        if (stop || g + 1 == r->o->n_gen) break;
+        double t0 = now_seconds();
+        int rc = seq_feed(r->s, &id, 1, r->logits, err, errlen);
+        r->st.decode_s += now_seconds() - t0;
+        r->st.decode_steps++;
+        if (rc) return -1;
+    }
+    if (r->m->tok && !r->o->jsonl) {
+        char buf[64];
+        fwrite(buf, 1, tok_stream_finish(&ts, buf, sizeof buf), stdout);
+    }
+    if (!r->o->jsonl) printf("\n");
+    fflush(stdout);
+    return 0;
+}
+
+static int run_prompt(runner *r, prompt *pr, char *err, size_t errlen) {
+    if (prefill(r, pr, err, errlen)) return -1;
+    if (r->o->dump_state && dump_state(r, err, errlen)) return -1;
+    return r->o->n_gen ? generate(r, NULL, err, errlen) : 0;
+}
+
+/* ---- chat --------------------------------------------------------------------------------- */
+
+/* Feed a turn's prompt: only the new tail when it extends what the state holds, else all. */
+static int feed_turn(runner *r, const prompt *pr, char *err, size_t errlen) {
+    state *st = &r->s->st;
+    int u = state_common_prefix(st, pr->ids, pr->n);
+    if (u != st->len || u >= pr->n) { state_reset(st); u = 0; }
+    if (pr->n > st->cap) return errf(err, errlen, "conversation (%d tokens) exceeds --ctx %d", pr->n, st->cap);
+    prompt tail = {pr->ids + u, pr->n - u};
+    fprintf(stderr, "[reused %d of %d prompt tokens]\n", u, pr->n);
+    return prefill(r, &tail, err, errlen);
+}
+
+static int chat_turn(runner *r, cJSON *msgs, char *err, size_t errlen) {
+    prompt pr = {NULL, 0};
+    if (render_ids(r->m, msgs, &pr, err, errlen) || feed_turn(r, &pr, err, errlen)) { free(pr.ids); return -1; }
+    free(pr.ids);
+    prompt reply = {xmalloc(sizeof(int) * (r->o->n_gen + 1)), 0};
+    int rc = generate(r, &reply, err, errlen);
+    size_t n = 0;
+    char *text = r->m->tok ? tok_decode(r->m->tok, reply.ids, reply.n, &n) : xstrdup("");
+    cJSON *a = cJSON_CreateObject();
+    cJSON_AddStringToObject(a, "role", "assistant");
+    cJSON_AddStringToObject(a, "content", text);
+    cJSON_AddItemToArray(msgs, a);
+    free(text);
+    free(reply.ids);
+    return rc;
+}
+
+static int chat_repl(runner *r, char *err, size_t errlen) {
+    if (!model_template(r->m, err, errlen)) return -1;
+    cJSON *msgs = cJSON_CreateArray();
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    int rc = 0;
+    for (;;) {
+        fprintf(stderr, "> ");
+        if ((len = getline(&line, &cap, stdin)) < 0) break;
+        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = 0;
+        if (!len) continue;
+        cJSON *u = cJSON_CreateObject();
+        cJSON_AddStringToObject(u, "role", "user");
+        cJSON_AddStringToObject(u, "content", line);
+        cJSON_AddItemToArray(msgs, u);
+        if ((rc = chat_turn(r, msgs, err, errlen))) break;
+    }
+    free(line);
+    cJSON_Delete(msgs);
+    return rc;
+}
+
+/* ---- main --------------------------------------------------------------------------------- */
+
+static void print_stats(const runner *r) {
+    const state *st = r->s ? &r->s->st : NULL;
+    fprintf(stderr,
+            "cairn: prompt=%d generated=%d rss_mb=%.1f state_bytes_per_token=%zu state_fixed_bytes=%zu "
+            "prefill_tok_s=%.2f decode_tok_s=%.2f\n",
+            r->st.prompt, r->st.generated, rss_bytes() / 1048576.0, st ? state_bytes_per_token(st) : 0,
+            st ? state_fixed_bytes(st) : 0, r->st.prefill_s > 0 ? r->st.prompt / r->st.prefill_s : 0,
+            r->st.decode_s > 0 ? r->st.decode_steps / r->st.decode_s : 0);
+}
+
+static int run_model(runner *r, prompt *prompts, int np, char *err, size_t errlen) {
+    const run_opts *o = r->o;
+    int longest = 0;
+    for (int i = 0; i < np; i++) longest = MAX(longest, prompts[i].n);
+    long ctx = o->ctx ? o->ctx : o->chat ? 4096 : longest + o->n_gen;
+    ctx = MIN(ctx, r->m->max_ctx);
+    if (!(r->s = seq_new(r->m, (int)ctx, err, errlen))) return -1;
+    for (int i = 0; i < np; i++) {
+        if (i) state_reset(&r->s->st);
+        if (run_prompt(r, &prompts[i], err, errlen)) return -1;
+    }
+    return o->chat ? chat_repl(r, err, errlen) : 0;
+}
+
+static int load_prompts(const run_opts *o, const model *m, prompt **prompts, int *np, char *err, size_t errlen) {
+    *np = 0;
+    *prompts = NULL;
+    if (o->prompt_ids) return parse_prompt_ids(o->prompt_ids, m->vocab_size, prompts, np, err, errlen);
+    if (!o->prompt) return 0;
+    *prompts = xcalloc(1, sizeof(prompt));
+    *np = 1;
+    return text_prompt(o, m, &(*prompts)[0], err, errlen);
+}
+
+int cmd_run(int argc, char **argv) {
+    run_opts o;
+    if (parse_flags(argc, argv, &o)) return 2;
+    if (o.threads) pool_set_threads((int)o.threads);
+    char err[512] = "";
+    model *m = model_open(o.model_dir, o.num, isatty(2), err, sizeof err);
+    if (!m) { fprintf(stderr, "cairn run: %s\n", err); return 1; }
+    if (o.validate_only) {
+        printf("cairn: validated %d tensors\n", m->n_validated);
+        model_close(m);
+        return 0;
+    }
+    runner r = {.o = &o, .m = m};
+    r.logits = xmalloc(sizeof(float) * m->vocab_size);
+    r.lp = xmalloc(sizeof(float) * m->vocab_size);
+    r.top = xmalloc(sizeof(int) * (MAX(o.top_logprobs, o.echo_logprobs) + 1));
+    sampler_init(&r.smp, &o.sp, m->vocab_size);
+    prompt *prompts;
+    int np, rc = load_prompts(&o, m, &prompts, &np, err, sizeof err);
+    if (!rc) rc = run_model(&r, prompts, np, err, sizeof err);
+    if (rc) fprintf(stderr, "cairn run: %s\n", err);
+    print_stats(&r);
+    for (int i = 0; i < np; i++) free(prompts[i].ids);
+    free(prompts);
+    sampler_free(&r.smp);
+    free(r.logits);
+    free(r.lp);
+    free(r.top);
+    seq_free(r.s);
+    model_close(m);
+    return rc ? 1 : 0;
+}

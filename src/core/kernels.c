@@ -1,0 +1,190 @@
+/* kernels.c — qmat public API: format bookkeeping, the thread split and the scalar path.
+ *
+ * Threads split output rows only, so each output element is computed whole by one call of the
+ * selected path and inherits the path's canonical reduction order (kernels_path.h). The scalar
+ * path below is the reference statement of that order; the SIMD paths reproduce it bit for bit. */
+#include "kernels.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#include "kernels_path.h"
+#include "quant.h"
+#include "threads.h"
+#include "util.h"
+
+/* Output rows per task. Matvec: a few rows interleaved give the SIMD paths independent FMA
+ * chains. Batched: enough to amortise the task call, few enough that a task's dequantized rows
+ * stay in L2 while all input rows stream past them. */
+#define VEC_ROWS_PER_TASK 4
+#define MUL_ROWS_PER_TASK 6
+
+float kernel_fp8_lut[256];
+float kernel_fp8_scale_lut[256];
+float kernel_fp4_scale_lut[256];
+
+const float kernel_fp4_lut[16] = {0, 1, 2, 3, 4, 6, 8, 12, -0.0f, -1, -2, -3, -4, -6, -8, -12};
+
+__attribute__((constructor)) static void kernel_luts_init(void) {
+    for (int b = 0; b < 256; b++) {
+        kernel_fp8_lut[b] = f16_to_f32((uint16_t)((b & 0x7f) << 7 | (b & 0x80) << 8));
+        kernel_fp8_scale_lut[b] = e8m0_to_f32((uint8_t)b) * 256.0f;
+        kernel_fp4_scale_lut[b] = e8m0_to_f32((uint8_t)b) * 0.5f;
+    }
+}
+
+const char *wformat_name(wformat f) {
+    switch (f) {
+    case WF_F32: return "f32";
+    case WF_BF16: return "bf16";
+    case WF_FP8: return "fp8";
+    case WF_FP4: return "fp4";
+    }
+    return "unknown";
+}
+
+static size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
+
+size_t kernel_fp4_row_bytes(const qmat *w) { return ceil_div((size_t)w->cols, 2); }
+
+size_t qmat_bytes(const qmat *w) {
+    size_t rows = (size_t)w->rows, cols = (size_t)w->cols;
+    switch (w->fmt) {
+    case WF_F32: return rows * cols * 4;
+    case WF_BF16: return rows * cols * 2;
+    case WF_FP8: return rows * cols + ceil_div(rows, 128) * ceil_div(cols, 128);
+    case WF_FP4: return rows * kernel_fp4_row_bytes(w) + rows * ceil_div(cols, 32);
+    }
+    return 0;
+}
+
+size_t kernel_scale_row_len(const qmat *w) { return ceil_div((size_t)w->cols, w->fmt == WF_FP8 ? 128 : 32); }
+
+float kernel_fp8_scale(const qmat *w, int r, int c) {
+    return kernel_fp8_scale_lut[w->scale[(size_t)(r / 128) * kernel_scale_row_len(w) + (size_t)(c / 128)]];
+}
+
+float kernel_fp4_scale(const qmat *w, int r, int c) {
+    return kernel_fp4_scale_lut[w->scale[(size_t)r * kernel_scale_row_len(w) + (size_t)(c / 32)]];
+}
+
+float kernel_tree16(const float acc[16]) {
+    float s8[8], s4[4];
+    for (int i = 0; i < 8; i++) s8[i] = acc[i] + acc[i + 8];
+    for (int i = 0; i < 4; i++) s4[i] = s8[i] + s8[i + 4];
+    return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+}
+
+static _Thread_local float *scratch;
+static _Thread_local size_t scratch_len;
+
+float *kernel_scratch(size_t n) {
+    if (n > scratch_len) {
+        free(scratch);
+        scratch_len = n + 64;
+        scratch = aligned_alloc(64, ceil_div(scratch_len * sizeof(float), 64) * 64);
+        if (!scratch) {
+            scratch_len = 0;
+            scratch = xmalloc(1);   /* unreachable in practice; xmalloc reports and aborts on OOM */
+        }
+    }
+    return scratch;
+}
+
+float kernel_weight(const qmat *w, int r, int c) {
+    if (c >= w->cols) return 0.0f;
+    size_t cols = (size_t)w->cols;
+    switch (w->fmt) {
+    case WF_F32: return ((const float *)w->data)[(size_t)r * cols + c];
+    case WF_BF16: return bf16_to_f32(((const uint16_t *)w->data)[(size_t)r * cols + c]);
+    case WF_FP8: return kernel_fp8_lut[((const uint8_t *)w->data)[(size_t)r * cols + c]] * kernel_fp8_scale(w, r, c);
+    case WF_FP4: {
+        uint8_t byte = ((const uint8_t *)w->data)[(size_t)r * kernel_fp4_row_bytes(w) + (size_t)c / 2];
+        return kernel_fp4_lut[c & 1 ? byte >> 4 : byte & 15] * kernel_fp4_scale(w, r, c);
+    }
+    }
+    return 0.0f;
+}
+
+static void dequant_row(const qmat *w, int r, float *out) {
+    for (int c = 0; c < w->cols; c++) out[c] = kernel_weight(w, r, c);
+}
+
+/* The canonical order over dequantized weights: 16 lanes by column, zero-padded to 16. */
+static float dot_canonical(const float *wrow, const float *x, int cols) {
+    float acc[16] = {0};
+    int padded = (int)ceil_div((size_t)cols, 16) * 16;
+    for (int c = 0; c < padded; c++) {
+        float wv = c < cols ? wrow[c] : 0.0f, xv = c < cols ? x[c] : 0.0f;
+        acc[c & 15] = fmaf(wv, xv, acc[c & 15]);
+    }
+    return kernel_tree16(acc);
+}
+
+static void scalar_rows_vec(const qmat *w, int r0, int r1, const float *x, float *y) {
+    float *wrow = kernel_scratch((size_t)w->cols);
+    for (int r = r0; r < r1; r++) {
+        dequant_row(w, r, wrow);
+        y[r - r0] = dot_canonical(wrow, x, w->cols);
+    }
+}
+
+static void scalar_rows_mul(const qmat *w, int r0, int r1, const float *x, int n, float *y, int ldy) {
+    float *wrow = kernel_scratch((size_t)w->cols);
+    for (int r = r0; r < r1; r++) {
+        dequant_row(w, r, wrow);
+        for (int j = 0; j < n; j++) y[(size_t)j * ldy + (r - r0)] = dot_canonical(wrow, x + (size_t)j * w->cols, w->cols);
+    }
+}
+
+const kernel_path kernel_path_scalar = {"scalar", scalar_rows_vec, scalar_rows_mul};
+
+static int force_scalar;
+
+static const kernel_path *active_path(void) {
+    if (force_scalar) return &kernel_path_scalar;
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+    return &kernel_path_avx2;
+#else
+    return &kernel_path_scalar;
+#endif
+}
+
+void kernels_force_scalar(int on) { force_scalar = on; }
+
+const char *kernels_simd_name(void) { return active_path()->name; }
+
+typedef struct {
+    const kernel_path *path;
+    const qmat *w;
+    int r0, r1, n;
+    const float *x;
+    float *y;
+} mul_job;
+
+static void vec_task(void *ctx, int i) {
+    const mul_job *job = ctx;
+    int lo = job->r0 + i * VEC_ROWS_PER_TASK;
+    int hi = MIN(lo + VEC_ROWS_PER_TASK, job->r1);
+    job->path->rows_vec(job->w, lo, hi, job->x, job->y + (lo - job->r0));
+}
+
+static void mul_task(void *ctx, int i) {
+    const mul_job *job = ctx;
+    int lo = job->r0 + i * MUL_ROWS_PER_TASK;
+    int hi = MIN(lo + MUL_ROWS_PER_TASK, job->r1);
+    job->path->rows_mul(job->w, lo, hi, job->x, job->n, job->y + (lo - job->r0), job->r1 - job->r0);
+}
+
+void qmat_mul_rows(const qmat *w, int r0, int r1, const float *x, int n, float *y) {
+    if (r1 <= r0 || n <= 0) return;
+    mul_job job = {active_path(), w, r0, r1, n, x, y};
+    if (n == 1) pool_run((r1 - r0 + VEC_ROWS_PER_TASK - 1) / VEC_ROWS_PER_TASK, vec_task, &job);
+    else pool_run((r1 - r0 + MUL_ROWS_PER_TASK - 1) / MUL_ROWS_PER_TASK, mul_task, &job);
+}
+
+void qmat_mul(const qmat *w, const float *x, int n, float *y) { qmat_mul_rows(w, 0, w->rows, x, n, y); }
+
+void qmat_vec(const qmat *w, const float *x, float *y) { qmat_mul_rows(w, 0, w->rows, x, 1, y); }
+
+void qmat_row(const qmat *w, int r, float *out) { dequant_row(w, r, out); }

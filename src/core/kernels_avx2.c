@@ -1,0 +1,248 @@
+/* kernels_avx2.c — the AVX2+FMA+F16C path of the canonical reduction order (kernels_path.h).
+ *
+ * The 16 canonical lanes of one output live in two ymm registers (lanes 0..7 and 8..15), so a
+ * group of 16 columns is two FMAs. Two FMA chains cannot hide the FMA latency, so matvec walks
+ * four rows at once (eight independent chains), decoding each weight in registers just before
+ * its FMA. Batched calls dequantize a few rows into an L2-resident f32 buffer once, then run a
+ * 3x3 register tile (3 weight rows x 3 input rows) over it, one lane half at a time, which uses
+ * 15 of the 16 ymm registers and loads 6 vectors per 9 FMAs. */
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+
+#include <immintrin.h>
+#include <string.h>
+
+#include "kernels_path.h"
+#include "quant.h"
+
+#define INLINE static inline __attribute__((always_inline))
+#define VEC_ROWS 4
+
+/* Lane mask for columns [c, c + 8) that are < cols. */
+INLINE __m256i tail_mask(int c, int cols) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(cols - c), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* E4M3 bytes -> f16 bit pattern (value * 2^-8) -> f32, times the block scale * 2^8. With the
+ * byte in the high half of a 16-bit word, an arithmetic shift right by one puts exponent and
+ * mantissa where f16 has them; the copy of the sign it leaves in bit 14 is masked off. */
+INLINE void dec16_fp8(const uint8_t *p, __m256 scale, __m256 v[2]) {
+    __m256i b = _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p)), 8);
+    __m256i h = _mm256_and_si256(_mm256_srai_epi16(b, 1), _mm256_set1_epi16((short)0xbfff));
+    v[0] = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), scale);
+    v[1] = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), scale);
+}
+
+/* 16 bytes = 32 E2M1 codes, low nibble first. For each 8 columns, their 4 bytes are broadcast
+ * and shifted so lane j holds code j; a permute picks the magnitude from `table` (the 8
+ * magnitudes already multiplied by the block's scale factor) and bit 3 supplies the sign. */
+INLINE void dec32_fp4(const uint8_t *p, __m256 table, __m256 v[4]) {
+    const __m256i to_low = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+    const __m256i to_sign = _mm256_setr_epi32(28, 24, 20, 16, 12, 8, 4, 0);
+    const __m256i sign_bit = _mm256_set1_epi32((int)0x80000000u);
+    #pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        int32_t word;
+        memcpy(&word, p + 4 * k, 4);
+        __m256i codes = _mm256_set1_epi32(word);
+        __m256 mag = _mm256_permutevar8x32_ps(table, _mm256_srlv_epi32(codes, to_low));
+        __m256i sign = _mm256_and_si256(_mm256_sllv_epi32(codes, to_sign), sign_bit);
+        v[k] = _mm256_xor_ps(mag, _mm256_castsi256_ps(sign));
+    }
+}
+
+INLINE void dec16_bf16(const uint16_t *p, __m256 v[2]) {
+    __m256i u = _mm256_loadu_si256((const __m256i *)p);
+    v[0] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(u)), 16));
+    v[1] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(u, 1)), 16));
+}
+
+/* Columns per decode step: one 32-column scale block for FP4, one 16-column group otherwise. */
+INLINE int step_cols(wformat f) { return f == WF_FP4 ? 32 : 16; }
+
+INLINE const uint8_t *row_ptr(const qmat *w, wformat f, int r) {
+    size_t row_bytes = f == WF_F32 ? (size_t)w->cols * 4 : f == WF_BF16 ? (size_t)w->cols * 2
+                     : f == WF_FP8 ? (size_t)w->cols : kernel_fp4_row_bytes(w);
+    return (const uint8_t *)w->data + (size_t)r * row_bytes;
+}
+
+/* The E8M0 bytes that apply to row r (FP8: its 128-row block's), NULL for unscaled formats. */
+INLINE const uint8_t *scale_row(const qmat *w, wformat f, int r) {
+    if (f == WF_FP8) return w->scale + (size_t)(r / 128) * kernel_scale_row_len(w);
+    if (f == WF_FP4) return w->scale + (size_t)r * kernel_scale_row_len(w);
+    return NULL;
+}
+
+/* Scale operand of decode_step at column c (changes every 128 columns for FP8, 32 for FP4):
+ * FP8 the broadcast factor, FP4 the scaled magnitude table. */
+INLINE __m256 scale_at(wformat f, const uint8_t *srow, int c) {
+    if (f == WF_FP8) return _mm256_set1_ps(kernel_fp8_scale_lut[srow[c / 128]]);
+    if (f == WF_FP4) return _mm256_mul_ps(_mm256_loadu_ps(kernel_fp4_lut), _mm256_set1_ps(kernel_fp4_scale_lut[srow[c / 32]]));
+    return _mm256_setzero_ps();
+}
+
+INLINE void decode_step(wformat f, const uint8_t *row, int c, __m256 scale, __m256 v[4]) {
+    switch (f) {
+    case WF_F32:
+        v[0] = _mm256_loadu_ps((const float *)row + c);
+        v[1] = _mm256_loadu_ps((const float *)row + c + 8);
+        break;
+    case WF_BF16: dec16_bf16((const uint16_t *)row + c, v); break;
+    case WF_FP8: dec16_fp8(row + c, scale, v); break;
+    case WF_FP4: dec32_fp4(row + c / 2, scale, v); break;
+    }
+}
+
+/* Columns [c, cols), fewer than one step, through the scalar dequantizer, zero-padded to 16:
+ * FMA into acc (x read with masks, nothing past cols touched) or store to out. */
+static void tail_groups(const qmat *w, int r, int c, const float *x, __m256 acc[2], float *out) {
+    for (; c < w->cols; c += 16) {
+        float wt[16] __attribute__((aligned(32)));
+        for (int i = 0; i < 16; i++) wt[i] = kernel_weight(w, r, c + i);
+        __m256 lo = _mm256_load_ps(wt), hi = _mm256_load_ps(wt + 8);
+        if (out) {
+            _mm256_store_ps(out + c, lo);
+            _mm256_store_ps(out + c + 8, hi);
+        } else {
+            acc[0] = _mm256_fmadd_ps(lo, _mm256_maskload_ps(x + c, tail_mask(c, w->cols)), acc[0]);
+            acc[1] = _mm256_fmadd_ps(hi, _mm256_maskload_ps(x + c + 8, tail_mask(c + 8, w->cols)), acc[1]);
+        }
+    }
+}
+
+/* Canonical lane tree: lo+hi pairs lanes i and i+8, then 4 apart, 2 apart, 1 apart. */
+INLINE float tree16(__m256 lo, __m256 hi) {
+    __m256 s8 = _mm256_add_ps(lo, hi);
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
+}
+
+/* y[i] = dot(row r + i, x) for i < NR, the rows interleaved column step by column step. */
+INLINE void dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, float *y) {
+    const int S = step_cols(f), full = w->cols / S * S, block = f == WF_FP8 ? 128 : S;
+    const uint8_t *row[VEC_ROWS], *srow[VEC_ROWS];
+    __m256 acc[VEC_ROWS][2], scale[VEC_ROWS] = {_mm256_setzero_ps()};
+    #pragma GCC unroll 4
+    for (int i = 0; i < NR; i++) {
+        row[i] = row_ptr(w, f, r + i);
+        srow[i] = scale_row(w, f, r + i);
+        acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    }
+    for (int c = 0; c < full; c += S) {
+        if (c % block == 0) {
+            #pragma GCC unroll 4
+            for (int i = 0; i < NR; i++) scale[i] = scale_at(f, srow[i], c);
+        }
+        #pragma GCC unroll 4
+        for (int i = 0; i < NR; i++) {
+            __m256 v[4];
+            decode_step(f, row[i], c, scale[i], v);
+            #pragma GCC unroll 4
+            for (int g = 0; g < S; g += 16) {
+                acc[i][0] = _mm256_fmadd_ps(v[g / 8], _mm256_loadu_ps(x + c + g), acc[i][0]);
+                acc[i][1] = _mm256_fmadd_ps(v[g / 8 + 1], _mm256_loadu_ps(x + c + g + 8), acc[i][1]);
+            }
+        }
+    }
+    #pragma GCC unroll 4
+    for (int i = 0; i < NR; i++) {
+        if (full < w->cols) tail_groups(w, r + i, full, x, acc[i], NULL);
+        y[i] = tree16(acc[i][0], acc[i][1]);
+    }
+}
+
+/* Row r dequantized into out[ldw] (zero-padded to a multiple of 16). */
+INLINE void decode_row(const qmat *w, wformat f, int r, float *out) {
+    const int S = step_cols(f), full = w->cols / S * S, block = f == WF_FP8 ? 128 : S;
+    const uint8_t *row = row_ptr(w, f, r), *srow = scale_row(w, f, r);
+    __m256 scale = _mm256_setzero_ps(), v[4];
+    for (int c = 0; c < full; c += S) {
+        if (c % block == 0) scale = scale_at(f, srow, c);
+        decode_step(f, row, c, scale, v);
+        #pragma GCC unroll 4
+        for (int g = 0; g < S / 8; g++) _mm256_store_ps(out + c + 8 * g, v[g]);
+    }
+    if (full < w->cols) tail_groups(w, r, full, NULL, NULL, out);
+}
+
+#define FOR_EACH_FORMAT(f, call)                     \
+    switch (f) {                                     \
+    case WF_F32: { const wformat F = WF_F32; call; } break;   \
+    case WF_BF16: { const wformat F = WF_BF16; call; } break; \
+    case WF_FP8: { const wformat F = WF_FP8; call; } break;   \
+    case WF_FP4: { const wformat F = WF_FP4; call; } break;   \
+    }
+
+static void avx2_rows_vec(const qmat *w, int r0, int r1, const float *x, float *y) {
+    int r = r0;
+    for (; r + VEC_ROWS <= r1; r += VEC_ROWS) FOR_EACH_FORMAT(w->fmt, dot_rows(w, F, r, VEC_ROWS, x, y + (r - r0)))
+    for (; r < r1; r++) FOR_EACH_FORMAT(w->fmt, dot_rows(w, F, r, 1, x, y + (r - r0)))
+}
+
+/* One lane half (h = 0: lanes 0..7, h = 1: lanes 8..15) of an NR x NX tile over all columns.
+ * wb rows are zero-padded to ldw (a multiple of 16); x rows are read with a mask in the tail. */
+INLINE void tile_half(const float *wb, int ldw, const float *x, int cols, int NR, int NX, int h,
+                      __m256 acc[3][3]) {
+    const int full16 = cols & ~15;
+    #pragma GCC unroll 4
+    for (int i = 0; i < NR; i++)
+        #pragma GCC unroll 4
+        for (int j = 0; j < NX; j++) acc[i][j] = _mm256_setzero_ps();
+    for (int c = h * 8; c < full16; c += 16) {
+        __m256 wv[3], xv[3];
+        #pragma GCC unroll 4
+        for (int i = 0; i < NR; i++) wv[i] = _mm256_load_ps(wb + (size_t)i * ldw + c);
+        #pragma GCC unroll 4
+        for (int j = 0; j < NX; j++) xv[j] = _mm256_loadu_ps(x + (size_t)j * cols + c);
+        #pragma GCC unroll 4
+        for (int i = 0; i < NR; i++)
+            #pragma GCC unroll 4
+            for (int j = 0; j < NX; j++) acc[i][j] = _mm256_fmadd_ps(wv[i], xv[j], acc[i][j]);
+    }
+    if (full16 < cols) {
+        int c = full16 + h * 8;
+        __m256i m = tail_mask(c, cols);
+        #pragma GCC unroll 4
+        for (int i = 0; i < NR; i++) {
+            __m256 wv = _mm256_load_ps(wb + (size_t)i * ldw + c);
+            #pragma GCC unroll 4
+            for (int j = 0; j < NX; j++)
+                acc[i][j] = _mm256_fmadd_ps(wv, _mm256_maskload_ps(x + (size_t)j * cols + c, m), acc[i][j]);
+        }
+    }
+}
+
+INLINE void tile(const float *wb, int ldw, const float *x, int cols, int NR, int NX, float *y, int ldy) {
+    __m256 lo[3][3], hi[3][3];
+    tile_half(wb, ldw, x, cols, NR, NX, 0, lo);
+    tile_half(wb, ldw, x, cols, NR, NX, 1, hi);
+    #pragma GCC unroll 4
+    for (int i = 0; i < NR; i++)
+        #pragma GCC unroll 4
+        for (int j = 0; j < NX; j++) y[(size_t)j * ldy + i] = tree16(lo[i][j], hi[i][j]);
+}
+
+#define TILE_CASE(nr, nx) \
+    case (nr) * 4 + (nx): tile(wb, ldw, x, cols, nr, nx, y, ldy); break
+
+static void tile_any(const float *wb, int ldw, const float *x, int cols, int nr, int nx, float *y, int ldy) {
+    switch (nr * 4 + nx) {
+        TILE_CASE(1, 1); TILE_CASE(1, 2); TILE_CASE(1, 3);
+        TILE_CASE(2, 1); TILE_CASE(2, 2); TILE_CASE(2, 3);
+        TILE_CASE(3, 1); TILE_CASE(3, 2); TILE_CASE(3, 3);
+    }
+}
+
+static void avx2_rows_mul(const qmat *w, int r0, int r1, const float *x, int n, float *y, int ldy) {
+    const int cols = w->cols, ldw = (cols + 15) & ~15, nr = r1 - r0;
+    float *wb = kernel_scratch((size_t)nr * ldw);
+    for (int r = r0; r < r1; r++) FOR_EACH_FORMAT(w->fmt, decode_row(w, F, r, wb + (size_t)(r - r0) * ldw))
+    for (int j = 0; j < n; j += 3)
+        for (int i = 0; i < nr; i += 3)
+            tile_any(wb + (size_t)i * ldw, ldw, x + (size_t)j * cols, cols, nr - i < 3 ? nr - i : 3, n - j < 3 ? n - j : 3,
+                     y + (size_t)j * ldy + i, ldy);
+}
+
+const kernel_path kernel_path_avx2 = {"avx2", avx2_rows_vec, avx2_rows_mul};
+
+#endif

@@ -1,0 +1,58 @@
+/* kernels_path.h — private interface between kernels.c and its SIMD files (kernels_avx2.c,
+ * kernels_avx512.c). Not for use outside src/core/kernels*.c.
+ *
+ * THE CANONICAL REDUCTION ORDER, which every path implements exactly so that all paths give
+ * bit-identical results (scalar == AVX2 == AVX-512):
+ *  1. Each weight is dequantized exactly as (code value) * (block scale) in one f32 multiply,
+ *     with the factors split as in kernel_fp8_lut / kernel_fp4_lut below (FP8: the E4M3 code
+ *     read as f16 = value * 2^-8, times scale * 2^8; FP4: twice the E2M1 value, times scale / 2, the sign applied after the product).
+ *     For finite codes both products equal value * scale rounded once.
+ *  2. Columns are padded with zeros to a multiple of 16. Lane l (0..15) accumulates, in column
+ *     order, acc[l] = fma(w[c], x[c], acc[l]) over every c with c % 16 == l, starting from +0.
+ *  3. The 16 lanes are summed by kernel_tree16: a[i] + a[i+8], then + 4 apart, + 2 apart, + 1.
+ * Consequently a result depends only on the row's weights, x and cols: never on batching,
+ * position in a batch, thread count or which path computed it.
+ */
+#ifndef CAIRN_KERNELS_PATH_H
+#define CAIRN_KERNELS_PATH_H
+
+#include "kernels.h"
+
+typedef struct {
+    const char *name;
+    /* y[r - r0] = canonical dot product of row r of w with x, for r in [r0, r1). */
+    void (*rows_vec)(const qmat *w, int r0, int r1, const float *x, float *y);
+    /* y[j * ldy + (r - r0)] = that dot product with x + j * cols, for r in [r0, r1), j in [0, n). */
+    void (*rows_mul)(const qmat *w, int r0, int r1, const float *x, int n, float *y, int ldy);
+} kernel_path;
+
+extern const kernel_path kernel_path_scalar;
+extern const kernel_path kernel_path_avx2;     /* defined only when compiled with AVX2+FMA+F16C */
+extern const kernel_path kernel_path_avx512;   /* defined only when compiled with AVX-512F/BW */
+
+/* 256-entry table: E4M3 byte read as an f16 bit pattern ((b&0x7f)<<7 | (b&0x80)<<8), i.e. the
+ * E4M3 value times 2^-8 (the NaN codes read as +-480 * 2^-8; checkpoints do not contain them). */
+extern float kernel_fp8_lut[256];
+/* 16-entry table: twice the E2M1 value of each code (0, 1, 2, 3, 4, 6, 8, 12, signed; code 8 is -0,
+ * as the SIMD paths produce it by flipping the sign bit of the magnitude). */
+extern const float kernel_fp4_lut[16];
+
+/* E8M0 byte -> scale * 2^8 (FP8) and scale / 2 (FP4): the scale factors of rule 1. */
+extern float kernel_fp8_scale_lut[256];
+extern float kernel_fp4_scale_lut[256];
+
+/* Scale of weight (r, c): kernel_fp8_scale_lut / kernel_fp4_scale_lut of its block's byte. */
+float kernel_fp8_scale(const qmat *w, int r, int c);
+float kernel_fp4_scale(const qmat *w, int r, int c);
+size_t kernel_fp4_row_bytes(const qmat *w);
+size_t kernel_scale_row_len(const qmat *w);    /* E8M0 bytes per scale row (FP8: per 128 rows) */
+
+/* Dequantized weight (r, c) by rule 1 above; 0 for c >= cols (the zero padding). */
+float kernel_weight(const qmat *w, int r, int c);
+
+float kernel_tree16(const float acc[16]);
+
+/* Thread-local scratch of at least n floats, 64-byte aligned; grows, never shrinks. */
+float *kernel_scratch(size_t n);
+
+#endif

@@ -1,0 +1,160 @@
+/* ops.c — norms, RoPE, activations, top-k, Hadamard (see ops.h).
+ *
+ * Every reduction here runs left to right in f32 (dot_f32 in the kernels' 16-lane order), and
+ * none depends on SIMD width or on the caller's chunking, so results are the same in every build. */
+#include "ops.h"
+
+#include <math.h>
+#include <stdio.h>
+
+#include "kernels.h"
+#include "quant.h"
+
+static float mean_square(const float *x, int n) {
+    float ss = 0.0f;
+    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    return ss / (float)n;
+}
+
+void rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
+    float inv = 1.0f / sqrtf(mean_square(x, n) + eps);
+    for (int i = 0; i < n; i++) out[i] = w ? x[i] * inv * w[i] : x[i] * inv;
+}
+
+void rmsnorm_bf16w(float *out, const float *x, const uint16_t *w, int n, float eps) {
+    float inv = 1.0f / sqrtf(mean_square(x, n) + eps);
+    for (int i = 0; i < n; i++) out[i] = x[i] * inv * bf16_to_f32(w[i]);
+}
+
+void layernorm(float *out, const float *x, const float *w, const float *b, int n, float eps) {
+    float mean = 0.0f;
+    for (int i = 0; i < n; i++) mean += x[i];
+    mean /= (float)n;
+    float var = 0.0f;
+    for (int i = 0; i < n; i++) var += (x[i] - mean) * (x[i] - mean);
+    float inv = 1.0f / sqrtf(var / (float)n + eps);
+    for (int i = 0; i < n; i++) {
+        float v = (x[i] - mean) * inv;
+        out[i] = (w ? v * w[i] : v) + (b ? b[i] : 0.0f);
+    }
+}
+
+void rope_init(rope_table *t, int dim, double base) {
+    if (dim > 512) dim = 512;            /* inv_freq holds 256 pairs */
+    t->dim = dim;
+    for (int k = 0; k < dim / 2; k++) t->inv_freq[k] = (float)pow(base, -2.0 * k / dim);
+}
+
+/* Rotary pair index at which a wavelength makes `rotations` full turns over orig_max positions. */
+static double yarn_correction_dim(int dim, double base, double orig_max, double rotations) {
+    return dim * log(orig_max / (rotations * 2.0 * M_PI)) / (2.0 * log(base));
+}
+
+/* YaRN (deepseek_v4.md §4.3): pairs below `low` (fast rotations) keep their frequency, pairs
+ * above `high` (slow rotations) are divided by `factor`, and a linear ramp blends in between. */
+void rope_init_yarn(rope_table *t, int dim, double base, double factor, double orig_max, double beta_fast,
+                    double beta_slow) {
+    rope_init(t, dim, base);
+    dim = t->dim;
+    double low = floor(yarn_correction_dim(dim, base, orig_max, beta_fast));
+    double high = ceil(yarn_correction_dim(dim, base, orig_max, beta_slow));
+    if (low < 0) low = 0;
+    if (high > dim - 1) high = dim - 1;
+    if (low == high) high += 0.001;
+    for (int k = 0; k < dim / 2; k++) {
+        double ramp = (k - low) / (high - low);
+        ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+        double f = t->inv_freq[k];
+        t->inv_freq[k] = (float)(f / factor * ramp + f * (1.0 - ramp));
+    }
+}
+
+/* cos/sin of pos*inv_freq[k], with the angle formed in double so large positions keep precision. */
+static void rope_angle(const rope_table *t, int k, int pos, int inverse, float *c, float *s) {
+    double a = (double)pos * (double)t->inv_freq[k];
+    *c = (float)cos(a);
+    *s = (float)(inverse ? -sin(a) : sin(a));
+}
+
+static void rotate_pair(float *a, float *b, float c, float s) {
+    float x = *a, y = *b;
+    *a = x * c - y * s;
+    *b = x * s + y * c;
+}
+
+void rope_apply_interleaved(const rope_table *t, float *x, int pos, int inverse) {
+    for (int k = 0; k < t->dim / 2; k++) {
+        float c, s;
+        rope_angle(t, k, pos, inverse, &c, &s);
+        rotate_pair(&x[2 * k], &x[2 * k + 1], c, s);
+    }
+}
+
+void rope_apply_half(const rope_table *t, float *x, int pos, int inverse) {
+    int half = t->dim / 2;
+    for (int k = 0; k < half; k++) {
+        float c, s;
+        rope_angle(t, k, pos, inverse, &c, &s);
+        rotate_pair(&x[k], &x[k + half], c, s);
+    }
+}
+
+void softmax(float *x, int n) {
+    if (n <= 0) return;
+    float mx = x[0];
+    for (int i = 1; i < n; i++) mx = fmaxf(mx, x[i]);
+    float sum = 0.0f;
+    for (int i = 0; i < n; i++) {
+        x[i] = expf(x[i] - mx);
+        sum += x[i];
+    }
+    float inv = 1.0f / sum;
+    for (int i = 0; i < n; i++) x[i] *= inv;
+}
+
+float silu(float x) { return x / (1.0f + expf(-x)); }
+
+/* log(1 + e^x) without overflow for large x or loss of precision for very negative x. */
+float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* Selection by repeated insertion into a sorted prefix: k is small (experts, indexer top-k over
+ * a few thousand at most), and a strict '>' keeps the earlier index first among equal values. */
+void topk(const float *x, int n, int k, int *idx) {
+    if (k > n) k = n;
+    if (k <= 0) return;
+    int have = 0;
+    for (int i = 0; i < n; i++) {
+        if (have == k && !(x[i] > x[idx[k - 1]])) continue;
+        int j = have < k ? have++ : k - 1;
+        while (j > 0 && x[i] > x[idx[j - 1]]) {
+            idx[j] = idx[j - 1];
+            j--;
+        }
+        idx[j] = i;
+    }
+}
+
+void hadamard(float *x, int n) {
+    if (n <= 0 || (n & (n - 1))) {
+        fprintf(stderr, "cairn: hadamard needs a power-of-two length, got %d; vector left unchanged\n", n);
+        return;
+    }
+    for (int h = 1; h < n; h *= 2)
+        for (int i = 0; i < n; i += 2 * h)
+            for (int j = i; j < i + h; j++) {
+                float a = x[j], b = x[j + h];
+                x[j] = a + b;
+                x[j + h] = a - b;
+            }
+    float s = 1.0f / sqrtf((float)n);
+    for (int i = 0; i < n; i++) x[i] *= s;
+}
+
+float dot_f32(const float *a, const float *b, int n) {
+    qmat row = {.fmt = WF_F32, .rows = 1, .cols = n, .data = a};
+    float y;
+    qmat_vec(&row, b, &y);
+    return y;
+}

@@ -1,0 +1,104 @@
+/* quant.c — scalar number-format conversions and activation QDQ (see quant.h).
+ *
+ * E4M3 and E2M1 rounding share one routine: a small float format is a grid whose spacing is
+ * 2^(exponent - mantissa_bits) above its smallest normal and constant below it (subnormals).
+ * Dividing by that spacing is exact (a power of two), so rintf() in the default rounding mode
+ * gives round-half-to-even on the grid without any bit tricks. */
+#include "quant.h"
+#include "util.h"
+
+#include <float.h>
+#include <math.h>
+
+float f16_to_f32(uint16_t h) {
+    int sign = h >> 15, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+    float v;
+    if (exp == 0) v = ldexpf((float)man, -24);
+    else if (exp == 31) v = man ? NAN : INFINITY;
+    else v = ldexpf((float)(man | 0x400), exp - 25);
+    return sign ? -v : v;
+}
+
+float e4m3_to_f32(uint8_t b) {
+    int exp = (b >> 3) & 0xf, man = b & 7;
+    float v;
+    if (exp == 15 && man == 7) v = NAN;
+    else if (exp == 0) v = ldexpf((float)man, -9);
+    else v = ldexpf((float)(man | 8), exp - 10);
+    return (b & 0x80) ? -v : v;
+}
+
+/* Nearest value of a sign-magnitude minifloat with `mbits` mantissa bits, smallest normal
+ * exponent `emin` and largest finite value `maxval`; ties to even; saturates; NaN stays NaN. */
+static float minifloat_round(float f, int mbits, int emin, float maxval) {
+    if (isnan(f)) return f;
+    float a = fabsf(f);
+    int e = a >= ldexpf(1.0f, emin) ? ilogbf(a) : emin;
+    int spacing_exp = e - mbits;
+    float r = ldexpf(rintf(ldexpf(a, -spacing_exp)), spacing_exp);
+    if (r > maxval) r = maxval;
+    return copysignf(r, f);
+}
+
+float e4m3_round(float f) { return minifloat_round(f, 3, -6, 448.0f); }
+
+float e2m1_round(float f) { return minifloat_round(f, 1, 0, 6.0f); }
+
+uint8_t f32_to_e4m3(float f) {
+    if (isnan(f)) return signbit(f) ? 0xff : 0x7f;
+    float r = fabsf(e4m3_round(f));
+    uint8_t sign = signbit(f) ? 0x80 : 0;
+    if (r < ldexpf(1.0f, -6)) return sign | (uint8_t)ldexpf(r, 9);      /* subnormal: r = m * 2^-9 */
+    int e = ilogbf(r);
+    int man = (int)ldexpf(r, 3 - e) - 8;                                /* r = (8+m) * 2^(e-3) */
+    return sign | (uint8_t)((e + 7) << 3) | (uint8_t)man;
+}
+
+float e8m0_to_f32(uint8_t b) {
+    if (b == 255) return NAN;
+    return ldexpf(1.0f, (int)b - 127);
+}
+
+float e2m1_to_f32(uint8_t code) {
+    static const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    float v = mag[code & 7];
+    return (code & 8) ? -v : v;
+}
+
+void bf16_round_vec(float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] = bf16_round(x[i]);
+}
+
+/* 2^ceil(log2(v)) for finite v > 0, computed exactly from the binary exponent (log2f can
+ * land on the wrong side of an integer for values just above a power of two). */
+static float pow2_ceil(float v) {
+    int e;
+    float m = frexpf(v, &e);                /* v = m * 2^e, m in [0.5, 1) */
+    return ldexpf(1.0f, m == 0.5f ? e - 1 : e);
+}
+
+static float block_amax(const float *x, size_t n) {
+    float amax = 0.0f;
+    for (size_t i = 0; i < n; i++) amax = fmaxf(amax, fabsf(x[i]));
+    return amax;
+}
+
+/* One QDQ block: scale = 2^ceil(log2(max(amax, floor)/maxval)), x <- round(x/scale)*scale.
+ * A block holding inf or NaN is left as it is: there is no meaningful scale for it. */
+static void qdq_block(float *x, size_t n, float amax_floor, float maxval, float (*round_fn)(float)) {
+    float amax = block_amax(x, n);
+    if (!isfinite(amax)) return;
+    float scale = pow2_ceil(fmaxf(amax, amax_floor) / maxval);
+    for (size_t i = 0; i < n; i++) x[i] = round_fn(x[i] / scale) * scale;
+}
+
+void act_qdq_e4m3(float *x, size_t n, size_t block) {
+    if (block == 0) block = n;
+    for (size_t i = 0; i < n; i += block) qdq_block(x + i, MIN(block, n - i), 1e-4f, 448.0f, e4m3_round);
+}
+
+/* The FP4 amax floor is the same 1e-4 as E4M3's: it only matters for all-but-zero blocks. */
+void act_qdq_fp4(float *x, size_t n, size_t block) {
+    if (block == 0) block = n;
+    for (size_t i = 0; i < n; i += block) qdq_block(x + i, MIN(block, n - i), 1e-4f, 6.0f, e2m1_round);
+}

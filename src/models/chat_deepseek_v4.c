@@ -1,0 +1,665 @@
+/* chat_deepseek_v4.c — the DeepSeek V4 chat template and reply parser.
+ *
+ * Rendering follows the rules of the official encoder (encoding_dsv4.py), applied to OpenAI
+ * messages (protocol.md §2.7):
+ *   BOS [effort paragraph] then per turn:
+ *     system     TEXT [\n\n## Tools section]                (raw, no marker)
+ *     developer  <｜User｜>TEXT [\n\n## Tools section]
+ *     user       <｜User｜>BLOCK\n\nBLOCK...   consecutive user and tool messages merge into one
+ *                turn; a tool message is the block <tool_result>TEXT</tool_result>, and the tool
+ *                results of a turn are ordered as the preceding assistant issued the calls
+ *     assistant  [REASONING</think>]CONTENT[\n\n<｜DSML｜tool_calls>...</｜DSML｜tool_calls>]EOS
+ *   A user/developer turn followed by an assistant turn, or ending the prompt, is closed by
+ *   <｜Assistant｜> plus <think> (thinking mode, for turns from the last user turn on) or </think>.
+ * Thinking mode drops historical reasoning: an assistant turn before the last user turn renders
+ * without its reasoning and its cue gets </think>, and developer turns before the last user turn
+ * are dropped; both only when no tools are rendered (the encoder keeps everything then). The
+ * "Reasoning Effort" paragraph exists in the encoder for effort max only (xhigh/max map to it);
+ * low and high add nothing.
+ *
+ * Our choices where the encoder has no rule: request-level tools go to the first system or
+ * developer message (else an empty system message is inserted first); tool_choice "none" renders
+ * no tools section, "required" or a forced name appends one "You must call ..." sentence to it.
+ * A conversation must end with a user, developer or tool message (the prompt then ends with the
+ * generation cue); anything else is an error. Content given as parts concatenates the text parts.
+ *
+ * Parsing a reply: reasoning up to </think> (thinking mode), content up to EOS or the DSML block,
+ * then each complete <｜DSML｜invoke> becomes an OpenAI tool call (id "call_" + 24 random hex).
+ * Arguments are rebuilt as the encoder does: string="true" values become JSON strings, others are
+ * kept as the JSON text the model wrote (or quoted, if that text is not valid JSON). A DSML block
+ * cut off mid-way is removed from the visible text, as are stray BOS/EOS/think markers. Empty
+ * reasoning or content is reported as NULL.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include "../core/util.h"
+#include "chat.h"
+
+#define BOS "<｜begin▁of▁sentence｜>"
+#define EOS "<｜end▁of▁sentence｜>"
+#define USER "<｜User｜>"
+#define ASSISTANT "<｜Assistant｜>"
+#define THINK "<think>"
+#define THINK_END "</think>"
+#define DSML "｜DSML｜"
+#define CALLS_OPEN "<" DSML "tool_calls>"
+#define CALLS_CLOSE "</" DSML "tool_calls>"
+#define INVOKE_OPEN "<" DSML "invoke name=\""
+#define INVOKE_CLOSE "</" DSML "invoke>"
+#define PARAM_OPEN "<" DSML "parameter name=\""
+#define PARAM_CLOSE "</" DSML "parameter>"
+
+static const char effort_max_text[] =
+    "Reasoning Effort: Absolute maximum with no shortcuts permitted.\n"
+    "You MUST be very thorough in your thinking and comprehensively decompose the problem to resolve the root "
+    "cause, rigorously stress-testing your logic against all potential paths, edge cases, and adversarial "
+    "scenarios.\n"
+    "Explicitly write out your entire deliberation process, documenting every intermediate step, considered "
+    "alternative, and rejected hypothesis to ensure absolutely no assumption is left unchecked.\n\n";
+
+static const char tools_head[] =
+    "## Tools\n\n"
+    "You have access to a set of tools to help answer the user's question. You can invoke tools by writing a "
+    "\"" CALLS_OPEN "\" block like the following:\n\n" CALLS_OPEN "\n" INVOKE_OPEN "$TOOL_NAME\">\n" PARAM_OPEN
+    "$PARAMETER_NAME\" string=\"true|false\">$PARAMETER_VALUE" PARAM_CLOSE "\n...\n" INVOKE_CLOSE "\n" INVOKE_OPEN
+    "$TOOL_NAME2\">\n...\n" INVOKE_CLOSE "\n" CALLS_CLOSE "\n\n"
+    "String parameters should be specified as is and set `string=\"true\"`. For all other types (numbers, "
+    "booleans, arrays, objects), pass the value in JSON format and set `string=\"false\"`.\n\n"
+    "If thinking_mode is enabled (triggered by " THINK "), you MUST output your complete reasoning inside " THINK
+    "..." THINK_END " BEFORE any tool calls or final response.\n\n"
+    "Otherwise, output directly after " THINK_END " with tool calls or final response.\n\n"
+    "### Available Tool Schemas\n\n";
+
+static const char tools_tail[] =
+    "\n\nYou MUST strictly follow the above defined tool name and parameter schemas to invoke tool calls.\n";
+
+/* ---- growing string ------------------------------------------------------------------------ */
+
+typedef struct {
+    char *s;
+    size_t len, cap;
+} sbuf;
+
+static void sb_put(sbuf *b, const char *s, size_t n) {
+    if (b->len + n + 1 > b->cap) {
+        b->cap = (b->len + n + 1) * 2;
+        b->s = xrealloc(b->s, b->cap);
+    }
+    memcpy(b->s + b->len, s, n);
+    b->len += n;
+    b->s[b->len] = 0;
+}
+
+static void sb_str(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
+
+static char *sb_take(sbuf *b) { return b->s ? b->s : xstrdup(""); }
+
+/* ---- JSON exactly as Python's json.dumps(ensure_ascii=False) writes it (the encoder's to_json) */
+
+static void py_json_string(sbuf *b, const char *s) {
+    sb_str(b, "\"");
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        char esc[8] = {0};
+        switch (*p) {
+        case '"': strcpy(esc, "\\\""); break;
+        case '\\': strcpy(esc, "\\\\"); break;
+        case '\n': strcpy(esc, "\\n"); break;
+        case '\r': strcpy(esc, "\\r"); break;
+        case '\t': strcpy(esc, "\\t"); break;
+        case '\b': strcpy(esc, "\\b"); break;
+        case '\f': strcpy(esc, "\\f"); break;
+        default:
+            if (*p < 0x20) snprintf(esc, sizeof esc, "\\u%04x", *p);
+        }
+        if (esc[0]) sb_str(b, esc);
+        else sb_put(b, (const char *)p, 1);
+    }
+    sb_str(b, "\"");
+}
+
+/* cJSON keeps only a double: integral values print as integers, others in the shortest
+ * form that reads back exactly (what Python's float repr prints). */
+static void py_json_number(sbuf *b, double v) {
+    char buf[40];
+    if (v == floor(v) && fabs(v) < 1e15) snprintf(buf, sizeof buf, "%.0f", v);
+    else
+        for (int prec = 1; prec <= 17; prec++) {
+            snprintf(buf, sizeof buf, "%.*g", prec, v);
+            if (strtod(buf, NULL) == v) break;
+        }
+    sb_str(b, buf);
+}
+
+static void py_json(sbuf *b, const cJSON *v) {
+    if (cJSON_IsString(v)) py_json_string(b, v->valuestring);
+    else if (cJSON_IsNumber(v)) py_json_number(b, v->valuedouble);
+    else if (cJSON_IsTrue(v)) sb_str(b, "true");
+    else if (cJSON_IsFalse(v)) sb_str(b, "false");
+    else if (cJSON_IsArray(v) || cJSON_IsObject(v)) {
+        int obj = cJSON_IsObject(v);
+        sb_str(b, obj ? "{" : "[");
+        for (const cJSON *e = v->child; e; e = e->next) {
+            if (obj) {
+                py_json_string(b, e->string);
+                sb_str(b, ": ");
+            }
+            py_json(b, e);
+            if (e->next) sb_str(b, ", ");
+        }
+        sb_str(b, obj ? "}" : "]");
+    } else sb_str(b, "null");
+}
+
+/* ---- conversation model: messages merged into turns ---------------------------------------- */
+
+typedef struct {
+    char *text;              /* rendered block: the user text or <tool_result>...</tool_result> */
+    const char *call_id;     /* tool results: the call they answer ("" if none) */
+    int is_result;
+} block;
+
+typedef enum { TURN_SYSTEM, TURN_DEVELOPER, TURN_USER, TURN_ASSISTANT } turn_kind;
+
+typedef struct {
+    turn_kind kind;
+    const cJSON *msg;        /* system, developer, assistant: the message */
+    block *blocks;           /* user: merged user texts and tool results */
+    int n_blocks;
+    int has_tools;           /* the tools section is rendered in this turn */
+    int dropped;             /* thinking-mode history drop removed this turn */
+} turn;
+
+typedef struct {
+    turn *t;
+    int n;
+} conversation;
+
+static void conversation_free(conversation *c) {
+    for (int i = 0; i < c->n; i++) {
+        for (int j = 0; j < c->t[i].n_blocks; j++) free(c->t[i].blocks[j].text);
+        free(c->t[i].blocks);
+    }
+    free(c->t);
+}
+
+static turn *add_turn(conversation *c, turn_kind kind, const cJSON *msg) {
+    c->t = xrealloc(c->t, (size_t)(c->n + 1) * sizeof *c->t);
+    turn *t = &c->t[c->n++];
+    memset(t, 0, sizeof *t);
+    t->kind = kind;
+    t->msg = msg;
+    return t;
+}
+
+/* A message's content as text: a string, the text parts of an array, or "" for null/absent. */
+static int content_text(const cJSON *msg, sbuf *out, int idx, char *err, size_t errlen) {
+    const cJSON *content = cJSON_GetObjectItemCaseSensitive(msg, "content");
+    if (!content || cJSON_IsNull(content)) return 0;
+    if (cJSON_IsString(content)) {
+        sb_str(out, content->valuestring);
+        return 0;
+    }
+    if (!cJSON_IsArray(content))
+        return errf(err, errlen, "messages[%d].content must be a string, an array of parts or null", idx);
+    const cJSON *part;
+    int k = 0;
+    cJSON_ArrayForEach(part, content) {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
+        const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
+        if (!cJSON_IsString(type) || strcmp(type->valuestring, "text") || !cJSON_IsString(text))
+            return errf(err, errlen, "messages[%d].content[%d]: only text parts are supported", idx, k);
+        sb_str(out, text->valuestring);
+        k++;
+    }
+    return 0;
+}
+
+static int add_block(conversation *c, const cJSON *msg, int is_result, int idx, char *err, size_t errlen) {
+    sbuf text = {0};
+    if (is_result) sb_str(&text, "<tool_result>");
+    if (content_text(msg, &text, idx, err, errlen)) {
+        free(text.s);
+        return -1;
+    }
+    if (is_result) sb_str(&text, "</tool_result>");
+    turn *t = c->n && c->t[c->n - 1].kind == TURN_USER ? &c->t[c->n - 1] : add_turn(c, TURN_USER, NULL);
+    t->blocks = xrealloc(t->blocks, (size_t)(t->n_blocks + 1) * sizeof *t->blocks);
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(msg, "tool_call_id");
+    t->blocks[t->n_blocks++] = (block){sb_take(&text), cJSON_IsString(id) ? id->valuestring : "", is_result};
+    return 0;
+}
+
+static int build_turns(const cJSON *messages, conversation *c, char *err, size_t errlen) {
+    static const struct {
+        const char *role;
+        turn_kind kind;
+    } plain[] = {{"system", TURN_SYSTEM}, {"developer", TURN_DEVELOPER}, {"assistant", TURN_ASSISTANT}};
+    int idx = 0;
+    const cJSON *msg;
+    cJSON_ArrayForEach(msg, messages) {
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(msg, "role");
+        if (!cJSON_IsObject(msg) || !cJSON_IsString(role))
+            return errf(err, errlen, "messages[%d].role must be a string", idx);
+        const char *r = role->valuestring;
+        int known = 0;
+        for (size_t k = 0; k < sizeof plain / sizeof *plain; k++)
+            if (!strcmp(r, plain[k].role)) {
+                add_turn(c, plain[k].kind, msg);
+                known = 1;
+            }
+        if (!known && (!strcmp(r, "user") || !strcmp(r, "tool"))) {
+            if (add_block(c, msg, !strcmp(r, "tool"), idx, err, errlen)) return -1;
+            known = 1;
+        }
+        if (!known)
+            return errf(err, errlen, "messages[%d].role '%s' is not one of system, developer, user, assistant, tool",
+                        idx, r);
+        idx++;
+    }
+    return 0;
+}
+
+/* Position of call id `id` in an assistant's tool_calls (0 when absent, like the encoder). */
+static int call_order(const cJSON *calls, const char *id) {
+    int k = 0;
+    const cJSON *call;
+    cJSON_ArrayForEach(call, calls) {
+        const cJSON *cid = cJSON_GetObjectItemCaseSensitive(call, "id");
+        if (cJSON_IsString(cid) && *id && !strcmp(cid->valuestring, id)) return k;
+        k++;
+    }
+    return 0;
+}
+
+/* Tool results of a user turn follow the order in which the previous assistant made the calls:
+ * a stable insertion sort over the result slots (other blocks keep their places), as the
+ * encoder's sorted() does. */
+static void sort_results(turn *t, const cJSON *calls) {
+    int *slot = xmalloc((size_t)t->n_blocks * sizeof *slot), n = 0;
+    for (int j = 0; j < t->n_blocks; j++)
+        if (t->blocks[j].is_result) slot[n++] = j;
+    for (int a = 1; a < n; a++) {
+        block moving = t->blocks[slot[a]];
+        int key = call_order(calls, moving.call_id), b = a;
+        for (; b > 0 && call_order(calls, t->blocks[slot[b - 1]].call_id) > key; b--)
+            t->blocks[slot[b]] = t->blocks[slot[b - 1]];
+        t->blocks[slot[b]] = moving;
+    }
+    free(slot);
+}
+
+static void order_tool_results(conversation *c) {
+    const cJSON *calls = NULL;
+    for (int i = 0; i < c->n; i++) {
+        turn *t = &c->t[i];
+        if (t->kind == TURN_ASSISTANT) {
+            const cJSON *tc = cJSON_GetObjectItemCaseSensitive(t->msg, "tool_calls");
+            if (cJSON_IsArray(tc) && cJSON_GetArraySize(tc) > 0) calls = tc;
+        }
+        if (t->kind == TURN_USER && calls) sort_results(t, calls);
+    }
+}
+
+static int last_user_turn(const conversation *c) {
+    for (int i = c->n - 1; i >= 0; i--)
+        if (!c->t[i].dropped && (c->t[i].kind == TURN_USER || c->t[i].kind == TURN_DEVELOPER)) return i;
+    return -1;
+}
+
+/* ---- rendering ----------------------------------------------------------------------------- */
+
+static int render_tools(sbuf *b, const cJSON *tools, const char *tool_choice, char *err, size_t errlen) {
+    sb_str(b, tools_head);
+    int k = 0;
+    const cJSON *tool;
+    cJSON_ArrayForEach(tool, tools) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(tool, "function");
+        if (!cJSON_IsObject(fn)) return errf(err, errlen, "tools[%d].function must be an object", k);
+        if (k) sb_str(b, "\n");
+        py_json(b, fn);
+        k++;
+    }
+    sb_str(b, tools_tail);
+    if (tool_choice && !strcmp(tool_choice, "required"))
+        sb_str(b, "\nYou must call at least one tool in this reply.\n");
+    else if (tool_choice && strcmp(tool_choice, "auto")) {
+        sb_str(b, "\nYou must call the tool \"");
+        sb_str(b, tool_choice);
+        sb_str(b, "\" in this reply.\n");
+    }
+    return 0;
+}
+
+/* One tool call in DSML; arguments that are not a JSON object are passed whole as "arguments". */
+static int render_call(sbuf *b, const cJSON *call, int idx, int k, char *err, size_t errlen) {
+    const cJSON *fn = cJSON_GetObjectItemCaseSensitive(call, "function");
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
+    const cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
+    if (!cJSON_IsString(name))
+        return errf(err, errlen, "messages[%d].tool_calls[%d].function.name must be a string", idx, k);
+    cJSON *parsed = cJSON_IsString(args) ? cJSON_Parse(args->valuestring) : cJSON_Duplicate(args, 1);
+    if (!cJSON_IsObject(parsed)) {
+        cJSON_Delete(parsed);
+        parsed = cJSON_CreateObject();
+        if (cJSON_IsString(args)) cJSON_AddStringToObject(parsed, "arguments", args->valuestring);
+    }
+    sb_str(b, INVOKE_OPEN);
+    sb_str(b, name->valuestring);
+    sb_str(b, "\">\n");
+    for (const cJSON *a = parsed->child; a; a = a->next) {
+        sb_str(b, PARAM_OPEN);
+        sb_str(b, a->string);
+        sb_str(b, cJSON_IsString(a) ? "\" string=\"true\">" : "\" string=\"false\">");
+        if (cJSON_IsString(a)) sb_str(b, a->valuestring);
+        else py_json(b, a);
+        sb_str(b, PARAM_CLOSE);
+        if (a->next) sb_str(b, "\n");
+    }
+    sb_str(b, "\n" INVOKE_CLOSE);
+    cJSON_Delete(parsed);
+    return 0;
+}
+
+static int render_assistant(sbuf *b, const cJSON *msg, int idx, int with_reasoning, char *err, size_t errlen) {
+    if (with_reasoning) {
+        const cJSON *r = cJSON_GetObjectItemCaseSensitive(msg, "reasoning_content");
+        if (!cJSON_IsString(r)) r = cJSON_GetObjectItemCaseSensitive(msg, "reasoning");
+        if (cJSON_IsString(r)) sb_str(b, r->valuestring);
+        sb_str(b, THINK_END);
+    }
+    if (content_text(msg, b, idx, err, errlen)) return -1;
+    const cJSON *calls = cJSON_GetObjectItemCaseSensitive(msg, "tool_calls");
+    if (cJSON_IsArray(calls) && cJSON_GetArraySize(calls) > 0) {
+        sb_str(b, "\n\n" CALLS_OPEN "\n");
+        int k = 0;
+        const cJSON *call;
+        cJSON_ArrayForEach(call, calls) {
+            if (k) sb_str(b, "\n");
+            if (render_call(b, call, idx, k, err, errlen)) return -1;
+            k++;
+        }
+        sb_str(b, "\n" CALLS_CLOSE);
+    }
+    sb_str(b, EOS);
+    return 0;
+}
+
+/* "xhigh"/"max" -> 2 (the paragraph), other known efforts -> 0, unknown -> -1. */
+static int effort_level(const char *effort) {
+    static const char *plain[] = {"none", "minimal", "low", "medium", "high"};
+    if (!effort) return 0;
+    if (!strcmp(effort, "xhigh") || !strcmp(effort, "max")) return 2;
+    for (size_t i = 0; i < sizeof plain / sizeof *plain; i++)
+        if (!strcmp(effort, plain[i])) return 0;
+    return -1;
+}
+
+/* Attach request-level tools to the first system/developer turn, or insert an empty system turn. */
+static void place_tools(conversation *c) {
+    for (int i = 0; i < c->n; i++)
+        if (c->t[i].kind == TURN_SYSTEM || c->t[i].kind == TURN_DEVELOPER) {
+            c->t[i].has_tools = 1;
+            return;
+        }
+    add_turn(c, TURN_SYSTEM, NULL);
+    memmove(c->t + 1, c->t, (size_t)(c->n - 1) * sizeof *c->t);
+    memset(c->t, 0, sizeof *c->t);
+    c->t[0].kind = TURN_SYSTEM;
+    c->t[0].has_tools = 1;
+}
+
+typedef struct {
+    int thinking, drop, last_user;
+    const cJSON *tools;
+    const char *tool_choice;
+} render_ctx;
+
+static int render_turn(sbuf *b, const conversation *c, int i, const render_ctx *x, int idx, char *err,
+                       size_t errlen) {
+    const turn *t = &c->t[i];
+    switch (t->kind) {
+    case TURN_ASSISTANT:
+        return render_assistant(b, t->msg, idx, x->thinking && (!x->drop || i > x->last_user), err, errlen);
+    case TURN_USER:
+        sb_str(b, USER);
+        for (int j = 0; j < t->n_blocks; j++) {
+            if (j) sb_str(b, "\n\n");
+            sb_str(b, t->blocks[j].text);
+        }
+        break;
+    case TURN_DEVELOPER:
+    case TURN_SYSTEM:
+        if (t->kind == TURN_DEVELOPER) sb_str(b, USER);
+        if (t->msg && content_text(t->msg, b, idx, err, errlen)) return -1;
+        if (t->has_tools) {
+            sb_str(b, "\n\n");
+            if (render_tools(b, x->tools, x->tool_choice, err, errlen)) return -1;
+        }
+        break;
+    }
+    return 0;
+}
+
+/* Index of the message a turn came from, for error messages (first message of merged turns). */
+static int message_index(const conversation *c, int i) {
+    int idx = 0;
+    for (int j = 0; j < i; j++) idx += c->t[j].kind == TURN_USER ? c->t[j].n_blocks : c->t[j].msg != NULL;
+    return idx;
+}
+
+static char *render_turns(conversation *c, const render_ctx *x, int effort, char *err, size_t errlen) {
+    sbuf b = {0};
+    sb_str(&b, BOS);
+    int first = 1, last = -1;
+    for (int i = 0; i < c->n; i++)
+        if (!c->t[i].dropped) last = i;
+    for (int i = 0; i < c->n; i++) {
+        const turn *t = &c->t[i];
+        if (t->dropped) continue;
+        if (first && x->thinking && effort == 2) sb_str(&b, effort_max_text);
+        first = 0;
+        if (render_turn(&b, c, i, x, message_index(c, i), err, errlen)) goto fail;
+        int next = i + 1;
+        while (next < c->n && c->t[next].dropped) next++;
+        int asks = t->kind == TURN_USER || t->kind == TURN_DEVELOPER;
+        if (asks && (next >= c->n || c->t[next].kind == TURN_ASSISTANT)) {
+            sb_str(&b, ASSISTANT);
+            sb_str(&b, x->thinking && (!x->drop || i >= x->last_user) ? THINK : THINK_END);
+        }
+    }
+    if (last < 0 || (c->t[last].kind != TURN_USER && c->t[last].kind != TURN_DEVELOPER)) {
+        errf(err, errlen, "the conversation must end with a user, developer or tool message");
+        goto fail;
+    }
+    return b.s;
+fail:
+    free(b.s);
+    return NULL;
+}
+
+static char *dsv4_render(const cJSON *messages, const cJSON *tools, const chat_opts *o, char *err, size_t errlen) {
+    static const chat_opts defaults = {0};
+    if (!o) o = &defaults;
+    if (!cJSON_IsArray(messages)) {
+        errf(err, errlen, "messages must be an array");
+        return NULL;
+    }
+    if (tools && !cJSON_IsArray(tools) && !cJSON_IsNull(tools)) {
+        errf(err, errlen, "tools must be an array");
+        return NULL;
+    }
+    int effort = effort_level(o->effort);
+    if (effort < 0) {
+        errf(err, errlen, "reasoning effort '%s' is not one of none, minimal, low, medium, high, xhigh, max", o->effort);
+        return NULL;
+    }
+    conversation c = {0};
+    char *out = NULL;
+    if (build_turns(messages, &c, err, errlen)) goto done;
+    order_tool_results(&c);
+    render_ctx x = {.thinking = o->thinking, .tools = tools, .tool_choice = o->tool_choice};
+    int with_tools = cJSON_GetArraySize(tools) > 0 && !(o->tool_choice && !strcmp(o->tool_choice, "none"));
+    if (with_tools) place_tools(&c);
+    x.drop = o->thinking && !with_tools;
+    if (x.drop) {
+        int lu = last_user_turn(&c);
+        for (int i = 0; i < lu; i++)
+            if (c.t[i].kind == TURN_DEVELOPER) c.t[i].dropped = 1;
+    }
+    x.last_user = last_user_turn(&c);
+    out = render_turns(&c, &x, effort, err, errlen);
+done:
+    conversation_free(&c);
+    return out;
+}
+
+/* ---- parsing a reply ----------------------------------------------------------------------- */
+
+static const char *find_in(const char *s, const char *end, const char *needle) {
+    size_t m = strlen(needle);
+    for (const char *p = s; p + m <= end; p++)
+        if (!memcmp(p, needle, m)) return p;
+    return NULL;
+}
+
+/* Copy of [s, e) without BOS/EOS/think markers (the encoder never lets them into text). */
+static char *clean_text(const char *s, const char *e) {
+    static const char *markers[] = {BOS, EOS, THINK, THINK_END};
+    sbuf b = {0};
+    while (s < e) {
+        size_t skip = 0;
+        for (size_t k = 0; k < sizeof markers / sizeof *markers && !skip; k++)
+            if ((size_t)(e - s) >= strlen(markers[k]) && !memcmp(s, markers[k], strlen(markers[k])))
+                skip = strlen(markers[k]);
+        if (skip) s += skip;
+        else sb_put(&b, s++, 1);
+    }
+    if (!b.len) {
+        free(b.s);
+        return NULL;
+    }
+    return b.s;
+}
+
+/* Length of text once a trailing, cut-off start of the DSML block ("<｜DSML｜tool_c...") and the
+ * "\n\n" before it are removed. */
+static size_t cut_partial_block(const char *s, size_t n) {
+    static const char open[] = "\n\n" CALLS_OPEN;
+    for (size_t k = 1; k < sizeof open - 1 && k <= n; k++)
+        if (!memcmp(s + n - k, open, k) && k >= 4) return n - k;
+    return n;
+}
+
+static void random_call_id(char out[32]) {
+    unsigned char r[12];
+    if (getrandom(r, sizeof r, 0) != (ssize_t)sizeof r) {    /* no entropy source: clock + counter */
+        static uint64_t counter;
+        double t = now_seconds();
+        uint64_t h = fnv64(FNV64_INIT, &t, sizeof t);
+        counter++;
+        h = fnv64(h, &counter, sizeof counter);
+        for (size_t i = 0; i < sizeof r; i++, h = fnv64(h, &i, sizeof i)) r[i] = (unsigned char)h;
+    }
+    memcpy(out, "call_", 5);
+    for (size_t i = 0; i < sizeof r; i++) snprintf(out + 5 + 2 * i, 3, "%02x", r[i]);
+}
+
+/* Parameters of one invoke body as the encoder's argument JSON: {"k": v, ...}. */
+static char *invoke_arguments(const char *p, const char *end) {
+    sbuf b = {0};
+    sb_str(&b, "{");
+    int n = 0;
+    const char *q;
+    while ((q = find_in(p, end, PARAM_OPEN))) {
+        const char *name = q + strlen(PARAM_OPEN), *name_end = find_in(name, end, "\"");
+        if (!name_end) break;
+        const char *attr = name_end + 1, *val = find_in(attr, end, ">");
+        if (!val) break;
+        val++;
+        const char *val_end = find_in(val, end, PARAM_CLOSE);
+        if (!val_end) break;
+        int is_string = find_in(attr, val, "string=\"true\"") != NULL;
+        char *key = strndup(name, (size_t)(name_end - name)), *raw = strndup(val, (size_t)(val_end - val));
+        cJSON *json = is_string ? NULL : cJSON_ParseWithOpts(raw, NULL, 1);
+        if (n++) sb_str(&b, ", ");
+        py_json_string(&b, key);
+        sb_str(&b, ": ");
+        if (json) sb_str(&b, raw);
+        else py_json_string(&b, raw);
+        cJSON_Delete(json);
+        free(key);
+        free(raw);
+        p = val_end + strlen(PARAM_CLOSE);
+    }
+    sb_str(&b, "}");
+    return b.s;
+}
+
+/* Complete invokes between p and end as OpenAI tool calls; a cut-off invoke is ignored. */
+static cJSON *parse_calls(const char *p, const char *end) {
+    cJSON *calls = cJSON_CreateArray();
+    const char *q;
+    while ((q = find_in(p, end, INVOKE_OPEN))) {
+        const char *name = q + strlen(INVOKE_OPEN), *name_end = find_in(name, end, "\">");
+        const char *close = name_end ? find_in(name_end, end, INVOKE_CLOSE) : NULL;
+        if (!close) break;
+        char *fname = strndup(name, (size_t)(name_end - name)), *args = invoke_arguments(name_end + 2, close);
+        char id[32];
+        random_call_id(id);
+        cJSON *call = cJSON_CreateObject(), *fn = cJSON_CreateObject();
+        cJSON_AddStringToObject(call, "id", id);
+        cJSON_AddStringToObject(call, "type", "function");
+        cJSON_AddStringToObject(fn, "name", fname);
+        cJSON_AddStringToObject(fn, "arguments", args);
+        cJSON_AddItemToObject(call, "function", fn);
+        cJSON_AddItemToArray(calls, call);
+        free(fname);
+        free(args);
+        p = close + strlen(INVOKE_CLOSE);
+    }
+    if (cJSON_GetArraySize(calls) == 0) {
+        cJSON_Delete(calls);
+        return NULL;
+    }
+    return calls;
+}
+
+static void dsv4_parse(const char *text, size_t n, int thinking, chat_reply *out) {
+    memset(out, 0, sizeof *out);
+    const char *p = text, *end = text + n;
+    const char *block = find_in(text, end, CALLS_OPEN);
+    if (thinking) {
+        const char *close = find_in(text, block ? block : end, THINK_END);
+        const char *r_end = close ? close : block ? block : end;
+        out->reasoning = clean_text(text, r_end);
+        p = close ? close + strlen(THINK_END) : r_end;
+    }
+    const char *eos = find_in(p, block ? block : end, EOS);
+    const char *c_end = eos ? eos : block ? block : end;
+    if (block && c_end == block && c_end - p >= 2 && !memcmp(c_end - 2, "\n\n", 2)) c_end -= 2;
+    if (!block && !eos) c_end = p + cut_partial_block(p, (size_t)(end - p));
+    out->content = clean_text(p, c_end);
+    if (block) {
+        const char *close = find_in(block, end, CALLS_CLOSE);
+        out->tool_calls = parse_calls(block + strlen(CALLS_OPEN), close ? close : end);
+    }
+}
+
+/* Bytes before the first <｜User｜> or <｜Assistant｜>: BOS, effort paragraph, system text, tools. */
+static size_t dsv4_system_prefix_bytes(const char *prompt, size_t n) {
+    const char *end = prompt + n, *u = find_in(prompt, end, USER), *a = find_in(prompt, end, ASSISTANT);
+    const char *first = !u ? a : !a ? u : u < a ? u : a;
+    return first ? (size_t)(first - prompt) : 0;
+}
+
+const chat_template deepseek_v4_chat = {
+    .model_type = "deepseek_v4",
+    .render = dsv4_render,
+    .parse = dsv4_parse,
+    .system_prefix_bytes = dsv4_system_prefix_bytes,
+};

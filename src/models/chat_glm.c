@@ -1,0 +1,378 @@
+/* chat_glm.c — the GLM-4.5 … GLM-5 chat template and reply parser.
+ *
+ * Rendering follows the official chat_template.jinja exactly as Hugging Face evaluates it
+ * (trim_blocks + lstrip_blocks), so tests compare it byte for byte with @huggingface/jinja:
+ *   [gMASK]<sop>
+ *   [<|system|>\n# Tools ... <tools>\n{tool json}\n...</tools>\n\nFor each function call ...]
+ *   <|system|>TEXT   <|user|>TEXT   <|observation|><tool_response>TEXT</tool_response>...
+ *   <|assistant|><think>R</think>CONTENT<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value></tool_call>
+ *   cue: <|assistant|><think>   (thinking off: <|assistant|></think>)
+ * Reasoning is kept only for assistant turns after the last user message (the template's rule;
+ * earlier turns render a bare </think>). Tool JSON uses Python's json.dumps spacing (", ", ": ").
+ *
+ * Where the template leaves a case undefined we choose, and say so: a `developer` message renders
+ * as a system message; null content renders as empty; tool-call arguments given as a JSON string
+ * (the OpenAI shape) are parsed into the object the template iterates.
+ *
+ * Parsing a reply: text before </think> is reasoning (when the cue opened <think>), the rest is
+ * content; <tool_call> blocks become OpenAI tool_calls whose argument values are JSON when they
+ * parse as JSON and strings otherwise (no schema is available here). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/util.h"
+#include "chat.h"
+
+typedef struct {
+    char *s;
+    size_t len, cap;
+} sbuf;
+
+static void sb_put(sbuf *b, const char *s, size_t n) {
+    if (b->len + n + 1 > b->cap) {
+        b->cap = (b->len + n + 1) * 2;
+        b->s = xrealloc(b->s, b->cap);
+    }
+    memcpy(b->s + b->len, s, n);
+    b->len += n;
+    b->s[b->len] = 0;
+}
+
+static void sb_str(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
+
+/* ---- JSON as Python's json.dumps(ensure_ascii=False) writes it ---------------------------- */
+
+static void json_string(sbuf *b, const char *s) {
+    sb_put(b, "\"", 1);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        char esc[8] = {0};
+        switch (*p) {
+        case '"': strcpy(esc, "\\\""); break;
+        case '\\': strcpy(esc, "\\\\"); break;
+        case '\n': strcpy(esc, "\\n"); break;
+        case '\r': strcpy(esc, "\\r"); break;
+        case '\t': strcpy(esc, "\\t"); break;
+        case '\b': strcpy(esc, "\\b"); break;
+        case '\f': strcpy(esc, "\\f"); break;
+        default:
+            if (*p < 0x20) snprintf(esc, sizeof esc, "\\u%04x", *p);
+        }
+        if (esc[0]) sb_str(b, esc);
+        else sb_put(b, (const char *)p, 1);
+    }
+    sb_put(b, "\"", 1);
+}
+
+/* Integers print as integers; other numbers in the shortest form that reads back exactly. */
+static void json_number(sbuf *b, double v) {
+    char buf[40];
+    if (v == floor(v) && fabs(v) < 1e15) snprintf(buf, sizeof buf, "%.0f", v);
+    else
+        for (int prec = 1; prec <= 17; prec++) {
+            snprintf(buf, sizeof buf, "%.*g", prec, v);
+            if (strtod(buf, NULL) == v) break;
+        }
+    sb_str(b, buf);
+}
+
+static void json_write(sbuf *b, const cJSON *v) {
+    if (cJSON_IsString(v)) json_string(b, v->valuestring);
+    else if (cJSON_IsNumber(v)) json_number(b, v->valuedouble);
+    else if (cJSON_IsTrue(v)) sb_str(b, "true");
+    else if (cJSON_IsFalse(v)) sb_str(b, "false");
+    else if (cJSON_IsArray(v) || cJSON_IsObject(v)) {
+        int obj = cJSON_IsObject(v);
+        sb_str(b, obj ? "{" : "[");
+        for (const cJSON *e = v->child; e; e = e->next) {
+            if (obj) {
+                json_string(b, e->string);
+                sb_str(b, ": ");
+            }
+            json_write(b, e);
+            if (e->next) sb_str(b, ", ");
+        }
+        sb_str(b, obj ? "}" : "]");
+    } else sb_str(b, "null");
+}
+
+/* ---- rendering -------------------------------------------------------------------------- */
+
+/* The template's visible_text(): a string, or the text parts of an array; null is empty. */
+static int visible_text(const cJSON *content, sbuf *out, int idx, char *err, size_t errlen) {
+    if (!content || cJSON_IsNull(content)) return 0;
+    if (cJSON_IsString(content)) { sb_str(out, content->valuestring); return 0; }
+    if (!cJSON_IsArray(content))
+        return errf(err, errlen, "messages[%d].content must be a string or an array of content parts", idx);
+    const cJSON *part;
+    cJSON_ArrayForEach(part, content) {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
+        const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
+        if (cJSON_IsString(part)) sb_str(out, part->valuestring);
+        else if (cJSON_IsString(type) && !strcmp(type->valuestring, "text") && cJSON_IsString(text))
+            sb_str(out, text->valuestring);
+    }
+    return 0;
+}
+
+static int is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
+
+/* Python str.strip() of s[0..n) as (start, length). */
+static void strip(const char *s, size_t n, size_t *start, size_t *len) {
+    size_t a = 0, z = n;
+    while (a < z && is_space(s[a])) a++;
+    while (z > a && is_space(s[z - 1])) z--;
+    *start = a;
+    *len = z - a;
+}
+
+static void put_stripped(sbuf *b, const char *s, size_t n) {
+    size_t a, len;
+    strip(s, n, &a, &len);
+    sb_put(b, s + a, len);
+}
+
+static void render_tools(sbuf *b, const cJSON *tools) {
+    sb_str(b, "<|system|>\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+              "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n");
+    const cJSON *t;
+    cJSON_ArrayForEach(t, tools) {
+        json_write(b, t);
+        sb_str(b, "\n");
+    }
+    sb_str(b, "</tools>\n\nFor each function call, output the function name and arguments within the following "
+              "XML format:\n<tool_call>{function-name}<arg_key>{arg-key-1}</arg_key><arg_value>{arg-value-1}"
+              "</arg_value><arg_key>{arg-key-2}</arg_key><arg_value>{arg-value-2}</arg_value>...</tool_call>");
+}
+
+static int render_tool_calls(sbuf *b, const cJSON *calls, int idx, char *err, size_t errlen) {
+    const cJSON *item;
+    int k = 0;
+    cJSON_ArrayForEach(item, calls) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(item, "function"), *tc = fn ? fn : item;
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(tc, "name");
+        const cJSON *args = cJSON_GetObjectItemCaseSensitive(tc, "arguments");
+        if (!cJSON_IsString(name))
+            return errf(err, errlen, "messages[%d].tool_calls[%d].function.name must be a string", idx, k);
+        cJSON *parsed = cJSON_IsString(args) ? cJSON_Parse(args->valuestring) : NULL;
+        const cJSON *obj = parsed ? parsed : args;
+        if (args && !cJSON_IsObject(obj)) {
+            cJSON_Delete(parsed);
+            return errf(err, errlen, "messages[%d].tool_calls[%d].function.arguments must be a JSON object", idx, k);
+        }
+        sb_str(b, "<tool_call>");
+        sb_str(b, name->valuestring);
+        for (const cJSON *a = obj ? obj->child : NULL; a; a = a->next) {
+            sb_str(b, "<arg_key>");
+            sb_str(b, a->string);
+            sb_str(b, "</arg_key><arg_value>");
+            if (cJSON_IsString(a)) sb_str(b, a->valuestring);
+            else json_write(b, a);
+            sb_str(b, "</arg_value>");
+        }
+        sb_str(b, "</tool_call>");
+        cJSON_Delete(parsed);
+        k++;
+    }
+    return 0;
+}
+
+static const char *find_in(const char *s, size_t n, const char *needle) {
+    size_t m = strlen(needle);
+    for (size_t i = 0; i + m <= n; i++)
+        if (!memcmp(s + i, needle, m)) return s + i;
+    return NULL;
+}
+
+static const char *rfind_in(const char *s, size_t n, const char *needle) {
+    size_t m = strlen(needle);
+    for (size_t i = n >= m ? n - m + 1 : 0; i-- > 0;)
+        if (!memcmp(s + i, needle, m)) return s + i;
+    return NULL;
+}
+
+static int render_assistant(sbuf *b, const cJSON *msg, int idx, int after_last_user, char *err, size_t errlen) {
+    sbuf text = {0}, reason = {0};
+    if (visible_text(cJSON_GetObjectItemCaseSensitive(msg, "content"), &text, idx, err, errlen)) return -1;
+    const char *content = text.s ? text.s : "";
+    size_t clen = text.len;
+    const cJSON *rc = cJSON_GetObjectItemCaseSensitive(msg, "reasoning_content");
+    if (cJSON_IsString(rc)) sb_str(&reason, rc->valuestring);
+    else if (find_in(content, clen, "</think>")) {
+        /* reasoning = before first </think>, rstrip \n, after last <think>, lstrip \n */
+        const char *end = find_in(content, clen, "</think>"), *start = content;
+        const char *open = rfind_in(content, (size_t)(end - content), "<think>");
+        while (end > content && end[-1] == '\n') end--;
+        if (open && open + 7 <= end) start = open + 7;
+        while (start < end && *start == '\n') start++;
+        if (end > start) sb_put(&reason, start, (size_t)(end - start));
+        const char *after = rfind_in(content, clen, "</think>") + 8;
+        while (*after == '\n') after++;
+        clen -= (size_t)(after - content);
+        content = after;
+    }
+    sb_str(b, "<|assistant|>");
+    size_t ra, rl;
+    strip(reason.s ? reason.s : "", reason.len, &ra, &rl);
+    if (after_last_user && rl) {
+        sb_str(b, "<think>");
+        sb_put(b, reason.s + ra, rl);
+        sb_str(b, "</think>");
+    } else sb_str(b, "</think>");
+    put_stripped(b, content, clen);
+    free(text.s);
+    free(reason.s);
+    const cJSON *calls = cJSON_GetObjectItemCaseSensitive(msg, "tool_calls");
+    return cJSON_IsArray(calls) ? render_tool_calls(b, calls, idx, err, errlen) : 0;
+}
+
+static int render_message(sbuf *b, const cJSON *messages, int i, int last_user, char *err, size_t errlen) {
+    const cJSON *msg = cJSON_GetArrayItem(messages, i);
+    const cJSON *role = cJSON_GetObjectItemCaseSensitive(msg, "role");
+    const cJSON *content = cJSON_GetObjectItemCaseSensitive(msg, "content");
+    if (!cJSON_IsObject(msg) || !cJSON_IsString(role)) return errf(err, errlen, "messages[%d].role must be a string", i);
+    const char *r = role->valuestring;
+    if (!strcmp(r, "user")) {
+        sb_str(b, "<|user|>");
+        return visible_text(content, b, i, err, errlen);
+    }
+    if (!strcmp(r, "system") || !strcmp(r, "developer")) {
+        sb_str(b, "<|system|>");
+        return visible_text(content, b, i, err, errlen);
+    }
+    if (!strcmp(r, "assistant")) return render_assistant(b, msg, i, i > last_user, err, errlen);
+    if (!strcmp(r, "tool")) {
+        const cJSON *prev = i > 0 ? cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(messages, i - 1), "role") : NULL;
+        if (!cJSON_IsString(prev) || strcmp(prev->valuestring, "tool")) sb_str(b, "<|observation|>");
+        sb_str(b, "<tool_response>");
+        if (visible_text(content, b, i, err, errlen)) return -1;
+        sb_str(b, "</tool_response>");
+        return 0;
+    }
+    return errf(err, errlen, "messages[%d].role '%s' is not one of system, developer, user, assistant, tool", i, r);
+}
+
+static char *glm_render(const cJSON *messages, const cJSON *tools, const chat_opts *o, char *err, size_t errlen) {
+    if (!cJSON_IsArray(messages)) { errf(err, errlen, "messages must be an array"); return NULL; }
+    sbuf b = {0};
+    sb_str(&b, "[gMASK]<sop>");
+    if (cJSON_IsArray(tools) && cJSON_GetArraySize(tools) > 0) render_tools(&b, tools);
+    int n = cJSON_GetArraySize(messages), last_user = -1;
+    for (int i = 0; i < n; i++) {
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(messages, i), "role");
+        if (cJSON_IsString(role) && !strcmp(role->valuestring, "user")) last_user = i;
+    }
+    for (int i = 0; i < n; i++)
+        if (render_message(&b, messages, i, last_user, err, errlen)) { free(b.s); return NULL; }
+    sb_str(&b, o && !o->thinking ? "<|assistant|></think>" : "<|assistant|><think>");
+    return b.s;
+}
+
+/* ---- parsing a reply -------------------------------------------------------------------- */
+
+static char *dup_stripped(const char *s, size_t n) {
+    size_t a, len;
+    strip(s, n, &a, &len);
+    char *out = xmalloc(len + 1);
+    memcpy(out, s + a, len);
+    out[len] = 0;
+    return out;
+}
+
+/* Text between open and close tags starting at *p (within end); advances *p past close.
+ * A missing close tag (generation cut off) takes the rest. */
+static int take_tag(const char **p, const char *end, const char *open, const char *close, const char **v,
+                    size_t *vn) {
+    const char *o = find_in(*p, (size_t)(end - *p), open);
+    if (!o) return 0;
+    const char *start = o + strlen(open), *c = find_in(start, (size_t)(end - start), close);
+    *v = start;
+    *vn = (size_t)((c ? c : end) - start);
+    *p = c ? c + strlen(close) : end;
+    return 1;
+}
+
+static cJSON *arg_value(const char *v, size_t n) {
+    char *s = dup_stripped(v, n);
+    const char *rest = NULL;
+    cJSON *j = cJSON_ParseWithOpts(s, &rest, 1);
+    if (!j) j = cJSON_CreateString(s);
+    free(s);
+    return j;
+}
+
+static cJSON *parse_call(const char *s, const char *end, const char *text, size_t text_n, int k) {
+    const char *name_end = find_in(s, (size_t)(end - s), "<arg_key>");
+    char *name = dup_stripped(s, (size_t)((name_end ? name_end : end) - s));
+    cJSON *args = cJSON_CreateObject();
+    const char *p = s, *kv, *vv;
+    size_t kn, vn;
+    while (take_tag(&p, end, "<arg_key>", "</arg_key>", &kv, &kn)) {
+        char *key = dup_stripped(kv, kn);
+        cJSON *val = take_tag(&p, end, "<arg_value>", "</arg_value>", &vv, &vn) ? arg_value(vv, vn) : cJSON_CreateString("");
+        cJSON_AddItemToObject(args, key, val);
+        free(key);
+    }
+    char *args_json = cJSON_PrintUnformatted(args), id[32];
+    uint64_t h = fnv64(FNV64_INIT, text, text_n);
+    snprintf(id, sizeof id, "call_%016llx%08x", (unsigned long long)h, (unsigned)(fnv64(h, &k, sizeof k) & 0xffffffffu));
+    cJSON *call = cJSON_CreateObject(), *fn = cJSON_CreateObject();
+    cJSON_AddStringToObject(call, "id", id);
+    cJSON_AddStringToObject(call, "type", "function");
+    cJSON_AddStringToObject(fn, "name", name);
+    cJSON_AddStringToObject(fn, "arguments", args_json);
+    cJSON_AddItemToObject(call, "function", fn);
+    free(name);
+    free(args_json);
+    cJSON_Delete(args);
+    return call;
+}
+
+/* Stop markers the model may leave at the end of its turn. */
+static size_t trim_stop_markers(const char *s, size_t n) {
+    static const char *markers[] = {"<|endoftext|>", "<|user|>", "<|observation|>"};
+    for (size_t i = 0; i < sizeof markers / sizeof *markers; i++) {
+        size_t m = strlen(markers[i]);
+        if (n >= m && !memcmp(s + n - m, markers[i], m)) return trim_stop_markers(s, n - m);
+    }
+    return n;
+}
+
+static void glm_parse(const char *text, size_t n, int thinking, chat_reply *out) {
+    memset(out, 0, sizeof *out);
+    n = trim_stop_markers(text, n);
+    const char *body = text, *end = text + n, *close = find_in(text, n, "</think>");
+    if (thinking && !close) { out->reasoning = dup_stripped(text, n); return; }
+    if (close) {
+        const char *r = text, *open = find_in(text, (size_t)(close - text), "<think>");
+        if (open) r = open + 7;
+        char *reason = dup_stripped(r, (size_t)(close - r));
+        if (*reason) out->reasoning = reason;
+        else free(reason);
+        body = close + 8;
+    }
+    const char *first_call = find_in(body, (size_t)(end - body), "<tool_call>");
+    out->content = dup_stripped(body, (size_t)((first_call ? first_call : end) - body));
+    if (!first_call) return;
+    out->tool_calls = cJSON_CreateArray();
+    const char *p = first_call, *v;
+    size_t vn;
+    for (int k = 0; take_tag(&p, end, "<tool_call>", "</tool_call>", &v, &vn); k++)
+        cJSON_AddItemToArray(out->tool_calls, parse_call(v, v + vn, text, n, k));
+    if (!*out->content) { free(out->content); out->content = NULL; }
+}
+
+/* The system part of a prompt: everything before the first user turn, when a system turn exists. */
+static size_t glm_system_prefix_bytes(const char *prompt, size_t n) {
+    const char *user = find_in(prompt, n, "<|user|>");
+    if (!user || !find_in(prompt, (size_t)(user - prompt), "<|system|>")) return 0;
+    return (size_t)(user - prompt);
+}
+
+const chat_template glm_chat = {
+    .model_type = "glm_moe_dsa",
+    .render = glm_render,
+    .parse = glm_parse,
+    .system_prefix_bytes = glm_system_prefix_bytes,
+};

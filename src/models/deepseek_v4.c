@@ -1,0 +1,521 @@
+/* deepseek_v4.c — the DeepSeek V4 family: typed config (spec §1), validation of every tensor of
+ * the official layout incl. MTP (spec §8), the per-sequence state parts (spec §10) and the
+ * family_ops table. The math is in deepseek_v4_{forward,attn,moe}.c. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/config.h"
+#include "../core/util.h"
+#include "deepseek_v4.h"
+
+/* ---- config ------------------------------------------------------------------------------ */
+
+static int parse_ints(const cJSON *j, char *err, size_t errlen, int n, ...) {
+    va_list ap;
+    va_start(ap, n);
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        const char *key = va_arg(ap, const char *);
+        int *out = va_arg(ap, int *);
+        rc = config_int(j, key, out, err, errlen);
+    }
+    va_end(ap);
+    return rc;
+}
+
+/* Values the math depends on but this engine implements one way only: refuse anything else. */
+static int check_fixed(const cJSON *j, char *err, size_t errlen) {
+    const cJSON *v = config_get(j, "scoring_func");
+    if (v && (!cJSON_IsString(v) || strcmp(v->valuestring, "sqrtsoftplus")))
+        return errf(err, errlen, "config.json: scoring_func must be \"sqrtsoftplus\" for deepseek_v4");
+    v = config_get(j, "topk_method");
+    if (v && (!cJSON_IsString(v) || strcmp(v->valuestring, "noaux_tc")))
+        return errf(err, errlen, "config.json: topk_method must be \"noaux_tc\" for deepseek_v4");
+    int norm;
+    if (config_bool_or(j, "norm_topk_prob", 1, &norm, err, errlen)) return -1;
+    if (!norm) return errf(err, errlen, "config.json: norm_topk_prob false is not supported for deepseek_v4");
+    return 0;
+}
+
+static int check_shapes(const dsv4_config *c, char *err, size_t errlen) {
+    if (c->n_layers < 1 || c->n_layers + c->n_mtp > DSV4_MAX_LAYERS)
+        return errf(err, errlen, "config.json: num_hidden_layers %d (+%d MTP) outside [1, %d]", c->n_layers, c->n_mtp,
+                    DSV4_MAX_LAYERS);
+    if (c->hc < 1 || c->hc > DSV4_MAX_HC) return errf(err, errlen, "config.json: hc_mult %d outside [1, %d]", c->hc, DSV4_MAX_HC);
+    if (c->rope_dim < 2 || c->rope_dim % 2 || c->rope_dim > c->head_dim || c->rope_dim > 512)
+        return errf(err, errlen, "config.json: qk_rope_head_dim %d invalid for head_dim %d", c->rope_dim, c->head_dim);
+    if (c->rope_dim > c->idx_dim) return errf(err, errlen, "config.json: index_head_dim %d smaller than qk_rope_head_dim", c->idx_dim);
+    if (c->idx_dim & (c->idx_dim - 1)) return errf(err, errlen, "config.json: index_head_dim %d is not a power of two", c->idx_dim);
+    if (c->o_groups < 1 || (c->n_heads * c->head_dim) % c->o_groups)
+        return errf(err, errlen, "config.json: o_groups %d does not divide the %d attention features", c->o_groups,
+                    c->n_heads * c->head_dim);
+    if (c->n_active < 1 || c->n_active > c->n_experts)
+        return errf(err, errlen, "config.json: num_experts_per_tok %d outside [1, n_routed_experts=%d]", c->n_active,
+                    c->n_experts);
+    if (c->window < 1) return errf(err, errlen, "config.json: sliding_window must be >= 1");
+    if (c->hc_iters < 1) return errf(err, errlen, "config.json: hc_sinkhorn_iters must be >= 1");
+    int positive[] = {c->dim, c->vocab, c->n_heads, c->head_dim, c->q_lora, c->o_lora, c->idx_heads, c->idx_topk,
+                      c->moe_inter, c->n_shared};
+    for (size_t i = 0; i < sizeof positive / sizeof *positive; i++)
+        if (positive[i] < 1) return errf(err, errlen, "config.json: a size field is %d (must be >= 1)", positive[i]);
+    for (int l = 0; l < c->n_layers + c->n_mtp; l++)
+        if (c->ratios[l] < 0 || c->ratios[l] == 1)
+            return errf(err, errlen, "config.json: compress_ratios[%d] = %d (must be 0 or >= 2)", l, c->ratios[l]);
+    return 0;
+}
+
+static int parse_config(const cJSON *j, dsv4_config *c, char *err, size_t errlen) {
+    memset(c, 0, sizeof *c);
+    if (parse_ints(j, err, errlen, 20, "hidden_size", &c->dim, "num_hidden_layers", &c->n_layers, "vocab_size",
+                   &c->vocab, "num_attention_heads", &c->n_heads, "head_dim", &c->head_dim, "qk_rope_head_dim",
+                   &c->rope_dim, "q_lora_rank", &c->q_lora, "o_groups", &c->o_groups, "o_lora_rank", &c->o_lora,
+                   "sliding_window", &c->window, "index_n_heads", &c->idx_heads, "index_head_dim", &c->idx_dim,
+                   "index_topk", &c->idx_topk, "n_routed_experts", &c->n_experts, "num_experts_per_tok",
+                   &c->n_active, "n_shared_experts", &c->n_shared, "moe_intermediate_size", &c->moe_inter,
+                   "num_hash_layers", &c->n_hash, "hc_mult", &c->hc, "hc_sinkhorn_iters", &c->hc_iters))
+        return -1;
+    if (config_int_or(j, "num_nextn_predict_layers", 0, &c->n_mtp, err, errlen)) return -1;
+    if (config_double(j, "routed_scaling_factor", &c->route_scale, err, errlen) ||
+        config_double(j, "swiglu_limit", &c->swiglu_limit, err, errlen) ||
+        config_double(j, "hc_eps", &c->hc_eps, err, errlen) || config_double(j, "rms_norm_eps", &c->eps, err, errlen) ||
+        config_double(j, "rope_theta", &c->rope_theta, err, errlen) ||
+        config_double(j, "compress_rope_theta", &c->compress_theta, err, errlen))
+        return -1;
+    if (config_get(j, "rope_scaling") &&
+        (config_double(j, "rope_scaling.factor", &c->yarn_factor, err, errlen) ||
+         config_double(j, "rope_scaling.original_max_position_embeddings", &c->yarn_orig, err, errlen) ||
+         config_double(j, "rope_scaling.beta_fast", &c->yarn_beta_fast, err, errlen) ||
+         config_double(j, "rope_scaling.beta_slow", &c->yarn_beta_slow, err, errlen)))
+        return -1;
+    int nr;
+    if (config_int_array(j, "compress_ratios", c->ratios, DSV4_MAX_LAYERS, &nr, err, errlen)) return -1;
+    if (c->n_mtp < 0 || nr < c->n_layers + c->n_mtp)
+        return errf(err, errlen, "config.json: compress_ratios has %d entries, need num_hidden_layers + "
+                    "num_nextn_predict_layers = %d", nr, c->n_layers + c->n_mtp);
+    if (check_fixed(j, err, errlen)) return -1;
+    return check_shapes(c, err, errlen);
+}
+
+/* ---- tensors ----------------------------------------------------------------------------- */
+
+/* Looks tensors up by printf-style name; after the first failure every call returns NULL and
+ * err keeps the first message (which names the tensor). */
+typedef struct {
+    const st_file *st;
+    char *err;
+    size_t errlen;
+    int failed, count;
+} loader;
+
+static const void *vtensor(loader *ld, dtype type, int64_t d0, int64_t d1, const char *fmt, va_list ap) {
+    if (ld->failed) return NULL;
+    char name[256];
+    vsnprintf(name, sizeof name, fmt, ap);
+    int64_t shape[2] = {d0, d1};
+    const st_tensor *t = st_expect(ld->st, name, type, d1 < 0 ? 1 : 2, shape, ld->err, ld->errlen);
+    if (!t) { ld->failed = 1; return NULL; }
+    ld->count++;
+    return t->data;
+}
+
+/* d1 < 0 means a 1-D tensor [d0]. */
+static const void *tensor(loader *ld, dtype type, int64_t d0, int64_t d1, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static const void *tensor(loader *ld, dtype type, int64_t d0, int64_t d1, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    const void *p = vtensor(ld, type, d0, d1, fmt, ap);
+    va_end(ap);
+    return p;
+}
+
+static qmat plain_mat(loader *ld, wformat f, int rows, int cols, const char *name) {
+    qmat q = {f, rows, cols, NULL, NULL};
+    q.data = tensor(ld, f == WF_F32 ? DT_F32 : DT_BF16, rows, cols, "%s", name);
+    return q;
+}
+
+/* FP8 linear: E4M3 weight [out, in] + E8M0 scale per 128x128 block. */
+static qmat fp8_mat(loader *ld, int rows, int cols, const char *prefix) {
+    qmat q = {WF_FP8, rows, cols, NULL, NULL};
+    q.data = tensor(ld, DT_F8_E4M3, rows, cols, "%s.weight", prefix);
+    q.scale = tensor(ld, DT_F8_E8M0, (rows + 127) / 128, (cols + 127) / 128, "%s.scale", prefix);
+    return q;
+}
+
+/* Routed expert: packed E2M1 [out, in/2] (I8 officially; U8 accepted) + E8M0 scale per 32 inputs. */
+static qmat fp4_mat(loader *ld, int rows, int cols, const char *prefix) {
+    qmat q = {WF_FP4, rows, cols, NULL, NULL};
+    char name[256];
+    snprintf(name, sizeof name, "%s.weight", prefix);
+    const st_tensor *t = ld->failed ? NULL : st_find(ld->st, name);
+    q.data = tensor(ld, t && t->type == DT_U8 ? DT_U8 : DT_I8, rows, cols / 2, "%s", name);
+    q.scale = tensor(ld, DT_F8_E8M0, rows, cols / 32, "%s.scale", prefix);
+    return q;
+}
+
+static dsv4_hc load_hc(loader *ld, const dsv4_config *c, int nmix, const char *prefix, const char *sep) {
+    char name[256];
+    dsv4_hc h;
+    snprintf(name, sizeof name, "%s%sfn", prefix, sep);
+    h.fn = plain_mat(ld, WF_F32, nmix, c->hc * c->dim, name);
+    h.base = tensor(ld, DT_F32, nmix, -1, "%s%sbase", prefix, sep);
+    h.scale = tensor(ld, DT_F32, nmix == c->hc ? 1 : 3, -1, "%s%sscale", prefix, sep);
+    return h;
+}
+
+static dsv4_compressor load_compressor(loader *ld, const dsv4_config *c, int ratio, int width, const char *prefix) {
+    dsv4_compressor cp = {ratio, width, ratio == 4 ? 2 : 1, {0}, {0}, NULL, NULL};
+    char name[256];
+    snprintf(name, sizeof name, "%s.wkv.weight", prefix);
+    cp.wkv = plain_mat(ld, WF_BF16, cp.coff * width, c->dim, name);
+    snprintf(name, sizeof name, "%s.wgate.weight", prefix);
+    cp.wgate = plain_mat(ld, WF_BF16, cp.coff * width, c->dim, name);
+    cp.ape = tensor(ld, DT_F32, ratio, cp.coff * width, "%s.ape", prefix);
+    cp.norm = tensor(ld, DT_BF16, width, -1, "%s.norm.weight", prefix);
+    return cp;
+}
+
+static void load_attention(loader *ld, const dsv4_config *c, dsv4_layer *L, const char *p) {
+    char name[256];
+    int qw = c->n_heads * c->head_dim;
+    L->attn_norm = tensor(ld, DT_BF16, c->dim, -1, "%sattn_norm.weight", p);
+    L->sink = tensor(ld, DT_F32, c->n_heads, -1, "%sattn.attn_sink", p);
+    L->q_norm = tensor(ld, DT_BF16, c->q_lora, -1, "%sattn.q_norm.weight", p);
+    L->kv_norm = tensor(ld, DT_BF16, c->head_dim, -1, "%sattn.kv_norm.weight", p);
+#define FP8(field, rows, cols, sub) (snprintf(name, sizeof name, "%s" sub, p), L->field = fp8_mat(ld, rows, cols, name))
+    FP8(wq_a, c->q_lora, c->dim, "attn.wq_a");
+    FP8(wq_b, qw, c->q_lora, "attn.wq_b");
+    FP8(wkv, c->head_dim, c->dim, "attn.wkv");
+    FP8(wo_a, c->o_groups * c->o_lora, qw / c->o_groups, "attn.wo_a");
+    FP8(wo_b, c->dim, c->o_groups * c->o_lora, "attn.wo_b");
+    if (L->ratio) {
+        snprintf(name, sizeof name, "%sattn.compressor", p);
+        L->comp = load_compressor(ld, c, L->ratio, c->head_dim, name);
+    }
+    if (L->ratio == 4) {
+        snprintf(name, sizeof name, "%sattn.indexer.compressor", p);
+        L->idx_comp = load_compressor(ld, c, 4, c->idx_dim, name);
+        FP8(idx_wq_b, c->idx_heads * c->idx_dim, c->q_lora, "attn.indexer.wq_b");
+        snprintf(name, sizeof name, "%sattn.indexer.weights_proj.weight", p);
+        L->idx_wproj = plain_mat(ld, WF_BF16, c->idx_heads, c->dim, name);
+    }
+#undef FP8
+}
+
+/* The hash table decides which expert weights are read: every entry must name a real expert. */
+static void check_tid2eid(loader *ld, const dsv4_config *c, const int64_t *t, const char *p) {
+    if (!t) return;
+    for (size_t i = 0; i < (size_t)c->vocab * c->n_active; i++) {
+        int64_t e;
+        memcpy(&e, t + i, sizeof e);
+        if (e < 0 || e >= c->n_experts) {
+            ld->failed = 1;
+            errf(ld->err, ld->errlen, "tensor %sffn.gate.tid2eid: entry [%zu][%zu] = %lld is not an expert id in [0, %d)",
+                 p, i / c->n_active, i % c->n_active, (long long)e, c->n_experts);
+            return;
+        }
+    }
+}
+
+static void load_moe(loader *ld, const dsv4_config *c, dsv4_layer *L, const char *p) {
+    char name[256];
+    L->ffn_norm = tensor(ld, DT_BF16, c->dim, -1, "%sffn_norm.weight", p);
+    snprintf(name, sizeof name, "%sffn.gate.weight", p);
+    L->gate = plain_mat(ld, WF_BF16, c->n_experts, c->dim, name);
+    if (L->hash) {
+        L->tid2eid = tensor(ld, DT_I64, c->vocab, c->n_active, "%sffn.gate.tid2eid", p);
+        check_tid2eid(ld, c, L->tid2eid, p);
+    } else {
+        L->gate_bias = tensor(ld, DT_F32, c->n_experts, -1, "%sffn.gate.bias", p);
+    }
+    L->w1 = xcalloc(c->n_experts, sizeof(qmat));
+    L->w2 = xcalloc(c->n_experts, sizeof(qmat));
+    L->w3 = xcalloc(c->n_experts, sizeof(qmat));
+    for (int e = 0; e < c->n_experts && !ld->failed; e++) {
+        snprintf(name, sizeof name, "%sffn.experts.%d.w1", p, e);
+        L->w1[e] = fp4_mat(ld, c->moe_inter, c->dim, name);
+        snprintf(name, sizeof name, "%sffn.experts.%d.w2", p, e);
+        L->w2[e] = fp4_mat(ld, c->dim, c->moe_inter, name);
+        snprintf(name, sizeof name, "%sffn.experts.%d.w3", p, e);
+        L->w3[e] = fp4_mat(ld, c->moe_inter, c->dim, name);
+    }
+    int si = c->n_shared * c->moe_inter;
+    snprintf(name, sizeof name, "%sffn.shared_experts.w1", p);
+    L->sw1 = fp8_mat(ld, si, c->dim, name);
+    snprintf(name, sizeof name, "%sffn.shared_experts.w2", p);
+    L->sw2 = fp8_mat(ld, c->dim, si, name);
+    snprintf(name, sizeof name, "%sffn.shared_experts.w3", p);
+    L->sw3 = fp8_mat(ld, si, c->dim, name);
+}
+
+/* Layer l < n_layers is "layers.l."; MTP block i is "mtp.i." with ratio compress_ratios[n_layers+i]. */
+static void load_layer(loader *ld, dsv4_model *d, int l) {
+    const dsv4_config *c = &d->c;
+    dsv4_layer *L = &d->layers[l];
+    char p[64];
+    int mtp = l >= c->n_layers;
+    if (mtp) snprintf(p, sizeof p, "mtp.%d.", l - c->n_layers);
+    else snprintf(p, sizeof p, "layers.%d.", l);
+    L->ratio = c->ratios[l];
+    L->hash = !mtp && l < c->n_hash;
+    L->rope = L->ratio ? &d->rope_yarn : &d->rope_plain;
+    int nmix = (2 + c->hc) * c->hc;
+    L->hc_attn = load_hc(ld, c, nmix, p, "hc_attn_");
+    L->hc_ffn = load_hc(ld, c, nmix, p, "hc_ffn_");
+    load_attention(ld, c, L, p);
+    load_moe(ld, c, L, p);
+}
+
+/* MTP-only tensors (spec §6). They are validated so a damaged checkpoint fails at load. */
+static void load_mtp_extra(loader *ld, dsv4_model *d, int i) {
+    const dsv4_config *c = &d->c;
+    char p[64];
+    snprintf(p, sizeof p, "mtp.%d.e_proj", i);
+    d->mtp_e_proj = fp8_mat(ld, c->dim, c->dim, p);
+    snprintf(p, sizeof p, "mtp.%d.h_proj", i);
+    d->mtp_h_proj = fp8_mat(ld, c->dim, c->dim, p);
+    tensor(ld, DT_BF16, c->dim, -1, "mtp.%d.enorm.weight", i);
+    tensor(ld, DT_BF16, c->dim, -1, "mtp.%d.hnorm.weight", i);
+    tensor(ld, DT_BF16, c->dim, -1, "mtp.%d.norm.weight", i);
+    snprintf(p, sizeof p, "mtp.%d.", i);
+    load_hc(ld, c, c->hc, p, "hc_head_");
+}
+
+static void init_ropes(dsv4_model *d) {
+    const dsv4_config *c = &d->c;
+    rope_init(&d->rope_plain, c->rope_dim, c->rope_theta);
+    if (c->yarn_orig > 0)
+        rope_init_yarn(&d->rope_yarn, c->rope_dim, c->compress_theta, c->yarn_factor, c->yarn_orig, c->yarn_beta_fast,
+                       c->yarn_beta_slow);
+    else
+        rope_init(&d->rope_yarn, c->rope_dim, c->compress_theta);
+}
+
+static void dsv4_free(model *m) {
+    dsv4_model *d = m->priv;
+    if (!d) return;
+    if (d->layers)
+        for (int l = 0; l < d->c.n_layers + d->c.n_mtp; l++) {
+            free(d->layers[l].w1);
+            free(d->layers[l].w2);
+            free(d->layers[l].w3);
+        }
+    free(d->layers);
+    free(d);
+    m->priv = NULL;
+}
+
+static int dsv4_load(model *m, char *err, size_t errlen) {
+    dsv4_model *d = xcalloc(1, sizeof *d);
+    m->priv = d;
+    if (parse_config(m->config, &d->c, err, errlen)) return -1;
+    const dsv4_config *c = &d->c;
+    d->qat = m->num == NUMERICS_QAT;
+    m->vocab_size = c->vocab;
+    init_ropes(d);
+    loader ld = {m->st, err, errlen, 0, 0};
+    d->embed = plain_mat(&ld, WF_BF16, c->vocab, c->dim, "embed.weight");
+    d->head = plain_mat(&ld, WF_BF16, c->vocab, c->dim, "head.weight");
+    d->norm = tensor(&ld, DT_BF16, c->dim, -1, "norm.weight");
+    d->hc_head = load_hc(&ld, c, c->hc, "", "hc_head_");
+    d->layers = xcalloc(c->n_layers + c->n_mtp, sizeof(dsv4_layer));
+    for (int l = 0; l < c->n_layers + c->n_mtp && !ld.failed; l++) load_layer(&ld, d, l);
+    for (int i = 0; i < c->n_mtp && !ld.failed; i++) load_mtp_extra(&ld, d, i);
+    m->n_validated = ld.count;
+    return ld.failed ? -1 : 0;
+}
+
+/* ---- sequences --------------------------------------------------------------------------- */
+
+static int layer_parts(state *st, const dsv4_config *c, const dsv4_layer *L, int l, int ctx, dsv4_layer_state *ls) {
+    char name[48];
+    size_t f = sizeof(float);
+    snprintf(name, sizeof name, "L%d.window", l);
+    if (!(ls->ring = state_add_part(st, PART_RING, name, c->head_dim * f, c->window, 1, 0))) return -1;
+    if (!L->ratio) return 0;
+    const dsv4_compressor *cp = &L->comp;
+    size_t recur = (size_t)cp->coff * cp->ratio * cp->coff * cp->width * f;
+    snprintf(name, sizeof name, "L%d.comp.kv", l);
+    if (!(ls->ckv = state_add_part(st, PART_RECUR, name, recur, 1, 1, 0))) return -1;
+    snprintf(name, sizeof name, "L%d.comp.score", l);
+    if (!(ls->cscore = state_add_part(st, PART_RECUR, name, recur, 1, 1, -INFINITY))) return -1;
+    snprintf(name, sizeof name, "L%d.comp.rows", l);
+    if (!(ls->clist = state_add_part(st, PART_ROWS, name, cp->width * f, MAX(1, ctx / L->ratio), L->ratio, 0))) return -1;
+    if (L->ratio != 4) return 0;
+    cp = &L->idx_comp;
+    recur = (size_t)cp->coff * cp->ratio * cp->coff * cp->width * f;
+    snprintf(name, sizeof name, "L%d.idx.kv", l);
+    if (!(ls->ikv = state_add_part(st, PART_RECUR, name, recur, 1, 1, 0))) return -1;
+    snprintf(name, sizeof name, "L%d.idx.score", l);
+    if (!(ls->iscore = state_add_part(st, PART_RECUR, name, recur, 1, 1, -INFINITY))) return -1;
+    snprintf(name, sizeof name, "L%d.idx.rows", l);
+    if (!(ls->ilist = state_add_part(st, PART_ROWS, name, cp->width * f, MAX(1, ctx / 4), 4, 0))) return -1;
+    return 0;
+}
+
+/* Scratch is carved from one block: pass base = NULL to measure, then the real block. */
+typedef struct {
+    char *base;
+    size_t off;
+} arena;
+
+static void *carve(arena *a, size_t n, size_t size) {
+    void *p = a->base ? a->base + a->off : NULL;
+    a->off += (n * size + 63) & ~(size_t)63;
+    return p;
+}
+
+static void layout_scratch(arena *a, dsv4_seq *s, const dsv4_config *c) {
+    size_t C = DSV4_CHUNK, F = sizeof(float), qw = (size_t)c->n_heads * c->head_dim, k = c->n_active;
+    size_t inter = (size_t)MAX(c->moe_inter, c->n_shared * c->moe_inter), iw = (size_t)c->idx_heads * c->idx_dim;
+    s->h = carve(a, C * c->hc * c->dim, F);
+    s->mix = carve(a, C * (2 + c->hc) * c->hc, F);
+    s->post = carve(a, C * c->hc, F);
+    s->comb = carve(a, C * c->hc * c->hc, F);
+    s->tmp_hc = carve(a, (size_t)c->hc * c->dim, F);
+    s->x = carve(a, C * c->dim, F);
+    s->xq = carve(a, C * c->dim, F);
+    s->qr = carve(a, C * c->q_lora, F);
+    s->qrq = carve(a, C * c->q_lora, F);
+    s->q = carve(a, C * qw, F);
+    s->kv = carve(a, C * c->head_dim, F);
+    s->ca = carve(a, C * 2 * c->head_dim, F);
+    s->cs = carve(a, C * 2 * c->head_dim, F);
+    s->ia = carve(a, C * 2 * c->idx_dim, F);
+    s->is = carve(a, C * 2 * c->idx_dim, F);
+    s->iq = carve(a, C * iw, F);
+    s->iw = carve(a, C * c->idx_heads, F);
+    s->o = carve(a, C * qw, F);
+    s->g = carve(a, C * qw / c->o_groups, F);
+    s->ug = carve(a, C * c->o_lora, F);
+    s->u = carve(a, C * c->o_groups * c->o_lora, F);
+    s->f = carve(a, C * c->dim, F);
+    s->moe_logit = carve(a, C * c->n_experts, F);
+    s->moe_score = carve(a, c->n_experts, F);
+    s->moe_biased = carve(a, c->n_experts, F);
+    s->moe_w = carve(a, C * k, F);
+    s->moe_rw = carve(a, C * k, F);
+    s->moe_idx = carve(a, C * k, sizeof(int));
+    s->moe_rows = carve(a, C * k, sizeof(int));
+    s->moe_xe = carve(a, C * k * c->dim, F);
+    s->moe_ge = carve(a, C * k * inter, F);
+    s->moe_ue = carve(a, C * k * inter, F);
+    s->moe_ye = carve(a, C * k * c->dim, F);
+    s->moe_y = carve(a, C * k * c->dim, F);
+    s->att_scores = carve(a, (size_t)c->n_heads * s->max_cand, F);
+    s->cand = carve(a, s->max_cand, sizeof(float *));
+    s->kmat = carve(a, (size_t)s->max_cand * c->head_dim, F);
+    s->kt = carve(a, (size_t)s->max_cand * c->head_dim, F);
+    s->idx_dots = carve(a, ((size_t)s->ctx / 4 + 1) * c->idx_heads, F);
+    s->idx_scores = carve(a, (size_t)s->ctx / 4 + 1, F);
+    s->idx_top = carve(a, c->idx_topk, sizeof(int));
+}
+
+/* Most candidates any query can have: the window plus the largest compressed set. */
+static int max_candidates(const dsv4_model *d, int ctx) {
+    int most = 0;
+    for (int l = 0; l < d->c.n_layers; l++) {
+        int r = d->layers[l].ratio;
+        if (r) most = MAX(most, r == 4 ? MIN(d->c.idx_topk, ctx / 4) : ctx / r);
+    }
+    return d->c.window + most;
+}
+
+static void dsv4_seq_free(model *m, void *fam) {
+    dsv4_seq *s = fam;
+    if (!s) return;
+    free(s->ls);
+    free(s->scratch);
+    free(s);
+}
+
+static void *dsv4_seq_new(model *m, state *st, int ctx, char *err, size_t errlen) {
+    const dsv4_model *d = m->priv;
+    if (ctx < 1) { errf(err, errlen, "deepseek_v4: context must be >= 1 (got %d)", ctx); return NULL; }
+    dsv4_seq *s = xcalloc(1, sizeof *s);
+    s->ctx = ctx;
+    s->max_cand = max_candidates(d, ctx);
+    s->ls = xcalloc(d->c.n_layers, sizeof *s->ls);
+    for (int l = 0; l < d->c.n_layers; l++)
+        if (layer_parts(st, &d->c, &d->layers[l], l, ctx, &s->ls[l])) {
+            errf(err, errlen, "deepseek_v4: out of memory for the state of layer %d (context %d)", l, ctx);
+            dsv4_seq_free(m, s);
+            return NULL;
+        }
+    arena a = {NULL, 0};
+    layout_scratch(&a, s, &d->c);
+    if (!(a.base = calloc(1, a.off))) {
+        errf(err, errlen, "deepseek_v4: out of memory for %zu bytes of scratch", a.off);
+        dsv4_seq_free(m, s);
+        return NULL;
+    }
+    s->scratch = a.base;
+    a.off = 0;
+    layout_scratch(&a, s, &d->c);
+    return s;
+}
+
+/* ---- reports ----------------------------------------------------------------------------- */
+
+/* Every dense matrix a token passes through in layer L (absent ones have data == NULL). */
+static int layer_mats(const dsv4_layer *L, const qmat **out) {
+    const qmat *all[] = {&L->hc_attn.fn, &L->hc_ffn.fn, &L->wq_a, &L->wq_b, &L->wkv, &L->wo_a, &L->wo_b,
+                         &L->comp.wkv, &L->comp.wgate, &L->idx_comp.wkv, &L->idx_comp.wgate, &L->idx_wq_b,
+                         &L->idx_wproj, &L->gate, &L->sw1, &L->sw2, &L->sw3};
+    int n = 0;
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        if (all[i]->data) out[n++] = all[i];
+    return n;
+}
+
+static size_t layer_dense_bytes(const dsv4_layer *L) {
+    const qmat *mats[32];
+    size_t b = 0;
+    for (int i = 0, n = layer_mats(L, mats); i < n; i++) b += qmat_bytes(mats[i]);
+    return b;
+}
+
+static size_t dsv4_decode_bytes(const model *m) {
+    const dsv4_model *d = m->priv;
+    size_t b = qmat_bytes(&d->head) + qmat_bytes(&d->hc_head.fn) + (size_t)d->c.dim * 2;
+    for (int l = 0; l < d->c.n_layers; l++) {
+        const dsv4_layer *L = &d->layers[l];
+        size_t expert = qmat_bytes(&L->w1[0]) + qmat_bytes(&L->w2[0]) + qmat_bytes(&L->w3[0]);
+        b += layer_dense_bytes(L) + (size_t)d->c.n_active * expert;
+    }
+    return b;
+}
+
+static double mat_flops(const qmat *q) { return 2.0 * q->rows * q->cols; }
+
+/* Multiply-adds of one token at pos: every projection it runs plus attention over its candidates. */
+static double dsv4_token_flops(const model *m, int pos) {
+    const dsv4_model *d = m->priv;
+    const dsv4_config *c = &d->c;
+    double f = mat_flops(&d->head) + mat_flops(&d->hc_head.fn);
+    for (int l = 0; l < c->n_layers; l++) {
+        const dsv4_layer *L = &d->layers[l];
+        const qmat *mats[32];
+        for (int i = 0, n = layer_mats(L, mats); i < n; i++) f += mat_flops(mats[i]);
+        f += c->n_active * (mat_flops(&L->w1[0]) + mat_flops(&L->w2[0]) + mat_flops(&L->w3[0]));
+        int cand = MIN(pos + 1, c->window), nvis = L->ratio ? (pos + 1) / L->ratio : 0;
+        cand += L->ratio == 4 ? MIN(nvis, c->idx_topk) : nvis;
+        f += 4.0 * c->n_heads * c->head_dim * cand;
+        if (L->ratio == 4) f += 2.0 * c->idx_heads * c->idx_dim * nvis;
+    }
+    return f;
+}
+
+const family_ops deepseek_v4_ops = {
+    .model_type = "deepseek_v4",
+    .load = dsv4_load,
+    .free = dsv4_free,
+    .seq_new = dsv4_seq_new,
+    .seq_free = dsv4_seq_free,
+    .forward = dsv4_forward,
+    .decode_bytes = dsv4_decode_bytes,
+    .token_flops = dsv4_token_flops,
+};

@@ -1,0 +1,142 @@
+/* deepseek_v4.h — private to the DeepSeek V4 family (deepseek_v4*.c); nothing outside includes it.
+ *
+ * The family is split by concern: deepseek_v4.c (config, tensor validation, sequence parts,
+ * family_ops), deepseek_v4_forward.c (mHC streams, block loop, head), deepseek_v4_attn.c
+ * (query/KV, compressors, indexer, sparse attention with sinks, grouped output) and
+ * deepseek_v4_moe.c (routing and experts). The math follows /work/shared/spec/deepseek_v4.md.
+ *
+ * INVARIANTS
+ *  - Weights are qmat views into the checkpoint's mapping: never copied, never written.
+ *  - Everything a sequence carries between forward calls lives in its state parts (window ring,
+ *    compressor/indexer partials, compressed lists). dsv4_seq's other buffers are scratch that
+ *    is fully rewritten before it is read within one call, so a reset or restore of the parts
+ *    is a reset or restore of the sequence.
+ *  - Chunking invariance: projections run batched over the tokens of a call (each row
+ *    bit-identical to a single-row product), the stateful steps (ring write, compressor
+ *    emission, indexer, attention) run token by token in position order, and every reduction
+ *    has one fixed order. So any split of a prompt into calls gives the same bits.
+ *  - The number of valid compressed rows at position p is floor(p / ratio); no counter is kept.
+ *  - NUMERICS_QAT rounds to BF16 and quantize-dequantizes activations/KV exactly where spec §7/§7.1
+ *    say; NUMERICS_EXACT skips all of those (dsv4_bf16 / dsv4_act_qdq become no-ops).
+ */
+#ifndef CAIRN_DEEPSEEK_V4_H
+#define CAIRN_DEEPSEEK_V4_H
+
+#include <stdint.h>
+
+#include "../core/kernels.h"
+#include "../core/ops.h"
+#include "../core/quant.h"
+#include "model.h"
+
+#define DSV4_MAX_LAYERS 128
+#define DSV4_MAX_HC 8
+#define DSV4_CHUNK 64          /* tokens per internal pass: bounds scratch, batches weight reads */
+
+typedef struct {
+    int dim, n_layers, n_mtp, vocab;
+    int n_heads, head_dim, rope_dim, q_lora, o_groups, o_lora, window;
+    int ratios[DSV4_MAX_LAYERS];
+    int idx_heads, idx_dim, idx_topk;
+    int n_experts, n_active, n_shared, moe_inter, n_hash;
+    double route_scale, swiglu_limit;
+    int hc, hc_iters;
+    double hc_eps, eps;
+    double rope_theta, compress_theta, yarn_factor, yarn_orig, yarn_beta_fast, yarn_beta_slow;
+} dsv4_config;
+
+/* One compressor (main at head_dim, or the indexer's at idx_dim). coff = 2 when ratio == 4:
+ * each token then feeds two series, the overlap half of the next entry and its own entry. */
+typedef struct {
+    int ratio, width, coff;
+    qmat wkv, wgate;           /* BF16 [coff*width, dim] */
+    const float *ape;          /* [ratio][coff*width] */
+    const uint16_t *norm;      /* [width] */
+} dsv4_compressor;
+
+/* hc_pre/hc_post parameters of one sub-layer (or the head's collapse). */
+typedef struct {
+    qmat fn;                   /* F32 [mix, hc*dim] */
+    const float *base, *scale;
+} dsv4_hc;
+
+typedef struct {
+    int ratio;                 /* 0 window only, 4 CSA (+ indexer), other: HCA */
+    int hash;                  /* routed by tid2eid */
+    const rope_table *rope;
+    dsv4_hc hc_attn, hc_ffn;
+    const uint16_t *attn_norm, *ffn_norm, *q_norm, *kv_norm;
+    const float *sink;         /* [n_heads] */
+    qmat wq_a, wq_b, wkv, wo_a, wo_b;
+    dsv4_compressor comp, idx_comp;
+    qmat idx_wq_b, idx_wproj;
+    qmat gate;
+    const float *gate_bias;    /* score-routed layers */
+    const int64_t *tid2eid;    /* hash layers: [vocab][n_active] */
+    qmat *w1, *w2, *w3;        /* routed experts [n_experts] */
+    qmat sw1, sw2, sw3;        /* shared expert */
+} dsv4_layer;
+
+typedef struct {
+    dsv4_config c;
+    int qat;                   /* model->num == NUMERICS_QAT */
+    rope_table rope_plain, rope_yarn;
+    qmat embed, head;
+    const uint16_t *norm;
+    dsv4_hc hc_head;
+    dsv4_layer *layers;        /* n_layers + n_mtp (MTP validated, not run) */
+    qmat mtp_e_proj, mtp_h_proj;
+} dsv4_model;
+
+/* Per-layer pointers into the sequence's state parts (NULL where the layer has none). */
+typedef struct {
+    float *ring;               /* [window][head_dim] */
+    float *ckv, *cscore;       /* compressor partials [coff*ratio][coff*head_dim] */
+    float *ikv, *iscore;       /* indexer compressor partials [8][2*idx_dim] */
+    float *clist;              /* compressed KV [ctx/ratio][head_dim] */
+    float *ilist;              /* indexer keys [ctx/4][idx_dim] */
+} dsv4_layer_state;
+
+typedef struct {
+    int ctx;
+    dsv4_layer_state *ls;
+    void *scratch;             /* one block holding every buffer below, sized for DSV4_CHUNK tokens */
+    float *h, *mix, *post, *comb;                /* streams [C][hc*dim] and their mixing */
+    float *x, *xq, *qr, *qrq, *q, *kv, *ca, *cs, *ia, *is, *iq, *iw, *o, *g, *ug, *u, *f;
+    float *tmp_hc;             /* [hc*dim] one token's residual copy */
+    float *moe_logit;          /* [C][n_experts] gate logits */
+    float *moe_score, *moe_biased;                 /* [n_experts] one token's scores */
+    float *moe_w, *moe_rw;     /* [C*k] route weights by (token, rank); gathered for one expert */
+    int *moe_idx, *moe_rows;   /* [C*k] chosen experts; (token, rank) rows gathered for one expert */
+    float *moe_xe, *moe_ge, *moe_ue, *moe_ye;     /* one expert's gathered rows */
+    float *moe_y;              /* [C][k][dim] routed outputs by rank */
+    float *att_scores;         /* [n_heads][max_cand] scores, then weights */
+    const float **cand;        /* [max_cand] candidate rows of one query */
+    float *kmat, *kt;          /* candidates gathered [max_cand][head_dim] and transposed */
+    int max_cand;
+    float *idx_dots;           /* [idx_heads][ctx/4] */
+    float *idx_scores;         /* [ctx/4] */
+    int *idx_top;              /* [idx_topk] */
+} dsv4_seq;
+
+static inline void dsv4_bf16(const dsv4_model *d, float *x, size_t n) {
+    if (d->qat) bf16_round_vec(x, n);
+}
+/* E4M3 QDQ (block 128) of an FP8/FP4 linear's input, as the QAT checkpoint saw it. */
+static inline void dsv4_act_qdq(const dsv4_model *d, float *x, size_t n) {
+    if (d->qat) act_qdq_e4m3(x, n, 128);
+}
+
+/* deepseek_v4_forward.c */
+int dsv4_forward(model *m, void *fam_seq, const int *ids, int pos0, int n, float *logits, float *all_logits,
+                 char *err, size_t errlen);
+
+/* deepseek_v4_attn.c: x[n][dim] are attn_norm outputs of tokens pos0..pos0+n-1; out[n][dim]. */
+void dsv4_attention(const dsv4_model *d, const dsv4_layer *L, dsv4_layer_state *ls, dsv4_seq *s, int pos0, int n,
+                    float *out);
+
+/* deepseek_v4_moe.c: x[n][dim] are ffn_norm outputs; out[n][dim]. */
+void dsv4_moe(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s, const int *ids, int n, const float *x,
+              float *out);
+
+#endif

@@ -1,0 +1,278 @@
+/* deepseek_v4_attn.c — the attention sub-layer of one block (spec §4): low-rank query with
+ * per-head RMS, window KV ring, CSA/HCA compressors, lightning indexer, shared-KV attention with
+ * sinks and de-rotation, grouped low-rank output.
+ *
+ * Projections run over all n tokens of the pass; the ring write, compressor emission, indexer
+ * and attention then run token by token in position order, because each token must see exactly
+ * the entries emitted up to and including itself. */
+#include <math.h>
+#include <string.h>
+
+#include "../core/util.h"
+#include "deepseek_v4.h"
+
+/* Copy of x[n][cols] with the per-row E4M3 QDQ an FP8 linear's input gets. */
+static void qdq_rows(const dsv4_model *d, const float *x, float *xq, int n, int cols) {
+    memcpy(xq, x, sizeof(float) * n * cols);
+    for (int t = 0; t < n; t++) dsv4_act_qdq(d, xq + (size_t)t * cols, cols);
+}
+
+/* Rotate the last rope_dim dims of x (width wide) at pos, inverse = de-rotation. */
+static void rope_tail(const dsv4_model *d, const dsv4_layer *L, float *x, int width, int pos, int inverse) {
+    rope_apply_interleaved(L->rope, x + width - d->c.rope_dim, pos, inverse);
+    dsv4_bf16(d, x, width);
+}
+
+/* qr = q_norm(wq_a x) (also the indexer's query latent); q = wq_b qr with per-head RMS and RoPE. */
+static void project_query(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s, int pos0, int n) {
+    const dsv4_config *c = &d->c;
+    int hd = c->head_dim, qw = c->n_heads * hd;
+    qmat_mul(&L->wq_a, s->xq, n, s->qr);
+    for (int t = 0; t < n; t++) {
+        float *qr = s->qr + (size_t)t * c->q_lora;
+        dsv4_bf16(d, qr, c->q_lora);
+        rmsnorm_bf16w(qr, qr, L->q_norm, c->q_lora, (float)c->eps);
+        dsv4_bf16(d, qr, c->q_lora);
+    }
+    qdq_rows(d, s->qr, s->qrq, n, c->q_lora);
+    qmat_mul(&L->wq_b, s->qrq, n, s->q);
+    for (int t = 0; t < n; t++)
+        for (int h = 0; h < c->n_heads; h++) {
+            float *q = s->q + (size_t)t * qw + (size_t)h * hd;
+            dsv4_bf16(d, q, hd);
+            rmsnorm(q, q, NULL, hd, (float)c->eps);
+            dsv4_bf16(d, q, hd);
+            rope_tail(d, L, q, hd, pos0 + t, 0);
+        }
+}
+
+/* Window KV: kv_norm(wkv x), RoPE on the tail, E4M3 QDQ (blocks of 64) of the non-rope dims. */
+static void kv_finish(const dsv4_model *d, const dsv4_layer *L, float *kv, int pos) {
+    int hd = d->c.head_dim;
+    rope_tail(d, L, kv, hd, pos, 0);
+    if (d->qat) act_qdq_e4m3(kv, hd - d->c.rope_dim, 64);
+}
+
+static void project_kv(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s, int pos0, int n) {
+    int hd = d->c.head_dim;
+    qmat_mul(&L->wkv, s->xq, n, s->kv);
+    for (int t = 0; t < n; t++) {
+        float *kv = s->kv + (size_t)t * hd;
+        dsv4_bf16(d, kv, hd);
+        rmsnorm_bf16w(kv, kv, L->kv_norm, hd, (float)d->c.eps);
+        dsv4_bf16(d, kv, hd);
+        kv_finish(d, L, kv, pos0 + t);
+    }
+}
+
+/* Feed one token's (a, s + ape) into a compressor's partial state. When the token closes a
+ * window (pos+1 multiple of ratio), pool every feature with its own softmax over the slots into
+ * the list's next row and return that row (else NULL). CSA (coff 2) slots: the previous
+ * window's first half and the current window's second half, after which the current rows
+ * become the previous. */
+static float *compressor_push(const dsv4_compressor *cp, float *kv, float *score, const float *a, const float *sc,
+                              int pos, float *list) {
+    int r = cp->ratio, w = cp->width, rw = cp->coff * w;
+    int row = (cp->coff == 2 ? r : 0) + pos % r;
+    const float *ape = cp->ape + (size_t)(pos % r) * rw;
+    memcpy(kv + (size_t)row * rw, a, sizeof(float) * rw);
+    for (int k = 0; k < rw; k++) score[(size_t)row * rw + k] = sc[k] + ape[k];
+    if ((pos + 1) % r) return NULL;
+    float *out = list + (size_t)((pos + 1) / r - 1) * w;
+    int slots = cp->coff * r;
+    for (int f = 0; f < w; f++) {
+        float m = -INFINITY, sum = 0, acc = 0;
+        for (int j = 0; j < slots; j++) {
+            int col = cp->coff == 2 && j >= r ? w + f : f;
+            m = MAX(m, score[(size_t)j * rw + col]);
+        }
+        for (int j = 0; j < slots; j++) {
+            int col = cp->coff == 2 && j >= r ? w + f : f;
+            sum += expf(score[(size_t)j * rw + col] - m);
+        }
+        for (int j = 0; j < slots; j++) {
+            int col = cp->coff == 2 && j >= r ? w + f : f;
+            acc += expf(score[(size_t)j * rw + col] - m) / sum * kv[(size_t)j * rw + col];
+        }
+        out[f] = acc;
+    }
+    if (cp->coff == 2) {
+        memcpy(kv, kv + (size_t)r * rw, sizeof(float) * r * rw);
+        memcpy(score, score + (size_t)r * rw, sizeof(float) * r * rw);
+    }
+    return out;
+}
+
+/* Shared post-processing of an emitted entry: BF16, norm, RoPE at its window start. */
+static void entry_norm_rope(const dsv4_model *d, const dsv4_layer *L, const dsv4_compressor *cp, float *e, int pos) {
+    dsv4_bf16(d, e, cp->width);
+    rmsnorm_bf16w(e, e, cp->norm, cp->width, (float)d->c.eps);
+    dsv4_bf16(d, e, cp->width);
+    rope_tail(d, L, e, cp->width, pos + 1 - cp->ratio, 0);
+}
+
+/* Main compressor: the entry becomes a KV row like a window row (E4M3 QDQ of the non-rope dims). */
+static void compress_main(const dsv4_model *d, const dsv4_layer *L, dsv4_layer_state *ls, const float *a,
+                          const float *sc, int pos) {
+    const dsv4_compressor *cp = &L->comp;
+    float *e = compressor_push(cp, ls->ckv, ls->cscore, a, sc, pos, ls->clist);
+    if (!e) return;
+    entry_norm_rope(d, L, cp, e, pos);
+    if (d->qat) act_qdq_e4m3(e, cp->width - d->c.rope_dim, 64);
+}
+
+/* Hadamard then FP4 QDQ (blocks of 32): how both indexer keys and queries are quantized. */
+static void indexer_quant(const dsv4_model *d, float *v, int width) {
+    hadamard(v, width);
+    dsv4_bf16(d, v, width);
+    if (d->qat) act_qdq_fp4(v, width, 32);
+}
+
+static void compress_indexer(const dsv4_model *d, const dsv4_layer *L, dsv4_layer_state *ls, const float *a,
+                             const float *sc, int pos) {
+    const dsv4_compressor *cp = &L->idx_comp;
+    float *e = compressor_push(cp, ls->ikv, ls->iscore, a, sc, pos, ls->ilist);
+    if (!e) return;
+    entry_norm_rope(d, L, cp, e, pos);
+    indexer_quant(d, e, cp->width);
+}
+
+/* Indexer inputs of the pass: quantized per-head queries and head weights. */
+static void project_indexer(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s, int pos0, int n) {
+    const dsv4_config *c = &d->c;
+    int iw = c->idx_heads * c->idx_dim;
+    qmat_mul(&L->idx_wq_b, s->qrq, n, s->iq);
+    for (int t = 0; t < n; t++)
+        for (int h = 0; h < c->idx_heads; h++) {
+            float *q = s->iq + (size_t)t * iw + (size_t)h * c->idx_dim;
+            dsv4_bf16(d, q, c->idx_dim);
+            rope_tail(d, L, q, c->idx_dim, pos0 + t, 0);
+            indexer_quant(d, q, c->idx_dim);
+        }
+    qmat_mul(&L->idx_wproj, s->x, n, s->iw);
+    dsv4_bf16(d, s->iw, (size_t)n * c->idx_heads);
+    float scale = (float)(1.0 / sqrt((double)c->idx_dim * c->idx_heads));
+    for (int k = 0; k < n * c->idx_heads; k++) s->iw[k] *= scale;
+    qmat_mul(&L->idx_comp.wkv, s->x, n, s->ia);
+    qmat_mul(&L->idx_comp.wgate, s->x, n, s->is);
+}
+
+/* Top entries of I(t,s) = sum_h w_h relu(q_h . k_s) among the nvis visible ones. The dots of
+ * every head with every key are one product with the key list as the matrix. */
+static int indexer_select(const dsv4_model *d, const dsv4_layer_state *ls, dsv4_seq *s, int t, int nvis) {
+    const dsv4_config *c = &d->c;
+    const float *iq = s->iq + (size_t)t * c->idx_heads * c->idx_dim, *w = s->iw + (size_t)t * c->idx_heads;
+    qmat keys = {WF_F32, nvis, c->idx_dim, ls->ilist, NULL};
+    qmat_mul(&keys, iq, c->idx_heads, s->idx_dots);
+    for (int e = 0; e < nvis; e++) {
+        float acc = 0;
+        for (int h = 0; h < c->idx_heads; h++) acc += w[h] * fmaxf(s->idx_dots[(size_t)h * nvis + e], 0);
+        s->idx_scores[e] = acc;
+    }
+    int k = MIN(c->idx_topk, nvis);
+    topk(s->idx_scores, nvis, k, s->idx_top);
+    return k;
+}
+
+/* Candidate keys (= values) for the query at pos, gathered into kmat [nc][head_dim] and its
+ * transpose kt [head_dim][nc]: the window oldest first, then compressed rows. */
+static int gather_candidates(const dsv4_model *d, const dsv4_layer *L, const dsv4_layer_state *ls, dsv4_seq *s,
+                             int t, int pos) {
+    const dsv4_config *c = &d->c;
+    int hd = c->head_dim, nc = 0;
+    for (int p = MAX(0, pos - c->window + 1); p <= pos; p++) s->cand[nc++] = ls->ring + (size_t)(p % c->window) * hd;
+    if (L->ratio == 4) {
+        int k = indexer_select(d, ls, s, t, (pos + 1) / 4);
+        for (int i = 0; i < k; i++) s->cand[nc++] = ls->clist + (size_t)s->idx_top[i] * hd;
+    } else if (L->ratio) {
+        for (int e = 0; e < (pos + 1) / L->ratio; e++) s->cand[nc++] = ls->clist + (size_t)e * hd;
+    }
+    for (int i = 0; i < nc; i++) {
+        memcpy(s->kmat + (size_t)i * hd, s->cand[i], sizeof(float) * hd);
+        for (int k = 0; k < hd; k++) s->kt[(size_t)k * nc + i] = s->cand[i][k];
+    }
+    return nc;
+}
+
+/* Softmax of one head's scores z[nc] in place, with the sink logit in the denominator only. */
+static void sink_softmax(float *z, int nc, float scale, float sink) {
+    float m = -INFINITY, sum = 0;
+    for (int i = 0; i < nc; i++) {
+        z[i] *= scale;
+        m = MAX(m, z[i]);
+    }
+    for (int i = 0; i < nc; i++) sum += z[i] = expf(z[i] - m);
+    sum += expf(sink - m);
+    for (int i = 0; i < nc; i++) z[i] /= sum;
+}
+
+/* Attention of one token, all heads: scores = K q_h, weights with sinks, o_h = K^T p_h, then
+ * BF16 and de-rotation of the rope dims at the query position (V = K carried key rotations). */
+static void attend_token(const dsv4_model *d, const dsv4_layer *L, dsv4_layer_state *ls, dsv4_seq *s, int t,
+                         int pos) {
+    const dsv4_config *c = &d->c;
+    int hd = c->head_dim, qw = c->n_heads * hd;
+    int nc = gather_candidates(d, L, ls, s, t, pos);
+    qmat k = {WF_F32, nc, hd, s->kmat, NULL}, kt = {WF_F32, hd, nc, s->kt, NULL};
+    qmat_mul(&k, s->q + (size_t)t * qw, c->n_heads, s->att_scores);
+    for (int h = 0; h < c->n_heads; h++) sink_softmax(s->att_scores + (size_t)h * nc, nc, 1.0f / sqrtf((float)hd), L->sink[h]);
+    float *o = s->o + (size_t)t * qw;
+    qmat_mul(&kt, s->att_scores, c->n_heads, o);
+    for (int h = 0; h < c->n_heads; h++) {
+        dsv4_bf16(d, o + (size_t)h * hd, hd);
+        rope_tail(d, L, o + (size_t)h * hd, hd, pos, 1);
+    }
+}
+
+/* The stateful part, token by token: ring write, emissions, then attention over what is visible. */
+static void attend_tokens(const dsv4_model *d, const dsv4_layer *L, dsv4_layer_state *ls, dsv4_seq *s, int pos0,
+                          int n) {
+    const dsv4_config *c = &d->c;
+    int hd = c->head_dim;
+    for (int t = 0; t < n; t++) {
+        int pos = pos0 + t;
+        memcpy(ls->ring + (size_t)(pos % c->window) * hd, s->kv + (size_t)t * hd, sizeof(float) * hd);
+        if (L->ratio) {
+            int cw = L->comp.coff * hd;
+            compress_main(d, L, ls, s->ca + (size_t)t * cw, s->cs + (size_t)t * cw, pos);
+        }
+        if (L->ratio == 4) {
+            int iw = L->idx_comp.coff * c->idx_dim;
+            compress_indexer(d, L, ls, s->ia + (size_t)t * iw, s->is + (size_t)t * iw, pos);
+        }
+        attend_token(d, L, ls, s, t, pos);
+    }
+}
+
+/* Grouped low-rank output: group g's heads through wo_a rows [g*o_lora, (g+1)*o_lora) (no
+ * activation QDQ: a BF16 einsum in the reference), then wo_b over the concatenation. */
+static void project_output(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s, int n, float *out) {
+    const dsv4_config *c = &d->c;
+    int qw = c->n_heads * c->head_dim, gw = qw / c->o_groups, uw = c->o_groups * c->o_lora;
+    for (int g = 0; g < c->o_groups; g++) {
+        for (int t = 0; t < n; t++)
+            memcpy(s->g + (size_t)t * gw, s->o + (size_t)t * qw + (size_t)g * gw, sizeof(float) * gw);
+        qmat_mul_rows(&L->wo_a, g * c->o_lora, (g + 1) * c->o_lora, s->g, n, s->ug);
+        for (int t = 0; t < n; t++)
+            memcpy(s->u + (size_t)t * uw + (size_t)g * c->o_lora, s->ug + (size_t)t * c->o_lora,
+                   sizeof(float) * c->o_lora);
+    }
+    dsv4_bf16(d, s->u, (size_t)n * uw);
+    for (int t = 0; t < n; t++) dsv4_act_qdq(d, s->u + (size_t)t * uw, uw);
+    qmat_mul(&L->wo_b, s->u, n, out);
+    dsv4_bf16(d, out, (size_t)n * c->dim);
+}
+
+void dsv4_attention(const dsv4_model *d, const dsv4_layer *L, dsv4_layer_state *ls, dsv4_seq *s, int pos0, int n,
+                    float *out) {
+    qdq_rows(d, s->x, s->xq, n, d->c.dim);
+    project_query(d, L, s, pos0, n);
+    project_kv(d, L, s, pos0, n);
+    if (L->ratio) {
+        qmat_mul(&L->comp.wkv, s->x, n, s->ca);
+        qmat_mul(&L->comp.wgate, s->x, n, s->cs);
+    }
+    if (L->ratio == 4) project_indexer(d, L, s, pos0, n);
+    attend_tokens(d, L, ls, s, pos0, n);
+    project_output(d, L, s, n, out);
+}

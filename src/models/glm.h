@@ -1,0 +1,72 @@
+/* glm.h — private to the GLM-5 family (model_type glm_moe_dsa): glm.c loads config and weights,
+ * glm_forward.c runs the forward pass.
+ *
+ * ARCHITECTURE (Hugging Face GlmMoeDsa): pre-norm decoder layers, each
+ *   h += o_proj(MLA attention(RMSNorm(h)))   with a DSA "lightning indexer" choosing which
+ *                                            positions a query may attend to once there are
+ *                                            more than index_topk of them;
+ *   h += FFN(RMSNorm(h))                     dense SwiGLU for the first layers, then a sigmoid
+ *                                            router with score-correction bias choosing top-k
+ *                                            routed experts, plus one always-on shared expert;
+ * then a final RMSNorm and lm_head. An MTP layer (index num_hidden_layers) is validated at load
+ * but not run: plain generation does not need it.
+ *
+ * STATE (per layer, PART_ROWS, span 1 — every row a pure function of its own token's hidden
+ * state, so any prefix of rows is a valid state and truncation, copy and persistence are plain
+ * memcpy done by the generic state layer):
+ *   "L<i>.kv" : kv_lora normalised latent, then qk_rope rotated rope key (f32)
+ *   "L<i>.ik" : index_head_dim indexer key (LayerNorm + rope), only on layers with a full indexer.
+ *
+ * CHUNKING INVARIANCE: projections are batched qmat_mul calls (row-exact); attention, indexer
+ * scores and expert sums run per token in a fixed order that depends only on the token's position.
+ */
+#ifndef CAIRN_GLM_H
+#define CAIRN_GLM_H
+
+#include "../core/kernels.h"
+#include "../core/ops.h"
+#include "model.h"
+
+typedef struct {
+    float *attn_norm, *ffn_norm, *q_a_norm, *kv_a_norm;     /* f32 copies of the norm weights */
+    qmat q_a, q_b, kv_a, kv_b, o;
+    int full_indexer;                                        /* runs its own indexer (else reuses) */
+    qmat idx_wq_b, idx_wk, idx_weights;
+    float *idx_knorm_w, *idx_knorm_b;
+    int sparse;                                              /* MoE FFN (else dense SwiGLU) */
+    qmat gate, up, down;                                     /* dense MLP, or the shared expert */
+    qmat router;
+    float *router_bias;                                      /* e_score_correction_bias */
+    qmat *e_gate, *e_up, *e_down;                            /* [n_experts] */
+} glm_layer;
+
+typedef struct {
+    int vocab, dim, n_layers, n_heads;
+    int q_lora, kv_lora, nope, rope, v_dim;
+    int inter, moe_inter, n_experts, top_k, n_shared;
+    int has_indexer, idx_heads, idx_dim, idx_topk;
+    int rope_interleave, idx_rope_interleave;
+    int norm_topk;
+    float routed_scale, eps;
+    rope_table rope_tab;
+    qmat embed, head;
+    float *final_norm;
+    glm_layer *layers;
+    glm_layer mtp;                    /* validated only; has_mtp = 0 when the checkpoint has none */
+    int has_mtp;
+    float **owned;                    /* every f32 vector copied at load, freed together */
+    int n_owned, cap_owned;
+    int n_validated;                  /* tensors looked up and checked (dtype + shape) */
+} glm_model;
+
+/* Per-sequence handle: pointers into the state's parts. */
+typedef struct {
+    float **kv;        /* [n_layers] rows of kv_lora + rope floats */
+    float **ik;        /* [n_layers] rows of idx_dim floats, NULL where the layer shares */
+    int cap;
+} glm_seq;
+
+int glm_forward(model *m, void *fam_seq, const int *ids, int pos0, int n, float *logits, float *all_logits,
+                char *err, size_t errlen);
+
+#endif

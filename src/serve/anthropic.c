@@ -1,0 +1,502 @@
+#include "anthropic.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/util.h"
+#include "openai.h"
+#include "params.h"
+#include "sse.h"
+
+/* Blocks a stream can have open. */
+enum { BLOCK_NONE, BLOCK_THINKING, BLOCK_TEXT };
+
+typedef struct {
+    serve_ctx *sc;
+    int stream;
+    turn_req rq;
+    turn t;
+    req_info *ri;
+    char id[48];
+    sse_sent sent;
+    double last_write;
+    int started;
+    int block, index;             /* the open block and its index */
+} am_call;
+
+static int bad(http_err *e, const char *param, const char *msg) {
+    return http_err_set(e, 400, "invalid_request_error", "invalid_value", param, "%s", msg);
+}
+
+/* ---- request translation ------------------------------------------------------------------- */
+
+static void add_message(cJSON *out, const char *role, const char *content) {
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "role", role);
+    cJSON_AddStringToObject(m, "content", content);
+    cJSON_AddItemToArray(out, m);
+}
+
+/* Text of a string or a list of text blocks (tool_result content, system). NULL if neither. */
+static char *blocks_text(const cJSON *c) {
+    if (cJSON_IsString(c)) return xstrdup(c->valuestring);
+    if (!c || cJSON_IsNull(c)) return xstrdup("");
+    if (!cJSON_IsArray(c)) return NULL;
+    sbuf b = {0};
+    sbuf_puts(&b, "");
+    const cJSON *blk;
+    cJSON_ArrayForEach(blk, c) {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(blk, "type");
+        const cJSON *text = cJSON_GetObjectItemCaseSensitive(blk, "text");
+        if (!cJSON_IsString(type) || strcmp(type->valuestring, "text") || !cJSON_IsString(text)) {
+            sbuf_free(&b);
+            return NULL;
+        }
+        sbuf_puts(&b, text->valuestring);
+    }
+    return b.p;
+}
+
+static cJSON *tool_call_json(const cJSON *blk, http_err *e) {
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(blk, "id");
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(blk, "name");
+    const cJSON *input = cJSON_GetObjectItemCaseSensitive(blk, "input");
+    if (!cJSON_IsString(id) || !cJSON_IsString(name) || (input && !cJSON_IsObject(input))) {
+        bad(e, "messages", "a tool_use block needs string id and name and an object input");
+        return NULL;
+    }
+    cJSON *tc = cJSON_CreateObject(), *fn = cJSON_CreateObject();
+    cJSON_AddStringToObject(tc, "id", id->valuestring);
+    cJSON_AddStringToObject(tc, "type", "function");
+    cJSON_AddStringToObject(fn, "name", name->valuestring);
+    char *args = input ? cJSON_PrintUnformatted(input) : xstrdup("{}");
+    cJSON_AddStringToObject(fn, "arguments", args);
+    free(args);
+    cJSON_AddItemToObject(tc, "function", fn);
+    return tc;
+}
+
+/* One assistant message's blocks -> {role:assistant, content, reasoning_content, tool_calls}. */
+static int assistant_blocks(cJSON *out, const cJSON *blocks, http_err *e) {
+    sbuf text = {0}, thinking = {0};
+    sbuf_puts(&text, "");
+    sbuf_puts(&thinking, "");
+    cJSON *calls = cJSON_CreateArray();
+    const cJSON *blk;
+    cJSON_ArrayForEach(blk, blocks) {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(blk, "type");
+        const char *t = cJSON_IsString(type) ? type->valuestring : "";
+        const cJSON *v;
+        if (!strcmp(t, "text") && cJSON_IsString(v = cJSON_GetObjectItemCaseSensitive(blk, "text"))) {
+            sbuf_puts(&text, v->valuestring);
+        } else if (!strcmp(t, "thinking") && cJSON_IsString(v = cJSON_GetObjectItemCaseSensitive(blk, "thinking"))) {
+            sbuf_puts(&thinking, v->valuestring);
+        } else if (!strcmp(t, "redacted_thinking")) {
+            continue;
+        } else if (!strcmp(t, "tool_use")) {
+            cJSON *tc = tool_call_json(blk, e);
+            if (!tc) goto fail;
+            cJSON_AddItemToArray(calls, tc);
+        } else {
+            bad(e, "messages", "assistant content blocks must be text, thinking or tool_use");
+            goto fail;
+        }
+    }
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "role", "assistant");
+    cJSON_AddStringToObject(m, "content", text.p);
+    if (thinking.len) cJSON_AddStringToObject(m, "reasoning_content", thinking.p);
+    if (cJSON_GetArraySize(calls)) cJSON_AddItemToObject(m, "tool_calls", calls);
+    else cJSON_Delete(calls);
+    cJSON_AddItemToArray(out, m);
+    sbuf_free(&text);
+    sbuf_free(&thinking);
+    return 0;
+fail:
+    cJSON_Delete(calls);
+    sbuf_free(&text);
+    sbuf_free(&thinking);
+    return -1;
+}
+
+/* One user message's blocks: tool results become tool messages (first, as they answer the
+ * previous assistant turn), the text a user message. */
+static int user_blocks(cJSON *out, const cJSON *blocks, http_err *e) {
+    sbuf text = {0};
+    int has_text = 0;
+    sbuf_puts(&text, "");
+    const cJSON *blk;
+    cJSON_ArrayForEach(blk, blocks) {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(blk, "type");
+        const char *t = cJSON_IsString(type) ? type->valuestring : "";
+        const cJSON *v;
+        if (!strcmp(t, "text") && cJSON_IsString(v = cJSON_GetObjectItemCaseSensitive(blk, "text"))) {
+            sbuf_puts(&text, v->valuestring);
+            has_text = 1;
+        } else if (!strcmp(t, "tool_result")) {
+            const cJSON *id = cJSON_GetObjectItemCaseSensitive(blk, "tool_use_id");
+            char *result = blocks_text(cJSON_GetObjectItemCaseSensitive(blk, "content"));
+            if (!cJSON_IsString(id) || !result) {
+                free(result);
+                sbuf_free(&text);
+                return bad(e, "messages", "a tool_result block needs a tool_use_id and text content");
+            }
+            cJSON *m = cJSON_CreateObject();
+            cJSON_AddStringToObject(m, "role", "tool");
+            cJSON_AddStringToObject(m, "tool_call_id", id->valuestring);
+            cJSON_AddStringToObject(m, "content", result);
+            cJSON_AddItemToArray(out, m);
+            free(result);
+        } else {
+            sbuf_free(&text);
+            return bad(e, "messages", "user content blocks must be text or tool_result (images are not supported)");
+        }
+    }
+    if (has_text) add_message(out, "user", text.p);
+    sbuf_free(&text);
+    return 0;
+}
+
+static cJSON *translate_messages(const cJSON *body, http_err *e) {
+    const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(body, "messages");
+    if (!cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) == 0) {
+        bad(e, "messages", "'messages' must be a non-empty list");
+        return NULL;
+    }
+    cJSON *out = cJSON_CreateArray();
+    const cJSON *sys = cJSON_GetObjectItemCaseSensitive(body, "system");
+    if (sys && !cJSON_IsNull(sys)) {
+        char *s = blocks_text(sys);
+        if (!s) { bad(e, "system", "'system' must be a string or a list of text blocks"); goto fail; }
+        if (*s) add_message(out, "system", s);
+        free(s);
+    }
+    const cJSON *m;
+    cJSON_ArrayForEach(m, msgs) {
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+        const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
+        int user = cJSON_IsString(role) && !strcmp(role->valuestring, "user");
+        int assistant = cJSON_IsString(role) && !strcmp(role->valuestring, "assistant");
+        if (!user && !assistant) { bad(e, "messages", "each message needs role user or assistant"); goto fail; }
+        if (cJSON_IsString(content)) add_message(out, role->valuestring, content->valuestring);
+        else if (!cJSON_IsArray(content)) { bad(e, "messages", "message content must be a string or a list of blocks"); goto fail; }
+        else if (user ? user_blocks(out, content, e) : assistant_blocks(out, content, e)) goto fail;
+    }
+    /* The same validation as the OpenAI endpoint gives both APIs one notion of a good message. */
+    cJSON *norm = openai_normalize_messages(out, e);
+    cJSON_Delete(out);
+    return norm;
+fail:
+    cJSON_Delete(out);
+    return NULL;
+}
+
+static cJSON *translate_tools(const cJSON *tools, http_err *e) {
+    if (!cJSON_IsArray(tools)) { bad(e, "tools", "'tools' must be a list"); return NULL; }
+    cJSON *out = cJSON_CreateArray();
+    const cJSON *t;
+    cJSON_ArrayForEach(t, tools) {
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(t, "name");
+        const cJSON *desc = cJSON_GetObjectItemCaseSensitive(t, "description");
+        const cJSON *schema = cJSON_GetObjectItemCaseSensitive(t, "input_schema");
+        if (!cJSON_IsString(name) || !*name->valuestring || !cJSON_IsObject(schema)) {
+            cJSON_Delete(out);
+            bad(e, "tools", "each tool needs a name and an input_schema object");
+            return NULL;
+        }
+        cJSON *ft = cJSON_CreateObject(), *fn = cJSON_CreateObject();
+        cJSON_AddStringToObject(ft, "type", "function");
+        cJSON_AddStringToObject(fn, "name", name->valuestring);
+        if (cJSON_IsString(desc)) cJSON_AddStringToObject(fn, "description", desc->valuestring);
+        cJSON_AddItemToObject(fn, "parameters", cJSON_Duplicate(schema, 1));
+        cJSON_AddItemToObject(ft, "function", fn);
+        cJSON_AddItemToArray(out, ft);
+    }
+    return out;
+}
+
+/* tool_choice {type: auto|any|none|tool, name} -> chat_opts.tool_choice. */
+static int translate_tool_choice(const cJSON *body, const cJSON *tools, chat_opts *o, http_err *e) {
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(body, "tool_choice");
+    if (!tc || cJSON_IsNull(tc)) return 0;
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(tc, "type");
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(tc, "name");
+    if (!cJSON_IsString(type)) return bad(e, "tool_choice", "'tool_choice' needs a type");
+    const char *t = type->valuestring;
+    if (!strcmp(t, "auto") || !strcmp(t, "none")) o->tool_choice = t;
+    else if (!strcmp(t, "any")) o->tool_choice = "required";
+    else if (!strcmp(t, "tool") && cJSON_IsString(name)) o->tool_choice = name->valuestring;
+    else return bad(e, "tool_choice", "'tool_choice' type must be auto, any, none or tool (with a name)");
+    if (strcmp(o->tool_choice, "auto") && strcmp(o->tool_choice, "none") && !tools)
+        return bad(e, "tool_choice", "'tool_choice' needs 'tools'");
+    return 0;
+}
+
+static int parse_request(serve_ctx *sc, const cJSON *body, am_call *k, http_err *e) {
+    static const char *const budget[] = {"max_tokens", NULL};
+    if (!cJSON_IsObject(body)) return bad(e, NULL, "the body must be a JSON object");
+    if (param_model(sc, body, e) || param_max_tokens(sc, body, budget, 1, &k->rq, e)) return -1;
+    if (param_sampling(body, 1.0, &k->rq, e) || param_stops(body, "stop_sequences", &k->rq, e)) return -1;
+    if (cJSON_GetObjectItemCaseSensitive(body, "top_k")) return bad(e, "top_k", "'top_k' is not supported");
+    if (param_bool(body, "stream", &k->stream, e)) return -1;
+    const char *user = NULL;
+    const cJSON *meta = cJSON_GetObjectItemCaseSensitive(body, "metadata");
+    if (meta && param_str(meta, "user_id", &user, e)) return -1;
+    if (param_slot(sc, body, user, &k->rq, e)) return -1;
+    chat_opts o = {0};
+    const cJSON *thinking = cJSON_GetObjectItemCaseSensitive(body, "thinking");
+    const cJSON *ttype = cJSON_GetObjectItemCaseSensitive(thinking, "type");
+    if (thinking && !cJSON_IsString(ttype)) return bad(e, "thinking", "'thinking' needs a type");
+    o.thinking = thinking && !strcmp(ttype->valuestring, "enabled");
+    cJSON *tools = NULL;
+    const cJSON *atools = cJSON_GetObjectItemCaseSensitive(body, "tools");
+    if (atools && !cJSON_IsNull(atools) && !(tools = translate_tools(atools, e))) return -1;
+    if (tools && cJSON_GetArraySize(tools) == 0) { cJSON_Delete(tools); tools = NULL; }
+    cJSON *msgs = NULL;
+    int rc = -1;
+    if (!translate_tool_choice(body, tools, &o, e) && (msgs = translate_messages(body, e)))
+        rc = openai_render(sc, msgs, tools, &o, &k->rq, e);
+    cJSON_Delete(msgs);
+    cJSON_Delete(tools);
+    return rc;
+}
+
+/* ---- responses ----------------------------------------------------------------------------- */
+
+static const char *stop_reason(const turn *t, int ncalls) {
+    if (ncalls) return "tool_use";
+    if (t->out.stopped) return "stop_sequence";
+    if (t->length_limited) return "max_tokens";
+    return "end_turn";
+}
+
+static cJSON *usage_json(const turn *t, int final) {
+    cJSON *u = cJSON_CreateObject();
+    int reused = final ? t->reused : 0;
+    cJSON_AddNumberToObject(u, "input_tokens", t->prompt_tokens - reused);
+    cJSON_AddNumberToObject(u, "output_tokens", final ? t->completion_tokens : 0);
+    cJSON_AddNumberToObject(u, "cache_read_input_tokens", reused);
+    cJSON_AddNumberToObject(u, "cache_creation_input_tokens", 0);
+    return u;
+}
+
+static cJSON *tool_use_block(const cJSON *call, int with_input) {
+    const cJSON *fn = cJSON_GetObjectItemCaseSensitive(call, "function");
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(call, "id");
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
+    const cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
+    cJSON *b = cJSON_CreateObject();
+    cJSON_AddStringToObject(b, "type", "tool_use");
+    cJSON_AddStringToObject(b, "id", cJSON_IsString(id) ? id->valuestring : "toolu_0");
+    cJSON_AddStringToObject(b, "name", cJSON_IsString(name) ? name->valuestring : "");
+    cJSON *input = with_input && cJSON_IsString(args) ? cJSON_Parse(args->valuestring) : NULL;
+    cJSON_AddItemToObject(b, "input", input ? input : cJSON_CreateObject());
+    return b;
+}
+
+static void set_stop_sequence(cJSON *o, const turn *t) {
+    if (t->out.stopped && t->out.stop_index >= 0) cJSON_AddStringToObject(o, "stop_sequence", t->rq->stops[t->out.stop_index]);
+    else cJSON_AddNullToObject(o, "stop_sequence");
+}
+
+static cJSON *message_json(am_call *k, int final) {
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "id", k->id);
+    cJSON_AddStringToObject(m, "type", "message");
+    cJSON_AddStringToObject(m, "role", "assistant");
+    cJSON_AddStringToObject(m, "model", k->sc->model_id);
+    cJSON *content = cJSON_AddArrayToObject(m, "content");
+    if (!final) {
+        cJSON_AddNullToObject(m, "stop_reason");
+        cJSON_AddNullToObject(m, "stop_sequence");
+        cJSON_AddItemToObject(m, "usage", usage_json(&k->t, 0));
+        return m;
+    }
+    chat_reply cr;
+    turn_parse(&k->t, &cr);
+    int ncalls = cr.tool_calls ? cJSON_GetArraySize(cr.tool_calls) : 0;
+    if (cr.reasoning && *cr.reasoning) {
+        cJSON *b = cJSON_CreateObject();
+        cJSON_AddStringToObject(b, "type", "thinking");
+        cJSON_AddStringToObject(b, "thinking", cr.reasoning);
+        cJSON_AddStringToObject(b, "signature", "cairn-local");
+        cJSON_AddItemToArray(content, b);
+    }
+    if ((cr.content && *cr.content) || !ncalls) {
+        cJSON *b = cJSON_CreateObject();
+        cJSON_AddStringToObject(b, "type", "text");
+        cJSON_AddStringToObject(b, "text", cr.content ? cr.content : "");
+        cJSON_AddItemToArray(content, b);
+    }
+    const cJSON *call;
+    cJSON_ArrayForEach(call, cr.tool_calls) cJSON_AddItemToArray(content, tool_use_block(call, 1));
+    cJSON_AddStringToObject(m, "stop_reason", stop_reason(&k->t, ncalls));
+    set_stop_sequence(m, &k->t);
+    cJSON_AddItemToObject(m, "usage", usage_json(&k->t, 1));
+    chat_reply_free(&cr);
+    return m;
+}
+
+/* ---- streaming ----------------------------------------------------------------------------- */
+
+static cJSON *typed(const char *type) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "type", type);
+    return o;
+}
+
+static void block_stop(am_call *k, sbuf *out) {
+    if (k->block == BLOCK_NONE) return;
+    if (k->block == BLOCK_THINKING) {
+        cJSON *ev = typed("content_block_delta"), *d = typed("signature_delta");
+        cJSON_AddNumberToObject(ev, "index", k->index);
+        cJSON_AddStringToObject(d, "signature", "cairn-local");
+        cJSON_AddItemToObject(ev, "delta", d);
+        sse_event(out, "content_block_delta", ev);
+    }
+    cJSON *ev = typed("content_block_stop");
+    cJSON_AddNumberToObject(ev, "index", k->index);
+    sse_event(out, "content_block_stop", ev);
+    k->block = BLOCK_NONE;
+    k->index++;
+}
+
+static void block_start(am_call *k, sbuf *out, cJSON *block) {
+    cJSON *ev = typed("content_block_start");
+    cJSON_AddNumberToObject(ev, "index", k->index);
+    cJSON_AddItemToObject(ev, "content_block", block);
+    sse_event(out, "content_block_start", ev);
+}
+
+/* Append text to a thinking or text block, opening it first when another one is open. */
+static void block_text(am_call *k, sbuf *out, int kind, const char *text) {
+    if (!*text) return;
+    const char *field = kind == BLOCK_THINKING ? "thinking" : "text";
+    if (k->block != kind) {
+        block_stop(k, out);
+        cJSON *b = typed(field);
+        cJSON_AddStringToObject(b, field, "");
+        block_start(k, out, b);
+        k->block = kind;
+    }
+    cJSON *ev = typed("content_block_delta"), *d = typed(kind == BLOCK_THINKING ? "thinking_delta" : "text_delta");
+    cJSON_AddNumberToObject(ev, "index", k->index);
+    cJSON_AddStringToObject(d, field, text);
+    cJSON_AddItemToObject(ev, "delta", d);
+    sse_event(out, "content_block_delta", ev);
+    k->last_write = now_seconds();
+}
+
+static void stream_end(am_call *k, sbuf *out, const chat_reply *cr) {
+    int ncalls = cr->tool_calls ? cJSON_GetArraySize(cr->tool_calls) : 0;
+    if (!ncalls && k->index == 0 && k->block == BLOCK_NONE) {   /* an empty reply still has one text block */
+        cJSON *b = typed("text");
+        cJSON_AddStringToObject(b, "text", "");
+        block_start(k, out, b);
+        k->block = BLOCK_TEXT;
+    }
+    block_stop(k, out);
+    const cJSON *call;
+    cJSON_ArrayForEach(call, cr->tool_calls) {
+        block_start(k, out, tool_use_block(call, 0));
+        const cJSON *args = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(call, "function"), "arguments");
+        cJSON *ev = typed("content_block_delta"), *d = typed("input_json_delta");
+        cJSON_AddNumberToObject(ev, "index", k->index);
+        cJSON_AddStringToObject(d, "partial_json", cJSON_IsString(args) ? args->valuestring : "{}");
+        cJSON_AddItemToObject(ev, "delta", d);
+        sse_event(out, "content_block_delta", ev);
+        k->block = BLOCK_TEXT;
+        block_stop(k, out);
+    }
+    cJSON *ev = typed("message_delta"), *d = cJSON_CreateObject();
+    cJSON_AddStringToObject(d, "stop_reason", stop_reason(&k->t, ncalls));
+    set_stop_sequence(d, &k->t);
+    cJSON_AddItemToObject(ev, "delta", d);
+    cJSON_AddItemToObject(ev, "usage", usage_json(&k->t, 1));
+    sse_event(out, "message_delta", ev);
+    sse_event(out, "message_stop", typed("message_stop"));
+}
+
+static void call_free(am_call *k) {
+    turn_summarize(&k->t, k->ri);
+    turn_end(&k->t);
+    turn_req_free(&k->rq);
+    sse_sent_free(&k->sent);
+    req_info_unref(k->ri);
+    free(k);
+}
+
+static void stream_done(void *ctx) { call_free(ctx); }
+
+static int stream_pump(void *ctx, sbuf *out) {
+    am_call *k = ctx;
+    if (!k->started) {
+        cJSON *ev = typed("message_start");
+        cJSON_AddItemToObject(ev, "message", message_json(k, 0));
+        sse_event(out, "message_start", ev);
+        sse_event(out, "ping", typed("ping"));
+        k->started = 1;
+        k->last_write = now_seconds();
+        return STREAM_MORE;
+    }
+    int r = sse_wait(&k->t, &k->last_write, out, "event: ping\ndata: {\"type\":\"ping\"}\n\n");
+    if (r == TURN_GONE) return STREAM_ABORT;
+    if (r == TURN_DONE && k->t.status == GEN_ERROR) {
+        http_err e;
+        turn_error(&k->t, &e);
+        char *body = http_err_body(&e, API_ANTHROPIC);
+        sbuf_printf(out, "event: error\ndata: %s\n\n", body);
+        free(body);
+        return STREAM_END;
+    }
+    char *reasoning, *content;
+    chat_reply cr;
+    sse_deltas(&k->t, &k->sent, &reasoning, &content, &cr);
+    block_text(k, out, BLOCK_THINKING, reasoning);
+    block_text(k, out, BLOCK_TEXT, content);
+    free(reasoning);
+    free(content);
+    if (r == TURN_DONE) {
+        stream_end(k, out, &cr);
+        turn_summarize(&k->t, k->ri);
+    }
+    chat_reply_free(&cr);
+    return r == TURN_DONE ? STREAM_END : STREAM_MORE;
+}
+
+/* ---- handler ------------------------------------------------------------------------------- */
+
+static enum MHD_Result fail(struct MHD_Connection *c, am_call *k, const http_err *e) {
+    k->ri->status = e->status;
+    enum MHD_Result r = e->status == 499 ? MHD_NO : http_send_error(c, API_ANTHROPIC, e);
+    call_free(k);
+    return r;
+}
+
+enum MHD_Result anthropic_messages(serve_ctx *sc, struct MHD_Connection *c, const cJSON *body, req_info *ri) {
+    am_call *k = xcalloc(1, sizeof *k);
+    k->sc = sc;
+    k->ri = ri;
+    req_info_ref(ri);
+    http_err e = {0};
+    if (parse_request(sc, body, k, &e)) return fail(c, k, &e);
+    if (turn_begin(&k->t, sc, &k->rq, c, ri->t0, &e)) return fail(c, k, &e);
+    turn_make_id(k->id, sizeof k->id, "msg_");
+    if (k->stream) {
+        ri->status = 200;
+        k->last_write = now_seconds();
+        return http_send_stream(c, stream_pump, stream_done, k);
+    }
+    if (turn_run(&k->t) == TURN_GONE) {
+        http_err_set(&e, 499, "client_closed", NULL, NULL, "client closed the connection");
+        return fail(c, k, &e);
+    }
+    if (k->t.status == GEN_ERROR) {
+        turn_error(&k->t, &e);
+        return fail(c, k, &e);
+    }
+    ri->status = 200;
+    enum MHD_Result r = http_send_json(c, 200, message_json(k, 1));
+    call_free(k);
+    return r;
+}

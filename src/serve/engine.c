@@ -1,0 +1,480 @@
+/* engine.c — `cairn engine`: one model, N slots, the line protocol on stdin/stdout
+ * (protocol.md §1; codec in wire.c, reuse in state/reuse.c).
+ *
+ * One thread owns every model state. The loop round-robins the active requests — a prefill
+ * advances one chunk per step, a decode one token — and polls stdin with a zero-timeout select
+ * between steps, so CANCEL, STOP and new SUBMITs are seen during long prefills and decodes. With
+ * nothing active it blocks on stdin. EOF lets in-flight requests finish, then exits 0.
+ *
+ * Frames go to stdout, one fflush per frame; logs go to stderr. A request's reply is ACCEPT,
+ * DATA*, DONE, or a single ERROR. A failure after a slot's state started changing taints that
+ * slot only (its next request resets); other slots are never touched.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/select.h>
+#include <unistd.h>
+
+#include "../cli.h"
+#include "../core/sampler.h"
+#include "../core/threads.h"
+#include "../core/util.h"
+#include "../state/persist.h"
+#include "../state/reuse.h"
+#include "wire.h"
+
+typedef struct {
+    const char *model_dir, *kv_dir;
+    int slots, ctx, kv_share, threads;
+    long ckpt_mb;
+    numerics num;
+} engine_opts;
+
+typedef struct {
+    char id[WIRE_ID_MAX];
+    int slot;
+    wire_submit sub;
+    int *prompt;
+    int n;
+    int reused;
+    reuse_prefill pf;
+    int prefilling;
+    int stop;            /* STOP received: finish through DONE at the next step */
+    int token;           /* last sampled token: emitted, fed only if generation goes on */
+    int generated;
+    sampler smp;
+    tok_stream ts;
+    double t_first;      /* first token sampled */
+} request;
+
+typedef struct {
+    engine_opts o;
+    model *m;
+    seq **seqs;
+    state **states;      /* &seqs[i]->st: kv-share donors */
+    request **active;    /* per slot, NULL when idle */
+    store *cs;
+    int markers[8], nmarkers;
+    float *logits, *logprobs, *top_lps;
+    int *top_ids;
+    wire_reader rd;
+    int eof;
+    int log_prefix;
+    char image_id[WIRE_ID_MAX];   /* an IMAGE announced for this id: its SUBMIT is refused */
+} engine;
+
+/* ---- output ----------------------------------------------------------------------------- */
+
+static void put_frame(const char *head, size_t n, const char *payload, size_t plen) {
+    fwrite(head, 1, n, stdout);
+    if (payload) {
+        fwrite(payload, 1, plen, stdout);
+        fputc('\n', stdout);
+    }
+    fflush(stdout);
+}
+
+static void put_error(const char *id, const char *code, const char *detail) {
+    char h[WIRE_HEADER_MAX];
+    put_frame(h, wire_fmt_error(h, id, code, detail), NULL, 0);
+}
+
+static double rss_gb(void) { return (double)rss_bytes() / (1024.0 * 1024.0 * 1024.0); }
+
+/* ---- request lifecycle ------------------------------------------------------------------ */
+
+static void save_slot(engine *e, int slot) {
+    if (!e->o.kv_dir) return;
+    char err[512];
+    if (persist_save(e->o.kv_dir, slot, &e->seqs[slot]->st, e->m->fingerprint, err, sizeof err))
+        fprintf(stderr, "cairn engine: kv-dir: %s\n", err);
+}
+
+static void request_free(engine *e, request *r) {
+    e->active[r->slot] = NULL;
+    reuse_prefill_free(&r->pf);
+    sampler_free(&r->smp);
+    free(r->prompt);
+    free(r);
+}
+
+static void finish(engine *e, request *r, int length_limited) {
+    char tail[64], h[WIRE_HEADER_MAX];
+    size_t n = e->m->tok ? tok_stream_finish(&r->ts, tail, sizeof tail) : 0;
+    if (n) put_frame(h, wire_fmt_data(h, r->id, n, 0, 0, NULL, NULL), tail, n);
+    double dt = r->generated > 1 ? now_seconds() - r->t_first : 0;
+    double tok_s = dt > 0 ? (r->generated - 1) / dt : 0;
+    put_frame(h, wire_fmt_done(h, r->id, r->generated, tok_s, 100.0 * r->reused / r->n, rss_gb(), r->n, length_limited,
+                               r->reused), NULL, 0);
+    save_slot(e, r->slot);
+    request_free(e, r);
+}
+
+static void fail(engine *e, request *r, const char *code, const char *detail) {
+    state_taint(&e->seqs[r->slot]->st);
+    put_error(r->id, code, detail);
+    save_slot(e, r->slot);
+    request_free(e, r);
+}
+
+static void emit_token(engine *e, request *r, int t) {
+    char text[4096], h[WIRE_HEADER_MAX];
+    size_t n = e->m->tok ? tok_stream_put(&r->ts, t, text, sizeof text) : 0;
+    int k = r->sub.logprobs;
+    if (k > 0) {
+        log_softmax(e->logits, e->m->vocab_size, e->logprobs);
+        top_logprobs(e->logprobs, e->m->vocab_size, k, e->top_ids);
+        for (int i = 0; i < k; i++) e->top_lps[i] = e->logprobs[e->top_ids[i]];
+        put_frame(h, wire_fmt_data(h, r->id, n, k, e->logprobs[t], e->top_ids, e->top_lps), text, n);
+    } else if (n) {
+        put_frame(h, wire_fmt_data(h, r->id, n, 0, 0, NULL, NULL), text, n);
+    }
+}
+
+/* Sample from e->logits. The token is emitted but not fed: it enters the state only if
+ * generation continues (so the record never claims a token the state does not hold). */
+static void sample_next(engine *e, request *r) {
+    int t = sampler_pick(&r->smp, e->logits);
+    if (r->generated == 0) r->t_first = now_seconds();
+    if (model_is_eos(e->m, t)) return finish(e, r, 0);
+    emit_token(e, r, t);
+    r->token = t;
+    r->generated++;
+    if (r->generated >= r->sub.max_tokens) finish(e, r, 1);
+}
+
+static void step(engine *e, request *r) {
+    char err[256];
+    if (r->prefilling) {
+        int rc = reuse_prefill_step(&r->pf, e->logits, err, sizeof err);
+        if (rc < 0) return fail(e, r, "ENGINE_ERROR", err);
+        if (rc > 0) {
+            if (r->stop) finish(e, r, 0);
+            return;
+        }
+        r->prefilling = 0;
+        if (r->stop || r->sub.max_tokens == 0) return finish(e, r, 0);
+        return sample_next(e, r);
+    }
+    seq *sq = e->seqs[r->slot];
+    if (r->stop) return finish(e, r, 0);
+    if (sq->st.len >= sq->st.cap) return finish(e, r, 1);
+    if (seq_feed(sq, &r->token, 1, e->logits, err, sizeof err)) return fail(e, r, "ENGINE_ERROR", err);
+    sample_next(e, r);
+}
+
+/* ---- prompts ------------------------------------------------------------------------------ */
+
+/* "12 7 301" -> ids. *cut_ids gets how many ids end within the first `cut` bytes (cut < 0: none). */
+static int parse_id_list(const char *p, size_t n, int vocab, int **out, int *nout, int cut, int *cut_ids, char *err,
+                         size_t errlen) {
+    int *ids = xmalloc((n / 2 + 1) * sizeof *ids), k = 0;
+    *cut_ids = 0;
+    for (size_t i = 0; i < n;) {
+        if (p[i] == ' ' || p[i] == '\t' || p[i] == '\n' || p[i] == '\r') { i++; continue; }
+        long v = 0;
+        size_t start = i;
+        while (i < n && p[i] >= '0' && p[i] <= '9' && v < vocab) v = v * 10 + (p[i++] - '0');
+        int ends = i == n || p[i] == ' ' || p[i] == '\t' || p[i] == '\n' || p[i] == '\r';
+        if (i == start || !ends || v >= vocab) {
+            free(ids);
+            return errf(err, errlen, "ids=1 prompt: bad token id at byte %zu (decimal ids below %d, space separated)",
+                        start, vocab);
+        }
+        if (cut >= 0 && i <= (size_t)cut) (*cut_ids)++;
+        ids[k++] = (int)v;
+    }
+    *out = ids;
+    *nout = k;
+    return 0;
+}
+
+static int encode_text(const tokenizer *t, const char *p, size_t n, int **out, int *nout, char *err, size_t errlen) {
+    int cap = (int)MIN(n + 16, (size_t)WIRE_PROMPT_MAX + 16);
+    int *ids = xmalloc((size_t)cap * sizeof *ids);
+    int k = tok_encode(t, p, n, ids, cap, err, errlen);
+    if (k > cap) {
+        ids = xrealloc(ids, (size_t)k * sizeof *ids);
+        k = tok_encode(t, p, n, ids, k, err, errlen);
+    }
+    if (k < 0) { free(ids); return -1; }
+    *out = ids;
+    *nout = k;
+    return 0;
+}
+
+/* Token position of the gateway's system-prompt hint, if the prefix tokenizes to a prefix. */
+static int text_sys_end(const tokenizer *t, const char *p, int prefix_bytes, const int *ids, int n) {
+    int *pre, k;
+    char err[64];
+    if (prefix_bytes <= 0 || encode_text(t, p, (size_t)prefix_bytes, &pre, &k, err, sizeof err)) return 0;
+    int ok = k > 0 && k < n && memcmp(pre, ids, (size_t)k * sizeof *ids) == 0;
+    free(pre);
+    return ok ? k : 0;
+}
+
+static int tokenize(engine *e, const wire_frame *f, request *r, int *sys_end, char *err, size_t errlen) {
+    *sys_end = 0;
+    if (f->sub.ids)
+        return parse_id_list(f->payload, f->payload_len, e->m->vocab_size, &r->prompt, &r->n, f->sub.prefix_bytes,
+                             sys_end, err, errlen);
+    if (!e->m->tok) return errf(err, errlen, "this model has no tokenizer.json: send token ids with ids=1");
+    if (encode_text(e->m->tok, f->payload, f->payload_len, &r->prompt, &r->n, err, errlen)) return -1;
+    *sys_end = text_sys_end(e->m->tok, f->payload, f->sub.prefix_bytes, r->prompt, r->n);
+    return 0;
+}
+
+/* ---- commands ----------------------------------------------------------------------------- */
+
+static request *find_active(engine *e, const char *id) {
+    for (int i = 0; i < e->o.slots; i++)
+        if (e->active[i] && !strcmp(e->active[i]->id, id)) return e->active[i];
+    return NULL;
+}
+
+static void start_request(engine *e, request *r, int sys_end) {
+    seq *sq = e->seqs[r->slot];
+    reuse_result rr = reuse_prepare(&sq->st, r->slot, e->cs, e->o.kv_share, e->states, e->o.slots, r->prompt, r->n);
+    r->reused = rr.reused;
+    if (e->log_prefix)
+        fprintf(stderr, "prefix: slot %d reused %d/%d (%s)\n", r->slot, rr.reused, r->n, reuse_kind_name(rr.kind));
+    reuse_prefill_init(&r->pf, sq, e->cs, r->slot, r->prompt, r->n, sys_end, e->markers, e->nmarkers);
+    sampler_params sp = {.temperature = r->sub.temperature, .top_p = r->sub.top_p, .seed = r->sub.seed};
+    sampler_init(&r->smp, &sp, e->m->vocab_size);
+    if (e->m->tok) tok_stream_init(&r->ts, e->m->tok);
+    r->prefilling = 1;
+    e->active[r->slot] = r;
+}
+
+static void on_submit(engine *e, const wire_frame *f) {
+    char err[256];
+    if (find_active(e, f->id)) return put_error(f->id, "DUPLICATE_ID", "an in-flight request has this id");
+    if (f->sub.slot >= e->o.slots) {
+        snprintf(err, sizeof err, "slot %d out of range (engine has %d)", f->sub.slot, e->o.slots);
+        return put_error(f->id, "BAD_REQUEST", err);
+    }
+    if (e->active[f->sub.slot]) return put_error(f->id, "SLOT_BUSY", NULL);
+    if (e->image_id[0] && !strcmp(e->image_id, f->id)) {
+        e->image_id[0] = 0;
+        return put_error(f->id, "BAD_REQUEST", "this model takes no images");
+    }
+    if (f->payload_len == 0) return put_error(f->id, "EMPTY_PROMPT", NULL);
+    request *r = xcalloc(1, sizeof *r);
+    snprintf(r->id, sizeof r->id, "%s", f->id);
+    r->slot = f->sub.slot;
+    r->sub = f->sub;
+    int sys_end;
+    if (tokenize(e, f, r, &sys_end, err, sizeof err)) {
+        put_error(f->id, "BAD_REQUEST", err);
+        free(r->prompt);
+        free(r);
+        return;
+    }
+    if (r->n == 0) {
+        put_error(f->id, "EMPTY_PROMPT", NULL);
+        free(r->prompt);
+        free(r);
+        return;
+    }
+    int cap = e->seqs[r->slot]->st.cap;
+    if (r->n > cap) {
+        /* the conversation no longer fits this slot: its state is not worth keeping either */
+        snprintf(err, sizeof err, "%d %d", r->n, cap);
+        state_taint(&e->seqs[r->slot]->st);
+        put_error(f->id, "CONTEXT_EXCEEDED", err);
+        free(r->prompt);
+        free(r);
+        return;
+    }
+    char h[WIRE_HEADER_MAX];
+    put_frame(h, wire_fmt_accept(h, r->id, r->n), NULL, 0);
+    start_request(e, r, sys_end);
+}
+
+static void on_cancel(engine *e, const char *id) {
+    request *r = find_active(e, id);
+    if (!r) return put_error(id, "NOT_FOUND", NULL);
+    /* a prefill cut short leaves a state the prompt only partly describes: the next turn resets */
+    if (r->prefilling) state_taint(&e->seqs[r->slot]->st);
+    put_error(r->id, "CANCELLED", NULL);
+    save_slot(e, r->slot);
+    request_free(e, r);
+}
+
+static void on_frame(engine *e, const wire_frame *f) {
+    switch (f->kind) {
+    case WIRE_SUBMIT: return on_submit(e, f);
+    case WIRE_CANCEL: return on_cancel(e, f->id);
+    case WIRE_STOP: {
+        request *r = find_active(e, f->id);
+        if (!r) return put_error(f->id, "NOT_FOUND", NULL);
+        r->stop = 1;
+        return;
+    }
+    case WIRE_IMAGE: snprintf(e->image_id, sizeof e->image_id, "%s", f->id); return;
+    case WIRE_ERROR: return put_error(f->id, f->code, f->detail);
+    default: return;
+    }
+}
+
+/* Read what stdin has (waiting only if block) and act on every complete frame. */
+static void poll_input(engine *e, int block) {
+    if (e->eof) return;
+    fd_set rd;
+    FD_ZERO(&rd);
+    FD_SET(0, &rd);
+    struct timeval zero = {0, 0};
+    int ready = select(1, &rd, NULL, NULL, block ? NULL : &zero);
+    if (ready <= 0) return;
+    static char buf[1 << 16];
+    ssize_t got = read(0, buf, sizeof buf);
+    if (got < 0 && (errno == EINTR || errno == EAGAIN)) return;
+    wire_frame f;
+    if (got <= 0) {
+        e->eof = 1;
+        if (wire_reader_eof(&e->rd, &f)) on_frame(e, &f);
+        return;
+    }
+    wire_reader_push(&e->rd, buf, (size_t)got);
+    while (wire_reader_next(&e->rd, &f)) on_frame(e, &f);
+}
+
+static int any_active(const engine *e) {
+    for (int i = 0; i < e->o.slots; i++)
+        if (e->active[i]) return 1;
+    return 0;
+}
+
+static void run_loop(engine *e) {
+    for (;;) {
+        poll_input(e, !any_active(e));
+        if (e->eof && !any_active(e)) return;
+        for (int i = 0; i < e->o.slots; i++) {
+            if (e->active[i]) step(e, e->active[i]);
+            poll_input(e, 0);
+        }
+    }
+}
+
+/* ---- set-up ------------------------------------------------------------------------------- */
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: cairn engine -m DIR [options]\n"
+            "Speaks the engine line protocol (SUBMIT/STOP/CANCEL in, ACCEPT/DATA/DONE/ERROR out) on stdin/stdout.\n"
+            "  --slots N          independent conversation slots (default 1)\n"
+            "  --ctx N            context positions per slot (default min(4096, model maximum))\n"
+            "  --ckpt-mb N        checkpoint memory budget in MiB, 0 = no checkpoints (default 512)\n"
+            "  --kv-share 0|1     let a new prompt copy a longer prefix from another slot (default 1)\n"
+            "  --kv-dir DIR       save each slot's state after every turn, reload at start-up\n"
+            "  --numerics qat|exact  activation numerics (default qat)\n"
+            "  --threads N        worker threads (default: online cores)\n"
+            "Environment: CAIRN_PREFIX_LOG=1 logs the reuse decision per request on stderr.\n");
+}
+
+static int parse_flags(int argc, char **argv, engine_opts *o) {
+    *o = (engine_opts){.slots = 1, .ckpt_mb = 512, .kv_share = 1, .num = NUMERICS_QAT};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        long l;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); exit(0); }
+        if (!v) { fprintf(stderr, "cairn engine: %s needs a value (or unknown flag)\n", a); return -1; }
+        if (!strcmp(a, "-m")) o->model_dir = v;
+        else if (!strcmp(a, "--kv-dir")) o->kv_dir = v;
+        else if (!strcmp(a, "--slots")) { if (cli_int("engine", a, v, 1, 64, &l)) return -1; o->slots = (int)l; }
+        else if (!strcmp(a, "--ctx")) { if (cli_int("engine", a, v, 1, 1 << 24, &l)) return -1; o->ctx = (int)l; }
+        else if (!strcmp(a, "--ckpt-mb")) { if (cli_int("engine", a, v, 0, 1L << 30, &o->ckpt_mb)) return -1; }
+        else if (!strcmp(a, "--kv-share")) { if (cli_int("engine", a, v, 0, 1, &l)) return -1; o->kv_share = (int)l; }
+        else if (!strcmp(a, "--threads")) { if (cli_int("engine", a, v, 1, 1024, &l)) return -1; o->threads = (int)l; }
+        else if (!strcmp(a, "--numerics")) {
+            int n = cli_numerics(v);
+            if (n < 0) { fprintf(stderr, "cairn engine: bad value for --numerics: '%s' (exact or qat)\n", v); return -1; }
+            o->num = (numerics)n;
+        } else { fprintf(stderr, "cairn engine: unknown flag '%s' (see cairn engine --help)\n", a); return -1; }
+        i++;
+    }
+    if (!o->model_dir) { fprintf(stderr, "cairn engine: -m DIR is required (see cairn engine --help)\n"); return -1; }
+    return 0;
+}
+
+static void resolve_markers(engine *e) {
+    static const char *names[] = {"<｜User｜>", "<｜Assistant｜>", "<|user|>", "<|assistant|>", "<|system|>", "<|observation|>"};
+    if (!e->m->tok) return;
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        int id = tok_id(e->m->tok, names[i]);
+        if (id >= 0) e->markers[e->nmarkers++] = id;
+    }
+}
+
+static void load_slots(engine *e) {
+    for (int i = 0; i < e->o.slots; i++) {
+        char err[512];
+        int rc = persist_load(e->o.kv_dir, i, &e->seqs[i]->st, e->m->fingerprint, err, sizeof err);
+        if (rc < 0) fprintf(stderr, "cairn engine: kv-dir: ignoring %s\n", err);
+        if (rc > 0) fprintf(stderr, "cairn engine: kv-dir: slot %d resumed with %d tokens\n", i, e->seqs[i]->st.len);
+    }
+}
+
+static int engine_open(engine *e, char *err, size_t errlen) {
+    if (e->o.threads) pool_set_threads(e->o.threads);
+    if (!(e->m = model_open(e->o.model_dir, e->o.num, 0, err, errlen))) return -1;
+    int ctx = e->o.ctx ? e->o.ctx : MIN(4096, e->m->max_ctx);
+    if (ctx > e->m->max_ctx) return errf(err, errlen, "--ctx %d exceeds the model's max_position_embeddings %d", ctx, e->m->max_ctx);
+    e->seqs = xcalloc((size_t)e->o.slots, sizeof *e->seqs);
+    e->states = xcalloc((size_t)e->o.slots, sizeof *e->states);
+    e->active = xcalloc((size_t)e->o.slots, sizeof *e->active);
+    for (int i = 0; i < e->o.slots; i++) {
+        if (!(e->seqs[i] = seq_new(e->m, ctx, err, errlen))) return -1;
+        e->states[i] = &e->seqs[i]->st;
+    }
+    if (e->o.ckpt_mb > 0) e->cs = store_new((size_t)e->o.ckpt_mb << 20);
+    int v = e->m->vocab_size;
+    e->logits = xmalloc((size_t)v * sizeof *e->logits);
+    e->logprobs = xmalloc((size_t)v * sizeof *e->logprobs);
+    e->top_ids = xmalloc(WIRE_LOGPROBS_MAX * sizeof *e->top_ids);
+    e->top_lps = xmalloc(WIRE_LOGPROBS_MAX * sizeof *e->top_lps);
+    resolve_markers(e);
+    if (e->o.kv_dir) load_slots(e);
+    const char *log = getenv("CAIRN_PREFIX_LOG");
+    e->log_prefix = log && !strcmp(log, "1");
+    wire_reader_init(&e->rd);
+    return 0;
+}
+
+static void engine_close(engine *e) {
+    for (int i = 0; e->active && i < e->o.slots; i++)
+        if (e->active[i]) request_free(e, e->active[i]);
+    for (int i = 0; e->seqs && i < e->o.slots; i++) seq_free(e->seqs[i]);
+    free(e->seqs);
+    free(e->states);
+    free(e->active);
+    store_free(e->cs);
+    free(e->logits);
+    free(e->logprobs);
+    free(e->top_ids);
+    free(e->top_lps);
+    wire_reader_free(&e->rd);
+    model_close(e->m);
+}
+
+int cmd_engine(int argc, char **argv) {
+    engine e = {0};
+    if (parse_flags(argc, argv, &e.o)) return 2;
+    char err[512];
+    if (engine_open(&e, err, sizeof err)) {
+        fprintf(stderr, "cairn engine: %s\n", err);
+        engine_close(&e);
+        return 1;
+    }
+    /* a gateway that went away must not kill us mid-write; the next read sees EOF */
+    signal(SIGPIPE, SIG_IGN);
+    printf("%sCAPS vision=0 slots=%d ctx=%d logprobs=%d ids=1\nSTAT 0 0.0 0.0 %.2f 0 0\n", WIRE_READY, e.o.slots,
+           e.seqs[0]->st.cap, WIRE_LOGPROBS_MAX, rss_gb());
+    fflush(stdout);
+    run_loop(&e);
+    engine_close(&e);
+    return 0;
+}

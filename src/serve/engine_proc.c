@@ -1,0 +1,535 @@
+#include "engine_proc.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../core/util.h"
+
+#define ENG_LINE_MAX 8192        /* longest header line we accept from the engine */
+#define ENG_PAYLOAD_MAX 65536    /* protocol.md §1.4: the server enforces 0 <= n <= 65536 */
+#define ENG_FIELDS_MAX (6 + 2 * ENG_TOPK_MAX)
+
+/* ---- generations ------------------------------------------------------------------------- */
+
+gen *gen_new(gen_finish_fn on_finish, void *user) {
+    gen *g = xcalloc(1, sizeof *g);
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_cond_init(&g->cv, NULL);
+    g->refs = 1;
+    g->slot = -1;
+    g->on_finish = on_finish;
+    g->user = user;
+    return g;
+}
+
+void gen_ref(gen *g) {
+    pthread_mutex_lock(&g->mu);
+    g->refs++;
+    pthread_mutex_unlock(&g->mu);
+}
+
+void gen_unref(gen *g) {
+    pthread_mutex_lock(&g->mu);
+    int last = --g->refs == 0;
+    pthread_mutex_unlock(&g->mu);
+    if (!last) return;
+    pthread_mutex_destroy(&g->mu);
+    pthread_cond_destroy(&g->cv);
+    free(g->data);
+    free(g->toks);
+    free(g);
+}
+
+/* ---- the engine link ----------------------------------------------------------------------- */
+
+struct eng {
+    eng_config cfg;
+    pthread_t dispatcher;
+    pthread_mutex_t mu;           /* guards everything below except the write side */
+    pthread_cond_t cv;            /* ready / stopping changes */
+    pthread_mutex_t wmu;          /* one frame at a time on the engine's stdin */
+    pid_t pid;
+    int in_fd, out_fd;            /* our ends: engine stdin (write), engine stdout (read) */
+    int ready, stopping, restarts;
+    unsigned long long next_id;
+    gen **live;                   /* in-flight generations, each holding one reference */
+    int nlive, live_cap;
+};
+
+typedef struct {
+    int fd;
+    char buf[65536];
+    size_t pos, len;
+    char line[ENG_LINE_MAX];          /* the current frame's header */
+    char payload[ENG_PAYLOAD_MAX];    /* and its payload */
+} reader;
+
+static int reader_fill(reader *r) {
+    if (r->pos == r->len) r->pos = r->len = 0;
+    if (r->pos > 0 && r->len == sizeof r->buf) {
+        memmove(r->buf, r->buf + r->pos, r->len - r->pos);
+        r->len -= r->pos;
+        r->pos = 0;
+    }
+    for (;;) {
+        ssize_t got = read(r->fd, r->buf + r->len, sizeof r->buf - r->len);
+        if (got > 0) { r->len += (size_t)got; return 0; }
+        if (got < 0 && errno == EINTR) continue;
+        return -1;
+    }
+}
+
+/* One header line without its '\n' (a '\r' before it is stripped). -1 on EOF or an over-long line. */
+static int reader_line(reader *r, char *line, size_t cap) {
+    size_t n = 0;
+    for (;;) {
+        while (r->pos < r->len) {
+            char c = r->buf[r->pos++];
+            if (c == '\n') {
+                if (n && line[n - 1] == '\r') n--;
+                line[n] = 0;
+                return 0;
+            }
+            if (n + 1 >= cap) return -1;
+            line[n++] = c;
+        }
+        if (reader_fill(r)) return -1;
+    }
+}
+
+static int reader_bytes(reader *r, char *out, size_t n) {
+    while (n) {
+        if (r->pos == r->len && reader_fill(r)) return -1;
+        size_t take = MIN(n, r->len - r->pos);
+        memcpy(out, r->buf + r->pos, take);
+        r->pos += take;
+        out += take;
+        n -= take;
+    }
+    return 0;
+}
+
+/* Wait until the READY sentinel arrives; earlier lines are start-up chatter. */
+static int reader_wait_ready(reader *r, double timeout) {
+    double deadline = now_seconds() + timeout;
+    for (;;) {
+        if (r->pos == r->len) {
+            int ms = (int)((deadline - now_seconds()) * 1000);
+            if (ms <= 0) return -1;
+            struct pollfd p = {.fd = r->fd, .events = POLLIN};
+            if (poll(&p, 1, ms) <= 0) continue;
+        }
+        if (reader_line(r, r->line, sizeof r->line)) return -1;
+        if (!strcmp(r->line, "\x01\x01READY\x01\x01")) return 0;
+    }
+}
+
+static int write_all(int fd, const char *p, size_t n) {
+    while (n) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return -1;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+static int spawn(eng *e) {
+    int to_child[2], from_child[2];
+    if (pipe2(to_child, O_CLOEXEC)) return -1;
+    if (pipe2(from_child, O_CLOEXEC)) { close(to_child[0]); close(to_child[1]); return -1; }
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(to_child[0]); close(to_child[1]); close(from_child[0]); close(from_child[1]);
+        return -1;
+    }
+    if (pid == 0) {
+        dup2(to_child[0], 0);
+        dup2(from_child[1], 1);
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        signal(SIGPIPE, SIG_DFL);
+        execv(e->cfg.exe, e->cfg.argv);
+        fprintf(stderr, "cairn serve: cannot run engine %s: %s\n", e->cfg.exe, strerror(errno));
+        _exit(127);
+    }
+    close(to_child[0]);
+    close(from_child[1]);
+    pthread_mutex_lock(&e->mu);
+    e->pid = pid;
+    e->in_fd = to_child[1];
+    e->out_fd = from_child[0];
+    pthread_mutex_unlock(&e->mu);
+    return 0;
+}
+
+static gen *live_find(eng *e, const char *id) {
+    for (int i = 0; i < e->nlive; i++)
+        if (!strcmp(e->live[i]->id, id)) return e->live[i];
+    return NULL;
+}
+
+/* Remove g from the live table; 1 if it was there (the caller inherits its reference). */
+static int live_remove(eng *e, gen *g) {
+    for (int i = 0; i < e->nlive; i++)
+        if (e->live[i] == g) {
+            e->live[i] = e->live[--e->nlive];
+            return 1;
+        }
+    return 0;
+}
+
+/* Move g to a terminal state and run its on_finish once; only then is it marked finished for
+ * waiters, so a client that got its reply finds the slot already released. Drops the table's
+ * reference. */
+static void gen_finish(gen *g, gen_status st, const char *error) {
+    pthread_mutex_lock(&g->mu);
+    g->status = st;
+    if (error) snprintf(g->error, sizeof g->error, "%s", error);
+    pthread_mutex_unlock(&g->mu);
+    if (g->on_finish) g->on_finish(g, g->user);
+    pthread_mutex_lock(&g->mu);
+    g->finished = 1;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+    gen_unref(g);
+}
+
+static gen *take_live(eng *e, const char *id, int terminal) {
+    pthread_mutex_lock(&e->mu);
+    gen *g = live_find(e, id);
+    if (g && terminal) live_remove(e, g);
+    pthread_mutex_unlock(&e->mu);
+    return g;
+}
+
+static int parse_long(const char *s, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return -1;
+    *out = v;
+    return 0;
+}
+
+static void gen_append(gen *g, const char *bytes, size_t n, char **f, int nf) {
+    pthread_mutex_lock(&g->mu);
+    if (g->data_len + n + 1 > g->data_cap) {
+        g->data_cap = MAX(g->data_cap * 2, g->data_len + n + 1024);
+        g->data = xrealloc(g->data, g->data_cap);
+    }
+    if (g->ntoks == g->toks_cap) {
+        g->toks_cap = g->toks_cap ? g->toks_cap * 2 : 64;
+        g->toks = xrealloc(g->toks, sizeof(eng_token) * g->toks_cap);
+    }
+    eng_token *t = &g->toks[g->ntoks++];
+    memset(t, 0, sizeof *t);
+    t->off = g->data_len;
+    t->len = n;
+    memcpy(g->data + g->data_len, bytes, n);
+    g->data_len += n;
+    g->data[g->data_len] = 0;
+    /* DATA id n lp k [tid tlp]xk — nan/inf are allowed, the table is unsorted. */
+    long k;
+    if (nf >= 5 && !parse_long(f[4], 0, ENG_TOPK_MAX, &k) && nf >= 5 + 2 * k) {
+        t->has_lp = 1;
+        t->lp = strtof(f[3], NULL);
+        t->k = (int)k;
+        for (int j = 0; j < k; j++) {
+            t->top_ids[j] = atoi(f[5 + 2 * j]);
+            t->top_lps[j] = strtof(f[6 + 2 * j], NULL);
+        }
+    }
+    g->accepted = 1;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+}
+
+static void on_done(gen *g, char **f, int nf) {
+    long v;
+    pthread_mutex_lock(&g->mu);
+    g->completion_tokens = nf > 3 && !parse_long(f[3], 0, 1L << 30, &v) ? (int)v : g->ntoks;
+    g->tok_s = nf > 4 ? strtod(f[4], NULL) : 0;
+    if (nf > 7 && !parse_long(f[7], 0, 1L << 30, &v)) g->prompt_tokens = (int)v;
+    g->length_limited = nf > 8 && !strcmp(f[8], "1");
+    g->reuse = nf > 9 && !parse_long(f[9], 0, 1L << 30, &v) ? (int)v : 0;
+    g->accepted = 1;
+    pthread_mutex_unlock(&g->mu);
+    gen_finish(g, GEN_DONE, NULL);
+}
+
+/* One frame whose header line is `line`. -1 = protocol error: the stream is out of sync. */
+static int handle_frame(eng *e, reader *r) {
+    char *line = r->line, *payload = r->payload;
+    char *f[ENG_FIELDS_MAX], *save = NULL;
+    int nf = 0;
+    for (char *tok = strtok_r(line, " ", &save); tok && nf < ENG_FIELDS_MAX; tok = strtok_r(NULL, " ", &save))
+        f[nf++] = tok;
+    if (nf == 0) return 0;
+    int has_payload = !strcmp(f[0], "DATA") || !strcmp(f[0], "ECHO") || !strcmp(f[0], "TOOL");
+    long n = 0;
+    if (has_payload) {
+        if (nf < 3 || parse_long(f[2], 0, ENG_PAYLOAD_MAX, &n)) {
+            fprintf(stderr, "cairn serve: engine sent a %s frame with a bad length\n", f[0]);
+            return -1;
+        }
+        char nl;
+        if (reader_bytes(r, payload, (size_t)n) || reader_bytes(r, &nl, 1) || nl != '\n') return -1;
+    }
+    if (nf < 2) return 0;
+    if (!strcmp(f[0], "DATA")) {
+        gen *g = take_live(e, f[1], 0);
+        if (g) gen_append(g, payload, (size_t)n, f, nf);
+    } else if (!strcmp(f[0], "ACCEPT")) {
+        gen *g = take_live(e, f[1], 0);
+        long pt;
+        if (g) {
+            pthread_mutex_lock(&g->mu);
+            g->accepted = 1;
+            if (nf > 2 && !parse_long(f[2], 0, 1L << 30, &pt)) g->prompt_tokens = (int)pt;
+            pthread_cond_broadcast(&g->cv);
+            pthread_mutex_unlock(&g->mu);
+        }
+    } else if (!strcmp(f[0], "DONE")) {
+        if (nf < 7 || strcmp(f[2], "STAT")) {
+            fprintf(stderr, "cairn serve: malformed DONE frame from engine (%d fields)\n", nf);
+            return -1;
+        }
+        gen *g = take_live(e, f[1], 1);
+        if (g) on_done(g, f, nf);
+    } else if (!strcmp(f[0], "ERROR")) {
+        char text[256] = "";
+        for (int i = 2; i < nf; i++) {
+            size_t used = strlen(text);
+            snprintf(text + used, sizeof text - used, "%s%s", i > 2 ? " " : "", f[i]);
+        }
+        gen *g = take_live(e, f[1], 1);
+        if (g) gen_finish(g, GEN_ERROR, text);
+        else fprintf(stderr, "cairn serve: engine error for unknown request %s: %s\n", f[1], text);
+    }
+    return 0;    /* STAT, CAPS, telemetry and unknown kinds are ignored */
+}
+
+static void fail_all_live(eng *e, const char *why) {
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        gen *g = e->nlive ? e->live[--e->nlive] : NULL;
+        pthread_mutex_unlock(&e->mu);
+        if (!g) return;
+        gen_finish(g, GEN_ERROR, why);
+    }
+}
+
+static void reap(eng *e) {
+    pthread_mutex_lock(&e->mu);
+    pid_t pid = e->pid;
+    e->ready = 0;
+    int stopping = e->stopping;
+    pthread_mutex_unlock(&e->mu);
+    /* Its stdout ended or went out of sync: make sure it is gone, unless it is shutting down
+     * gracefully (eng_stop kills it after the grace period). */
+    if (!stopping) kill(pid, SIGKILL);
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
+    if (WIFSIGNALED(st) && WTERMSIG(st) != SIGKILL)
+        fprintf(stderr, "cairn serve: engine (pid %d) died from signal %d\n", (int)pid, WTERMSIG(st));
+    else if (WIFEXITED(st) && WEXITSTATUS(st))
+        fprintf(stderr, "cairn serve: engine (pid %d) exited with status %d\n", (int)pid, WEXITSTATUS(st));
+    pthread_mutex_lock(&e->mu);
+    close(e->out_fd);
+    pthread_mutex_lock(&e->wmu);
+    if (e->in_fd >= 0) close(e->in_fd);
+    e->in_fd = -1;
+    pthread_mutex_unlock(&e->wmu);
+    e->pid = 0;
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* Sleep up to s seconds, waking early when the server is stopping. */
+static void backoff(eng *e, double s) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += (time_t)s;
+    ts.tv_nsec += (long)((s - (time_t)s) * 1e9);
+    if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+    pthread_mutex_lock(&e->mu);
+    while (!e->stopping && pthread_cond_timedwait(&e->cv, &e->mu, &ts) != ETIMEDOUT) {}
+    pthread_mutex_unlock(&e->mu);
+}
+
+static void *dispatcher_main(void *arg) {
+    eng *e = arg;
+    double delay = 0.2;
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        int stopping = e->stopping;
+        pthread_mutex_unlock(&e->mu);
+        if (stopping) break;
+        if (spawn(e)) {
+            fprintf(stderr, "cairn serve: cannot start the engine: %s\n", strerror(errno));
+            backoff(e, delay);
+            delay = MIN(delay * 2, 5.0);
+            continue;
+        }
+        double started = now_seconds();
+        reader *r = xcalloc(1, sizeof *r);
+        r->fd = e->out_fd;
+        if (reader_wait_ready(r, e->cfg.ready_timeout) == 0) {
+            pthread_mutex_lock(&e->mu);
+            e->ready = 1;
+            pthread_cond_broadcast(&e->cv);
+            pthread_mutex_unlock(&e->mu);
+            fprintf(stderr, "cairn serve: engine ready (pid %d)\n", (int)e->pid);
+            while (reader_line(r, r->line, sizeof r->line) == 0 && handle_frame(e, r) == 0) {}
+        } else {
+            fprintf(stderr, "cairn serve: engine did not become ready\n");
+        }
+        free(r);
+        reap(e);
+        fail_all_live(e, "engine exited");
+        pthread_mutex_lock(&e->mu);
+        stopping = e->stopping;
+        e->restarts += !stopping;
+        pthread_mutex_unlock(&e->mu);
+        if (stopping) break;
+        if (e->cfg.on_restart) e->cfg.on_restart(e->cfg.user);
+        /* An engine that ran for a while restarts at once; one that keeps dying backs off. */
+        delay = now_seconds() - started > 10 ? 0.2 : MIN(delay * 2, 5.0);
+        fprintf(stderr, "cairn serve: restarting the engine in %.1fs\n", delay);
+        backoff(e, delay);
+    }
+    return NULL;
+}
+
+eng *eng_start(const eng_config *cfg, char *err, size_t errlen) {
+    eng *e = xcalloc(1, sizeof *e);
+    e->cfg = *cfg;
+    e->in_fd = e->out_fd = -1;
+    e->next_id = 1;
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_mutex_init(&e->wmu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    if (pthread_create(&e->dispatcher, NULL, dispatcher_main, e)) {
+        free(e);
+        errf(err, errlen, "cannot create the engine dispatcher thread");
+        return NULL;
+    }
+    return e;
+}
+
+void eng_stop(eng *e, double grace) {
+    pthread_mutex_lock(&e->mu);
+    e->stopping = 1;
+    pthread_cond_broadcast(&e->cv);
+    pid_t pid = e->pid;
+    pthread_mutex_unlock(&e->mu);
+    pthread_mutex_lock(&e->wmu);
+    if (e->in_fd >= 0) close(e->in_fd);     /* EOF = graceful shutdown for the engine */
+    e->in_fd = -1;
+    pthread_mutex_unlock(&e->wmu);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += (time_t)grace + 1;
+    if (pthread_timedjoin_np(e->dispatcher, NULL, &ts)) {
+        if (pid > 0) kill(pid, SIGKILL);
+        pthread_join(e->dispatcher, NULL);
+    }
+    free(e->live);
+    free(e);
+}
+
+int eng_ready(eng *e) {
+    pthread_mutex_lock(&e->mu);
+    int r = e->ready;
+    pthread_mutex_unlock(&e->mu);
+    return r;
+}
+
+int eng_restarts(eng *e) {
+    pthread_mutex_lock(&e->mu);
+    int r = e->restarts;
+    pthread_mutex_unlock(&e->mu);
+    return r;
+}
+
+pid_t eng_pid(eng *e) {
+    pthread_mutex_lock(&e->mu);
+    pid_t p = e->pid;
+    pthread_mutex_unlock(&e->mu);
+    return p;
+}
+
+static int wait_ready(eng *e, double seconds) {
+    double deadline = now_seconds() + seconds;
+    while (!e->ready && !e->stopping) {
+        double left = deadline - now_seconds();
+        if (left <= 0) break;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        double wake = MIN(left, 0.5);
+        ts.tv_nsec += (long)(wake * 1e9);
+        ts.tv_sec += ts.tv_nsec / 1000000000L;
+        ts.tv_nsec %= 1000000000L;
+        pthread_cond_timedwait(&e->cv, &e->mu, &ts);
+    }
+    return e->ready && !e->stopping;
+}
+
+int eng_submit(eng *e, gen *g, int slot, const char *payload, size_t n, int max_tokens, double temperature,
+               double top_p, const char *head_extra, double wait_ready_s, char *err, size_t errlen) {
+    pthread_mutex_lock(&e->mu);
+    if (!wait_ready(e, wait_ready_s)) {
+        pthread_mutex_unlock(&e->mu);
+        return errf(err, errlen, e->stopping ? "server is shutting down" : "engine is not running (restarting)");
+    }
+    snprintf(g->id, sizeof g->id, "%llu", e->next_id++);
+    g->slot = slot;
+    if (e->nlive == e->live_cap) {
+        e->live_cap = e->live_cap ? e->live_cap * 2 : 16;
+        e->live = xrealloc(e->live, sizeof(gen *) * e->live_cap);
+    }
+    gen_ref(g);
+    e->live[e->nlive++] = g;
+    pthread_mutex_unlock(&e->mu);
+
+    char head[512];
+    int hl = snprintf(head, sizeof head, "SUBMIT %s %d %zu %d %.8g %.8g%s\n", g->id, slot, n, max_tokens,
+                      temperature, top_p, head_extra ? head_extra : "");
+    pthread_mutex_lock(&e->wmu);
+    int bad = e->in_fd < 0 || (size_t)hl >= sizeof head || write_all(e->in_fd, head, (size_t)hl) ||
+              write_all(e->in_fd, payload, n) || write_all(e->in_fd, "\n", 1);
+    pthread_mutex_unlock(&e->wmu);
+    if (!bad) return 0;
+    pthread_mutex_lock(&e->mu);
+    int mine = live_remove(e, g);
+    pthread_mutex_unlock(&e->mu);
+    if (!mine) return 0;          /* the dispatcher already failed it: on_finish has run */
+    gen_unref(g);
+    return errf(err, errlen, "cannot write to the engine (it is restarting)");
+}
+
+static void send_control(eng *e, gen *g, const char *verb, int *flag) {
+    pthread_mutex_lock(&g->mu);
+    int send = g->status == GEN_RUNNING && !*flag && g->id[0];
+    if (send) *flag = 1;
+    pthread_mutex_unlock(&g->mu);
+    if (!send) return;
+    char line[64];
+    int n = snprintf(line, sizeof line, "%s %s\n", verb, g->id);
+    pthread_mutex_lock(&e->wmu);
+    if (e->in_fd >= 0) write_all(e->in_fd, line, (size_t)n);
+    pthread_mutex_unlock(&e->wmu);
+}
+
+void eng_cancel(eng *e, gen *g) { send_control(e, g, "CANCEL", &g->cancel_sent); }
+void eng_stop_gen(eng *e, gen *g) { send_control(e, g, "STOP", &g->stop_sent); }

@@ -1,0 +1,484 @@
+/* gateway.c — `cairn serve`: the HTTP server (libmicrohttpd, one thread per connection) in front
+ * of one `cairn engine` child process.
+ *
+ * This file owns start-up, flags, routing of URLs to the API modules, the checks every request
+ * passes first (Host guard, API key, body bound), the per-request log line, and the graceful
+ * shutdown on SIGTERM/SIGINT. Generation itself is turn.c; the wire to the engine is
+ * engine_proc.c; which slot a conversation uses is slots.c.
+ *
+ * INVARIANTS
+ *  - The port is bound before the engine starts, so a busy port fails at once.
+ *  - Every request gets exactly one log line and one /metrics count when it completes.
+ *  - After SIGTERM no new connection is accepted; in-flight requests finish (up to --grace
+ *    seconds); then the engine gets EOF on stdin and the process exits 0.
+ */
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <libgen.h>
+#include <netdb.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../cli.h"
+#include "../core/util.h"
+#include "anthropic.h"
+#include "http.h"
+#include "openai.h"
+#include "turn.h"
+
+#define MAX_ALLOWED_HOSTS 8
+#define MAX_ENGINE_ARGS 32
+
+typedef struct {
+    const char *model_dir, *host, *api_key, *model_id, *engine_exe;
+    long port, slots, ctx, max_tokens, max_queue, max_conn, max_conn_ip, read_timeout, max_header;
+    long max_body;
+    double queue_timeout, keepalive, grace;
+    const char *allowed_hosts[MAX_ALLOWED_HOSTS];
+    int n_allowed;
+    int loopback, allow_insecure;
+    char *engine_args[MAX_ENGINE_ARGS];   /* flags passed through to `cairn engine` */
+    int n_engine_args;
+} serve_opts;
+
+typedef struct {
+    serve_opts *o;
+    serve_ctx sc;
+} server;
+
+/* Per-request state across libmicrohttpd's calls of the access handler. */
+typedef struct {
+    sbuf body;
+    int too_large;
+    req_info *ri;
+    const char *endpoint;         /* label for the log and /metrics */
+    char method[8];
+    char path[96];
+} req_ctx;
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: cairn serve -m DIR [options]\n"
+            "  OpenAI- and Anthropic-compatible HTTP server over a `cairn engine` child process.\n"
+            "  -m, --model DIR          model directory (config.json, safetensors, tokenizer.json)\n"
+            "  --host ADDR              bind address (default 127.0.0.1)\n"
+            "  --port N                 port (default 8080; 0 = any free port, printed at start)\n"
+            "  --slots N                engine slots = concurrent conversations kept (default 2)\n"
+            "  --ctx N                  context positions per slot (engine default if absent)\n"
+            "  --api-key KEY            require `Authorization: Bearer KEY` or `x-api-key: KEY`\n"
+            "                           (also from CAIRN_API_KEY)\n"
+            "  --model-id ID            model id clients must name (default: the directory's name)\n"
+            "  --max-tokens N           cap on generated tokens per request (default 1024)\n"
+            "  --max-queue N            requests that may wait for a slot before 429 (default 8)\n"
+            "  --queue-timeout S        seconds a request may wait for a slot (default 300)\n"
+            "  --keepalive S            SSE keep-alive after S idle seconds (default 10)\n"
+            "  --max-body BYTES         largest request body (default 4194304)\n"
+            "  --max-header BYTES       memory for one request's headers (default 32768)\n"
+            "  --max-connections N      open connections in total (default 64)\n"
+            "  --max-connections-per-ip N (default 16)\n"
+            "  --read-timeout S         close a connection idle this long (default 30)\n"
+            "  --allowed-host NAME      extra Host header value accepted on a loopback bind\n"
+            "  --grace S                on SIGTERM, wait this long for requests in flight (default 30)\n"
+            "  --engine PATH            engine binary (default: this cairn)\n"
+            "  --allow-insecure-bind    allow a non-loopback bind without --api-key\n"
+            "  --numerics M, --threads N, --ckpt-mb N, --kv-dir DIR, --kv-share 0|1\n"
+            "                           passed through to the engine\n");
+}
+
+static int is_loopback(const char *host) {
+    return !strcmp(host, "localhost") || !strncmp(host, "127.", 4) || !strcmp(host, "::1");
+}
+
+static int parse_flags(int argc, char **argv, serve_opts *o) {
+    static const char *const passthrough[] = {"--numerics", "--threads", "--ckpt-mb", "--kv-dir", "--kv-share"};
+    *o = (serve_opts){.host = "127.0.0.1", .port = 8080, .slots = 2, .max_tokens = 1024, .max_queue = 8,
+                      .max_conn = 64, .max_conn_ip = 16, .read_timeout = 30, .max_header = 32768,
+                      .max_body = 4 << 20, .queue_timeout = 300, .keepalive = 10, .grace = 30};
+    o->api_key = getenv("CAIRN_API_KEY");
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int rc = 0;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); exit(0); }
+        else if (!strcmp(a, "--allow-insecure-bind")) { o->allow_insecure = 1; continue; }
+        if (!v) { fprintf(stderr, "cairn serve: %s needs a value\n", a); return -1; }
+        i++;
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->model_dir = v;
+        else if (!strcmp(a, "--host")) o->host = v;
+        else if (!strcmp(a, "--api-key")) o->api_key = v;
+        else if (!strcmp(a, "--model-id")) o->model_id = v;
+        else if (!strcmp(a, "--engine")) o->engine_exe = v;
+        else if (!strcmp(a, "--port")) rc = cli_int("serve", a, v, 0, 65535, &o->port);
+        else if (!strcmp(a, "--slots")) rc = cli_int("serve", a, v, 1, 64, &o->slots);
+        else if (!strcmp(a, "--ctx")) rc = cli_int("serve", a, v, 16, 1 << 24, &o->ctx);
+        else if (!strcmp(a, "--max-tokens")) rc = cli_int("serve", a, v, 1, 1 << 24, &o->max_tokens);
+        else if (!strcmp(a, "--max-queue")) rc = cli_int("serve", a, v, 0, 100000, &o->max_queue);
+        else if (!strcmp(a, "--max-body")) rc = cli_int("serve", a, v, 1024, 1L << 30, &o->max_body);
+        else if (!strcmp(a, "--max-header")) rc = cli_int("serve", a, v, 4096, 1 << 24, &o->max_header);
+        else if (!strcmp(a, "--max-connections")) rc = cli_int("serve", a, v, 1, 100000, &o->max_conn);
+        else if (!strcmp(a, "--max-connections-per-ip")) rc = cli_int("serve", a, v, 1, 100000, &o->max_conn_ip);
+        else if (!strcmp(a, "--read-timeout")) rc = cli_int("serve", a, v, 1, 86400, &o->read_timeout);
+        else if (!strcmp(a, "--queue-timeout")) rc = cli_float("serve", a, v, &o->queue_timeout);
+        else if (!strcmp(a, "--keepalive")) rc = cli_float("serve", a, v, &o->keepalive);
+        else if (!strcmp(a, "--grace")) rc = cli_float("serve", a, v, &o->grace);
+        else if (!strcmp(a, "--allowed-host")) {
+            if (o->n_allowed == MAX_ALLOWED_HOSTS) { fprintf(stderr, "cairn serve: too many --allowed-host\n"); return -1; }
+            o->allowed_hosts[o->n_allowed++] = v;
+        } else {
+            size_t k = 0;
+            while (k < sizeof passthrough / sizeof passthrough[0] && strcmp(a, passthrough[k])) k++;
+            if (k == sizeof passthrough / sizeof passthrough[0]) {
+                fprintf(stderr, "cairn serve: unknown option %s (see cairn serve --help)\n", a);
+                return -1;
+            }
+            if (o->n_engine_args + 2 > MAX_ENGINE_ARGS) return -1;
+            o->engine_args[o->n_engine_args++] = (char *)a;
+            o->engine_args[o->n_engine_args++] = (char *)v;
+        }
+        if (rc) return -1;
+    }
+    if (!o->model_dir) { fprintf(stderr, "cairn serve: -m DIR is required\n"); usage(stderr); return -1; }
+    if (o->queue_timeout <= 0 || o->keepalive <= 0 || o->grace < 0) {
+        fprintf(stderr, "cairn serve: --queue-timeout and --keepalive must be > 0, --grace >= 0\n");
+        return -1;
+    }
+    o->loopback = is_loopback(o->host);
+    if (!o->loopback && !o->api_key && !o->allow_insecure) {
+        fprintf(stderr, "cairn serve: refusing to listen on %s without --api-key (pass --allow-insecure-bind to override)\n",
+                o->host);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- request checks ------------------------------------------------------------------------ */
+
+/* Constant-time string equality, so a wrong key's timing says nothing about the right one. */
+static int secret_equal(const char *a, const char *b) {
+    size_t na = strlen(a), nb = strlen(b);
+    unsigned char diff = na != nb;
+    for (size_t i = 0; i < na; i++) diff |= (unsigned char)(a[i] ^ b[i % (nb ? nb : 1)]);
+    return diff == 0;
+}
+
+static int authorized(const serve_opts *o, struct MHD_Connection *c) {
+    if (!o->api_key) return 1;
+    const char *auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    const char *xkey = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key");
+    if (auth && !strncasecmp(auth, "Bearer ", 7) && secret_equal(auth + 7, o->api_key)) return 1;
+    return xkey && secret_equal(xkey, o->api_key);
+}
+
+/* DNS-rebinding guard: on a loopback bind a browser page from elsewhere must not reach us, so
+ * the Host header has to name this machine (or an --allowed-host). */
+static int host_allowed(const serve_opts *o, struct MHD_Connection *c) {
+    if (!o->loopback) return 1;
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Host");
+    if (!h) return 1;                      /* HTTP/1.0 without Host: nothing to check */
+    char name[256];
+    size_t n = 0;
+    if (h[0] == '[') {
+        const char *end = strchr(h, ']');
+        if (!end || (size_t)(end - h) >= sizeof name) return 0;
+        n = (size_t)(end - h - 1);
+        memcpy(name, h + 1, n);
+    } else {
+        while (h[n] && h[n] != ':' && n + 1 < sizeof name) { name[n] = (char)tolower((unsigned char)h[n]); n++; }
+    }
+    name[n] = 0;
+    if (is_loopback(name)) return 1;
+    for (int i = 0; i < o->n_allowed; i++)
+        if (!strcasecmp(name, o->allowed_hosts[i]) || !strcmp(o->allowed_hosts[i], "*")) return 1;
+    return 0;
+}
+
+static api_flavor flavor_of(const char *path) {
+    return !strcmp(path, "/v1/messages") ? API_ANTHROPIC : API_OPENAI;
+}
+
+static enum MHD_Result reject(struct MHD_Connection *c, req_ctx *rc, int status, const char *type, const char *code,
+                              const char *msg) {
+    http_err e;
+    http_err_set(&e, status, type, code, NULL, "%s", msg);
+    rc->ri->status = status;
+    return http_send_error(c, flavor_of(rc->path), &e);
+}
+
+/* ---- endpoints ----------------------------------------------------------------------------- */
+
+static enum MHD_Result health(server *s, struct MHD_Connection *c, req_ctx *rc) {
+    slots_stats st;
+    slots_get_stats(s->sc.sl, &st);
+    int up = eng_ready(s->sc.engine);
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddStringToObject(r, "status", up ? "ok" : "starting");
+    cJSON_AddStringToObject(r, "model", s->sc.model_id);
+    cJSON *e = cJSON_AddObjectToObject(r, "engine");
+    cJSON_AddBoolToObject(e, "up", up);
+    cJSON_AddNumberToObject(e, "pid", (double)eng_pid(s->sc.engine));
+    cJSON_AddNumberToObject(e, "restarts", eng_restarts(s->sc.engine));
+    cJSON *sl = cJSON_AddObjectToObject(r, "slots");
+    cJSON_AddNumberToObject(sl, "total", st.n);
+    cJSON_AddNumberToObject(sl, "busy", st.busy);
+    cJSON_AddNumberToObject(sl, "waiting", st.waiting);
+    cJSON_AddNumberToObject(sl, "max_queue", st.max_queue);
+    cJSON_AddNumberToObject(sl, "admitted", (double)st.admitted);
+    cJSON_AddNumberToObject(sl, "rejected", (double)st.rejected);
+    cJSON *rec = cJSON_AddArrayToObject(sl, "record_bytes");
+    for (int i = 0; i < st.n; i++) cJSON_AddItemToArray(rec, cJSON_CreateNumber((double)slots_record_len(s->sc.sl, i)));
+    rc->ri->status = up ? 200 : 503;
+    return http_send_json(c, rc->ri->status, r);
+}
+
+static enum MHD_Result metrics_page(server *s, struct MHD_Connection *c, req_ctx *rc) {
+    slots_stats st;
+    slots_get_stats(s->sc.sl, &st);
+    sbuf b = {0};
+    metrics_render(s->sc.mx, &b, st.busy, st.n, st.waiting, st.rejected + st.timed_out, eng_ready(s->sc.engine),
+                   eng_restarts(s->sc.engine));
+    rc->ri->status = 200;
+    enum MHD_Result r = http_send_text(c, 200, "text/plain; version=0.0.4", b.p ? b.p : "");
+    sbuf_free(&b);
+    return r;
+}
+
+static enum MHD_Result generate(server *s, struct MHD_Connection *c, req_ctx *rc) {
+    if (rc->too_large) return reject(c, rc, 413, "invalid_request_error", "body_too_large", "request body too large");
+    if (!rc->body.len) return reject(c, rc, 400, "invalid_request_error", "invalid_json", "request body is empty");
+    const char *end = NULL;
+    cJSON *body = cJSON_ParseWithLengthOpts(rc->body.p, rc->body.len, &end, 0);
+    if (!body) {
+        char msg[96];
+        snprintf(msg, sizeof msg, "request body is not valid JSON (error near byte %zu)",
+                 end ? (size_t)(end - rc->body.p) : 0);
+        return reject(c, rc, 400, "invalid_request_error", "invalid_json", msg);
+    }
+    enum MHD_Result r;
+    if (!strcmp(rc->path, "/v1/chat/completions")) r = openai_chat(&s->sc, c, body, rc->ri);
+    else if (!strcmp(rc->path, "/v1/completions")) r = openai_completions(&s->sc, c, body, rc->ri);
+    else r = anthropic_messages(&s->sc, c, body, rc->ri);
+    cJSON_Delete(body);
+    return r;
+}
+
+static const char *const post_paths[] = {"/v1/chat/completions", "/v1/completions", "/v1/messages"};
+
+static enum MHD_Result route(server *s, struct MHD_Connection *c, req_ctx *rc) {
+    int get = !strcmp(rc->method, "GET"), post = !strcmp(rc->method, "POST");
+    for (size_t i = 0; i < sizeof post_paths / sizeof post_paths[0]; i++)
+        if (!strcmp(rc->path, post_paths[i]))
+            return post ? generate(s, c, rc) : reject(c, rc, 405, "invalid_request_error", "method_not_allowed", "use POST");
+    if (!strcmp(rc->path, "/health") && get) return health(s, c, rc);
+    if (!strcmp(rc->path, "/metrics") && get) return metrics_page(s, c, rc);
+    if (!strcmp(rc->path, "/v1/models") && get) {
+        rc->ri->status = 200;
+        return openai_models(&s->sc, c, NULL);
+    }
+    if (!strncmp(rc->path, "/v1/models/", 11) && get) {
+        enum MHD_Result r = openai_models(&s->sc, c, rc->path + 11);
+        rc->ri->status = strcmp(rc->path + 11, s->sc.model_id) ? 404 : 200;
+        return r;
+    }
+    return reject(c, rc, 404, "invalid_request_error", "not_found", "no such endpoint");
+}
+
+static const char *endpoint_label(const char *path) {
+    static const char *const known[] = {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/models",
+                                        "/health", "/metrics"};
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
+        if (!strncmp(path, known[i], strlen(known[i]))) return known[i];
+    return "other";
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                  const char *version, const char *upload, size_t *upload_size, void **con_cls) {
+    server *s = cls;
+    req_ctx *rc = *con_cls;
+    if (!rc) {
+        rc = xcalloc(1, sizeof *rc);
+        rc->ri = req_info_new(now_seconds());
+        snprintf(rc->method, sizeof rc->method, "%s", method);
+        snprintf(rc->path, sizeof rc->path, "%s", url);
+        rc->endpoint = endpoint_label(rc->path);
+        *con_cls = rc;
+        /* Checks that need no body are answered before reading it. */
+        if (!host_allowed(s->o, c))
+            return reject(c, rc, 403, "invalid_request_error", "host_not_allowed", "Host header not allowed");
+        if (strcmp(rc->path, "/health") && !authorized(s->o, c))
+            return reject(c, rc, 401, "invalid_request_error", "invalid_api_key", "missing or invalid API key");
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+        if (cl && strtoull(cl, NULL, 10) > (unsigned long long)s->o->max_body)
+            return reject(c, rc, 413, "invalid_request_error", "body_too_large", "request body too large");
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        if (rc->body.len + *upload_size > (size_t)s->o->max_body) rc->too_large = 1;
+        else sbuf_put(&rc->body, upload, *upload_size);
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    return route(s, c, rc);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode why) {
+    server *s = cls;
+    req_ctx *rc = *con_cls;
+    if (!rc) return;
+    req_info *ri = rc->ri;
+    int status = ri->status ? ri->status : 499;
+    if (why != MHD_REQUEST_TERMINATED_COMPLETED_OK && status == 200) status = 499;   /* client left mid-reply */
+    fprintf(stderr, "cairn serve: %s %s %d %.1fms prompt=%d cached=%d completion=%d slot=%d\n", rc->method, rc->path,
+            status, (now_seconds() - ri->t0) * 1e3, ri->prompt_tokens, ri->cached_tokens, ri->completion_tokens,
+            ri->slot);
+    metrics_request(s->sc.mx, rc->endpoint, status);
+    req_info_unref(ri);
+    sbuf_free(&rc->body);
+    free(rc);
+    *con_cls = NULL;
+}
+
+/* ---- start-up and shutdown ----------------------------------------------------------------- */
+
+static int bind_address(const char *host, long port, struct sockaddr_storage *ss, char *err, size_t errlen) {
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV}, *res;
+    char ps[8];
+    snprintf(ps, sizeof ps, "%ld", port);
+    int rc = getaddrinfo(host, ps, &hints, &res);
+    if (rc) return errf(err, errlen, "cannot resolve --host %s: %s", host, gai_strerror(rc));
+    memcpy(ss, res->ai_addr, res->ai_addrlen);
+    freeaddrinfo(res);
+    return 0;
+}
+
+static char *model_type_of(const char *dir, char *err, size_t errlen) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    char *text = read_file(path, NULL, err, errlen);
+    if (!text) return NULL;
+    cJSON *cfg = cJSON_Parse(text);
+    free(text);
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(cfg, "model_type");
+    char *r = cJSON_IsString(mt) ? xstrdup(mt->valuestring) : NULL;
+    if (!r) errf(err, errlen, "%s: %s", path, cfg ? "no string model_type" : "not valid JSON");
+    cJSON_Delete(cfg);
+    return r;
+}
+
+static void forget_records(void *user) { slots_forget_all(user); }
+
+static char **engine_argv(const serve_opts *o, const char *exe) {
+    char **argv = xcalloc(12 + (size_t)o->n_engine_args, sizeof *argv);
+    int n = 0;
+    char num[32];
+    argv[n++] = xstrdup(exe);
+    argv[n++] = xstrdup("engine");
+    argv[n++] = xstrdup("-m");
+    argv[n++] = xstrdup(o->model_dir);
+    argv[n++] = xstrdup("--slots");
+    snprintf(num, sizeof num, "%ld", o->slots);
+    argv[n++] = xstrdup(num);
+    if (o->ctx) {
+        argv[n++] = xstrdup("--ctx");
+        snprintf(num, sizeof num, "%ld", o->ctx);
+        argv[n++] = xstrdup(num);
+    }
+    for (int i = 0; i < o->n_engine_args; i++) argv[n++] = xstrdup(o->engine_args[i]);
+    return argv;
+}
+
+static void free_argv(char **argv) {
+    for (char **a = argv; *a; a++) free(*a);
+    free(argv);
+}
+
+/* Wait (up to grace seconds) until no slot is busy and nobody waits for one. */
+static void drain(server *s, double grace) {
+    double deadline = now_seconds() + grace;
+    for (;;) {
+        slots_stats st;
+        slots_get_stats(s->sc.sl, &st);
+        if ((st.busy == 0 && st.waiting == 0) || now_seconds() >= deadline) return;
+        usleep(50 * 1000);
+    }
+}
+
+static struct MHD_Daemon *start_http(server *s, char *err, size_t errlen) {
+    struct sockaddr_storage ss;
+    if (bind_address(s->o->host, s->o->port, &ss, err, errlen)) return NULL;
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC;
+    if (ss.ss_family == AF_INET6) flags |= MHD_USE_IPv6;
+    struct MHD_Daemon *d = MHD_start_daemon(
+        flags, (uint16_t)s->o->port, NULL, NULL, on_request, s,
+        MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->o->max_conn,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)s->o->max_conn_ip,
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->o->read_timeout,
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)s->o->max_header,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+        MHD_OPTION_END);
+    if (!d) errf(err, errlen, "cannot listen on %s:%ld (in use, or not an address of this machine)", s->o->host, s->o->port);
+    return d;
+}
+
+int cmd_serve(int argc, char **argv) {
+    serve_opts o;
+    if (parse_flags(argc, argv, &o)) return 2;
+    char err[512];
+    char *model_type = model_type_of(o.model_dir, err, sizeof err);
+    if (!model_type) { fprintf(stderr, "cairn serve: %s\n", err); return 1; }
+    char *dir_copy = xstrdup(o.model_dir);
+    server s = {.o = &o};
+    serve_ctx *sc = &s.sc;
+    sc->model_id = o.model_id ? o.model_id : basename(dir_copy);
+    sc->model_type = model_type;
+    sc->tpl = chat_find(model_type);
+    sc->nslots = (int)o.slots;
+    sc->max_tokens = (int)o.max_tokens;
+    sc->queue_timeout = o.queue_timeout;
+    sc->keepalive = o.keepalive;
+    char tok_path[4096];
+    snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", o.model_dir);
+    sc->tok = access(tok_path, R_OK) == 0 ? tok_load(tok_path, err, sizeof err) : NULL;
+    if (!sc->tpl) fprintf(stderr, "cairn serve: model type %s has no chat template: only /v1/completions works\n", model_type);
+
+    /* Signals are taken by sigwait below; every thread inherits the blocked mask. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    sc->sl = slots_new(sc->nslots, (int)o.max_queue);
+    sc->mx = metrics_new();
+    struct MHD_Daemon *d = start_http(&s, err, sizeof err);
+    if (!d) { fprintf(stderr, "cairn serve: %s\n", err); return 1; }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
+    fprintf(stderr, "cairn serve: listening on http://%s:%u (model %s, %ld slots)\n", o.host,
+            di ? di->port : (unsigned)o.port, sc->model_id, o.slots);
+
+    char **eargv = engine_argv(&o, o.engine_exe ? o.engine_exe : "/proc/self/exe");
+    eng_config ec = {.exe = eargv[0], .argv = eargv, .ready_timeout = 600, .on_restart = forget_records, .user = sc->sl};
+    sc->engine = eng_start(&ec, err, sizeof err);
+    if (!sc->engine) { fprintf(stderr, "cairn serve: %s\n", err); MHD_stop_daemon(d); return 1; }
+
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    fprintf(stderr, "cairn serve: %s: finishing requests in flight, then stopping\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    MHD_socket lsock = MHD_quiesce_daemon(d);
+    if (lsock != MHD_INVALID_SOCKET) close(lsock);
+    drain(&s, o.grace);
+    slots_close(sc->sl);
+    eng_stop(sc->engine, 5.0);
+    MHD_stop_daemon(d);
+    fprintf(stderr, "cairn serve: stopped\n");
+    free_argv(eargv);
+    slots_free(sc->sl);
+    metrics_free(sc->mx);
+    if (sc->tok) tok_free(sc->tok);
+    free(model_type);
+    free(dir_copy);
+    return 0;
+}

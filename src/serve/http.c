@@ -1,0 +1,170 @@
+#include "http.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "../core/util.h"
+
+void sbuf_put(sbuf *b, const char *s, size_t n) {
+    if (b->len + n + 1 > b->cap) {
+        b->cap = MAX(b->cap * 2, b->len + n + 256);
+        b->p = xrealloc(b->p, b->cap);
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = 0;
+}
+
+void sbuf_puts(sbuf *b, const char *s) { sbuf_put(b, s, strlen(s)); }
+
+void sbuf_printf(sbuf *b, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (n <= 0) return;
+    if (b->len + (size_t)n + 1 > b->cap) {
+        b->cap = MAX(b->cap * 2, b->len + (size_t)n + 256);
+        b->p = xrealloc(b->p, b->cap);
+    }
+    va_start(ap, fmt);
+    vsnprintf(b->p + b->len, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    b->len += (size_t)n;
+}
+
+void sbuf_free(sbuf *b) {
+    free(b->p);
+    memset(b, 0, sizeof *b);
+}
+
+int http_err_set(http_err *e, int status, const char *type, const char *code, const char *param,
+                 const char *fmt, ...) {
+    e->status = status;
+    e->type = type;
+    e->code = code;
+    e->param = param;
+    e->retry_after = 0;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+char *http_err_body(const http_err *e, api_flavor f) {
+    cJSON *root = cJSON_CreateObject(), *err = cJSON_CreateObject();
+    if (f == API_ANTHROPIC) {
+        /* Anthropic names error types by HTTP meaning rather than by OpenAI's categories. */
+        const char *type = e->status == 401 ? "authentication_error" : e->status == 403 ? "permission_error"
+                         : e->status == 404 ? "not_found_error" : e->status == 413 ? "request_too_large"
+                         : e->status == 429 ? "rate_limit_error" : e->status == 503 ? "overloaded_error"
+                         : e->status >= 500 ? "api_error" : "invalid_request_error";
+        cJSON_AddStringToObject(root, "type", "error");
+        cJSON_AddStringToObject(err, "type", type);
+        cJSON_AddStringToObject(err, "message", e->message);
+    } else {
+        cJSON_AddStringToObject(err, "message", e->message);
+        cJSON_AddStringToObject(err, "type", e->type ? e->type : "invalid_request_error");
+        if (e->param) cJSON_AddStringToObject(err, "param", e->param);
+        else cJSON_AddNullToObject(err, "param");
+        if (e->code) cJSON_AddStringToObject(err, "code", e->code);
+        else cJSON_AddNullToObject(err, "code");
+    }
+    cJSON_AddItemToObject(root, "error", err);
+    char *s = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    return s;
+}
+
+static enum MHD_Result send_owned(struct MHD_Connection *c, int status, const char *ctype, char *body,
+                                  int retry_after) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+    if (!r) { free(body); return MHD_NO; }
+    MHD_add_response_header(r, "Content-Type", ctype);
+    if (retry_after > 0) {
+        char v[16];
+        snprintf(v, sizeof v, "%d", retry_after);
+        MHD_add_response_header(r, "Retry-After", v);
+    }
+    enum MHD_Result ok = MHD_queue_response(c, (unsigned)status, r);
+    MHD_destroy_response(r);
+    return ok;
+}
+
+enum MHD_Result http_send_json(struct MHD_Connection *c, int status, cJSON *body) {
+    char *s = cJSON_PrintUnformatted(body);
+    cJSON_Delete(body);
+    if (!s) return MHD_NO;
+    return send_owned(c, status, "application/json", s, 0);
+}
+
+enum MHD_Result http_send_text(struct MHD_Connection *c, int status, const char *ctype, const char *text) {
+    return send_owned(c, status, ctype, xstrdup(text), 0);
+}
+
+enum MHD_Result http_send_error(struct MHD_Connection *c, api_flavor f, const http_err *e) {
+    return send_owned(c, e->status, "application/json", http_err_body(e, f), e->retry_after);
+}
+
+int http_client_gone(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci) return 0;
+    char byte;
+    ssize_t n = recv(ci->connect_fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n == 0) return 1;
+    return n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
+}
+
+typedef struct {
+    stream_pump_fn pump;
+    stream_done_fn done;
+    void *ctx;
+    sbuf out;
+    int finished;                 /* pump returned END or ABORT */
+    int aborted;
+} stream;
+
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    stream *s = cls;
+    while (s->out.off == s->out.len) {
+        if (s->finished) return s->aborted ? MHD_CONTENT_READER_END_WITH_ERROR : MHD_CONTENT_READER_END_OF_STREAM;
+        s->out.len = s->out.off = 0;
+        int rc = s->pump(s->ctx, &s->out);
+        if (rc != STREAM_MORE) {
+            s->finished = 1;
+            s->aborted = rc == STREAM_ABORT;
+        }
+    }
+    size_t n = MIN(max, s->out.len - s->out.off);
+    memcpy(buf, s->out.p + s->out.off, n);
+    s->out.off += n;
+    return (ssize_t)n;
+}
+
+static void stream_free(void *cls) {
+    stream *s = cls;
+    s->done(s->ctx);
+    sbuf_free(&s->out);
+    free(s);
+}
+
+enum MHD_Result http_send_stream(struct MHD_Connection *c, stream_pump_fn pump, stream_done_fn done, void *ctx) {
+    stream *s = xcalloc(1, sizeof *s);
+    s->pump = pump;
+    s->done = done;
+    s->ctx = ctx;
+    struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, s, stream_free);
+    if (!r) { stream_free(s); return MHD_NO; }
+    MHD_add_response_header(r, "Content-Type", "text/event-stream");
+    MHD_add_response_header(r, "Cache-Control", "no-cache");
+    MHD_add_response_header(r, "X-Accel-Buffering", "no");
+    MHD_add_response_header(r, "Connection", "close");
+    enum MHD_Result ok = MHD_queue_response(c, MHD_HTTP_OK, r);
+    MHD_destroy_response(r);
+    return ok;
+}

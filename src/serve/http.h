@@ -1,0 +1,64 @@
+/* http.h — the small layer between libmicrohttpd and the API modules: byte buffers, JSON and
+ * error replies in the OpenAI and Anthropic shapes, server-sent-event streams, and noticing a
+ * client that went away.
+ *
+ * The daemon runs one thread per connection, so a handler may block while a generation runs
+ * and a stream's pump may block waiting for the next tokens.
+ *
+ * INVARIANTS
+ *  - Every error a client sees has the JSON envelope of the API it called:
+ *    OpenAI {"error":{message,type,param,code}}, Anthropic {"type":"error","error":{type,message}}.
+ *  - A stream's pump runs only in its connection's thread; once it returns end or abort it is
+ *    never called again, and the stream's cleanup runs exactly once.
+ */
+#ifndef CAIRN_HTTP_H
+#define CAIRN_HTTP_H
+
+#include <cjson/cJSON.h>
+#include <microhttpd.h>
+#include <stddef.h>
+
+typedef struct {
+    char *p;
+    size_t len, cap, off;         /* off: bytes already handed out */
+} sbuf;
+
+void sbuf_put(sbuf *b, const char *s, size_t n);
+void sbuf_puts(sbuf *b, const char *s);
+void sbuf_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void sbuf_free(sbuf *b);
+
+typedef enum { API_OPENAI, API_ANTHROPIC } api_flavor;
+
+/* An error to answer with. status 0 = no error. */
+typedef struct {
+    int status;
+    const char *type;             /* e.g. invalid_request_error */
+    const char *code;             /* e.g. model_not_found; NULL = none */
+    const char *param;            /* the offending field; NULL = none */
+    char message[384];
+    int retry_after;              /* seconds for a Retry-After header; 0 = none */
+} http_err;
+
+int http_err_set(http_err *e, int status, const char *type, const char *code, const char *param,
+                 const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+/* The JSON error body for e in the given flavour (heap string). */
+char *http_err_body(const http_err *e, api_flavor f);
+
+/* Queue a reply. The JSON is printed unformatted and deleted. Returns an MHD_Result. */
+enum MHD_Result http_send_json(struct MHD_Connection *c, int status, cJSON *body);
+enum MHD_Result http_send_text(struct MHD_Connection *c, int status, const char *ctype, const char *text);
+enum MHD_Result http_send_error(struct MHD_Connection *c, api_flavor f, const http_err *e);
+
+/* 1 if the peer closed its side (a zero-byte peek) or the socket failed. */
+int http_client_gone(struct MHD_Connection *c);
+
+/* A streamed reply. pump appends bytes to out and returns STREAM_MORE, STREAM_END (out holds
+ * the last bytes) or STREAM_ABORT (close the connection without a clean end). done runs once
+ * after the last pump call or when the client went away. */
+enum { STREAM_MORE = 0, STREAM_END = 1, STREAM_ABORT = -1 };
+typedef int (*stream_pump_fn)(void *ctx, sbuf *out);
+typedef void (*stream_done_fn)(void *ctx);
+enum MHD_Result http_send_stream(struct MHD_Connection *c, stream_pump_fn pump, stream_done_fn done, void *ctx);
+
+#endif

@@ -1,0 +1,638 @@
+#include "openai.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../core/util.h"
+#include "params.h"
+#include "sse.h"
+
+/* One OpenAI request in flight; owned by the handler, or by the stream once streaming. */
+typedef struct {
+    serve_ctx *sc;
+    int chat;                     /* chat.completion vs text_completion */
+    int stream, include_usage;
+    int top_n;                    /* completions: alternatives per token in logprobs */
+    turn_req rq;
+    turn t;
+    req_info *ri;
+    char id[48];
+    long created;
+    sse_sent sent;
+    double last_write;
+    int role_sent;
+} oa_call;
+
+/* ---- request validation -------------------------------------------------------------------- */
+
+static int is_role(const char *r) {
+    static const char *const roles[] = {"system", "developer", "user", "assistant", "tool"};
+    for (size_t i = 0; i < sizeof roles / sizeof roles[0]; i++)
+        if (!strcmp(r, roles[i])) return 1;
+    return 0;
+}
+
+/* A message content (string, null, or a list of text parts) as one string. */
+static char *content_text(const cJSON *c, int index, http_err *e) {
+    if (!c || cJSON_IsNull(c)) return xstrdup("");
+    if (cJSON_IsString(c)) return xstrdup(c->valuestring);
+    if (!cJSON_IsArray(c)) {
+        http_err_set(e, 400, "invalid_request_error", "invalid_value", "messages",
+                     "messages[%d].content must be a string or a list of content parts", index);
+        return NULL;
+    }
+    sbuf b = {0};
+    sbuf_puts(&b, "");
+    const cJSON *part;
+    cJSON_ArrayForEach(part, c) {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
+        const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
+        if (cJSON_IsString(type) && (!strcmp(type->valuestring, "text") || !strcmp(type->valuestring, "input_text")) &&
+            cJSON_IsString(text)) {
+            sbuf_puts(&b, text->valuestring);
+            continue;
+        }
+        sbuf_free(&b);
+        http_err_set(e, 400, "invalid_request_error", "invalid_value", "messages",
+                     "messages[%d].content: only text parts are supported by this model", index);
+        return NULL;
+    }
+    return b.p;
+}
+
+static int check_tool_calls(const cJSON *calls, int index, http_err *e) {
+    if (!cJSON_IsArray(calls)) goto bad;
+    const cJSON *tc;
+    cJSON_ArrayForEach(tc, calls) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(tc, "function");
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
+        const cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
+        if (!cJSON_IsObject(fn) || !cJSON_IsString(name) || (args && !cJSON_IsString(args))) goto bad;
+    }
+    return 0;
+bad:
+    return http_err_set(e, 400, "invalid_request_error", "invalid_value", "messages",
+                        "messages[%d].tool_calls must be a list of {id, type, function:{name, arguments}}", index);
+}
+
+cJSON *openai_normalize_messages(const cJSON *messages, http_err *e) {
+    if (!cJSON_IsArray(messages) || cJSON_GetArraySize(messages) == 0) {
+        http_err_set(e, 400, "invalid_request_error", "invalid_value", "messages", "'messages' must be a non-empty list");
+        return NULL;
+    }
+    cJSON *out = cJSON_CreateArray();
+    int i = 0;
+    const cJSON *m;
+    cJSON_ArrayForEach(m, messages) {
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+        if (!cJSON_IsObject(m) || !cJSON_IsString(role) || !is_role(role->valuestring)) {
+            http_err_set(e, 400, "invalid_request_error", "invalid_value", "messages",
+                         "messages[%d] needs a role of system, developer, user, assistant or tool", i);
+            goto fail;
+        }
+        char *text = content_text(cJSON_GetObjectItemCaseSensitive(m, "content"), i, e);
+        if (!text) goto fail;
+        cJSON *n = cJSON_CreateObject();
+        cJSON_AddStringToObject(n, "role", role->valuestring);
+        cJSON_AddStringToObject(n, "content", text);
+        free(text);
+        cJSON_AddItemToArray(out, n);
+        const char *copy_str[] = {"reasoning_content", "tool_call_id", "name"};
+        for (size_t k = 0; k < sizeof copy_str / sizeof copy_str[0]; k++) {
+            const cJSON *v = cJSON_GetObjectItemCaseSensitive(m, copy_str[k]);
+            if (!v || cJSON_IsNull(v)) continue;
+            if (!cJSON_IsString(v)) {
+                http_err_set(e, 400, "invalid_request_error", "invalid_value", "messages",
+                             "messages[%d].%s must be a string", i, copy_str[k]);
+                goto fail;
+            }
+            cJSON_AddStringToObject(n, copy_str[k], v->valuestring);
+        }
+        const cJSON *calls = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
+        if (calls && !cJSON_IsNull(calls)) {
+            if (check_tool_calls(calls, i, e)) goto fail;
+            if (cJSON_GetArraySize(calls)) cJSON_AddItemToObject(n, "tool_calls", cJSON_Duplicate(calls, 1));
+        }
+        i++;
+    }
+    return out;
+fail:
+    cJSON_Delete(out);
+    return NULL;
+}
+
+int openai_render(serve_ctx *sc, const cJSON *messages, const cJSON *tools, const chat_opts *o, turn_req *rq,
+                  http_err *e) {
+    if (!sc->tpl)
+        return http_err_set(e, 400, "invalid_request_error", "unsupported_model", NULL,
+                            "model type '%s' has no chat template; use /v1/completions", sc->model_type);
+    char err[256] = "";
+    char *prompt = sc->tpl->render(messages, tools, o, err, sizeof err);
+    if (!prompt)
+        return http_err_set(e, 400, "invalid_request_error", "invalid_value", "messages", "cannot render the chat: %s", err);
+    rq->prompt = prompt;
+    rq->prompt_len = strlen(prompt);
+    rq->prefix_bytes = sc->tpl->system_prefix_bytes ? sc->tpl->system_prefix_bytes(prompt, rq->prompt_len) : 0;
+    rq->chat = 1;
+    rq->thinking = o->thinking;
+    return 0;
+}
+
+static int check_tools(const cJSON *tools, http_err *e) {
+    if (!cJSON_IsArray(tools)) goto bad;
+    const cJSON *t;
+    cJSON_ArrayForEach(t, tools) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
+        if (!cJSON_IsObject(fn) || !cJSON_IsString(name) || !*name->valuestring) goto bad;
+    }
+    return 0;
+bad:
+    return http_err_set(e, 400, "invalid_request_error", "invalid_value", "tools",
+                        "'tools' must be a list of {type:'function', function:{name, description, parameters}}");
+}
+
+static int tool_declared(const cJSON *tools, const char *name) {
+    const cJSON *t;
+    cJSON_ArrayForEach(t, tools) {
+        const cJSON *n = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(t, "function"), "name");
+        if (cJSON_IsString(n) && !strcmp(n->valuestring, name)) return 1;
+    }
+    return 0;
+}
+
+/* tool_choice: "auto" | "none" | "required" | {type:"function", function:{name}} (declared). */
+static int parse_tool_choice(const cJSON *body, const cJSON *tools, chat_opts *o, http_err *e) {
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(body, "tool_choice");
+    if (!tc || cJSON_IsNull(tc)) return 0;
+    if (cJSON_IsString(tc) && (!strcmp(tc->valuestring, "auto") || !strcmp(tc->valuestring, "none") ||
+                               !strcmp(tc->valuestring, "required"))) {
+        o->tool_choice = tc->valuestring;
+    } else {
+        const cJSON *n = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(tc, "function"), "name");
+        if (!cJSON_IsString(n))
+            return http_err_set(e, 400, "invalid_request_error", "invalid_value", "tool_choice",
+                                "'tool_choice' must be auto, none, required or {type:'function', function:{name}}");
+        o->tool_choice = n->valuestring;
+    }
+    int needs_tools = strcmp(o->tool_choice, "auto") && strcmp(o->tool_choice, "none");
+    if (needs_tools && !tools)
+        return http_err_set(e, 400, "invalid_request_error", "invalid_value", "tool_choice",
+                            "'tool_choice' %s needs 'tools'", o->tool_choice);
+    if (needs_tools && strcmp(o->tool_choice, "required") && !tool_declared(tools, o->tool_choice))
+        return http_err_set(e, 400, "invalid_request_error", "invalid_value", "tool_choice",
+                            "tool_choice names '%s', which is not in 'tools'", o->tool_choice);
+    return 0;
+}
+
+/* Thinking mode: reasoning_effort (anything but "none" turns it on), or the boolean extensions
+ * `thinking` / `enable_thinking`. Off by default. */
+static int parse_thinking(const cJSON *body, chat_opts *o, http_err *e) {
+    const char *effort = NULL;
+    if (param_str(body, "reasoning_effort", &effort, e)) return -1;
+    if (effort) {
+        static const char *const ok[] = {"none", "minimal", "low", "medium", "high", "xhigh", "max"};
+        int known = 0;
+        for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) known |= !strcmp(effort, ok[i]);
+        if (!known)
+            return http_err_set(e, 400, "invalid_request_error", "invalid_value", "reasoning_effort",
+                                "'reasoning_effort' must be one of none, minimal, low, medium, high, xhigh, max");
+        o->thinking = strcmp(effort, "none") != 0;
+        o->effort = o->thinking ? effort : NULL;
+    }
+    if (param_bool(body, "thinking", &o->thinking, e)) return -1;
+    if (param_bool(body, "enable_thinking", &o->thinking, e)) return -1;
+    return 0;
+}
+
+static int parse_stream(const cJSON *body, oa_call *k, http_err *e) {
+    if (param_bool(body, "stream", &k->stream, e)) return -1;
+    const cJSON *so = cJSON_GetObjectItemCaseSensitive(body, "stream_options");
+    if (so && !cJSON_IsNull(so)) {
+        if (!cJSON_IsObject(so))
+            return http_err_set(e, 400, "invalid_request_error", "invalid_value", "stream_options", "'stream_options' must be an object");
+        if (param_bool(so, "include_usage", &k->include_usage, e)) return -1;
+    }
+    return 0;
+}
+
+/* Fields every OpenAI generation endpoint shares. */
+static int parse_common(serve_ctx *sc, const cJSON *body, oa_call *k, http_err *e) {
+    if (!cJSON_IsObject(body)) return http_err_set(e, 400, "invalid_request_error", "invalid_json", NULL, "the body must be a JSON object");
+    if (param_model(sc, body, e)) return -1;
+    long n;
+    int present;
+    if (param_int(body, "n", 1, 1, &n, &present, e)) return -1;
+    double pen;
+    if (param_num(body, "frequency_penalty", 0, 0, &pen, &present, e)) return -1;
+    if (param_num(body, "presence_penalty", 0, 0, &pen, &present, e)) return -1;
+    const char *user = NULL;
+    if (param_str(body, "user", &user, e)) return -1;
+    if (param_slot(sc, body, user, &k->rq, e)) return -1;
+    if (param_sampling(body, 2.0, &k->rq, e)) return -1;
+    if (param_stops(body, "stop", &k->rq, e)) return -1;
+    return parse_stream(body, k, e);
+}
+
+static int parse_chat(serve_ctx *sc, const cJSON *body, oa_call *k, http_err *e) {
+    static const char *const budget[] = {"max_completion_tokens", "max_tokens", NULL};
+    if (parse_common(sc, body, k, e) || param_max_tokens(sc, body, budget, 0, &k->rq, e)) return -1;
+    int logprobs = 0;
+    long top = 0;
+    if (param_bool(body, "logprobs", &logprobs, e)) return -1;
+    if (param_int(body, "top_logprobs", 0, 20, &top, NULL, e)) return -1;
+    if (top && !logprobs)
+        return http_err_set(e, 400, "invalid_request_error", "invalid_value", "top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    if (logprobs && k->stream)
+        return http_err_set(e, 400, "invalid_request_error", "invalid_value", "logprobs", "logprobs are not supported with stream");
+    k->rq.logprobs = logprobs;
+    k->rq.top_logprobs = (int)top;
+    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(body, "tools");
+    if (tools && cJSON_IsNull(tools)) tools = NULL;
+    if (tools && check_tools(tools, e)) return -1;
+    if (tools && cJSON_GetArraySize(tools) == 0) tools = NULL;
+    chat_opts o = {0};
+    if (parse_tool_choice(body, tools, &o, e) || parse_thinking(body, &o, e)) return -1;
+    cJSON *msgs = openai_normalize_messages(cJSON_GetObjectItemCaseSensitive(body, "messages"), e);
+    if (!msgs) return -1;
+    int rc = openai_render(sc, msgs, tools, &o, &k->rq, e);
+    cJSON_Delete(msgs);
+    return rc;
+}
+
+/* A completions prompt: a string, a list of token ids, or a one-element list of either. */
+static int parse_prompt(serve_ctx *sc, const cJSON *p, turn_req *rq, http_err *e) {
+    if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 &&
+        (cJSON_IsString(cJSON_GetArrayItem(p, 0)) || cJSON_IsArray(cJSON_GetArrayItem(p, 0))))
+        p = cJSON_GetArrayItem(p, 0);
+    if (cJSON_IsString(p)) {
+        if (!*p->valuestring) return http_err_set(e, 400, "invalid_request_error", "invalid_value", "prompt", "'prompt' is empty");
+        rq->prompt = xstrdup(p->valuestring);
+        rq->prompt_len = strlen(rq->prompt);
+        return 0;
+    }
+    if (!cJSON_IsArray(p) || cJSON_GetArraySize(p) == 0)
+        return http_err_set(e, 400, "invalid_request_error", "invalid_value", "prompt",
+                            "'prompt' must be a string or a non-empty list of token ids (one prompt per request)");
+    int vocab = sc->tok ? tok_vocab_size(sc->tok) : 1 << 30;
+    sbuf b = {0};
+    const cJSON *id;
+    cJSON_ArrayForEach(id, p) {
+        double d = id->valuedouble;
+        if (!cJSON_IsNumber(id) || d != (double)(long)d || d < 0 || d >= vocab) {
+            sbuf_free(&b);
+            return http_err_set(e, 400, "invalid_request_error", "invalid_value", "prompt",
+                                "'prompt' token ids must be integers in [0, %d)", vocab);
+        }
+        sbuf_printf(&b, "%s%ld", b.len ? " " : "", (long)d);
+    }
+    rq->prompt = b.p;
+    rq->prompt_len = b.len;
+    rq->prompt_is_ids = 1;
+    return 0;
+}
+
+static int parse_completion(serve_ctx *sc, const cJSON *body, oa_call *k, http_err *e) {
+    static const char *const budget[] = {"max_tokens", NULL};
+    if (parse_common(sc, body, k, e) || param_max_tokens(sc, body, budget, 0, &k->rq, e)) return -1;
+    int echo = 0;
+    if (param_bool(body, "echo", &echo, e)) return -1;
+    if (echo) return http_err_set(e, 400, "invalid_request_error", "invalid_value", "echo", "'echo' is not supported");
+    const char *suffix = NULL;
+    if (param_str(body, "suffix", &suffix, e)) return -1;
+    if (suffix && *suffix) return http_err_set(e, 400, "invalid_request_error", "invalid_value", "suffix", "'suffix' is not supported");
+    long best_of, lp = 0;
+    int has_lp = 0;
+    if (param_int(body, "best_of", 1, 1, &best_of, NULL, e)) return -1;
+    if (param_int(body, "logprobs", 0, ENG_TOPK_MAX, &lp, &has_lp, e)) return -1;
+    if (has_lp && k->stream)
+        return http_err_set(e, 400, "invalid_request_error", "invalid_value", "logprobs", "logprobs are not supported with stream");
+    k->rq.logprobs = has_lp;
+    k->rq.top_logprobs = (int)lp;
+    k->top_n = (int)lp;
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(body, "prompt");
+    if (!p) return http_err_set(e, 400, "invalid_request_error", "invalid_value", "prompt", "'prompt' is required");
+    return parse_prompt(sc, p, &k->rq, e);
+}
+
+/* ---- responses ----------------------------------------------------------------------------- */
+
+static cJSON *usage_json(const turn *t) {
+    cJSON *u = cJSON_CreateObject();
+    cJSON_AddNumberToObject(u, "prompt_tokens", t->prompt_tokens);
+    cJSON_AddNumberToObject(u, "completion_tokens", t->completion_tokens);
+    cJSON_AddNumberToObject(u, "total_tokens", t->prompt_tokens + t->completion_tokens);
+    cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
+    cJSON_AddNumberToObject(d, "cached_tokens", t->reused);
+    return u;
+}
+
+/* The DATA tokens that make up the visible text (a stop string cuts the tail). */
+static int visible_tokens(const turn *t) {
+    size_t cum = 0;
+    int n = 0;
+    while (n < t->g->ntoks && cum < t->out.len) cum += t->g->toks[n++].len;
+    return n;
+}
+
+static char *token_string(const turn *t, int i) {
+    const eng_token *k = &t->g->toks[i];
+    return utf8_clean(t->g->data + k->off, k->len, NULL);
+}
+
+static int by_logprob_desc(const void *a, const void *b) {
+    float x = ((const float *)a)[1], y = ((const float *)b)[1];
+    return (x < y) - (x > y);
+}
+
+/* The engine's top-k table is unsorted: sort (id, lp) pairs, best first. Returns the count. */
+static int sorted_top(const eng_token *k, float pairs[][2], int limit) {
+    for (int j = 0; j < k->k; j++) { pairs[j][0] = (float)k->top_ids[j]; pairs[j][1] = k->top_lps[j]; }
+    qsort(pairs, (size_t)k->k, sizeof pairs[0], by_logprob_desc);
+    return MIN(k->k, limit);
+}
+
+static cJSON *bytes_json(const char *s) {
+    cJSON *a = cJSON_CreateArray();
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) cJSON_AddItemToArray(a, cJSON_CreateNumber(*p));
+    return a;
+}
+
+static cJSON *chat_logprobs(const turn *t) {
+    cJSON *lp = cJSON_CreateObject(), *content = cJSON_AddArrayToObject(lp, "content");
+    int n = visible_tokens(t);
+    for (int i = 0; i < n; i++) {
+        const eng_token *k = &t->g->toks[i];
+        cJSON *e = cJSON_CreateObject();
+        char *s = token_string(t, i);
+        cJSON_AddStringToObject(e, "token", s);
+        cJSON_AddNumberToObject(e, "logprob", k->has_lp ? k->lp : 0);
+        cJSON_AddItemToObject(e, "bytes", bytes_json(s));
+        free(s);
+        cJSON *top = cJSON_AddArrayToObject(e, "top_logprobs");
+        float pairs[ENG_TOPK_MAX][2];
+        int m = sorted_top(k, pairs, t->rq->top_logprobs);
+        for (int j = 0; j < m; j++) {
+            cJSON *alt = cJSON_CreateObject();
+            char *a = turn_token_text(t, (int)pairs[j][0]);
+            cJSON_AddStringToObject(alt, "token", a);
+            cJSON_AddNumberToObject(alt, "logprob", pairs[j][1]);
+            cJSON_AddItemToObject(alt, "bytes", bytes_json(a));
+            free(a);
+            cJSON_AddItemToArray(top, alt);
+        }
+        cJSON_AddItemToArray(content, e);
+    }
+    return lp;
+}
+
+static cJSON *completion_logprobs(const turn *t, int top_n) {
+    cJSON *lp = cJSON_CreateObject();
+    cJSON *tokens = cJSON_AddArrayToObject(lp, "tokens"), *lps = cJSON_AddArrayToObject(lp, "token_logprobs");
+    cJSON *tops = cJSON_AddArrayToObject(lp, "top_logprobs"), *offs = cJSON_AddArrayToObject(lp, "text_offset");
+    int n = visible_tokens(t);
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        const eng_token *k = &t->g->toks[i];
+        char *s = token_string(t, i);
+        cJSON_AddItemToArray(tokens, cJSON_CreateString(s));
+        cJSON_AddItemToArray(lps, cJSON_CreateNumber(k->has_lp ? k->lp : 0));
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off));
+        off += strlen(s);
+        free(s);
+        cJSON *top = cJSON_CreateObject();
+        float pairs[ENG_TOPK_MAX][2];
+        int m = sorted_top(k, pairs, top_n);
+        for (int j = 0; j < m; j++) {
+            char *a = turn_token_text(t, (int)pairs[j][0]);
+            if (!cJSON_GetObjectItemCaseSensitive(top, a)) cJSON_AddNumberToObject(top, a, pairs[j][1]);
+            free(a);
+        }
+        cJSON_AddItemToArray(tops, top);
+    }
+    return lp;
+}
+
+static cJSON *envelope(const oa_call *k) {
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddStringToObject(r, "id", k->id);
+    cJSON_AddStringToObject(r, "object", k->chat ? (k->stream ? "chat.completion.chunk" : "chat.completion")
+                                                 : "text_completion");
+    cJSON_AddNumberToObject(r, "created", (double)k->created);
+    cJSON_AddStringToObject(r, "model", k->sc->model_id);
+    return r;
+}
+
+static cJSON *chat_response(oa_call *k) {
+    chat_reply cr;
+    turn_parse(&k->t, &cr);
+    int ncalls = cr.tool_calls ? cJSON_GetArraySize(cr.tool_calls) : 0;
+    cJSON *r = envelope(k), *choices = cJSON_AddArrayToObject(r, "choices"), *ch = cJSON_CreateObject();
+    cJSON_AddNumberToObject(ch, "index", 0);
+    cJSON *msg = cJSON_AddObjectToObject(ch, "message");
+    cJSON_AddStringToObject(msg, "role", "assistant");
+    if (ncalls && !(cr.content && *cr.content)) cJSON_AddNullToObject(msg, "content");
+    else cJSON_AddStringToObject(msg, "content", cr.content ? cr.content : "");
+    if (cr.reasoning && *cr.reasoning) cJSON_AddStringToObject(msg, "reasoning_content", cr.reasoning);
+    if (ncalls) cJSON_AddItemToObject(msg, "tool_calls", cJSON_Duplicate(cr.tool_calls, 1));
+    if (k->rq.logprobs) cJSON_AddItemToObject(ch, "logprobs", chat_logprobs(&k->t));
+    else cJSON_AddNullToObject(ch, "logprobs");
+    cJSON_AddStringToObject(ch, "finish_reason", turn_finish_reason(&k->t, ncalls > 0));
+    cJSON_AddItemToArray(choices, ch);
+    cJSON_AddItemToObject(r, "usage", usage_json(&k->t));
+    chat_reply_free(&cr);
+    return r;
+}
+
+static cJSON *completion_response(oa_call *k) {
+    cJSON *r = envelope(k), *choices = cJSON_AddArrayToObject(r, "choices"), *ch = cJSON_CreateObject();
+    cJSON_AddNumberToObject(ch, "index", 0);
+    cJSON_AddStringToObject(ch, "text", k->t.out.text);
+    if (k->rq.logprobs) cJSON_AddItemToObject(ch, "logprobs", completion_logprobs(&k->t, k->top_n));
+    else cJSON_AddNullToObject(ch, "logprobs");
+    cJSON_AddStringToObject(ch, "finish_reason", turn_finish_reason(&k->t, 0));
+    cJSON_AddItemToArray(choices, ch);
+    cJSON_AddItemToObject(r, "usage", usage_json(&k->t));
+    return r;
+}
+
+/* ---- streaming ----------------------------------------------------------------------------- */
+
+/* A chunk with one choice; `delta` (chat) or `text` (completions) is consumed. */
+static cJSON *chunk(const oa_call *k, cJSON *delta, const char *text, const char *finish) {
+    cJSON *r = envelope(k), *choices = cJSON_AddArrayToObject(r, "choices"), *ch = cJSON_CreateObject();
+    cJSON_AddNumberToObject(ch, "index", 0);
+    if (k->chat) cJSON_AddItemToObject(ch, "delta", delta ? delta : cJSON_CreateObject());
+    else cJSON_AddStringToObject(ch, "text", text ? text : "");
+    cJSON_AddNullToObject(ch, "logprobs");
+    if (finish) cJSON_AddStringToObject(ch, "finish_reason", finish);
+    else cJSON_AddNullToObject(ch, "finish_reason");
+    cJSON_AddItemToArray(choices, ch);
+    if (k->include_usage) cJSON_AddNullToObject(r, "usage");
+    return r;
+}
+
+static void emit_text(oa_call *k, sbuf *out, const char *reasoning, const char *content) {
+    if (!k->chat) {
+        if (*content) sse_data(out, chunk(k, NULL, content, NULL));
+        return;
+    }
+    if (*reasoning) {
+        cJSON *d = cJSON_CreateObject();
+        cJSON_AddStringToObject(d, "reasoning_content", reasoning);
+        sse_data(out, chunk(k, d, NULL, NULL));
+    }
+    if (*content) {
+        cJSON *d = cJSON_CreateObject();
+        cJSON_AddStringToObject(d, "content", content);
+        sse_data(out, chunk(k, d, NULL, NULL));
+    }
+}
+
+static void emit_end(oa_call *k, sbuf *out, const chat_reply *cr) {
+    int ncalls = cr->tool_calls ? cJSON_GetArraySize(cr->tool_calls) : 0;
+    if (ncalls) {
+        cJSON *d = cJSON_CreateObject(), *calls = cJSON_Duplicate(cr->tool_calls, 1), *c;
+        int i = 0;
+        cJSON_ArrayForEach(c, calls) cJSON_AddNumberToObject(c, "index", i++);
+        cJSON_AddItemToObject(d, "tool_calls", calls);
+        sse_data(out, chunk(k, d, NULL, NULL));
+    }
+    sse_data(out, chunk(k, NULL, NULL, turn_finish_reason(&k->t, ncalls > 0)));
+    if (k->include_usage) {
+        cJSON *r = envelope(k);
+        cJSON_AddArrayToObject(r, "choices");
+        cJSON_AddItemToObject(r, "usage", usage_json(&k->t));
+        sse_data(out, r);
+    }
+    sbuf_puts(out, "data: [DONE]\n\n");
+}
+
+static void call_free(oa_call *k) {
+    turn_summarize(&k->t, k->ri);
+    turn_end(&k->t);
+    turn_req_free(&k->rq);
+    sse_sent_free(&k->sent);
+    req_info_unref(k->ri);
+    free(k);
+}
+
+static void stream_done(void *ctx) { call_free(ctx); }
+
+static int stream_pump(void *ctx, sbuf *out) {
+    oa_call *k = ctx;
+    if (!k->role_sent && k->chat) {
+        cJSON *d = cJSON_CreateObject();
+        cJSON_AddStringToObject(d, "role", "assistant");
+        cJSON_AddStringToObject(d, "content", "");
+        sse_data(out, chunk(k, d, NULL, NULL));
+        k->role_sent = 1;
+        k->last_write = now_seconds();
+        return STREAM_MORE;
+    }
+    int r = sse_wait(&k->t, &k->last_write, out, ": keep-alive\n\n");
+    if (r == TURN_GONE) return STREAM_ABORT;
+    if (r == TURN_DONE && k->t.status == GEN_ERROR) {
+        http_err e;
+        turn_error(&k->t, &e);
+        char *body = http_err_body(&e, API_OPENAI);
+        sbuf_printf(out, "data: %s\n\n", body);
+        free(body);
+        return STREAM_END;
+    }
+    char *reasoning, *content;
+    chat_reply cr;
+    sse_deltas(&k->t, &k->sent, &reasoning, &content, &cr);
+    emit_text(k, out, reasoning, content);
+    if (*reasoning || *content) k->last_write = now_seconds();
+    free(reasoning);
+    free(content);
+    if (r == TURN_DONE) {
+        emit_end(k, out, &cr);
+        turn_summarize(&k->t, k->ri);
+    }
+    chat_reply_free(&cr);
+    return r == TURN_DONE ? STREAM_END : STREAM_MORE;
+}
+
+/* ---- handlers ------------------------------------------------------------------------------ */
+
+static enum MHD_Result fail(struct MHD_Connection *c, oa_call *k, const http_err *e) {
+    k->ri->status = e->status;
+    enum MHD_Result r = e->status == 499 ? MHD_NO : http_send_error(c, API_OPENAI, e);
+    call_free(k);
+    return r;
+}
+
+static enum MHD_Result run(oa_call *k, struct MHD_Connection *c) {
+    http_err e = {0};
+    if (turn_begin(&k->t, k->sc, &k->rq, c, k->ri->t0, &e)) return fail(c, k, &e);
+    turn_make_id(k->id, sizeof k->id, k->chat ? "chatcmpl-" : "cmpl-");
+    k->created = (long)time(NULL);
+    if (k->stream) {
+        k->ri->status = 200;
+        k->last_write = now_seconds();
+        return http_send_stream(c, stream_pump, stream_done, k);
+    }
+    if (turn_run(&k->t) == TURN_GONE) {
+        http_err_set(&e, 499, "client_closed", NULL, NULL, "client closed the connection");
+        return fail(c, k, &e);
+    }
+    if (k->t.status == GEN_ERROR) {
+        turn_error(&k->t, &e);
+        return fail(c, k, &e);
+    }
+    k->ri->status = 200;
+    cJSON *body = k->chat ? chat_response(k) : completion_response(k);
+    enum MHD_Result r = http_send_json(c, 200, body);
+    call_free(k);
+    return r;
+}
+
+static oa_call *call_new(serve_ctx *sc, req_info *ri, int chat) {
+    oa_call *k = xcalloc(1, sizeof *k);
+    k->sc = sc;
+    k->chat = chat;
+    k->ri = ri;
+    req_info_ref(ri);
+    return k;
+}
+
+enum MHD_Result openai_chat(serve_ctx *sc, struct MHD_Connection *c, const cJSON *body, req_info *ri) {
+    oa_call *k = call_new(sc, ri, 1);
+    http_err e = {0};
+    if (parse_chat(sc, body, k, &e)) return fail(c, k, &e);
+    return run(k, c);
+}
+
+enum MHD_Result openai_completions(serve_ctx *sc, struct MHD_Connection *c, const cJSON *body, req_info *ri) {
+    oa_call *k = call_new(sc, ri, 0);
+    http_err e = {0};
+    if (parse_completion(sc, body, k, &e)) return fail(c, k, &e);
+    return run(k, c);
+}
+
+static cJSON *model_json(const serve_ctx *sc) {
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "id", sc->model_id);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", 0);
+    cJSON_AddStringToObject(m, "owned_by", "cairn");
+    return m;
+}
+
+enum MHD_Result openai_models(serve_ctx *sc, struct MHD_Connection *c, const char *id) {
+    if (id) {
+        if (strcmp(id, sc->model_id)) {
+            http_err e;
+            http_err_set(&e, 404, "invalid_request_error", "model_not_found", "model", "The model '%s' does not exist", id);
+            return http_send_error(c, API_OPENAI, &e);
+        }
+        return http_send_json(c, 200, model_json(sc));
+    }
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddStringToObject(r, "object", "list");
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(r, "data"), model_json(sc));
+    return http_send_json(c, 200, r);
+}

@@ -1,0 +1,31 @@
+/* openai.h — the OpenAI-compatible endpoints: POST /v1/chat/completions, POST /v1/completions,
+ * GET /v1/models. Each handler validates the body (400 naming the field, 404 for another
+ * model), runs one turn and answers in JSON or as an SSE stream.
+ *
+ * INVARIANTS
+ *  - usage.prompt_tokens_details.cached_tokens is always present and equals the engine's
+ *    reuse count for this request (0 when nothing was reused).
+ *  - The prompt sent to the engine is exactly the family template's rendering of the messages,
+ *    so an assistant turn fed back in history re-renders to the text the model generated.
+ */
+#ifndef CAIRN_OPENAI_H
+#define CAIRN_OPENAI_H
+
+#include <cjson/cJSON.h>
+#include <microhttpd.h>
+
+#include "turn.h"
+
+enum MHD_Result openai_chat(serve_ctx *sc, struct MHD_Connection *c, const cJSON *body, req_info *ri);
+enum MHD_Result openai_completions(serve_ctx *sc, struct MHD_Connection *c, const cJSON *body, req_info *ri);
+/* GET /v1/models (id NULL) or /v1/models/{id}. */
+enum MHD_Result openai_models(serve_ctx *sc, struct MHD_Connection *c, const char *id);
+
+/* Validate OpenAI-shaped messages (roles, content as a string or text parts, tool calls) into a
+ * normalized copy with string contents; NULL + e on a bad message. Shared with anthropic.c. */
+cJSON *openai_normalize_messages(const cJSON *messages, http_err *e);
+/* Render normalized messages + tools with the family template into rq->prompt. */
+int openai_render(serve_ctx *sc, const cJSON *messages, const cJSON *tools, const chat_opts *o, turn_req *rq,
+                  http_err *e);
+
+#endif

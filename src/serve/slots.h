@@ -1,0 +1,55 @@
+/* slots.h — which engine slot a request runs on, and the bounded admission queue in front of them.
+ *
+ * The engine keeps one conversation state per slot and reuses it when the next prompt extends
+ * it, so routing decides whether a turn is cheap. Per slot we keep the text of what its state
+ * holds (the last rendered prompt + the generated text): a text-prefix match stands in for the
+ * token record the engine keeps.
+ *
+ * ROUTING (slots_acquire): an explicit pin waits for its slot. Otherwise, among FREE slots:
+ *   1. a slot whose record is a prefix of the prompt (the same conversation, one turn on),
+ *      longest record first;
+ *   2. a slot sharing a prefix with the prompt covering at least half of its record
+ *      (regenerate, edit of the last message);
+ *   3. a slot that holds nothing;
+ *   4. the least recently used slot.
+ * A request never waits for a busy slot while another is free unless it is pinned.
+ *
+ * INVARIANTS
+ *  - A slot is busy from slots_acquire until slots_release; release is called only once the
+ *    engine has acknowledged the request's end (engine_proc.h), never earlier.
+ *  - Waiters are served in arrival order (a waiter only skips ahead when the slot it needs
+ *    differs); at most max_queue wait, further requests are refused at once (HTTP 429).
+ *  - slots_forget_all() (engine restarted) empties every record; busy flags are untouched.
+ */
+#ifndef CAIRN_SLOTS_H
+#define CAIRN_SLOTS_H
+
+#include <stddef.h>
+
+enum { SLOTS_OK = 0, SLOTS_FULL = -1, SLOTS_TIMEOUT = -2, SLOTS_CLOSED = -3, SLOTS_GONE = -4 };
+
+typedef struct slots slots;
+
+slots *slots_new(int n, int max_queue);
+void slots_free(slots *s);
+
+/* Wait for a slot for `prompt` (pinned >= 0 forces that slot). `gone` is polled while waiting
+ * (a client that disconnects leaves the queue: SLOTS_GONE). Returns SLOTS_OK and *slot, or
+ * SLOTS_FULL (queue bound hit), SLOTS_TIMEOUT, SLOTS_CLOSED (shutting down). */
+int slots_acquire(slots *s, const char *prompt, size_t n, int pinned, double timeout,
+                  int (*gone)(void *), void *gone_arg, int *slot);
+/* Free a slot; record (may be NULL = unknown) becomes what the slot is known to hold. */
+void slots_release(slots *s, int slot, const char *record, size_t n);
+void slots_forget_all(slots *s);
+void slots_close(slots *s);
+
+/* Snapshot for /health and /metrics. */
+typedef struct {
+    int n, busy, waiting, max_queue;
+    long admitted, rejected, timed_out;
+} slots_stats;
+void slots_get_stats(slots *s, slots_stats *st);
+/* Bytes of record held by slot i (for /health). */
+size_t slots_record_len(slots *s, int i);
+
+#endif

@@ -1,0 +1,288 @@
+#include "turn.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+#include "../core/util.h"
+
+void turn_req_free(turn_req *rq) {
+    free(rq->prompt);
+    for (int i = 0; i < rq->nstops; i++) free(rq->stops[i]);
+    memset(rq, 0, sizeof *rq);
+}
+
+/* What on_finish needs after the HTTP side may already be gone. */
+typedef struct {
+    serve_ctx *sc;
+    int slot;
+    char *prompt;
+    size_t prompt_len;
+} finish_ctx;
+
+/* Engine dispatcher thread: the request is over for the engine. Free the slot, remembering what
+ * its state now holds so the conversation's next turn finds it. */
+static void on_finish(gen *g, void *user) {
+    finish_ctx *f = user;
+    int keep = g->status == GEN_DONE || (g->status == GEN_ERROR && !strncmp(g->error, "CANCELLED", 9));
+    if (keep) {
+        char *rec = malloc(f->prompt_len + g->data_len + 1);
+        if (rec) {
+            memcpy(rec, f->prompt, f->prompt_len);
+            if (g->data_len) memcpy(rec + f->prompt_len, g->data, g->data_len);
+        }
+        slots_release(f->sc->sl, f->slot, rec, rec ? f->prompt_len + g->data_len : 0);
+        free(rec);
+    } else {
+        slots_release(f->sc->sl, f->slot, NULL, 0);   /* a failed turn taints the engine's state */
+    }
+    if (g->status == GEN_DONE) metrics_generation(f->sc->mx, g->prompt_tokens, g->reuse, g->completion_tokens);
+    free(f->prompt);
+    free(f);
+}
+
+static int conn_gone(void *conn) { return conn && http_client_gone(conn); }
+
+static void submit_extras(const turn_req *rq, char *out, size_t cap) {
+    /* protocol.md §1.3: the 7th field (ext bytes) must be present whenever more follows. */
+    int n = snprintf(out, cap, " 0");
+    if (rq->prefix_bytes && !rq->prompt_is_ids) n += snprintf(out + n, cap - (size_t)n, " %zu", rq->prefix_bytes);
+    if (rq->prompt_is_ids) n += snprintf(out + n, cap - (size_t)n, " ids=1");
+    if (rq->logprobs) n += snprintf(out + n, cap - (size_t)n, " logprobs=%d", MAX(1, rq->top_logprobs));
+    if (rq->has_seed) snprintf(out + n, cap - (size_t)n, " seed=%llu", rq->seed);
+}
+
+static int admit(turn *t, http_err *e) {
+    serve_ctx *sc = t->sc;
+    int slot = -1;
+    int rc = slots_acquire(sc->sl, t->rq->prompt, t->rq->prompt_len, t->rq->pinned_slot, sc->queue_timeout,
+                           conn_gone, t->conn, &slot);
+    if (rc == SLOTS_OK) return slot;
+    if (rc == SLOTS_FULL) {
+        http_err_set(e, 429, "rate_limit_error", "queue_full", NULL, "all %d slots are busy and the queue is full; retry shortly", sc->nslots);
+        e->retry_after = 1;
+    } else if (rc == SLOTS_TIMEOUT) {
+        http_err_set(e, 429, "rate_limit_error", "queue_timeout", NULL, "waited %.0f s for a free slot", sc->queue_timeout);
+        e->retry_after = 1;
+    } else if (rc == SLOTS_GONE) {
+        http_err_set(e, 499, "client_closed", NULL, NULL, "client closed the connection while queued");
+    } else {
+        http_err_set(e, 503, "server_error", "shutting_down", NULL, "the server is shutting down");
+    }
+    return -1;
+}
+
+int turn_begin(turn *t, serve_ctx *sc, turn_req *rq, struct MHD_Connection *conn, double t0, http_err *e) {
+    memset(t, 0, sizeof *t);
+    t->sc = sc;
+    t->rq = rq;
+    t->conn = conn;
+    t->t0 = t0;
+    t->status = -1;
+    reply_init(&t->out, rq->stops, rq->nstops, rq->chat);
+    int slot = admit(t, e);
+    if (slot < 0) return -1;
+
+    finish_ctx *f = xcalloc(1, sizeof *f);
+    f->sc = sc;
+    f->slot = slot;
+    f->prompt = xmalloc(rq->prompt_len + 1);
+    memcpy(f->prompt, rq->prompt, rq->prompt_len);
+    f->prompt_len = rq->prompt_len;
+    t->g = gen_new(on_finish, f);
+
+    char extra[160], err[200];
+    submit_extras(rq, extra, sizeof extra);
+    if (eng_submit(sc->engine, t->g, slot, rq->prompt, rq->prompt_len, rq->max_tokens, rq->temperature, rq->top_p,
+                   extra, sc->queue_timeout, err, sizeof err)) {
+        slots_release(sc->sl, slot, NULL, 0);
+        free(f->prompt);
+        free(f);
+        return http_err_set(e, 503, "server_error", "engine_unavailable", NULL, "%s", err);
+    }
+    /* Answer headers only once the engine accepted, so a refusal is still a clean 4xx. */
+    gen *g = t->g;
+    pthread_mutex_lock(&g->mu);
+    while (!g->accepted && !g->finished) {
+        pthread_mutex_unlock(&g->mu);
+        int r = turn_wait(t, 0.1);
+        pthread_mutex_lock(&g->mu);
+        if (r == TURN_GONE) {
+            pthread_mutex_unlock(&g->mu);
+            return http_err_set(e, 499, "client_closed", NULL, NULL, "client closed the connection");
+        }
+    }
+    int failed = g->finished && g->status == GEN_ERROR;
+    if (!t->prompt_tokens) t->prompt_tokens = g->prompt_tokens;
+    pthread_mutex_unlock(&g->mu);
+    if (failed) {
+        turn_wait(t, 0);
+        turn_error(t, e);
+        return -1;
+    }
+    return 0;
+}
+
+/* Move new DATA frames into the reply. Called with g->mu held. */
+static int absorb(turn *t) {
+    gen *g = t->g;
+    int grew = t->ntoks_seen < g->ntoks;
+    for (; t->ntoks_seen < g->ntoks; t->ntoks_seen++) {
+        eng_token *k = &g->toks[t->ntoks_seen];
+        if (reply_feed(&t->out, g->data + k->off, k->len)) {
+            pthread_mutex_unlock(&g->mu);
+            eng_stop_gen(t->sc->engine, g);
+            pthread_mutex_lock(&g->mu);
+        }
+    }
+    if (grew && t->t_first == 0) {
+        t->t_first = now_seconds();
+        metrics_ttft(t->sc->mx, t->t_first - t->t0);
+    }
+    return grew;
+}
+
+static void capture_end(turn *t) {
+    gen *g = t->g;
+    t->status = (int)g->status;
+    t->prompt_tokens = g->prompt_tokens;
+    t->completion_tokens = g->completion_tokens;
+    t->reused = g->reuse;
+    t->length_limited = g->length_limited;
+    snprintf(t->error, sizeof t->error, "%s", g->error);
+    reply_finish(&t->out);
+}
+
+int turn_wait(turn *t, double wait) {
+    gen *g = t->g;
+    double deadline = now_seconds() + wait;
+    int grew = 0;
+    pthread_mutex_lock(&g->mu);
+    for (;;) {
+        grew |= absorb(t);
+        if (g->finished) {
+            capture_end(t);
+            pthread_mutex_unlock(&g->mu);
+            return TURN_DONE;
+        }
+        if (grew) break;
+        double left = deadline - now_seconds();
+        if (left <= 0) break;
+        pthread_mutex_unlock(&g->mu);
+        if (conn_gone(t->conn)) return TURN_GONE;
+        pthread_mutex_lock(&g->mu);
+        if (g->ntoks != t->ntoks_seen || g->finished) continue;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        long ns = (long)(MIN(left, 0.1) * 1e9);
+        ts.tv_nsec += ns;
+        ts.tv_sec += ts.tv_nsec / 1000000000L;
+        ts.tv_nsec %= 1000000000L;
+        pthread_cond_timedwait(&g->cv, &g->mu, &ts);
+    }
+    pthread_mutex_unlock(&g->mu);
+    return grew ? TURN_PROGRESS : TURN_IDLE;
+}
+
+int turn_run(turn *t) {
+    for (;;) {
+        int r = turn_wait(t, 0.25);
+        if (r == TURN_DONE || r == TURN_GONE) return r;
+    }
+}
+
+void turn_end(turn *t) {
+    if (t->g) {
+        if (t->status < 0) eng_cancel(t->sc->engine, t->g);
+        gen_unref(t->g);
+        t->g = NULL;
+    }
+    reply_free(&t->out);
+}
+
+void turn_error(const turn *t, http_err *e) {
+    const char *m = t->error;
+    long used = 0, limit = 0;
+    if (!strncmp(m, "CONTEXT_EXCEEDED", 16)) {
+        if (sscanf(m, "CONTEXT_EXCEEDED %ld %ld", &used, &limit) == 2)
+            http_err_set(e, 400, "invalid_request_error", "context_length_exceeded", "messages",
+                         "the prompt needs %ld tokens but the context holds %ld", used, limit);
+        else
+            http_err_set(e, 400, "invalid_request_error", "context_length_exceeded", "messages",
+                         "the prompt does not fit the context (%s)", m);
+    } else if (!strncmp(m, "BAD_REQUEST", 11) || !strncmp(m, "EMPTY_PROMPT", 12)) {
+        http_err_set(e, 400, "invalid_request_error", "invalid_value", "prompt", "the engine refused the prompt: %s", m);
+    } else if (!strncmp(m, "CANCELLED", 9)) {
+        http_err_set(e, 499, "client_closed", NULL, NULL, "request cancelled");
+    } else if (!strcmp(m, "engine exited")) {
+        http_err_set(e, 503, "server_error", "engine_restarted",
+                     NULL, "the engine exited while generating this reply; it is being restarted, retry the request");
+    } else {
+        http_err_set(e, 500, "server_error", "engine_error", NULL, "engine error: %s", m);
+    }
+}
+
+void turn_parse(const turn *t, chat_reply *cr) {
+    memset(cr, 0, sizeof *cr);
+    const chat_template *tpl = t->sc->tpl;
+    if (t->rq->chat && tpl && tpl->parse) {
+        tpl->parse(t->out.text, t->out.stable, t->rq->thinking, cr);
+        return;
+    }
+    cr->content = xmalloc(t->out.stable + 1);
+    memcpy(cr->content, t->out.text, t->out.stable);
+    cr->content[t->out.stable] = 0;
+}
+
+const char *turn_finish_reason(const turn *t, int has_tool_calls) {
+    if (has_tool_calls) return "tool_calls";
+    if (t->length_limited && !t->out.stopped) return "length";
+    return "stop";
+}
+
+char *turn_token_text(const turn *t, int id) {
+    if (t->sc->tok && id >= 0 && id < tok_vocab_size(t->sc->tok)) {
+        size_t n = 0;
+        char *raw = tok_decode(t->sc->tok, &id, 1, &n);
+        if (raw) {
+            char *clean = utf8_clean(raw, n, NULL);
+            free(raw);
+            return clean;
+        }
+    }
+    char buf[32];
+    snprintf(buf, sizeof buf, "<token_id:%d>", id);
+    return xstrdup(buf);
+}
+
+void turn_make_id(char *out, size_t cap, const char *prefix) {
+    unsigned char r[12];
+    if (getrandom(r, sizeof r, 0) != (ssize_t)sizeof r) {
+        double t = now_seconds();
+        for (size_t i = 0; i < sizeof r; i++) r[i] = (unsigned char)((uint64_t)(t * 1e9) >> (i * 5));
+    }
+    int n = snprintf(out, cap, "%s", prefix);
+    for (size_t i = 0; i < sizeof r && (size_t)n + 2 < cap; i++) n += snprintf(out + n, cap - (size_t)n, "%02x", r[i]);
+}
+
+req_info *req_info_new(double t0) {
+    req_info *ri = xcalloc(1, sizeof *ri);
+    ri->refs = 1;
+    ri->t0 = t0;
+    ri->slot = -1;
+    return ri;
+}
+
+void req_info_ref(req_info *ri) { __atomic_add_fetch(&ri->refs, 1, __ATOMIC_SEQ_CST); }
+
+void req_info_unref(req_info *ri) {
+    if (__atomic_sub_fetch(&ri->refs, 1, __ATOMIC_SEQ_CST) == 0) free(ri);
+}
+
+void turn_summarize(const turn *t, req_info *ri) {
+    ri->prompt_tokens = t->prompt_tokens;
+    ri->cached_tokens = t->reused;
+    ri->completion_tokens = t->completion_tokens;
+    ri->slot = t->g ? t->g->slot : -1;
+}

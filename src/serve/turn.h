@@ -1,0 +1,120 @@
+/* turn.h — one generation as the HTTP side sees it: get a slot, SUBMIT to the engine, follow
+ * its frames into a reply, and end it (normally, by STOP on a stop string, or by CANCEL when
+ * the client left). The API modules (openai.c, anthropic.c) build a turn_req from a request
+ * body and turn the finished or growing turn into their JSON.
+ *
+ * INVARIANTS
+ *  - The slot is released by the engine link's on_finish, i.e. only after the engine answered
+ *    DONE or ERROR for this request (or died); the slot then records the prompt + generated
+ *    text so the next turn of the conversation is routed back to it.
+ *  - cached tokens reported anywhere = the engine's reuse count from DONE, nothing else.
+ *  - turn_end() on an unfinished turn sends CANCEL exactly once and never blocks the caller.
+ */
+#ifndef CAIRN_TURN_H
+#define CAIRN_TURN_H
+
+#include <cjson/cJSON.h>
+
+#include "../core/tokenizer.h"
+#include "../models/chat.h"
+#include "engine_proc.h"
+#include "http.h"
+#include "metrics.h"
+#include "reply.h"
+#include "slots.h"
+
+/* What every request handler shares. */
+typedef struct {
+    eng *engine;
+    slots *sl;
+    metrics *mx;
+    int nslots;
+    const char *model_id;
+    const char *model_type;
+    const chat_template *tpl;     /* NULL: the family has no chat template (completions only) */
+    tokenizer *tok;               /* to spell logprob alternatives; NULL = "<token_id:N>" */
+    int max_tokens;               /* server cap on generated tokens per request */
+    double queue_timeout;         /* seconds a request may wait for a slot */
+    double keepalive;             /* seconds of silence before an SSE keep-alive */
+} serve_ctx;
+
+#define TURN_MAX_STOPS 4
+
+/* A request, reduced to what the engine and the reply shaping need. */
+typedef struct {
+    char *prompt;                 /* rendered prompt text, or decimal ids with prompt_is_ids */
+    size_t prompt_len;
+    int prompt_is_ids;
+    size_t prefix_bytes;          /* end of the system prompt (checkpoint hint), 0 = none */
+    int max_tokens;
+    double temperature, top_p;
+    int has_seed;
+    unsigned long long seed;
+    int logprobs;                 /* 1 = report logprobs of the sampled tokens */
+    int top_logprobs;             /* alternatives per token (0..32) */
+    char *stops[TURN_MAX_STOPS];
+    int nstops;
+    int pinned_slot;              /* -1 = route by prefix */
+    int chat;                     /* parse the reply with the chat template */
+    int thinking;
+} turn_req;
+
+void turn_req_free(turn_req *rq);
+
+typedef struct {
+    serve_ctx *sc;
+    turn_req *rq;
+    gen *g;
+    struct MHD_Connection *conn;  /* for noticing a client that left */
+    reply out;
+    int ntoks_seen;               /* DATA frames already fed into out */
+    double t0, t_first;
+    int status;                   /* gen_status once finished, else -1 */
+    int prompt_tokens, completion_tokens, reused, length_limited;
+    char error[256];
+} turn;
+
+/* Admit and submit. 0 = the engine accepted it (ACCEPT or output seen): a stream may start.
+ * Otherwise -1 and e says what to answer (429 queue full, 400 context exceeded, ...). */
+int turn_begin(turn *t, serve_ctx *sc, turn_req *rq, struct MHD_Connection *conn, double t0, http_err *e);
+
+enum { TURN_IDLE = 0, TURN_PROGRESS = 1, TURN_DONE = 2, TURN_GONE = -1 };
+/* Wait up to `wait` seconds for more output. Feeds new DATA into t->out (sending STOP once a
+ * stop string matched). TURN_DONE once the engine finished (t->status and counts set). */
+int turn_wait(turn *t, double wait);
+/* Block until the turn is finished (or the client left: TURN_GONE). */
+int turn_run(turn *t);
+/* Release the turn: CANCEL if unfinished, drop references. */
+void turn_end(turn *t);
+
+/* The error a finished-with-ERROR turn maps to. */
+void turn_error(const turn *t, http_err *e);
+
+/* The reply split by the chat template (reasoning / content / tool calls) over out.text[0..stable).
+ * Without a template everything is content. */
+void turn_parse(const turn *t, chat_reply *cr);
+
+/* OpenAI-style finish reason: "tool_calls" (has_tools), "length" or "stop". */
+const char *turn_finish_reason(const turn *t, int has_tool_calls);
+
+/* The text of one token id for logprob tables (heap, valid UTF-8). */
+char *turn_token_text(const turn *t, int id);
+
+/* What the per-request log line and /metrics need to know about a request. Shared between the
+ * handler and a stream that outlives it, hence reference counted. */
+typedef struct {
+    int refs;
+    double t0;
+    int status;                   /* HTTP status sent */
+    int prompt_tokens, cached_tokens, completion_tokens, slot;
+} req_info;
+
+req_info *req_info_new(double t0);
+void req_info_ref(req_info *ri);
+void req_info_unref(req_info *ri);
+void turn_summarize(const turn *t, req_info *ri);
+
+/* Random hex id like "chatcmpl-<24 hex>". */
+void turn_make_id(char *out, size_t cap, const char *prefix);
+
+#endif

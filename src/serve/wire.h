@@ -1,0 +1,87 @@
+/* wire.h — the engine line protocol codec (protocol.md §1), pure: bytes in, frames out, and
+ * frames formatted into caller buffers. No I/O, no model: the engine loop feeds it what it
+ * read from stdin and writes what it formats.
+ *
+ * INPUT. wire_reader accumulates bytes (wire_reader_push) and hands out one complete frame at a
+ * time (wire_reader_next). A frame is a header line of space-separated ASCII fields ended by
+ * "\n" (a "\r" before it is dropped); SUBMIT and IMAGE announce a payload of exactly that many
+ * bytes followed by one "\n".
+ *
+ * INVARIANTS
+ *  - Every malformed frame becomes exactly one WIRE_ERROR frame (id "0" when the id itself is
+ *    unusable) and the stream stays in sync: a header longer than WIRE_HEADER_MAX is drained to
+ *    its newline; a frame whose header is bad but whose payload sizes parse has that payload
+ *    consumed too. Sizes beyond the limits are never waited for (a lying size must not make the
+ *    engine swallow the rest of the session), so such a frame counts as header-only.
+ *  - Blank lines and unknown command words are WIRE_IGNORED, never errors (forward compatibility).
+ *  - Payload pointers in a frame stay valid until the next wire_reader_* call.
+ */
+#ifndef CAIRN_WIRE_H
+#define CAIRN_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum {
+    WIRE_HEADER_MAX = 4096,       /* bytes in a header line, "\n" excluded */
+    WIRE_FIELDS_MAX = 10,         /* positional fields, the command word included */
+    WIRE_ID_MAX = 64,             /* an id is shorter than this */
+    WIRE_EXT_MAX = 128,           /* joined key=value extension string is shorter than this */
+    WIRE_LOGPROBS_MAX = 32,
+    WIRE_PROMPT_MAX = 16 << 20,   /* prompt payload bytes */
+    WIRE_EXT_BYTES_MAX = 1 << 20, /* extension payload bytes (grammar, audio) */
+    WIRE_IMAGE_MAX = 64 << 20,    /* IMAGE payload bytes */
+    WIRE_DATA_MAX = 65536         /* bytes in one DATA frame */
+};
+
+typedef enum { WIRE_NONE, WIRE_IGNORED, WIRE_SUBMIT, WIRE_STOP, WIRE_CANCEL, WIRE_IMAGE, WIRE_ERROR } wire_kind;
+
+typedef struct {
+    int slot;
+    int max_tokens;
+    float temperature, top_p;
+    int prefix_bytes;             /* 8th field; -1 when absent */
+    int logprobs;                 /* logprobs=k, 0 when absent */
+    int ids;                      /* ids=1: payload is decimal token ids */
+    int pin;                      /* pin=1 (accepted, no effect here) */
+    uint64_t seed;                /* seed=N, 0 when absent */
+} wire_submit;
+
+typedef struct {
+    wire_kind kind;
+    char id[WIRE_ID_MAX];         /* "0" when unknown */
+    wire_submit sub;              /* SUBMIT */
+    const char *payload;          /* SUBMIT prompt / IMAGE bytes */
+    size_t payload_len;
+    const char *ext;              /* SUBMIT extension payload */
+    size_t ext_len;
+    const char *code;             /* WIRE_ERROR: protocol error code, e.g. "BAD_REQUEST" */
+    char detail[160];             /* WIRE_ERROR: what was wrong */
+} wire_frame;
+
+typedef struct {
+    char *buf;
+    size_t len, cap, start;       /* unread bytes are buf[start..len) */
+    int draining;                 /* inside an over-long header: drop bytes up to its "\n" */
+} wire_reader;
+
+void wire_reader_init(wire_reader *r);
+void wire_reader_free(wire_reader *r);
+void wire_reader_push(wire_reader *r, const char *data, size_t n);
+/* 1 and *f filled when a frame is complete, 0 when more bytes are needed. */
+int wire_reader_next(wire_reader *r, wire_frame *f);
+/* At end of input: 1 and a BAD_FRAME error if a frame was cut short, else 0. Clears the buffer. */
+int wire_reader_eof(wire_reader *r, wire_frame *f);
+
+/* Frame formatting. Each returns the bytes written (the buffer must hold WIRE_HEADER_MAX). */
+extern const char WIRE_READY[];   /* "\x01\x01READY\x01\x01\n" */
+size_t wire_fmt_accept(char *out, const char *id, int prompt_tokens);
+/* DATA header for n payload bytes; with logprobs k > 0, the chosen token's logprob and k
+ * (id, logprob) pairs follow. The caller writes the payload and the closing "\n". */
+size_t wire_fmt_data(char *out, const char *id, size_t n, int k, float lp, const int *top_ids, const float *top_lps);
+size_t wire_fmt_done(char *out, const char *id, int completion, double tok_s, double hit_pct, double rss_gb,
+                     int prompt_tokens, int length_limited, int reused);
+/* "ERROR id CODE[ detail]\n"; CR/LF in detail become spaces. */
+size_t wire_fmt_error(char *out, const char *id, const char *code, const char *detail);
+
+#endif

@@ -1,0 +1,65 @@
+/* reuse.h — the one reuse layer: how much of a slot's state a new prompt can keep, and the
+ * prefill that takes checkpoints on the way. Written once for every family; it sees only
+ * states, records and snapshots (no family name appears in reuse.c).
+ *
+ * THE DECISION (reuse_design.md §2). For prompt P (n ids) and the slot's record R:
+ *   u = min(lcp(R, P), n - 1)             at least one prompt token is fed: its logits start generation
+ *   u == |R|              -> EXTEND       keep everything, feed P[u..n)
+ *   state can truncate u  -> TRUNCATE     drop positions >= u
+ *   a checkpoint fits     -> CHECKPOINT   restore the deepest one that is a prefix of P
+ *   otherwise             -> RESET        reuse 0
+ * With kv-share on, a longer prefix held by ANOTHER slot (its whole record, or a truncatable
+ * prefix of it) or by a checkpoint with rows made by any slot is copied in instead (COPY /
+ * CHECKPOINT). Every path leaves s holding exactly P[0..reused) and usable, or reset.
+ *
+ * CHECKPOINTS. reuse_prefill feeds the unfed part of P in chunks and stops at template-aware
+ * points to snapshot: the end of the system prompt (taken with rows, so other slots and
+ * conversations can start from it), the position of every role-marker token (a turn boundary),
+ * and n - 1 (an identical re-ask or a re-rendered last answer diverges no earlier). Splitting
+ * the prefill there changes nothing numerically (chunking invariance, model.h). Snapshots are
+ * light (no rows) except the system one: a light checkpoint is restorable while its slot's
+ * record still holds its ids, which is exactly the regenerate / edit-last-message case.
+ * A snapshot that cannot be allocated is skipped: a failed optimisation, never a failed request.
+ */
+#ifndef CAIRN_REUSE_H
+#define CAIRN_REUSE_H
+
+#include "../models/model.h"
+#include "store.h"
+
+typedef enum { REUSE_RESET, REUSE_EXTEND, REUSE_TRUNCATE, REUSE_CHECKPOINT, REUSE_COPY } reuse_kind;
+
+typedef struct {
+    reuse_kind kind;
+    int reused;          /* s->len afterwards: the prompt tokens not fed again */
+} reuse_result;
+
+/* Prepare s (slot `slot`) for prompt ids[0..n), n >= 1. cs may be NULL (no checkpoints).
+ * donors: the other slots' states, consulted only when kv_share is set. */
+reuse_result reuse_prepare(state *s, int slot, store *cs, int kv_share, state *const *donors, int ndonors,
+                           const int *ids, int n);
+const char *reuse_kind_name(reuse_kind k);
+
+typedef struct {
+    seq *sq;
+    store *cs;           /* NULL: no checkpoints */
+    int slot;
+    const int *ids;      /* the whole prompt; positions < sq->st.len are already in the state */
+    int n;
+    int *points;         /* checkpoint positions still ahead, ascending */
+    int npoints, next;
+    int rows_point;      /* the point snapshotted with rows (system prompt end), -1 if none */
+    int taken;           /* checkpoints stored by this prefill (for tests and logs) */
+} reuse_prefill;
+
+/* sys_end: token position where the system prompt ends (0: unknown, then the first marker is
+ * used); markers: role-marker token ids (turn boundaries). */
+void reuse_prefill_init(reuse_prefill *p, seq *sq, store *cs, int slot, const int *ids, int n, int sys_end,
+                        const int *markers, int nmarkers);
+/* Feed the next chunk, snapshotting at a checkpoint point it ends on. Returns 1 while prompt
+ * tokens remain, 0 once all are fed (then logits holds the last token's logits), -1 on a
+ * forward failure (the state is tainted, err says why). */
+int reuse_prefill_step(reuse_prefill *p, float *logits, char *err, size_t errlen);
+void reuse_prefill_free(reuse_prefill *p);
+
+#endif

@@ -1,0 +1,222 @@
+/* test_kernels.c — qmat kernels for every format: accuracy against a double-precision
+ * dequantize-then-dot written from the format definitions, bitwise SIMD == scalar, bitwise
+ * invariance to batch size, batch position, row sub-ranges and thread count; and the pool. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/kernels.h"
+#include "core/quant.h"
+#include "core/threads.h"
+#include "test.h"
+
+static uint64_t rng = 0x2545F4914F6CDD1DULL;
+static uint32_t rnd(void) {
+    rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
+    return (uint32_t)(rng >> 20);
+}
+static float rnd_float(void) { return ((int)(rnd() % 20001) - 10000) * 1e-4f; }
+
+typedef struct {
+    qmat w;
+    uint8_t *data, *scale;
+} test_matrix;
+
+static test_matrix make(wformat fmt, int rows, int cols) {
+    test_matrix m = {{fmt, rows, cols, NULL, NULL}, NULL, NULL};
+    size_t n = (size_t)rows * cols, scales = 0, bytes = 0;
+    switch (fmt) {
+    case WF_F32: bytes = n * 4; break;
+    case WF_BF16: bytes = n * 2; break;
+    case WF_FP8: bytes = n; scales = (size_t)((rows + 127) / 128) * ((cols + 127) / 128); break;
+    case WF_FP4: bytes = (size_t)rows * ((cols + 1) / 2); scales = (size_t)rows * ((cols + 31) / 32); break;
+    }
+    m.data = malloc(bytes);
+    for (size_t i = 0; i < n && fmt == WF_F32; i++) ((float *)m.data)[i] = rnd_float();
+    for (size_t i = 0; i < n && fmt == WF_BF16; i++) ((uint16_t *)m.data)[i] = f32_to_bf16(rnd_float());
+    for (size_t i = 0; i < bytes && fmt == WF_FP8; i++) {
+        uint8_t b = (uint8_t)rnd();
+        m.data[i] = (b & 0x7f) == 0x7f ? 0x7e : b;       /* NaN codes are not weights */
+    }
+    for (size_t i = 0; i < bytes && fmt == WF_FP4; i++) m.data[i] = (uint8_t)rnd();
+    if (scales) {
+        m.scale = malloc(scales);
+        for (size_t i = 0; i < scales; i++) m.scale[i] = (uint8_t)(120 + rnd() % 12);
+    }
+    m.w.data = m.data;
+    m.w.scale = m.scale;
+    return m;
+}
+
+/* Weight (r, c) from the format definitions in quant.h, in double. */
+static double ref_weight(const qmat *w, int r, int c) {
+    switch (w->fmt) {
+    case WF_F32: return ((const float *)w->data)[(size_t)r * w->cols + c];
+    case WF_BF16: return bf16_to_f32(((const uint16_t *)w->data)[(size_t)r * w->cols + c]);
+    case WF_FP8:
+        return (double)e4m3_to_f32(((const uint8_t *)w->data)[(size_t)r * w->cols + c]) *
+               e8m0_to_f32(w->scale[(r / 128) * ((w->cols + 127) / 128) + c / 128]);
+    case WF_FP4: {
+        uint8_t byte = ((const uint8_t *)w->data)[(size_t)r * ((w->cols + 1) / 2) + c / 2];
+        return (double)e2m1_to_f32(c % 2 ? byte >> 4 : byte & 15) * e8m0_to_f32(w->scale[r * ((w->cols + 31) / 32) + c / 32]);
+    }
+    }
+    return 0;
+}
+
+static int bits_equal(const float *a, const float *b, size_t n) { return !memcmp(a, b, n * sizeof(float)); }
+
+static void check_accuracy(const qmat *w, const float *x, const float *y, const char *what) {
+    int bad = 0;
+    float *row = malloc(sizeof(float) * w->cols);
+    for (int r = 0; r < w->rows; r++) {
+        double want = 0, mag = 0;
+        for (int c = 0; c < w->cols; c++) {
+            want += ref_weight(w, r, c) * x[c];
+            mag += fabs(ref_weight(w, r, c) * x[c]);
+        }
+        /* f32 accumulation: about cols/16 + 4 roundings per lane chain and tree, each <= 2^-24 relative. */
+        double tol = (w->cols / 16 + 5) * 6e-8 * mag + 1e-30;
+        if (fabs(y[r] - want) > tol) {
+            if (bad++ < 3) printf("  %s row %d: got %.9g want %.9g (tol %.3g)\n", what, r, y[r], want, tol);
+        }
+        qmat_row(w, r, row);
+        for (int c = 0; c < w->cols; c++)
+            if ((double)row[c] != ref_weight(w, r, c)) { bad++; break; }
+    }
+    free(row);
+    CHECK(bad == 0, "%s: %d rows off the double reference or qmat_row", what, bad);
+}
+
+enum { NX = 17 };
+
+/* Every property for one matrix shape, on the current path. */
+static void check_matrix(const qmat *w, const float *x, const char *what, float *ref_out) {
+    size_t rows = (size_t)w->rows;
+    float *yv = malloc(sizeof(float) * rows * NX), *ym = malloc(sizeof(float) * rows * NX);
+    for (int j = 0; j < NX; j++) qmat_vec(w, x + (size_t)j * w->cols, yv + j * rows);
+    check_accuracy(w, x, yv, what);
+
+    int bad_batch = 0;
+    for (int s = 0; s < NX; s++)
+        for (int n = 1; s + n <= NX; n++) {
+            qmat_mul(w, x + (size_t)s * w->cols, n, ym);
+            if (!bits_equal(ym, yv + s * rows, rows * n)) bad_batch++;
+        }
+    CHECK(bad_batch == 0, "%s: %d (start, n) batches differ from qmat_vec", what, bad_batch);
+
+    int bad_rows = 0;
+    int cuts[][2] = {{0, 1}, {1, 2}, {3, w->rows}, {w->rows / 2, w->rows}, {5, 5 + (w->rows - 5) / 3}};
+    for (int k = 0; k < 5; k++) {
+        int r0 = cuts[k][0], r1 = cuts[k][1], n = 1 + k * 3;
+        qmat_mul_rows(w, r0, r1, x, n, ym);
+        for (int j = 0; j < n; j++)
+            if (!bits_equal(ym + (size_t)j * (r1 - r0), yv + j * rows + r0, (size_t)(r1 - r0))) bad_rows++;
+    }
+    CHECK(bad_rows == 0, "%s: %d qmat_mul_rows slices differ", what, bad_rows);
+
+    static const int thread_counts[] = {1, 3, 2};
+    int bad_threads = 0;
+    for (int t = 0; t < 3; t++) {
+        pool_set_threads(thread_counts[t]);
+        qmat_mul(w, x, NX, ym);
+        if (!bits_equal(ym, yv, rows * NX)) bad_threads++;
+        qmat_vec(w, x + w->cols, ym);
+        if (!bits_equal(ym, yv + rows, rows)) bad_threads++;
+    }
+    CHECK(bad_threads == 0, "%s: %d thread-count runs differ", what, bad_threads);
+    memcpy(ref_out, yv, sizeof(float) * rows * NX);
+    free(yv);
+    free(ym);
+}
+
+static void check_format(wformat fmt, int rows, int cols) {
+    test_matrix m = make(fmt, rows, cols);
+    float *x = malloc(sizeof(float) * (size_t)cols * NX);
+    for (size_t i = 0; i < (size_t)cols * NX; i++) x[i] = rnd_float();
+    char what[64];
+    float *simd = malloc(sizeof(float) * rows * NX), *scalar = malloc(sizeof(float) * rows * NX);
+
+    snprintf(what, sizeof what, "%s %dx%d %s", wformat_name(fmt), rows, cols, kernels_simd_name());
+    check_matrix(&m.w, x, what, simd);
+    kernels_force_scalar(1);
+    snprintf(what, sizeof what, "%s %dx%d %s", wformat_name(fmt), rows, cols, kernels_simd_name());
+    check_matrix(&m.w, x, what, scalar);
+    kernels_force_scalar(0);
+    CHECK(bits_equal(simd, scalar, (size_t)rows * NX), "%s %dx%d: SIMD path differs from scalar", wformat_name(fmt),
+          rows, cols);
+    free(simd); free(scalar); free(x); free(m.data); free(m.scale);
+}
+
+/* The canonical order is fixed, not merely "some order": a hand-built case where it matters. */
+static void check_reduction_order(void) {
+    enum { C = 48 };
+    float w[C], x[C];
+    for (int c = 0; c < C; c++) { w[c] = 1.0f; x[c] = 0.0f; }
+    x[0] = 1e8f; x[16] = 1.0f; x[32] = -1e8f;    /* all lane 0: ((0 + 1e8) + 1) - 1e8 = 0 in f32 */
+    x[1] = 1.0f;                                 /* lane 1 */
+    qmat m = {WF_F32, 1, C, w, NULL};
+    float y;
+    for (int s = 0; s < 2; s++) {
+        kernels_force_scalar(s);
+        qmat_vec(&m, x, &y);
+        CHECK(y == 1.0f, "%s: lane order gives %g, want 1", kernels_simd_name(), y);
+    }
+    kernels_force_scalar(0);
+}
+
+static void check_simd_selected(void) {
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+    const char *name = kernels_simd_name();
+    CHECK(!strcmp(name, "avx2") || !strcmp(name, "avx512"), "native build runs the %s path", name);
+#else
+    CHECK(!strcmp(kernels_simd_name(), "scalar"), "portable build runs %s", kernels_simd_name());
+#endif
+    kernels_force_scalar(1);
+    CHECK(!strcmp(kernels_simd_name(), "scalar"), "force_scalar");
+    kernels_force_scalar(0);
+}
+
+typedef struct { int hits[1000]; int nested_ok; } pool_probe;
+
+static void count_task(void *ctx, int i) { __atomic_fetch_add(&((pool_probe *)ctx)->hits[i], 1, __ATOMIC_RELAXED); }
+
+static void nested_task(void *ctx, int i) {
+    pool_probe inner = {{0}, 0};
+    pool_run(10, count_task, &inner);                   /* must run serially, right here */
+    int ok = 1;
+    for (int k = 0; k < 10; k++) ok &= inner.hits[k] == 1;
+    if (ok) __atomic_fetch_add(&((pool_probe *)ctx)->nested_ok, 1, __ATOMIC_RELAXED);
+}
+
+static void check_pool(void) {
+    for (int t = 1; t <= 4; t++) {
+        pool_set_threads(t);
+        CHECK(pool_threads() == t, "pool_threads %d after set %d", pool_threads(), t);
+        for (int n = 0; n <= 1000; n += 333) {
+            pool_probe p = {{0}, 0};
+            pool_run(n, count_task, &p);
+            int bad = 0;
+            for (int i = 0; i < 1000; i++) bad += p.hits[i] != (i < n);
+            CHECK(bad == 0, "threads %d n %d: %d indices not run exactly once", t, n, bad);
+        }
+        pool_probe p = {{0}, 0};
+        pool_run(7, nested_task, &p);
+        CHECK(p.nested_ok == 7, "threads %d: nested pool_run ran %d of 7 correctly", t, p.nested_ok);
+    }
+    pool_set_threads(2);
+}
+
+int main(void) {
+    check_simd_selected();
+    check_pool();
+    check_reduction_order();
+    static const struct { wformat fmt; int rows, cols; } cases[] = {
+        {WF_F32, 37, 45}, {WF_F32, 20, 256},  {WF_BF16, 29, 77},  {WF_BF16, 16, 512},
+        {WF_FP8, 150, 200}, {WF_FP8, 131, 256}, {WF_FP8, 7, 24},   {WF_FP4, 41, 96},
+        {WF_FP4, 33, 80},   {WF_FP4, 9, 40},    {WF_FP4, 5, 34},   {WF_FP4, 130, 512},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_format(cases[i].fmt, cases[i].rows, cases[i].cols);
+    return TEST_END();
+}

@@ -1,0 +1,285 @@
+/* test_reuse.c — the reuse decision and the checkpointing prefill on two synthetic families:
+ * "rows" (ROWS + an unwrapped RING: truncatable, like GLM's MLA) and "recur" (ROWS + a small
+ * RING + a RECUR summary: extend-only, like DeepSeek V4). Their forward passes read the state
+ * they extend, so a wrong reuse shows up as different bytes. Every warm state is compared with
+ * a state built cold from the same ids: full snapshots byte for byte, and the last logits. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/util.h"
+#include "state/reuse.h"
+#include "test.h"
+
+#define CTX 96
+#define VOCAB 50
+#define BAD_ID 49           /* feeding it makes the fake forward fail */
+#define MARK 7              /* role-marker id */
+
+typedef struct {
+    state *st;
+    uint64_t *rows, *ring, *recur;
+    int window;
+} fake_seq;
+
+static void *fake_seq_new(model *m, state *st, int ctx, char *err, size_t errlen) {
+    int extend_only = *(int *)m->priv;
+    fake_seq *f = xcalloc(1, sizeof *f);
+    f->st = st;
+    f->window = extend_only ? 8 : ctx;
+    f->rows = state_add_part(st, PART_ROWS, "rows", 8, ctx, 1, 0);
+    f->ring = state_add_part(st, PART_RING, "ring", 8, f->window, 1, 0);
+    if (extend_only) f->recur = state_add_part(st, PART_RECUR, "recur", 8, 1, 1, 0);
+    return f;
+}
+
+static void fake_seq_free(model *m, void *fam) { free(fam); }
+
+static int fake_forward(model *m, void *fam, const int *ids, int pos0, int n, float *logits, float *all_logits,
+                        char *err, size_t errlen) {
+    fake_seq *f = fam;
+    for (int i = 0; i < n; i++) {
+        int pos = pos0 + i;
+        if (ids[i] == BAD_ID) return errf(err, errlen, "fake forward: poisoned id at %d", pos);
+        uint64_t h = f->recur ? *f->recur : (pos ? f->rows[pos - 1] : FNV64_INIT);
+        h = fnv64(h, &ids[i], sizeof ids[i]);
+        for (int q = MAX(0, pos - f->window + 1); q < pos; q++) h = fnv64(h, &f->ring[q % f->window], 8);
+        f->rows[pos] = h;
+        f->ring[pos % f->window] = h;
+        if (f->recur) *f->recur = fnv64(*f->recur, &ids[i], sizeof ids[i]);
+    }
+    if (logits) {
+        uint64_t last = f->rows[pos0 + n - 1];
+        for (int v = 0; v < VOCAB; v++) logits[v] = (float)(fnv64(last, &v, sizeof v) & 0xffff) / 65536.0f;
+    }
+    return 0;
+}
+
+static const family_ops fake_ops = {.model_type = "fake", .seq_new = fake_seq_new, .seq_free = fake_seq_free,
+                                     .forward = fake_forward};
+
+static model make_model(int *extend_only) {
+    model m;
+    memset(&m, 0, sizeof m);
+    m.ops = &fake_ops;
+    m.vocab_size = VOCAB;
+    m.priv = extend_only;
+    return m;
+}
+
+/* prepare + prefill with checkpoints, as the engine does; logits of the last prompt token. */
+static reuse_result run_prompt(seq *sq, int slot, store *cs, int share, state *const *donors, int nd, const int *ids,
+                               int n, int sys_end, float *logits, int *taken) {
+    const int markers[] = {MARK};
+    reuse_result r = reuse_prepare(&sq->st, slot, cs, share, donors, nd, ids, n);
+    reuse_prefill p;
+    reuse_prefill_init(&p, sq, cs, slot, ids, n, sys_end, markers, 1);
+    char err[128];
+    int rc;
+    while ((rc = reuse_prefill_step(&p, logits, err, sizeof err)) > 0) {}
+    if (taken) *taken = p.taken;
+    reuse_prefill_free(&p);
+    if (rc < 0) r.reused = -1;
+    return r;
+}
+
+/* A fresh sequence fed ids[0..n) in one go: the reference every warm result must equal. */
+static int same_as_cold(model *m, seq *warm, const int *ids, int n, const float *warm_logits) {
+    char err[128];
+    seq *cold = seq_new(m, CTX, err, sizeof err);
+    float logits[VOCAB];
+    cold->chunk = 1000;
+    int ok = seq_feed(cold, ids, n, logits, err, sizeof err) == 0;
+    snapshot *a = state_snapshot(&warm->st, 1), *b = state_snapshot(&cold->st, 1);
+    ok = ok && a && b && snapshot_bytes(a) == snapshot_bytes(b) && memcmp(a, b, snapshot_bytes(a)) == 0;
+    ok = ok && (!warm_logits || memcmp(warm_logits, logits, sizeof logits) == 0);
+    snapshot_free(a);
+    snapshot_free(b);
+    seq_free(cold);
+    return ok;
+}
+
+/* A conversation-shaped prompt: [1] sys.. MARK user.. MARK reply.. */
+static void conv(int *ids, int n, int seed) {
+    for (int i = 0; i < n; i++) ids[i] = 10 + (i * 7 + seed * 13) % 30;
+    ids[0] = 1;
+    for (int i = 6; i < n; i += 9) ids[i] = MARK;
+}
+
+static void test_extend_and_reask(int extend_only) {
+    int flag = extend_only;
+    model m = make_model(&flag);
+    char err[128];
+    seq *sq = seq_new(&m, CTX, err, sizeof err);
+    sq->chunk = 5;
+    store *cs = store_new(1 << 20);
+    int ids[80];
+    float logits[VOCAB];
+    conv(ids, 80, 1);
+    reuse_result r = run_prompt(sq, 0, cs, 1, NULL, 0, ids, 30, 0, logits, NULL);
+    CHECK(r.kind == REUSE_RESET && r.reused == 0, "first turn resets (%d)", extend_only);
+    CHECK(same_as_cold(&m, sq, ids, 30, logits), "first turn == cold (%d)", extend_only);
+    /* the generated reply is fed except its last token: record = prompt + reply[:-1] */
+    char e2[64];
+    CHECK(seq_feed(sq, ids + 30, 5, NULL, e2, sizeof e2) == 0, "decode feed");
+    r = run_prompt(sq, 0, cs, 1, NULL, 0, ids, 50, 0, logits, NULL);
+    CHECK(r.kind == REUSE_EXTEND && r.reused == 35, "second turn extends: %s %d", reuse_kind_name(r.kind), r.reused);
+    CHECK(same_as_cold(&m, sq, ids, 50, logits), "extended == cold (%d)", extend_only);
+    /* identical re-ask: truncatable families truncate, extend-only ones hit the n-1 checkpoint */
+    r = run_prompt(sq, 0, cs, 1, NULL, 0, ids, 50, 0, logits, NULL);
+    CHECK(r.reused == 49 && r.kind == (extend_only ? REUSE_CHECKPOINT : REUSE_TRUNCATE), "re-ask: %s %d",
+          reuse_kind_name(r.kind), r.reused);
+    CHECK(same_as_cold(&m, sq, ids, 50, logits), "re-ask == cold (%d)", extend_only);
+    /* edit inside the last user turn (after the marker at 42): the marker checkpoint at 42 serves */
+    int edited[80];
+    memcpy(edited, ids, sizeof ids);
+    edited[45] = 39;
+    r = run_prompt(sq, 0, cs, 1, NULL, 0, edited, 50, 0, logits, NULL);
+    CHECK(r.reused == (extend_only ? 42 : 45), "edit: %s %d", reuse_kind_name(r.kind), r.reused);
+    CHECK(same_as_cold(&m, sq, edited, 50, logits), "edit == cold (%d)", extend_only);
+    /* a prompt diverging at 2 (before any checkpoint of this slot) resets or truncates */
+    int other[80];
+    memcpy(other, ids, sizeof ids);
+    other[2] = 11;
+    r = run_prompt(sq, 0, cs, 1, NULL, 0, other, 40, 0, logits, NULL);
+    CHECK(r.reused == (extend_only ? 0 : 2), "divergent: %s %d", reuse_kind_name(r.kind), r.reused);
+    CHECK(same_as_cold(&m, sq, other, 40, logits), "divergent == cold (%d)", extend_only);
+    store_free(cs);
+    seq_free(sq);
+}
+
+static void test_taint_paths(void) {
+    int flag = 1;
+    model m = make_model(&flag);
+    char err[128];
+    seq *sq = seq_new(&m, CTX, err, sizeof err);
+    store *cs = store_new(1 << 20);
+    int ids[60];
+    float logits[VOCAB];
+    conv(ids, 60, 2);
+    run_prompt(sq, 0, cs, 1, NULL, 0, ids, 30, 0, logits, NULL);
+    /* a forward failure mid-prefill taints; the next prompt must not trust the record */
+    int bad[60];
+    memcpy(bad, ids, sizeof ids);
+    bad[40] = BAD_ID;
+    reuse_result r = run_prompt(sq, 0, cs, 1, NULL, 0, bad, 50, 0, logits, NULL);
+    CHECK(r.reused == -1 && !state_usable(&sq->st), "failed prefill taints");
+    r = run_prompt(sq, 0, cs, 1, NULL, 0, ids, 55, 0, logits, NULL);
+    /* the tainted record is not trusted; only the system checkpoint (with rows) still serves */
+    CHECK(r.kind == REUSE_CHECKPOINT && r.reused == 6, "after taint: (%s %d)", reuse_kind_name(r.kind), r.reused);
+    CHECK(same_as_cold(&m, sq, ids, 55, logits), "after taint == cold");
+    /* no record memory: everything still works, nothing is reused */
+    seq *nr = seq_new(&m, CTX, err, sizeof err);
+    free(nr->st.ids);
+    nr->st.ids = NULL;
+    nr->st.record_ok = 0;
+    int taken = -1;
+    r = run_prompt(nr, 1, cs, 0, NULL, 0, ids, 30, 0, logits, &taken);
+    r = run_prompt(nr, 1, cs, 0, NULL, 0, ids, 40, 0, logits, &taken);
+    CHECK(r.kind == REUSE_RESET && r.reused == 0 && taken == 0, "no record: no reuse, no checkpoints");
+    seq_free(nr);
+    store_free(cs);
+    seq_free(sq);
+}
+
+static void test_kv_share(int extend_only) {
+    int flag = extend_only;
+    model m = make_model(&flag);
+    char err[128];
+    seq *a = seq_new(&m, CTX, err, sizeof err), *b = seq_new(&m, CTX, err, sizeof err);
+    state *donors[2] = {&a->st, &b->st};
+    int ids[80];
+    float logits[VOCAB];
+    conv(ids, 80, 3);
+    run_prompt(a, 0, NULL, 1, donors, 2, ids, 40, 0, logits, NULL);
+    /* slot b, prompt extending a's record: copied */
+    reuse_result r = run_prompt(b, 1, NULL, 1, donors, 2, ids, 60, 0, logits, NULL);
+    CHECK(r.kind == REUSE_COPY && r.reused == 40, "copy from a whole record: %s %d", reuse_kind_name(r.kind), r.reused);
+    CHECK(same_as_cold(&m, b, ids, 60, logits), "copied == cold (%d)", extend_only);
+    CHECK(same_as_cold(&m, a, ids, 40, NULL), "donor untouched (%d)", extend_only);
+    /* a prompt sharing only part of a's record: truncatable families copy that part */
+    int other[80];
+    memcpy(other, ids, sizeof ids);
+    other[30] = 12;
+    state_reset(&b->st);
+    r = run_prompt(b, 1, NULL, 1, donors, 2, other, 50, 0, logits, NULL);
+    CHECK(r.reused == (extend_only ? 0 : 30), "partial copy: %s %d", reuse_kind_name(r.kind), r.reused);
+    CHECK(same_as_cold(&m, b, other, 50, logits), "partial copy == cold (%d)", extend_only);
+    /* kv-share off: slots stay apart */
+    state_reset(&b->st);
+    r = run_prompt(b, 1, NULL, 0, donors, 2, ids, 60, 0, logits, NULL);
+    CHECK(r.kind == REUSE_RESET, "kv-share 0: no copy");
+    seq_free(a);
+    seq_free(b);
+}
+
+static void test_system_checkpoint_with_rows(void) {
+    int flag = 1;
+    model m = make_model(&flag);
+    char err[128];
+    seq *a = seq_new(&m, CTX, err, sizeof err), *b = seq_new(&m, CTX, err, sizeof err);
+    state *donors[2] = {&a->st, &b->st};
+    store *cs = store_new(1 << 20);
+    int ids[80], other[80];
+    float logits[VOCAB];
+    conv(ids, 80, 4);
+    conv(other, 80, 5);
+    memcpy(other, ids, 20 * sizeof *ids);     /* same system prompt (first 20 ids), different chat */
+    int taken;
+    run_prompt(a, 0, cs, 1, donors, 2, ids, 50, 20, logits, &taken);
+    CHECK(store_has(cs, ids, 20, 1), "system-prompt checkpoint kept with rows");
+    CHECK(store_has(cs, ids, 49, 0) && !store_has(cs, ids, 49, 1), "n-1 checkpoint is light");
+    CHECK(taken >= 3, "checkpoints taken: %d", taken);
+    reuse_result r = run_prompt(b, 1, cs, 1, donors, 2, other, 45, 0, logits, NULL);
+    CHECK(r.kind == REUSE_CHECKPOINT && r.reused == 20, "other slot starts from the system checkpoint: %s %d",
+          reuse_kind_name(r.kind), r.reused);
+    CHECK(same_as_cold(&m, b, other, 45, logits), "system checkpoint == cold");
+    /* a moved on: its light checkpoints of the old conversation are dropped, the rows one stays */
+    run_prompt(a, 0, cs, 1, donors, 2, other, 30, 0, logits, NULL);
+    CHECK(!store_has(cs, ids, 49, 0) && store_has(cs, ids, 20, 1), "stale light checkpoints dropped");
+    store_free(cs);
+    seq_free(a);
+    seq_free(b);
+}
+
+static void test_store_budget(void) {
+    int flag = 1;
+    model m = make_model(&flag);
+    char err[128];
+    seq *sq = seq_new(&m, CTX, err, sizeof err);
+    int ids[80];
+    conv(ids, 80, 6);
+    CHECK(seq_feed(sq, ids, 10, NULL, err, sizeof err) == 0, "feed");
+    snapshot *s1 = state_snapshot(&sq->st, 1);
+    size_t one = snapshot_bytes(s1);
+    store *cs = store_new(one * 2 + one / 2);
+    CHECK(store_put(cs, s1, 0) == 1, "first fits");
+    CHECK(store_put(cs, state_snapshot(&sq->st, 1), 0) == 0 && store_count(cs) == 1, "duplicate refused");
+    seq_feed(sq, ids + 10, 1, NULL, err, sizeof err);
+    CHECK(store_put(cs, state_snapshot(&sq->st, 1), 0) == 1, "second fits");
+    /* use the first, so the second is the least recently used */
+    seq *t = seq_new(&m, CTX, err, sizeof err);
+    CHECK(store_restore(cs, &t->st, ids, 10, 0, -1) == 10, "restore the first");
+    seq_feed(sq, ids + 11, 1, NULL, err, sizeof err);
+    CHECK(store_put(cs, state_snapshot(&sq->st, 1), 0) == 1, "third fits after eviction");
+    CHECK(store_count(cs) == 2 && store_bytes(cs) <= one * 2 + one / 2, "budget kept (%d, %zu)", store_count(cs),
+          store_bytes(cs));
+    CHECK(store_has(cs, ids, 10, 1) && !store_has(cs, ids, 11, 1) && store_has(cs, ids, 12, 1), "LRU evicted the second");
+    store *tiny = store_new(one / 2);
+    CHECK(store_put(tiny, state_snapshot(&sq->st, 1), 0) == 0 && store_bytes(tiny) == 0, "larger than the budget: freed");
+    store_free(tiny);
+    store_free(cs);
+    seq_free(t);
+    seq_free(sq);
+}
+
+int main(void) {
+    test_extend_and_reask(0);
+    test_extend_and_reask(1);
+    test_taint_paths();
+    test_kv_share(0);
+    test_kv_share(1);
+    test_system_checkpoint_with_rows();
+    test_store_budget();
+    return TEST_END();
+}

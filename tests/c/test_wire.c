@@ -1,0 +1,213 @@
+/* test_wire.c — the frame codec: exact parses, every refusal, stream sync after bad frames,
+ * byte-at-a-time delivery, and byte-exact output frames. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "serve/wire.h"
+#include "test.h"
+
+enum { MAXF = 64 };
+
+typedef struct {
+    wire_frame f[MAXF];
+    char payload[MAXF][256];
+    int n;
+} frames;
+
+static void collect(wire_reader *r, frames *out) {
+    wire_frame f;
+    while (out->n < MAXF && wire_reader_next(r, &f)) {
+        if (f.kind == WIRE_SUBMIT || f.kind == WIRE_IMAGE) {
+            size_t k = f.payload_len + f.ext_len < 255 ? f.payload_len + f.ext_len : 255;
+            memcpy(out->payload[out->n], f.payload, k);
+            out->payload[out->n][k] = 0;
+        }
+        out->f[out->n++] = f;
+    }
+}
+
+/* Parse a whole input, either in one push or one byte per push. */
+static void parse_all(const char *in, size_t n, int bytewise, frames *out) {
+    wire_reader r;
+    wire_reader_init(&r);
+    memset(out, 0, sizeof *out);
+    if (bytewise)
+        for (size_t i = 0; i < n; i++) { wire_reader_push(&r, in + i, 1); collect(&r, out); }
+    else { wire_reader_push(&r, in, n); collect(&r, out); }
+    wire_frame f;
+    if (wire_reader_eof(&r, &f) && out->n < MAXF) out->f[out->n++] = f;
+    wire_reader_free(&r);
+}
+
+static frames fr;
+
+static void parse(const char *in) { parse_all(in, strlen(in), 0, &fr); }
+
+static int is_error(int i, const char *id, const char *code) {
+    return i < fr.n && fr.f[i].kind == WIRE_ERROR && !strcmp(fr.f[i].id, id) && !strcmp(fr.f[i].code, code);
+}
+
+static void test_submit_fields(void) {
+    parse("SUBMIT req-v4 0 3 4 0 1 4 2\nabcWXYZ\n");
+    CHECK(fr.n == 1 && fr.f[0].kind == WIRE_SUBMIT, "golden submit parses (%d)", fr.n);
+    wire_frame *f = &fr.f[0];
+    CHECK(!strcmp(f->id, "req-v4") && f->sub.slot == 0 && f->sub.max_tokens == 4, "positional");
+    CHECK(f->sub.temperature == 0 && f->sub.top_p == 1, "floats");
+    CHECK(f->payload_len == 3 && f->ext_len == 4 && !strcmp(fr.payload[0], "abcWXYZ"), "payload + ext");
+    CHECK(f->sub.prefix_bytes == 2, "prefix_bytes");
+
+    parse("SUBMIT 7 1 5 8 0.7 0.9\nhello\n");
+    f = &fr.f[0];
+    CHECK(fr.n == 1 && f->kind == WIRE_SUBMIT && f->sub.slot == 1 && f->sub.prefix_bytes == -1 && f->ext_len == 0,
+          "classic 6-field submit");
+    CHECK(fabsf(f->sub.temperature - 0.7f) < 1e-6 && fabsf(f->sub.top_p - 0.9f) < 1e-6, "temperature/top_p");
+
+    parse("SUBMIT 9 0 5 0 0 1 0 ids=1 logprobs=5 seed=42 future=x\n1 2 3\n");
+    f = &fr.f[0];
+    CHECK(fr.n == 1 && f->kind == WIRE_SUBMIT && f->sub.ids == 1 && f->sub.logprobs == 5 && f->sub.seed == 42,
+          "extension keys; unknown key ignored");
+    CHECK(f->sub.max_tokens == 0, "max_tokens 0 allowed with logprobs");
+
+    parse("SUBMIT a 0 2 1 0 1\r\nhi\n");
+    CHECK(fr.n == 1 && fr.f[0].kind == WIRE_SUBMIT && !strcmp(fr.payload[0], "hi"), "CRLF header");
+
+    const char nul[] = "SUBMIT z 0 3 1 0 1\na\0b\n";
+    parse_all(nul, sizeof nul - 1, 0, &fr);
+    CHECK(fr.n == 1 && fr.f[0].kind == WIRE_SUBMIT && fr.f[0].payload_len == 3 && fr.payload[0][1] == 0,
+          "payload may hold NUL and newlines");
+}
+
+static void test_refusals(void) {
+    struct { const char *in, *id, *code; } cases[] = {
+        {"SUBMIT a 0 2 0 0 1\nhi\n", "a", "BAD_REQUEST"},                        /* max_tokens 0 without logprobs */
+        {"SUBMIT a 0 2 -1 0 1\nhi\n", "a", "BAD_REQUEST"},
+        {"SUBMIT a 0 2 1 nan 1\nhi\n", "a", "BAD_REQUEST"},
+        {"SUBMIT a 0 2 1 inf 1\nhi\n", "a", "BAD_REQUEST"},
+        {"SUBMIT a 0 2 1 0 0\nhi\n", "a", "BAD_REQUEST"},                        /* top_p 0 */
+        {"SUBMIT a 0 2 1 0 1.5\nhi\n", "a", "BAD_REQUEST"},
+        {"SUBMIT a 0 2 1 -1 1\nhi\n", "a", "BAD_REQUEST"},
+        {"SUBMIT a x 2 1 0 1\nhi\n", "a", "BAD_REQUEST"},                        /* slot */
+        {"SUBMIT a -1 2 1 0 1\nhi\n", "a", "BAD_REQUEST"},
+        {"SUBMIT a 0 2 1 0\nhi\n", "a", "BAD_REQUEST"},                          /* too few fields */
+        {"SUBMIT a 0 2 1 0 1 logprobs=5\nhi\n", "a", "BAD_REQUEST"},             /* keys need ext_bytes */
+        {"SUBMIT a 0 2 1 0 1 0 0 9\nhi\n", "a", "BAD_REQUEST"},                  /* 9 positional after SUBMIT */
+        {"SUBMIT a 0 2 1 0 1 0 3\nhi\n", "a", "BAD_REQUEST"},                    /* prefix_bytes > bytes */
+        {"SUBMIT a 0 2 1 0 1 0 logprobs=33\nhi\n", "a", "BAD_REQUEST"},
+        {"SUBMIT a 0 2 1 0 1 0 ids=2\nhi\n", "a", "BAD_REQUEST"},
+        {"SUBMIT a 0 2 1 0 1 0 logprobs=\nhi\n", "a", "BAD_REQUEST"},
+        {"SUBMIT a 0 2 1 0 1 0 ids=1 0\nhi\n", "a", "BAD_REQUEST"},              /* positional after a key */
+        {"SUBMIT 0123456789012345678901234567890123456789012345678901234567890123 0 2 1 0 1\nhi\n", "0", "BAD_REQUEST"},
+        {"SUBMIT a 0 2 1 0 1\nhiX", "a", "BAD_FRAME"},                           /* wrong terminator */
+        {"STOP\n", "0", "BAD_REQUEST"},
+        {"CANCEL\n", "0", "BAD_REQUEST"},
+        {"IMAGE i 2 0 1\nab\n", "i", "BAD_REQUEST"},
+        {"STOP a\x01\n", "0", "BAD_REQUEST"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        parse(cases[i].in);
+        CHECK(is_error(0, cases[i].id, cases[i].code), "case %zu '%s' -> %s %s (got n=%d kind=%d id=%s code=%s)", i,
+              cases[i].in, cases[i].id, cases[i].code, fr.n, fr.n ? (int)fr.f[0].kind : -1, fr.n ? fr.f[0].id : "",
+              fr.n && fr.f[0].code ? fr.f[0].code : "");
+        CHECK(fr.n == 1, "case %zu: exactly one frame (got %d)", i, fr.n);
+    }
+    /* an extension string of 128+ chars */
+    char big[512];
+    snprintf(big, sizeof big, "SUBMIT a 0 2 1 0 1 0 k1=%062d k2=%062d\nhi\n", 1, 2);
+    parse(big);
+    CHECK(is_error(0, "a", "BAD_REQUEST") && fr.n == 1, "extension string limit");
+}
+
+static void test_sync_after_errors(void) {
+    /* A bad header whose sizes parse has its payload consumed; the next frame is read intact. */
+    parse("SUBMIT a 0 5 1 nan 1\nSTOP \n\nSTOP b\n");
+    CHECK(fr.n == 2 && is_error(0, "a", "BAD_REQUEST") && fr.f[1].kind == WIRE_STOP && !strcmp(fr.f[1].id, "b"),
+          "payload of a refused submit skipped (n=%d)", fr.n);
+    /* blank lines and unknown words are ignored */
+    parse("\n\r\nHELLO there\nPING 1 2 3\nCANCEL c\n");
+    CHECK(fr.n == 1 && fr.f[0].kind == WIRE_CANCEL && !strcmp(fr.f[0].id, "c"), "ignored lines (n=%d)", fr.n);
+    /* an over-long header is refused and drained to its newline */
+    size_t n = 10000;
+    char *in = malloc(n + 64);
+    memcpy(in, "SUBMIT ", 7);
+    memset(in + 7, 'x', n - 7);
+    strcpy(in + n, "\nSTOP d\n");
+    for (int bytewise = 0; bytewise < 2; bytewise++) {
+        parse_all(in, strlen(in), bytewise, &fr);
+        CHECK(fr.n == 2 && is_error(0, "0", "BAD_REQUEST") && fr.f[1].kind == WIRE_STOP && !strcmp(fr.f[1].id, "d"),
+              "long header drained (bytewise=%d, n=%d)", bytewise, fr.n);
+    }
+    free(in);
+    /* sizes over the limit are not waited for */
+    parse("SUBMIT a 0 99999999999 1 0 1\nSTOP e\n");
+    CHECK(fr.n == 2 && is_error(0, "a", "BAD_REQUEST") && fr.f[1].kind == WIRE_STOP, "huge size: header only");
+    parse("SUBMIT a 0 -5 1 0 1\nSTOP e\n");
+    CHECK(fr.n == 2 && is_error(0, "a", "BAD_REQUEST") && fr.f[1].kind == WIRE_STOP, "negative size: header only");
+    /* IMAGE payload consumed */
+    parse("IMAGE i 3 2 2\n\n\n\n\nSTOP f\n");
+    CHECK(fr.n == 2 && fr.f[0].kind == WIRE_IMAGE && fr.f[0].payload_len == 3 && fr.f[1].kind == WIRE_STOP, "image frame");
+}
+
+static void test_eof(void) {
+    parse("SUBMIT t 0 10 1 0 1\nabc");
+    CHECK(fr.n == 1 && is_error(0, "t", "BAD_FRAME"), "payload cut by EOF");
+    parse("SUBMIT t 0 3 1 0 1\nabc");
+    CHECK(fr.n == 1 && is_error(0, "t", "BAD_FRAME"), "missing terminator at EOF");
+    parse("STOP u");
+    CHECK(fr.n == 1 && is_error(0, "u", "BAD_FRAME"), "header cut by EOF");
+    parse("garbage");
+    CHECK(fr.n == 0, "unknown word cut by EOF is ignored");
+    parse("");
+    CHECK(fr.n == 0, "empty input");
+    parse("STOP a\nSUBMIT v 0 9 1 0 1\nabc");
+    CHECK(fr.n == 2 && fr.f[0].kind == WIRE_STOP && is_error(1, "v", "BAD_FRAME"), "cut frame after a complete one");
+}
+
+static void test_bytewise_equals_whole(void) {
+    const char in[] = "SUBMIT 1 0 5 3 0 1 2 logprobs=2\nhelloXY\nSTOP 1\nJUNK\nCANCEL 2\nSUBMIT 3 0 1 1 0 1\nz\n";
+    frames whole, bytes;
+    parse_all(in, sizeof in - 1, 0, &whole);
+    parse_all(in, sizeof in - 1, 1, &bytes);
+    int same = whole.n == bytes.n && whole.n == 4;
+    for (int i = 0; same && i < whole.n; i++)
+        same = whole.f[i].kind == bytes.f[i].kind && !strcmp(whole.f[i].id, bytes.f[i].id) &&
+               !strcmp(whole.payload[i], bytes.payload[i]);
+    CHECK(same, "byte-at-a-time delivery gives the same frames (%d vs %d)", whole.n, bytes.n);
+}
+
+static void test_format(void) {
+    char out[WIRE_HEADER_MAX];
+    size_t n = wire_fmt_done(out, "req-v4", 3, 1.25, 50.0, 1.25, 7, 1, 5);
+    CHECK(n == strlen("DONE req-v4 STAT 3 1.250 50.0 1.25 7 1 5\n") && !memcmp(out, "DONE req-v4 STAT 3 1.250 50.0 1.25 7 1 5\n", n),
+          "DONE golden: %.*s", (int)n, out);
+    n = wire_fmt_accept(out, "x", 12);
+    CHECK(n == 12 && !memcmp(out, "ACCEPT x 12\n", n), "ACCEPT");
+    n = wire_fmt_data(out, "x", 4, 0, 0, NULL, NULL);
+    CHECK(n == 9 && !memcmp(out, "DATA x 4\n", n), "DATA plain");
+    int ids[2] = {17, 3};
+    float lps[2] = {-0.5f, -1.25f};
+    n = wire_fmt_data(out, "x", 2, 2, -0.5f, ids, lps);
+    const char *want = "DATA x 2 -0.5 2 17 -0.5 3 -1.25\n";
+    CHECK(n == strlen(want) && !memcmp(out, want, n), "DATA logprobs: %.*s", (int)n, out);
+    float nanv[1] = {NAN};
+    n = wire_fmt_data(out, "x", 0, 1, -INFINITY, ids, nanv);
+    CHECK(n == strlen("DATA x 0 -inf 1 17 nan\n") && !memcmp(out, "DATA x 0 -inf 1 17 nan\n", n), "nan/inf: %.*s", (int)n, out);
+    n = wire_fmt_error(out, "y", "CONTEXT_EXCEEDED", "130 128");
+    CHECK(n == strlen("ERROR y CONTEXT_EXCEEDED 130 128\n") && !memcmp(out, "ERROR y CONTEXT_EXCEEDED 130 128\n", n), "ERROR");
+    n = wire_fmt_error(out, "y", "BAD_REQUEST", "two\nlines\r");
+    CHECK(n == strlen("ERROR y BAD_REQUEST two lines \n") && !memcmp(out, "ERROR y BAD_REQUEST two lines \n", n),
+          "newlines in detail become spaces");
+    n = wire_fmt_error(out, "z", "CANCELLED", NULL);
+    CHECK(n == strlen("ERROR z CANCELLED\n") && !memcmp(out, "ERROR z CANCELLED\n", n), "bare code");
+    CHECK(strlen(WIRE_READY) == 10 && !memcmp(WIRE_READY, "\x01\x01READY\x01\x01\n", 10), "READY sentinel");
+}
+
+int main(void) {
+    test_submit_fields();
+    test_refusals();
+    test_sync_after_errors();
+    test_eof();
+    test_bytewise_equals_whole();
+    test_format();
+    return TEST_END();
+}

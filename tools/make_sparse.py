@@ -1,0 +1,368 @@
+"""make_sparse.py FAMILY OUT — a checkpoint with the real config, tensor names, dtypes and shapes,
+written as sparse files: each shard gets its real JSON header and is then extended to its full
+size without writing data, so a 160 GB (DeepSeek-V4-Flash) or 1.5 TB (GLM-5) checkpoint costs a
+few MB of disk. Every weight reads as zero. The loader, the tensor validation of each family and
+the memory behaviour of mmap can then be tested at full scale on an ordinary machine.
+
+FAMILY is deepseek_v4 (DeepSeek-V4-Flash) or glm (GLM-5, glm_moe_dsa, BF16 official layout).
+Each inventory checks itself against the published totals (tensor count and index total_size).
+No tokenizer.json is written: the real vocabularies are not available here.
+"""
+import argparse
+import glob
+import json
+import os
+import struct
+import sys
+
+DTYPE_SIZE = {"BF16": 2, "F16": 2, "F32": 4, "F8_E4M3": 1, "F8_E8M0": 1, "I8": 1, "U8": 1, "I32": 4, "I64": 8}
+
+# ---- DeepSeek-V4-Flash (deepseek_v4.md §1 config, §8 tensor list) ---------------------------
+
+DSV4_CONFIG = {
+    "architectures": ["DeepseekV4ForCausalLM"],
+    "model_type": "deepseek_v4",
+    "hidden_size": 4096,
+    "num_hidden_layers": 43,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 1,
+    "head_dim": 512,
+    "qk_rope_head_dim": 64,
+    "q_lora_rank": 1024,
+    "o_groups": 8,
+    "o_lora_rank": 1024,
+    "sliding_window": 128,
+    "compress_ratios": [0, 0] + [4, 128] * 20 + [4, 0],
+    "index_n_heads": 64,
+    "index_head_dim": 128,
+    "index_topk": 512,
+    "vocab_size": 129280,
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+    "tie_word_embeddings": False,
+    "max_position_embeddings": 1048576,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000,
+    "compress_rope_theta": 160000,
+    "rope_scaling": {"type": "yarn", "factor": 16, "original_max_position_embeddings": 65536,
+                     "beta_fast": 32, "beta_slow": 1},
+    "n_routed_experts": 256,
+    "num_experts_per_tok": 6,
+    "n_shared_experts": 1,
+    "moe_intermediate_size": 2048,
+    "scoring_func": "sqrtsoftplus",
+    "topk_method": "noaux_tc",
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 1.5,
+    "num_hash_layers": 3,
+    "swiglu_limit": 10.0,
+    "hc_mult": 4,
+    "hc_sinkhorn_iters": 20,
+    "hc_eps": 1e-6,
+    "num_nextn_predict_layers": 1,
+    "expert_dtype": "fp4",
+    "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0",
+                            "weight_block_size": [128, 128], "activation_scheme": "dynamic"},
+    "torch_dtype": "bfloat16",
+}
+DSV4_TENSORS = 69187              # §8: 43x1565 + 41x4 + 21x7 + 6 + 1575
+DSV4_TOTAL_SIZE = 159609485896    # §8: index metadata.total_size
+
+
+def fp8_linear(out, name, rows, cols):
+    """Dense FP8 weight: E4M3 codes plus one UE8M0 scale per 128x128 block."""
+    out.append((f"{name}.weight", "F8_E4M3", [rows, cols]))
+    out.append((f"{name}.scale", "F8_E8M0", [-(-rows // 128), -(-cols // 128)]))
+
+
+def fp4_linear(out, name, rows, cols):
+    """Routed expert: two E2M1 codes per I8 byte plus one UE8M0 scale per 32 inputs."""
+    out.append((f"{name}.weight", "I8", [rows, cols // 2]))
+    out.append((f"{name}.scale", "F8_E8M0", [rows, cols // 32]))
+
+
+def dsv4_hc(out, p, c):
+    hc, d = c["hc_mult"], c["hidden_size"]
+    mix = (2 + hc) * hc
+    out += [(f"{p}_fn", "F32", [mix, hc * d]), (f"{p}_base", "F32", [mix]), (f"{p}_scale", "F32", [3])]
+
+
+def dsv4_hc_head(out, p, c):
+    hc, d = c["hc_mult"], c["hidden_size"]
+    out += [(f"{p}hc_head_fn", "F32", [hc, hc * d]), (f"{p}hc_head_base", "F32", [hc]),
+            (f"{p}hc_head_scale", "F32", [1])]
+
+
+def dsv4_compressor(out, p, ratio, width, d):
+    coff = 2 if ratio == 4 else 1      # overlap (two series per token) is keyed on ratio == 4
+    out += [(f"{p}.ape", "F32", [ratio, coff * width]), (f"{p}.norm.weight", "BF16", [width]),
+            (f"{p}.wkv.weight", "BF16", [coff * width, d]), (f"{p}.wgate.weight", "BF16", [coff * width, d])]
+
+
+def dsv4_attention(out, p, ratio, c):
+    d, h, hd, ql = c["hidden_size"], c["num_attention_heads"], c["head_dim"], c["q_lora_rank"]
+    g, ol = c["o_groups"], c["o_lora_rank"]
+    out += [(f"{p}.attn_sink", "F32", [h]), (f"{p}.q_norm.weight", "BF16", [ql]),
+            (f"{p}.kv_norm.weight", "BF16", [hd])]
+    fp8_linear(out, f"{p}.wq_a", ql, d)
+    fp8_linear(out, f"{p}.wq_b", h * hd, ql)
+    fp8_linear(out, f"{p}.wkv", hd, d)
+    fp8_linear(out, f"{p}.wo_a", g * ol, h * hd // g)
+    fp8_linear(out, f"{p}.wo_b", d, g * ol)
+    if ratio:
+        dsv4_compressor(out, f"{p}.compressor", ratio, hd, d)
+    if ratio == 4:
+        ih, idim = c["index_n_heads"], c["index_head_dim"]
+        dsv4_compressor(out, f"{p}.indexer.compressor", ratio, idim, d)
+        out.append((f"{p}.indexer.weights_proj.weight", "BF16", [ih, d]))
+        fp8_linear(out, f"{p}.indexer.wq_b", ih * idim, ql)
+
+
+def dsv4_moe(out, p, hash_routed, c):
+    d, e, inter = c["hidden_size"], c["n_routed_experts"], c["moe_intermediate_size"]
+    out.append((f"{p}.gate.weight", "BF16", [e, d]))
+    if hash_routed:
+        out.append((f"{p}.gate.tid2eid", "I64", [c["vocab_size"], c["num_experts_per_tok"]]))
+    else:
+        out.append((f"{p}.gate.bias", "F32", [e]))
+    shared = inter * c["n_shared_experts"]
+    fp8_linear(out, f"{p}.shared_experts.w1", shared, d)
+    fp8_linear(out, f"{p}.shared_experts.w2", d, shared)
+    fp8_linear(out, f"{p}.shared_experts.w3", shared, d)
+    for i in range(e):
+        fp4_linear(out, f"{p}.experts.{i}.w1", inter, d)
+        fp4_linear(out, f"{p}.experts.{i}.w2", d, inter)
+        fp4_linear(out, f"{p}.experts.{i}.w3", inter, d)
+
+
+def dsv4_block(out, p, ratio, hash_routed, c):
+    d = c["hidden_size"]
+    out += [(f"{p}.attn_norm.weight", "BF16", [d]), (f"{p}.ffn_norm.weight", "BF16", [d])]
+    dsv4_hc(out, f"{p}.hc_attn", c)
+    dsv4_hc(out, f"{p}.hc_ffn", c)
+    dsv4_attention(out, f"{p}.attn", ratio, c)
+    dsv4_moe(out, f"{p}.ffn", hash_routed, c)
+
+
+def dsv4_inventory(c):
+    d, v, n = c["hidden_size"], c["vocab_size"], c["num_hidden_layers"]
+    out = [("embed.weight", "BF16", [v, d]), ("head.weight", "BF16", [v, d]), ("norm.weight", "BF16", [d])]
+    dsv4_hc_head(out, "", c)
+    for i in range(n):
+        dsv4_block(out, f"layers.{i}", c["compress_ratios"][i], i < c["num_hash_layers"], c)
+    for k in range(c["num_nextn_predict_layers"]):
+        p = f"mtp.{k}"
+        dsv4_block(out, p, c["compress_ratios"][n + k], False, c)
+        fp8_linear(out, f"{p}.e_proj", d, d)
+        fp8_linear(out, f"{p}.h_proj", d, d)
+        out += [(f"{p}.{x}.weight", "BF16", [d]) for x in ("enorm", "hnorm", "norm")]
+        dsv4_hc_head(out, f"{p}.", c)
+    return out
+
+
+# ---- GLM-5 (glm_kimi_inkling.md Corrections, §2.1, §2.2, §5) ---------------------------------
+#
+# Values follow the HF GlmMoeDsaConfig defaults listed in §5 and the published GLM-5.1 config.json
+# (same architecture: 78 layers, first 3 dense, MTP at layer 78). Uncertain points:
+#  - The inventory below is checked against the GLM-5.1 index (59,870 tensors, total_size
+#    1,507,728,316,928 bytes); GLM-5 is assumed to ship the identical layout.
+#  - dtypes: every tensor BF16 except mlp.gate.e_score_correction_bias (F32). A F32 router weight
+#    (which some runtimes keep in F32 in memory) does not reproduce the published total; BF16 does.
+#  - config.json fields beyond §5 (head_dim 64, pad_token_id, rope_parameters shape, dtype) are
+#    taken from the GLM-5.1 release; GLM-5's file may differ in those informational fields.
+
+GLM_CONFIG = {
+    "architectures": ["GlmMoeDsaForCausalLM"],
+    "model_type": "glm_moe_dsa",
+    "dtype": "bfloat16",
+    "vocab_size": 154880,
+    "hidden_size": 6144,
+    "intermediate_size": 12288,
+    "moe_intermediate_size": 2048,
+    "num_hidden_layers": 78,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 64,
+    "head_dim": 64,
+    "qk_nope_head_dim": 192,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 256,
+    "q_lora_rank": 2048,
+    "kv_lora_rank": 512,
+    "hidden_act": "silu",
+    "max_position_embeddings": 202752,
+    "rope_parameters": {"rope_theta": 1000000, "rope_type": "default"},
+    "rope_interleave": True,
+    "indexer_rope_interleave": True,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": False,
+    "n_routed_experts": 256,
+    "num_experts_per_tok": 8,
+    "n_shared_experts": 1,
+    "routed_scaling_factor": 2.5,
+    "scoring_func": "sigmoid",
+    "topk_method": "noaux_tc",
+    "n_group": 1,
+    "topk_group": 1,
+    "norm_topk_prob": True,
+    "first_k_dense_replace": 3,
+    "moe_layer_freq": 1,
+    "index_topk": 2048,
+    "index_head_dim": 128,
+    "index_n_heads": 32,
+    "num_nextn_predict_layers": 1,
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "pad_token_id": 154820,
+    "eos_token_id": [154820, 154827, 154829],
+    "use_cache": True,
+}
+GLM_TENSORS = 59870
+GLM_TOTAL_SIZE = 1507728316928
+
+
+def glm_attention(out, p, c):
+    d, h = c["hidden_size"], c["num_attention_heads"]
+    ql, kvl, rope = c["q_lora_rank"], c["kv_lora_rank"], c["qk_rope_head_dim"]
+    qk = c["qk_nope_head_dim"] + rope
+    ih, idim = c["index_n_heads"], c["index_head_dim"]
+    a = f"{p}.self_attn"
+    out += [(f"{a}.q_a_proj.weight", "BF16", [ql, d]), (f"{a}.q_a_layernorm.weight", "BF16", [ql]),
+            (f"{a}.q_b_proj.weight", "BF16", [h * qk, ql]),
+            (f"{a}.kv_a_proj_with_mqa.weight", "BF16", [kvl + rope, d]),
+            (f"{a}.kv_a_layernorm.weight", "BF16", [kvl]),
+            (f"{a}.kv_b_proj.weight", "BF16", [h * (c["qk_nope_head_dim"] + c["v_head_dim"]), kvl]),
+            (f"{a}.o_proj.weight", "BF16", [d, h * c["v_head_dim"]]),
+            (f"{a}.indexer.wq_b.weight", "BF16", [ih * idim, ql]), (f"{a}.indexer.wk.weight", "BF16", [idim, d]),
+            (f"{a}.indexer.k_norm.weight", "BF16", [idim]), (f"{a}.indexer.k_norm.bias", "BF16", [idim]),
+            (f"{a}.indexer.weights_proj.weight", "BF16", [ih, d])]
+
+
+def glm_swiglu(out, p, inter, d):
+    out += [(f"{p}.gate_proj.weight", "BF16", [inter, d]), (f"{p}.up_proj.weight", "BF16", [inter, d]),
+            (f"{p}.down_proj.weight", "BF16", [d, inter])]
+
+
+def glm_layer(out, p, dense, c):
+    d = c["hidden_size"]
+    out += [(f"{p}.input_layernorm.weight", "BF16", [d]), (f"{p}.post_attention_layernorm.weight", "BF16", [d])]
+    glm_attention(out, p, c)
+    if dense:
+        glm_swiglu(out, f"{p}.mlp", c["intermediate_size"], d)
+        return
+    e, inter = c["n_routed_experts"], c["moe_intermediate_size"]
+    out += [(f"{p}.mlp.gate.weight", "BF16", [e, d]), (f"{p}.mlp.gate.e_score_correction_bias", "F32", [e])]
+    glm_swiglu(out, f"{p}.mlp.shared_experts", inter * c["n_shared_experts"], d)
+    for i in range(e):
+        glm_swiglu(out, f"{p}.mlp.experts.{i}", inter, d)
+
+
+def glm_inventory(c):
+    d, v, n = c["hidden_size"], c["vocab_size"], c["num_hidden_layers"]
+    out = [("model.embed_tokens.weight", "BF16", [v, d]), ("model.norm.weight", "BF16", [d]),
+           ("lm_head.weight", "BF16", [v, d])]
+    for i in range(n):
+        glm_layer(out, f"model.layers.{i}", i < c["first_k_dense_replace"], c)
+    for k in range(c["num_nextn_predict_layers"]):
+        p = f"model.layers.{n + k}"
+        glm_layer(out, p, False, c)
+        out += [(f"{p}.eh_proj.weight", "BF16", [d, 2 * d]), (f"{p}.enorm.weight", "BF16", [d]),
+                (f"{p}.hnorm.weight", "BF16", [d]), (f"{p}.shared_head.norm.weight", "BF16", [d])]
+    return out
+
+
+FAMILIES = {
+    "deepseek_v4": (DSV4_CONFIG, dsv4_inventory, DSV4_TENSORS, DSV4_TOTAL_SIZE),
+    "glm": (GLM_CONFIG, glm_inventory, GLM_TENSORS, GLM_TOTAL_SIZE),
+}
+
+# ---- writing ---------------------------------------------------------------------------------
+
+
+def nbytes(dtype, shape):
+    n = DTYPE_SIZE[dtype]
+    for s in shape:
+        n *= s
+    return n
+
+
+def check_inventory(family, tensors, want_count, want_total):
+    names = [t[0] for t in tensors]
+    if len(set(names)) != len(names):
+        sys.exit(f"{family}: duplicate tensor names in the inventory")
+    total = sum(nbytes(dt, shape) for _, dt, shape in tensors)
+    if len(tensors) != want_count or total != want_total:
+        sys.exit(f"{family}: inventory has {len(tensors)} tensors / {total} bytes, "
+                 f"published {want_count} / {want_total}")
+    return total
+
+
+def split_shards(tensors, shard_bytes):
+    shards, cur, size = [], [], 0
+    for t in tensors:
+        n = nbytes(t[1], t[2])
+        if cur and size + n > shard_bytes:
+            shards.append(cur)
+            cur, size = [], 0
+        cur.append(t)
+        size += n
+    if cur:
+        shards.append(cur)
+    return shards
+
+
+def write_sparse_shard(path, tensors):
+    """Header, then extend the file to its full size: the data section is one hole.
+    Entries are laid out widest dtype first (as the safetensors library does), so every tensor
+    starts aligned to its element size."""
+    order = sorted(tensors, key=lambda t: (-DTYPE_SIZE[t[1]], t[0]))
+    header, off = {"__metadata__": {"format": "pt"}}, 0
+    for name, dt, shape in order:
+        n = nbytes(dt, shape)
+        header[name] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + n]}
+        off += n
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(blob)))
+        f.write(blob)
+        f.truncate(8 + len(blob) + off)
+
+
+def write_checkpoint(family, outdir, shard_bytes):
+    config, inventory, want_count, want_total = FAMILIES[family]
+    tensors = inventory(config)
+    total = check_inventory(family, tensors, want_count, want_total)
+    os.makedirs(outdir, exist_ok=True)
+    for stale in glob.glob(os.path.join(outdir, "*.safetensors")):
+        os.remove(stale)
+    shards = split_shards(tensors, shard_bytes)
+    weight_map = {}
+    for i, shard in enumerate(shards):
+        fname = "model-%05d-of-%05d.safetensors" % (i + 1, len(shards))
+        write_sparse_shard(os.path.join(outdir, fname), shard)
+        weight_map.update((t[0], fname) for t in shard)
+    with open(os.path.join(outdir, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=1)
+    # config.json last: its presence marks a complete checkpoint for callers that cache it.
+    with open(os.path.join(outdir, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    return len(tensors), total, len(shards)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("family", choices=sorted(FAMILIES))
+    ap.add_argument("out")
+    ap.add_argument("--shard-gb", type=float, default=5.0, help="approximate shard size (GB)")
+    a = ap.parse_args()
+    if a.shard_gb <= 0:
+        ap.error("--shard-gb must be positive")
+    config_path = os.path.join(a.out, "config.json")
+    if os.path.exists(config_path):
+        os.remove(config_path)
+    n, total, shards = write_checkpoint(a.family, a.out, int(a.shard_gb * 1e9))
+    print(f"{a.family}: {n} tensors, {total} bytes (sparse) in {shards} shards -> {a.out}")
+
+
+if __name__ == "__main__":
+    main()

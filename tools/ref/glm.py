@@ -1,0 +1,181 @@
+#!/usr/bin/python3
+"""Float64 reference forward pass of GLM-5 (`glm_moe_dsa`), written from the Hugging Face model
+description, independent of the C engine: whole-sequence attention with k/v expanded through kv_b_proj
+(the C side uses the absorbed latent form), RoPE in the de-interleaved layout HF uses, DSA masks built
+per query row, and experts evaluated densely.
+
+usage: glm.py MODEL_DIR --ids 1,2,3 [--top 5]
+prints one JSON line per position: {"pos": i, "top": [[id, logprob], ...]} (next-token log-probs).
+"""
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import st  # noqa: E402
+
+
+def load(model_dir):
+    cfg = json.load(open(os.path.join(model_dir, "config.json")))
+    raw = st.read_dir(model_dir)
+    w = {}
+    for name, (dt, shape, data) in raw.items():
+        if dt == "BF16":
+            w[name] = st.bf16_decode(data, shape).astype(np.float64)
+        elif dt == "F32":
+            w[name] = np.frombuffer(data, dtype=np.float32).reshape(shape).astype(np.float64)
+        elif dt == "F8_E4M3":
+            w[name] = ("fp8", np.frombuffer(data, dtype=np.uint8).reshape(shape))
+    # FP8 checkpoints: weight (E4M3) + weight_scale_inv (F32, one per 128x128 block).
+    for name in [n for n, v in w.items() if isinstance(v, tuple)]:
+        q = w[name][1]
+        s = w.pop(name[: -len("weight")] + "weight_scale_inv")
+        big = np.repeat(np.repeat(s, 128, 0), 128, 1)[: q.shape[0], : q.shape[1]]
+        w[name] = st.e4m3_decode(q) * big
+    return cfg, w
+
+
+def rms(x, g, eps):
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * g
+
+
+def layer_norm(x, g, b, eps):
+    mu = x.mean(axis=-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(axis=-1, keepdims=True)
+    return (x - mu) / np.sqrt(var + eps) * g + b
+
+
+def rope(x, pos, theta, interleave):
+    """x [..., S, (H,) d] rotated at positions pos; interleaved pairs are first de-interleaved (HF)."""
+    d = x.shape[-1]
+    inv = theta ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+    ang = np.outer(pos, inv)
+    cos, sin = np.concatenate([np.cos(ang)] * 2, -1), np.concatenate([np.sin(ang)] * 2, -1)
+    if x.ndim == 3:
+        cos, sin = cos[:, None, :], sin[:, None, :]
+    if interleave:
+        x = np.concatenate([x[..., 0::2], x[..., 1::2]], -1)
+    rot = np.concatenate([-x[..., d // 2:], x[..., : d // 2]], -1)
+    return x * cos + rot * sin
+
+
+def silu(x):
+    return x / (1 + np.exp(-x))
+
+
+def swiglu(w, p, x):
+    return (silu(x @ w[p + "gate_proj.weight"].T) * (x @ w[p + "up_proj.weight"].T)) @ w[p + "down_proj.weight"].T
+
+
+def top_indices(scores, k):
+    """k best, ties to the lower index."""
+    return np.lexsort((np.arange(len(scores)), -scores))[:k]
+
+
+def indexer_select(cfg, w, p, hn, q_resid, pos, theta):
+    nh, hd, rd = cfg["index_n_heads"], cfg["index_head_dim"], cfg["qk_rope_head_dim"]
+    inter = cfg.get("indexer_rope_interleave", False)
+    q = (q_resid @ w[p + "wq_b.weight"].T).reshape(len(pos), nh, hd)
+    q = np.concatenate([rope(q[..., :rd], pos, theta, inter), q[..., rd:]], -1)
+    k = layer_norm(hn @ w[p + "wk.weight"].T, w[p + "k_norm.weight"], w[p + "k_norm.bias"], 1e-6)
+    k = np.concatenate([rope(k[..., :rd], pos, theta, inter), k[..., rd:]], -1)
+    hw = (hn @ w[p + "weights_proj.weight"].T) * nh ** -0.5
+    dots = np.maximum(np.einsum("shd,td->sht", q, k) * hd ** -0.5, 0)
+    score = np.einsum("sht,sh->st", dots, hw)
+    sel = np.zeros((len(pos), len(pos)), dtype=bool)
+    for s in range(len(pos)):
+        sel[s, top_indices(score[s, : s + 1], min(cfg["index_topk"], s + 1))] = True
+    return sel
+
+
+def attention(cfg, w, p, hn, pos, theta, prev_sel, full):
+    h, nope, rd, vd = (cfg["num_attention_heads"], cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"],
+                       cfg["v_head_dim"])
+    kvl, S = cfg["kv_lora_rank"], len(pos)
+    inter = cfg.get("rope_interleave", True)
+    q_resid = rms(hn @ w[p + "q_a_proj.weight"].T, w[p + "q_a_layernorm.weight"], 1e-6)
+    q = (q_resid @ w[p + "q_b_proj.weight"].T).reshape(S, h, nope + rd)
+    q_nope, q_pe = q[..., :nope], rope(q[..., nope:], pos, theta, inter)
+    ckv = hn @ w[p + "kv_a_proj_with_mqa.weight"].T
+    latent = rms(ckv[:, :kvl], w[p + "kv_a_layernorm.weight"], 1e-6)
+    k_pe = rope(ckv[:, kvl:], pos, theta, inter)
+    kv = (latent @ w[p + "kv_b_proj.weight"].T).reshape(S, h, nope + vd)
+    k_nope, v = kv[..., :nope], kv[..., nope:]
+    sel = indexer_select(cfg, w, p + "indexer.", hn, q_resid, pos, theta) if full else prev_sel
+    scores = (np.einsum("shd,thd->hst", q_nope, k_nope) + np.einsum("shd,td->hst", q_pe, k_pe)) * (nope + rd) ** -0.5
+    mask = np.tril(np.ones((S, S), dtype=bool)) & sel
+    scores = np.where(mask[None], scores, -np.inf)
+    scores = np.exp(scores - scores.max(-1, keepdims=True))
+    probs = scores / scores.sum(-1, keepdims=True)
+    out = np.einsum("hst,thd->shd", probs, v).reshape(S, h * vd)
+    return out @ w[p + "o_proj.weight"].T, sel
+
+
+def moe(cfg, w, p, x):
+    logits = x @ w[p + "gate.weight"].T
+    s = 1 / (1 + np.exp(-logits))
+    choice = s + w[p + "gate.e_score_correction_bias"]
+    out = swiglu(w, p + "shared_experts.", x)
+    for t in range(len(x)):
+        idx = top_indices(choice[t], cfg["num_experts_per_tok"])
+        wt = s[t, idx]
+        if cfg.get("norm_topk_prob", True):
+            wt = wt / (wt.sum() + 1e-20)
+        wt = wt * cfg.get("routed_scaling_factor", 1.0)
+        for e, we in zip(idx, wt):
+            out[t] += we * swiglu(w, f"{p}experts.{e}.", x[t: t + 1])[0]
+    return out
+
+
+def indexer_types(cfg):
+    if "indexer_types" in cfg:
+        return cfg["indexer_types"]
+    freq, off = max(cfg.get("index_topk_freq", 1), 1), cfg.get("index_skip_topk_offset", 2)
+    return ["full" if max(i - off + 1, 0) % freq == 0 else "shared" for i in range(cfg["num_hidden_layers"])]
+
+
+def forward(cfg, w, ids):
+    """Logits [len(ids), vocab] of every position."""
+    pos = np.arange(len(ids))
+    theta = cfg.get("rope_parameters", {}).get("rope_theta", cfg.get("rope_theta", 10000.0))
+    eps = cfg.get("rms_norm_eps", 1e-5)
+    types = indexer_types(cfg)
+    dense = cfg.get("mlp_layer_types") or (["dense"] * cfg["first_k_dense_replace"] +
+                                           ["sparse"] * (cfg["num_hidden_layers"] - cfg["first_k_dense_replace"]))
+    x = w["model.embed_tokens.weight"][np.asarray(ids)]
+    sel = None
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        hn = rms(x, w[p + "input_layernorm.weight"], eps)
+        full = types[i] == "full" or sel is None
+        a, sel = attention(cfg, w, p + "self_attn.", hn, pos, theta, sel, full)
+        x = x + a
+        hn = rms(x, w[p + "post_attention_layernorm.weight"], eps)
+        x = x + (moe(cfg, w, p + "mlp.", hn) if dense[i] == "sparse" else swiglu(w, p + "mlp.", hn))
+    x = rms(x, w["model.norm.weight"], eps)
+    return x @ w["lm_head.weight"].T
+
+
+def log_softmax(z):
+    z = z - z.max(-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(-1, keepdims=True))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model")
+    ap.add_argument("--ids", required=True, help="comma-separated prompt token ids")
+    ap.add_argument("--top", type=int, default=5)
+    a = ap.parse_args()
+    cfg, w = load(a.model)
+    lp = log_softmax(forward(cfg, w, [int(t) for t in a.ids.split(",")]))
+    for i, row in enumerate(lp):
+        best = top_indices(row, a.top)
+        print(json.dumps({"pos": i, "top": [[int(t), float(row[t])] for t in best]}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,160 @@
+"""Small GLM-5 (`glm_moe_dsa`) checkpoints in the official Hugging Face layout, for tests and benches.
+
+make(outdir, size, seed) writes config.json, model.safetensors (BF16 weights, F32 router bias, exactly
+the tensor names GLM-5 ships), generation_config.json and a byte-level BPE tokenizer.json with the GLM
+special tokens at the top of the vocabulary in the official order.
+
+Sizes:
+  tiny  — every code path in a few KB: dense layer 0 then MoE, MLA, a DSA indexer whose top-k (8)
+          engages from the 9th token, indexer_types full/shared, interleaved RoPE in attention and
+          indexer, non-zero e_score_correction_bias and k_norm.bias, one MTP layer.
+  bench — the same shape scaled up (a few hundred MB) for throughput measurements.
+
+Weights are random but scaled so that activations keep unit size through the layers and the logits
+spread over several nats (a near-uniform output would make agreement tests meaningless).
+"""
+import json
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import st  # noqa: E402
+import tokjson  # noqa: E402
+
+# GLM special tokens in the official tokenizer's order (GLM-5: <|endoftext|> = 154820, <|user|> = +7,
+# <|observation|> = +9); placed at the top of the tiny vocabulary with the same relative offsets.
+GLM_SPECIALS = ["<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>", "<|user|>",
+                "<|assistant|>", "<|observation|>", "<|begin_of_image|>", "<|end_of_image|>",
+                "<|begin_of_video|>", "<|end_of_video|>", "<|begin_of_audio|>", "<|end_of_audio|>",
+                "<|begin_of_transcription|>", "<|end_of_transcription|>", "<|code_prefix|>", "<|code_middle|>",
+                "<|code_suffix|>", "<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>",
+                "</tool_response>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "/nothink",
+                "<|begin_of_box|>", "<|end_of_box|>", "<|image|>", "<|video|>"]
+
+SIZES = {
+    "tiny": dict(vocab_size=1024, hidden_size=64, num_hidden_layers=4, first_k_dense_replace=1,
+                 intermediate_size=96, num_attention_heads=4, q_lora_rank=32, kv_lora_rank=16,
+                 qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=8,
+                 num_experts_per_tok=2, moe_intermediate_size=32, index_n_heads=2, index_head_dim=16,
+                 index_topk=8, indexer_types=["full", "shared", "full", "shared"]),
+    "bench": dict(vocab_size=4096, hidden_size=1024, num_hidden_layers=6, first_k_dense_replace=1,
+                  intermediate_size=2048, num_attention_heads=8, q_lora_rank=256, kv_lora_rank=128,
+                  qk_nope_head_dim=64, qk_rope_head_dim=32, v_head_dim=64, n_routed_experts=32,
+                  num_experts_per_tok=4, moe_intermediate_size=256, index_n_heads=4, index_head_dim=64,
+                  index_topk=64, indexer_types=["full", "shared", "shared", "full", "shared", "shared"]),
+}
+
+
+def special_base(vocab):
+    return vocab - 64
+
+
+def config_for(size):
+    c = dict(SIZES[size])
+    base = special_base(c["vocab_size"])
+    c.update({
+        "architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa", "dtype": "bfloat16",
+        "num_key_value_heads": c["num_attention_heads"], "n_shared_experts": 1, "n_group": 1, "topk_group": 1,
+        "norm_topk_prob": True, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid", "topk_method": "noaux_tc",
+        "hidden_act": "silu", "rms_norm_eps": 1e-5, "num_nextn_predict_layers": 1,
+        "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+        "rope_interleave": True, "indexer_rope_interleave": True, "attention_bias": False,
+        "max_position_embeddings": 4096, "tie_word_embeddings": False,
+        "pad_token_id": base, "eos_token_id": [base, base + 7, base + 9],
+    })
+    return c
+
+
+class Weights:
+    """Collects tensors in file order; matrices are written as BF16 like the official checkpoint."""
+
+    def __init__(self, seed):
+        self.rng = np.random.default_rng(seed)
+        self.t = {}
+
+    def mat(self, name, rows, cols, gain=1.0):
+        w = self.rng.standard_normal((rows, cols)) * (gain / np.sqrt(cols))
+        self.t[name] = ("BF16", [rows, cols], st.bf16_bytes(w))
+
+    def vec(self, name, n, mean=1.0, spread=0.1, dtype="BF16"):
+        v = mean + spread * self.rng.standard_normal(n)
+        self.t[name] = (dtype, [n], st.bf16_bytes(v) if dtype == "BF16" else v.astype(np.float32).tobytes())
+
+
+def attention(w, p, c, full_indexer):
+    d, h = c["hidden_size"], c["num_attention_heads"]
+    qk = c["qk_nope_head_dim"] + c["qk_rope_head_dim"]
+    w.mat(p + "q_a_proj.weight", c["q_lora_rank"], d)
+    w.vec(p + "q_a_layernorm.weight", c["q_lora_rank"])
+    w.mat(p + "q_b_proj.weight", h * qk, c["q_lora_rank"], gain=2.0)
+    w.mat(p + "kv_a_proj_with_mqa.weight", c["kv_lora_rank"] + c["qk_rope_head_dim"], d)
+    w.vec(p + "kv_a_layernorm.weight", c["kv_lora_rank"])
+    w.mat(p + "kv_b_proj.weight", h * (c["qk_nope_head_dim"] + c["v_head_dim"]), c["kv_lora_rank"], gain=2.0)
+    w.mat(p + "o_proj.weight", d, h * c["v_head_dim"], gain=0.7)
+    if full_indexer:
+        ihd = c["index_head_dim"]
+        w.mat(p + "indexer.wq_b.weight", c["index_n_heads"] * ihd, c["q_lora_rank"], gain=2.0)
+        w.mat(p + "indexer.wk.weight", ihd, d, gain=2.0)
+        w.vec(p + "indexer.k_norm.weight", ihd)
+        w.vec(p + "indexer.k_norm.bias", ihd, mean=0.0, spread=0.2)
+        w.mat(p + "indexer.weights_proj.weight", c["index_n_heads"], d, gain=2.0)
+
+
+def mlp(w, p, d, inter):
+    w.mat(p + "gate_proj.weight", inter, d)
+    w.mat(p + "up_proj.weight", inter, d)
+    w.mat(p + "down_proj.weight", d, inter, gain=0.7)
+
+
+def moe(w, p, c):
+    d, e = c["hidden_size"], c["n_routed_experts"]
+    w.mat(p + "gate.weight", e, d, gain=2.0)
+    w.vec(p + "gate.e_score_correction_bias", e, mean=0.0, spread=0.2, dtype="F32")
+    for i in range(e):
+        mlp(w, f"{p}experts.{i}.", d, c["moe_intermediate_size"])
+    mlp(w, p + "shared_experts.", d, c["moe_intermediate_size"] * c["n_shared_experts"])
+
+
+def decoder_layer(w, i, c, full_indexer, sparse):
+    p = f"model.layers.{i}."
+    w.vec(p + "input_layernorm.weight", c["hidden_size"])
+    w.vec(p + "post_attention_layernorm.weight", c["hidden_size"])
+    attention(w, p + "self_attn.", c, full_indexer)
+    if sparse:
+        moe(w, p + "mlp.", c)
+    else:
+        mlp(w, p + "mlp.", c["hidden_size"], c["intermediate_size"])
+
+
+def weights_for(c, seed):
+    w = Weights(seed)
+    d, v, n = c["hidden_size"], c["vocab_size"], c["num_hidden_layers"]
+    w.t["model.embed_tokens.weight"] = ("BF16", [v, d], st.bf16_bytes(w.rng.standard_normal((v, d))))
+    for i in range(n):
+        decoder_layer(w, i, c, c["indexer_types"][i] == "full", i >= c["first_k_dense_replace"])
+    # The MTP layer sits at index num_hidden_layers (DeepSeek-V3 style), with its own full indexer.
+    decoder_layer(w, n, c, True, True)
+    p = f"model.layers.{n}."
+    w.mat(p + "eh_proj.weight", d, 2 * d)
+    w.vec(p + "enorm.weight", d)
+    w.vec(p + "hnorm.weight", d)
+    w.vec(p + "shared_head.norm.weight", d)
+    w.vec("model.norm.weight", d)
+    w.mat("lm_head.weight", v, d, gain=4.0)
+    return w.t
+
+
+def make(outdir, size="tiny", seed=1234):
+    c = config_for(size)
+    os.makedirs(outdir, exist_ok=True)
+    st.write_file(os.path.join(outdir, "model.safetensors"), weights_for(c, seed), {"format": "pt"})
+    base = special_base(c["vocab_size"])
+    tokjson.build(os.path.join(outdir, "tokenizer.json"), c["vocab_size"],
+                  [(base + i, s) for i, s in enumerate(GLM_SPECIALS)], "glm", seed)
+    with open(os.path.join(outdir, "generation_config.json"), "w") as f:
+        json.dump({"eos_token_id": c["eos_token_id"], "pad_token_id": c["pad_token_id"]}, f, indent=1)
+    # config.json last: the test fixtures treat it as the "model complete" stamp.
+    with open(os.path.join(outdir, "config.json"), "w") as f:
+        json.dump(c, f, indent=1)

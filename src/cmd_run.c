@@ -238,6 +238,22 @@ static size_t utf8_valid(const unsigned char *s, size_t n) {
     return len;
 }
 
+/* Heap copy of n bytes with every byte that is not valid UTF-8 replaced by U+FFFD: a reply
+ * goes back into the conversation, and templates and tokenizers want valid text. */
+static char *utf8_sanitize(const char *s, size_t n) {
+    char *out = xmalloc(3 * n + 1), *o = out;
+    for (size_t i = 0; i < n;) {
+        size_t len = utf8_valid((const unsigned char *)s + i, n - i);
+        const char *piece = len ? s + i : "\xef\xbf\xbd";
+        size_t out_len = len ? len : 3;
+        memcpy(o, piece, out_len);
+        o += out_len;
+        i += len ? len : 1;
+    }
+    *o = 0;
+    return out;
+}
+
 /* JSON string of n bytes; bytes that are not valid UTF-8 (a random model can emit half a
  * character) become U+FFFD, so every line stays valid JSON. */
 static void json_string(FILE *f, const char *s, size_t n) {
@@ -260,7 +276,7 @@ static void json_string(FILE *f, const char *s, size_t n) {
 /* "top":[...] of the k most likely ids under logprobs lp. */
 static void json_top(runner *r, const float *lp, int k) {
     int vocab = r->m->vocab_size;
-    top_logprobs(lp, vocab, k, r->top);
+    if (k > 0) top_logprobs(lp, vocab, k, r->top);
     printf("\"top\":[");
     for (int i = 0; i < k; i++) printf("%s{\"id\":%d,\"logprob\":%.9g}", i ? "," : "", r->top[i], lp[r->top[i]]);
     printf("]");
@@ -432,7 +448,9 @@ static int chat_turn(runner *r, cJSON *msgs, char *err, size_t errlen) {
     prompt reply = {xmalloc(sizeof(int) * (r->o->n_gen + 1)), 0};
     int rc = generate(r, &reply, err, errlen);
     size_t n = 0;
-    char *text = r->m->tok ? tok_decode(r->m->tok, reply.ids, reply.n, &n) : xstrdup("");
+    char *raw = r->m->tok ? tok_decode(r->m->tok, reply.ids, reply.n, &n) : xstrdup("");
+    char *text = utf8_sanitize(raw, n);
+    free(raw);
     cJSON *a = cJSON_CreateObject();
     cJSON_AddStringToObject(a, "role", "assistant");
     cJSON_AddStringToObject(a, "content", text);

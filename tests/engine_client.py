@@ -166,8 +166,9 @@ class Engine:
         self.buf += self.p.stdout.read()
         rc = self.p.wait(timeout=HANG_GUARD)
         self.stderr += self.p.stderr.read()
+        self.last_frames = []
         while self.buf:                  # route what the engine said while shutting down
-            self.pump()
+            self.last_frames.append(self.pump()[0])
         return rc
 
     def kill(self):

@@ -113,6 +113,19 @@ def test_reset_between_prompts_leaves_no_stale_state(cairn, tiny_dsv4):
         assert both == fresh[0] + fresh[1]
 
 
+def test_thread_count_does_not_change_bits(cairn, tiny_dsv4, baseline):
+    assert traced(cairn, tiny_dsv4, PROMPT, "--threads", 1) == baseline[0]
+
+
+def test_portable_build_is_invariant_too(tiny_dsv4):
+    """The scalar-only build (make BUILD=build/portable SIMD=portable) keeps its own fixed order."""
+    portable = os.path.join(ROOT, "build", "portable", "cairn")
+    assert os.path.exists(portable), f"{portable} not built (make test builds it)"
+    one = traced(portable, tiny_dsv4, PROMPT)
+    assert traced(portable, tiny_dsv4, PROMPT, "--prefill-chunks", ids_arg(SPLITS["token_by_token"])) == one
+    assert traced(portable, tiny_dsv4, PROMPT, "--prefill-chunks", "7,1", "--snapshot-at", 12) == one
+
+
 def test_numerics_modes_differ(cairn, tiny_dsv4, baseline):
     """--numerics exact really switches off the BF16 rounding and QDQ (else it would be a no-op)."""
     assert traced(cairn, tiny_dsv4, PROMPT, "--numerics", "exact") != baseline[0]

@@ -13,8 +13,12 @@ Tolerance rules:
   re-run 3 times with every value jittered by 1e-7 before each BF16 rounding (see its Numerics).
   Per position, spread = max over those runs of max |Δlogprob| over the reference's top-5 ids,
   and the engine must satisfy max |Δlogprob| over its top-5 ids <= 1.5 * spread + 1e-3.
-The last tests show the rules can fail: a reference run with a wrong RoPE theta, standing in for
+The rule tests show the rules can fail: a reference run with a wrong RoPE theta, standing in for
 an engine, is rejected by both rules.
+
+The layout tests check the generator (tools/tiny_deepseek_v4.py) against deepseek_v4.md §1/§8,
+the contract the engine's loader is written to: every tensor name, dtype and shape, derived here
+from the config independently of the generator.
 """
 import json
 import os
@@ -22,6 +26,7 @@ import random
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from conftest import PYTHON, ROOT
@@ -29,6 +34,8 @@ from conftest import PYTHON, ROOT
 sys.path.insert(0, os.path.join(ROOT, "tools", "ref"))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 import deepseek_v4 as ref  # noqa: E402
+import st  # noqa: E402
+import tiny_deepseek_v4  # noqa: E402
 
 LENGTHS = [8, 21, 72]
 EXACT_TOL = 0.002
@@ -175,3 +182,115 @@ def test_qat_rule_rejects_wrong_rope_theta(tiny_dsv4):
     ids = prompt(72)
     wrong = as_engine_output(reference(tiny_dsv4, ids, "qat", overrides=WRONG_THETA))
     assert qat_violations(wrong, tiny_dsv4, ids)
+
+
+# ---- checkpoint layout (deepseek_v4.md §8) -------------------------------------------------
+
+def fp8(out_f, in_f):
+    return {".weight": ("F8_E4M3", [out_f, in_f]), ".scale": ("F8_E8M0", [-(-out_f // 128), -(-in_f // 128)])}
+
+
+def fp4(out_f, in_f):
+    return {".weight": ("I8", [out_f, in_f // 2]), ".scale": ("F8_E8M0", [out_f, in_f // 32])}
+
+
+def expected_block(c, p, ratio, hashed):
+    d, h, hd, ql = c["hidden_size"], c["num_attention_heads"], c["head_dim"], c["q_lora_rank"]
+    g, ol, e, inter = c["o_groups"], c["o_lora_rank"], c["n_routed_experts"], c["moe_intermediate_size"]
+    mix = (2 + c["hc_mult"]) * c["hc_mult"]
+    t = {f"{p}.attn_norm.weight": ("BF16", [d]), f"{p}.ffn_norm.weight": ("BF16", [d]),
+         f"{p}.attn.attn_sink": ("F32", [h]), f"{p}.attn.q_norm.weight": ("BF16", [ql]),
+         f"{p}.attn.kv_norm.weight": ("BF16", [hd]), f"{p}.ffn.gate.weight": ("BF16", [e, d])}
+    for sub in ("attn", "ffn"):
+        t.update({f"{p}.hc_{sub}_fn": ("F32", [mix, c["hc_mult"] * d]), f"{p}.hc_{sub}_base": ("F32", [mix]),
+                  f"{p}.hc_{sub}_scale": ("F32", [3])})
+    lin = {"attn.wq_a": fp8(ql, d), "attn.wq_b": fp8(h * hd, ql), "attn.wkv": fp8(hd, d),
+           "attn.wo_a": fp8(g * ol, h * hd // g), "attn.wo_b": fp8(d, g * ol),
+           "ffn.shared_experts.w1": fp8(inter, d), "ffn.shared_experts.w3": fp8(inter, d),
+           "ffn.shared_experts.w2": fp8(d, inter)}
+    for j in range(e):
+        lin.update({f"ffn.experts.{j}.w1": fp4(inter, d), f"ffn.experts.{j}.w3": fp4(inter, d),
+                    f"ffn.experts.{j}.w2": fp4(d, inter)})
+    for name, parts in lin.items():
+        t.update({f"{p}.{name}{k}": v for k, v in parts.items()})
+    t[f"{p}.ffn.gate.tid2eid" if hashed else f"{p}.ffn.gate.bias"] = (
+        ("I64", [c["vocab_size"], c["num_experts_per_tok"]]) if hashed else ("F32", [e]))
+    comps = [("attn.compressor", hd)] if ratio else []
+    if ratio == 4:
+        ih, ihd = c["index_n_heads"], c["index_head_dim"]
+        comps.append(("attn.indexer.compressor", ihd))
+        t[f"{p}.attn.indexer.weights_proj.weight"] = ("BF16", [ih, d])
+        t.update({f"{p}.attn.indexer.wq_b{k}": v for k, v in fp8(ih * ihd, ql).items()})
+    for name, dim in comps:
+        coff = 2 if ratio == 4 else 1
+        t.update({f"{p}.{name}.ape": ("F32", [ratio, coff * dim]), f"{p}.{name}.norm.weight": ("BF16", [dim]),
+                  f"{p}.{name}.wkv.weight": ("BF16", [coff * dim, d]),
+                  f"{p}.{name}.wgate.weight": ("BF16", [coff * dim, d])})
+    return t
+
+
+def expected_inventory(c):
+    v, d, hc, n = c["vocab_size"], c["hidden_size"], c["hc_mult"], c["num_hidden_layers"]
+    head = {"hc_head_fn": ("F32", [hc, hc * d]), "hc_head_base": ("F32", [hc]), "hc_head_scale": ("F32", [1])}
+    t = {"embed.weight": ("BF16", [v, d]), "head.weight": ("BF16", [v, d]), "norm.weight": ("BF16", [d]), **head}
+    for i in range(n):
+        t.update(expected_block(c, f"layers.{i}", c["compress_ratios"][i], i < c["num_hash_layers"]))
+    for j in range(c["num_nextn_predict_layers"]):
+        p = f"mtp.{j}"
+        t.update(expected_block(c, p, c["compress_ratios"][n + j], False))
+        for name in ("e_proj", "h_proj"):
+            t.update({f"{p}.{name}{k}": val for k, val in fp8(d, d).items()})
+        t.update({f"{p}.{name}.weight": ("BF16", [d]) for name in ("enorm", "hnorm", "norm")})
+        t.update({f"{p}.{k}": val for k, val in head.items()})
+    return t
+
+
+def test_tiny_layout_matches_spec(tiny_dsv4):
+    c = json.load(open(os.path.join(tiny_dsv4, "config.json")))
+    assert c["model_type"] == "deepseek_v4" and c["vocab_size"] == VOCAB
+    assert c["compress_ratios"] == [0, 4, 8, 4, 0] and c["num_nextn_predict_layers"] == 1
+    assert c["quantization_config"]["weight_block_size"] == [128, 128] and c["rope_scaling"]["type"] == "yarn"
+    tensors = st.read_dir(tiny_dsv4)
+    got = {k: (dt, list(shape)) for k, (dt, shape, _) in tensors.items()}
+    want = expected_inventory(c)
+    assert sorted(set(want) - set(got)) == [] and sorted(set(got) - set(want)) == []
+    wrong = {k: (got[k], want[k]) for k in want if got[k] != want[k]}
+    assert not wrong, wrong
+    index = json.load(open(os.path.join(tiny_dsv4, "model.safetensors.index.json")))
+    assert set(index["weight_map"]) == set(want)
+
+
+def test_tiny_weights_exercise_every_path(tiny_dsv4):
+    tensors = st.read_dir(tiny_dsv4)
+    dt, shape, raw = tensors["layers.0.ffn.gate.tid2eid"]
+    t2e = np.frombuffer(raw, dtype=np.int64).reshape(shape)
+    assert (t2e >= 0).all() and (t2e < 4).all() and (t2e[:, 0] != t2e[:, 1]).all(), "hash rows need distinct experts"
+    for name in ("layers.1.ffn.gate.bias", "layers.1.attn.attn_sink", "layers.1.attn.compressor.ape",
+                 "layers.2.attn.compressor.ape", "layers.1.attn.indexer.compressor.ape"):
+        assert np.abs(np.frombuffer(tensors[name][2], dtype=np.float32)).mean() > 0.1, f"{name} is ~zero"
+    # FP4 codes round-trip to finite, non-trivial weights; some hidden units exceed the SwiGLU clamp
+    w1 = ref.dequantise(tensors, "layers.1.ffn.experts.0.w1.weight")
+    assert np.isfinite(w1).all() and w1.std() > 0
+    x = np.random.default_rng(0).standard_normal(w1.shape[1])
+    assert np.abs(w1 @ x).max() > 10, "no expert unit reaches swiglu_limit: the clamp would be dead code"
+
+
+def test_tokenizer_specials(tiny_dsv4):
+    tok = json.load(open(os.path.join(tiny_dsv4, "tokenizer.json"), encoding="utf-8"))
+    added = {t["id"]: t["content"] for t in tok["added_tokens"]}
+    assert added[0] == "<｜begin▁of▁sentence｜>" and added[1] == "<｜end▁of▁sentence｜>"
+    for s in ("<｜User｜>", "<｜Assistant｜>", "<think>", "</think>", "<｜latest_reminder｜>", "｜DSML｜"):
+        assert s in added.values(), s
+    ids = set(tok["model"]["vocab"].values()) | set(added)
+    assert ids == set(range(VOCAB))
+
+
+def test_bench_config_is_big_and_same_shape():
+    """The bench size (not generated here: 2.5 GB) keeps the architecture and exceeds 2 GiB."""
+    c = tiny_deepseek_v4.config_for("bench")
+    tiny = tiny_deepseek_v4.config_for("tiny")
+    assert set(c) == set(tiny)
+    assert len(c["compress_ratios"]) == c["num_hidden_layers"] + c["num_nextn_predict_layers"]
+    assert {0, 4} <= set(c["compress_ratios"]) and any(r not in (0, 4) for r in c["compress_ratios"])
+    total = sum(int(np.prod(shape)) * st.DTYPE_SIZE[dt] for dt, shape in expected_inventory(c).values())
+    assert total >= 2 << 30, total

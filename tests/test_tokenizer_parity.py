@@ -1,8 +1,8 @@
 """Tokenizer parity: src/core/tokenizer.c must give exactly the ids @huggingface/tokenizers gives.
 
 Tokenizers are built with tools/tokjson.py (DeepSeek and GLM pre-tokenizers, plus variants that
-switch on ignore_merges, ByteLevel's own regex with a prefix space, and non-special added tokens
-with lstrip/rstrip), the reference ids come from tests/node/tok_oracle.mjs, and the C side is
+switch on ignore_merges, ByteLevel's own regex with a prefix space, non-special added tokens
+with lstrip/rstrip, and character-level BPE with byte_fallback), the reference ids come from tests/node/tok_oracle.mjs, and the C side is
 tests/c/tool_tok_encode.c compiled here against the current sources. Every string must also
 survive decode(encode(s)) == s, both through tok_decode and the streaming decoder (except with
 ByteLevel's add_prefix_space, which adds a space by design).
@@ -51,6 +51,7 @@ HAND = [
     "text<think>reasoning</think>answer", "<think>", " <think> ", "<think><think>", "<thin", "<｜User",
     "<|user|>\nhello<|assistant|>", "[gMASK]<sop><|user|>hi", "<|endoftext|>", "a<|endoftext|>b",
     "<|observation|>{\"x\": 1}", "<｜tool▁calls▁begin｜>call", "<<think>>", "</think></think>",
+    "a" * 3000, " " * 2000 + "x", "9" * 1000, "ab" * 1000, "😀" * 300, "\n" * 500, "the " * 500,
 ]
 
 CHAR_POOLS = [
@@ -84,9 +85,9 @@ def random_strings(n, seed):
 STRINGS = HAND + random_strings(200, 7)
 
 
-def variant(style, vocab, seed, tweak=None):
+def variant(style, vocab, seed, tweak=None, byte_fallback=False):
     specials = DS_SPECIALS if style == "deepseek" else GLM_SPECIALS
-    d = tokjson.tokenizer_dict(vocab, specials, style, seed)
+    d = tokjson.tokenizer_dict(vocab, specials, style, seed, byte_fallback)
     if tweak:
         tweak(d)
     return d
@@ -120,6 +121,8 @@ VARIANTS = {
     "glm-ignore-merges": lambda: variant("glm", 1500, 3, ignore_merges),
     "gpt2-byte-level": lambda: variant("glm", 1200, 4, gpt2_byte_level),
     "added-strip-flags": lambda: variant("deepseek", 900, 6, stripping_added),
+    "deepseek-byte-fallback": lambda: variant("deepseek", 1500, 8, byte_fallback=True),
+    "glm-byte-fallback": lambda: variant("glm", 1200, 9, byte_fallback=True),
 }
 
 

@@ -228,14 +228,16 @@ def top_level(w, c):
     return dst
 
 
-def mtp(w, c):
-    n, d = c["num_hidden_layers"], c["hidden_size"]
-    dst = block(w, c, "mtp.0", c["compress_ratios"][n], False)
-    put(dst, "mtp.0.e_proj", w.fp8(d, d))
-    put(dst, "mtp.0.h_proj", w.fp8(d, d))
+def mtp(w, c, j):
+    """MTP block j: an ordinary block (ratio from compress_ratios after the main layers) + its
+    input projections, norms and hc_head."""
+    n, d, p = c["num_hidden_layers"], c["hidden_size"], f"mtp.{j}"
+    dst = block(w, c, p, c["compress_ratios"][n + j], False)
+    put(dst, f"{p}.e_proj", w.fp8(d, d))
+    put(dst, f"{p}.h_proj", w.fp8(d, d))
     for name in ("enorm", "hnorm", "norm"):
-        dst[f"mtp.0.{name}.weight"] = w.bf16((d,), 0.1, 1.0)
-    hc_head(w, dst, "mtp.0.", c)
+        dst[f"{p}.{name}.weight"] = w.bf16((d,), 0.1, 1.0)
+    hc_head(w, dst, f"{p}.", c)
     return dst
 
 
@@ -244,8 +246,8 @@ def shard_groups(w, c):
     yield top_level(w, c)
     for i in range(c["num_hidden_layers"]):
         yield block(w, c, f"layers.{i}", c["compress_ratios"][i], i < c["num_hash_layers"])
-    for _ in range(c["num_nextn_predict_layers"]):
-        yield mtp(w, c)
+    for j in range(c["num_nextn_predict_layers"]):
+        yield mtp(w, c, j)
 
 
 def write_shards(outdir, groups, n_shards):

@@ -6,9 +6,11 @@ build(path, vocab_size, special_tokens, style, seed=0, byte_fallback=False)
            "glm" (GLM-4.5/5: one cl100k-style Split, then ByteLevel).
     The 256 byte-level base tokens and merges learned from an embedded multilingual corpus fill
     the remaining ids, so every id below vocab_size exists.
-    byte_fallback: also set model.byte_fallback and add "<0xNN>" pieces for a few bytes, so the
-    byte-fallback path of a reader is exercised (ByteLevel never needs it, which is the point:
-    the output must not change).
+    byte_fallback: instead of ByteLevel, a character-level BPE (SentencePiece-like layout): the
+    base vocabulary is the 256 "<0xNN>" byte pieces plus every character of the corpus, the
+    pre-tokenizer is the style's Splits alone, model.byte_fallback is on and the decoder is
+    ByteFallback + Fuse; characters outside the corpus encode as their UTF-8 bytes. Test use only:
+    no shipped DeepSeek/GLM file looks like this, but it exercises a reader's byte-fallback path.
 
 The regex strings are the ones the public DeepSeek-V3/V4 and GLM-4.5/5 tokenizer.json files
 ship (facts, not code). The merge trainer is plain BPE: count adjacent symbol pairs over the
@@ -128,14 +130,14 @@ def _extra_words(rng, n):
 class _Trainer:
     """Incremental BPE: pair counts are updated only for the words a merge touches."""
 
-    def __init__(self, b2u):
-        self.b2u = b2u
+    def __init__(self, symbols):
+        self.symbols = symbols
         self.words, self.freq = [], []
         self.index = {}
         self.pairs, self.where = {}, {}
 
     def add(self, word, count=1):
-        syms = [self.b2u[b] for b in word.encode("utf-8")]
+        syms = self.symbols(word)
         key = tuple(syms)
         if key in self.index:
             wi = self.index[key]
@@ -180,17 +182,16 @@ class _Trainer:
         self.pairs = {p: c for p, c in self.pairs.items() if c > 0}
 
 
-def learn_merges(n_tokens, seed, reserved=()):
+def learn_merges(n_tokens, seed, base, symbols, reserved=()):
     """Merges until n_tokens new pieces exist. Two pairs may build the same piece (real
     vocabularies have such merges too); the later one is kept as a merge without a new id."""
-    b2u = bytes_to_unicode()
-    tr = _Trainer(b2u)
+    tr = _Trainer(symbols)
     for w in _words(CORPUS):
         tr.add(w)
     rng = random.Random(seed)
     for w in _extra_words(rng, 200):
         tr.add(w)
-    merges, pieces, seen = [], [], set(b2u.values()) | set(reserved)
+    merges, pieces, seen = [], [], set(base) | set(reserved)
     while len(pieces) < n_tokens:
         p = tr.best()
         if p is None:
@@ -212,28 +213,38 @@ def tokenizer_dict(vocab_size, special_tokens, style, seed=0, byte_fallback=Fals
     taken = {i for i, _ in specials}
     if len(taken) != len(specials) or any(i < 0 or i >= vocab_size for i in taken):
         raise ValueError("special token ids must be distinct and below vocab_size")
-    b2u = bytes_to_unicode()
-    fallback_pieces = ["<0x%02X>" % b for b in (0x00, 0x0A, 0xE4, 0xFF)] if byte_fallback else []
-    n_new = vocab_size - len(specials) - 256 - len(fallback_pieces)
+    if byte_fallback:
+        base = ["<0x%02X>" % b for b in range(256)] + sorted(set(CORPUS))
+        symbols = list
+    else:
+        b2u = bytes_to_unicode()
+        base = [b2u[b] for b in range(256)]
+        symbols = lambda w: [b2u[b] for b in w.encode("utf-8")]  # noqa: E731
+    n_new = vocab_size - len(specials) - len(base)
     if n_new < 1:
-        raise ValueError(f"vocab_size {vocab_size} too small: need > {256 + len(specials) + len(fallback_pieces)}")
-    merges, pieces = learn_merges(n_new, seed, fallback_pieces + [c for _, c in specials])
+        raise ValueError(f"vocab_size {vocab_size} too small: need > {len(base) + len(specials)}")
+    merges, pieces = learn_merges(n_new, seed, base, symbols, [c for _, c in specials])
     free = (i for i in range(vocab_size) if i not in taken)
     vocab = {}
-    for piece in [b2u[b] for b in range(256)] + fallback_pieces + pieces:
+    for piece in base + pieces:
         vocab[piece] = next(free)
     for i, content in specials:
         vocab[content] = i
     if style == "deepseek":
         normalizer = {"type": "Sequence", "normalizers": []}
         splits = DEEPSEEK_SPLITS
-        merges_out = [f"{a} {b}" for a, b in merges]
+        # "a b" strings, as DeepSeek ships them; character-level pieces can hold spaces, so pairs
+        merges_out = [[a, b] for a, b in merges] if byte_fallback else [f"{a} {b}" for a, b in merges]
     else:
         normalizer = None
         splits = [GLM_SPLIT]
         merges_out = [[a, b] for a, b in merges]
     pre = [{"type": "Split", "pattern": {"Regex": r}, "behavior": "Isolated", "invert": False} for r in splits]
-    pre.append({"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False})
+    decoder = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
+    if byte_fallback:
+        decoder = {"type": "Sequence", "decoders": [{"type": "ByteFallback"}, {"type": "Fuse"}]}
+    else:
+        pre.append({"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False})
     return {
         "version": "1.0",
         "truncation": None,
@@ -243,7 +254,7 @@ def tokenizer_dict(vocab_size, special_tokens, style, seed=0, byte_fallback=Fals
         "normalizer": normalizer,
         "pre_tokenizer": {"type": "Sequence", "pretokenizers": pre},
         "post_processor": None,
-        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        "decoder": decoder,
         "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
                   "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": byte_fallback,
                   "ignore_merges": False, "vocab": vocab, "merges": merges_out},

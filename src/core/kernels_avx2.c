@@ -3,9 +3,9 @@
  * The 16 canonical lanes of one output live in two ymm registers (lanes 0..7 and 8..15), so a
  * group of 16 columns is two FMAs. Two FMA chains cannot hide the FMA latency, so matvec walks
  * four rows at once (eight independent chains), decoding each weight in registers just before
- * its FMA. Batched calls dequantize a few rows into an L2-resident f32 buffer once, then run a
- * 3x3 register tile (3 weight rows x 3 input rows) over it, one lane half at a time, which uses
- * 15 of the 16 ymm registers and loads 6 vectors per 9 FMAs. */
+ * its FMA. Batched calls dequantize a few rows into an f32 buffer once, then run a 3x3 register
+ * tile (3 weight rows x 3 input rows) over it, one lane half at a time, which uses 15 of the 16
+ * ymm registers and loads 6 vectors per 9 FMAs. */
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 
 #include <immintrin.h>
@@ -65,6 +65,11 @@ INLINE const uint8_t *row_ptr(const qmat *w, wformat f, int r) {
     return (const uint8_t *)w->data + (size_t)r * row_bytes;
 }
 
+/* Byte offset of column c within a row. */
+INLINE size_t col_bytes(wformat f, int c) {
+    return f == WF_F32 ? (size_t)c * 4 : f == WF_BF16 ? (size_t)c * 2 : f == WF_FP8 ? (size_t)c : (size_t)c / 2;
+}
+
 /* The E8M0 bytes that apply to row r (FP8: its 128-row block's), NULL for unscaled formats. */
 INLINE const uint8_t *scale_row(const qmat *w, wformat f, int r) {
     if (f == WF_FP8) return w->scale + (size_t)(r / 128) * kernel_scale_row_len(w);
@@ -118,8 +123,12 @@ INLINE float tree16(__m256 lo, __m256 hi) {
 }
 
 /* y[i] = dot(row r + i, x) for i < NR, the rows interleaved column step by column step. */
+/* Matvec reads VEC_ROWS short row streams at once (2 KiB per FP4 row of 4096 columns), too
+ * short for the hardware prefetchers to ramp up, so each row prefetches the same offset of the
+ * row VEC_ROWS further on: the rows this thread reads next. */
 INLINE void dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, float *y) {
     const int S = step_cols(f), full = w->cols / S * S, block = f == WF_FP8 ? 128 : S;
+    const size_t ahead = (size_t)(row_ptr(w, f, VEC_ROWS) - row_ptr(w, f, 0));
     const uint8_t *row[VEC_ROWS], *srow[VEC_ROWS];
     __m256 acc[VEC_ROWS][2], scale[VEC_ROWS] = {_mm256_setzero_ps()};
     #pragma GCC unroll 4
@@ -132,6 +141,10 @@ INLINE void dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, fl
         if (c % block == 0) {
             #pragma GCC unroll 4
             for (int i = 0; i < NR; i++) scale[i] = scale_at(f, srow[i], c);
+        }
+        if (col_bytes(f, c) % 64 == 0) {
+            #pragma GCC unroll 4
+            for (int i = 0; i < NR; i++) _mm_prefetch((const char *)row[i] + col_bytes(f, c) + ahead, _MM_HINT_T0);
         }
         #pragma GCC unroll 4
         for (int i = 0; i < NR; i++) {
@@ -179,16 +192,25 @@ static void avx2_rows_vec(const qmat *w, int r0, int r1, const float *x, float *
     for (; r < r1; r++) FOR_EACH_FORMAT(w->fmt, dot_rows(w, F, r, 1, x, y + (r - r0)))
 }
 
-/* One lane half (h = 0: lanes 0..7, h = 1: lanes 8..15) of an NR x NX tile over all columns.
- * wb rows are zero-padded to ldw (a multiple of 16); x rows are read with a mask in the tail. */
-INLINE void tile_half(const float *wb, int ldw, const float *x, int cols, int NR, int NX, int h,
-                      __m256 acc[3][3]) {
-    const int full16 = cols & ~15;
+/* Batched multiply. Lane halves and column chunks keep the working set in L1: for each chunk of
+ * MUL_CHUNK columns, every 3x3 tile of (weight row, input row) pairs runs lanes 0..7 and then
+ * lanes 8..15 over the chunk, the second pass re-reading the same cache lines. The partial lanes
+ * live in acc[input row][weight row][16] between chunks; each lane still sees its columns in
+ * order, so the canonical order holds. */
+#define MUL_CHUNK 256
+#define MUL_XROWS 12     /* input rows per pass: their chunk, the weight chunk and acc fit in L1 */
+
+/* One lane half h of an NR x NX tile over columns [c0, c1) (c1 - c0 a multiple of 16, or the
+ * row end, whose partial group is read with masks). wb rows are zero-padded to ldw. */
+INLINE void tile_half(const float *wb, int ldw, const float *x, int cols, int c0, int c1, int NR, int NX, int h,
+                      float *acc, int nr_all) {
+    __m256 a[3][3];
+    const int full_end = c1 & ~15;
     #pragma GCC unroll 4
     for (int i = 0; i < NR; i++)
         #pragma GCC unroll 4
-        for (int j = 0; j < NX; j++) acc[i][j] = _mm256_setzero_ps();
-    for (int c = h * 8; c < full16; c += 16) {
+        for (int j = 0; j < NX; j++) a[i][j] = _mm256_load_ps(acc + ((size_t)j * nr_all + i) * 16 + h * 8);
+    for (int c = c0 + h * 8; c < full_end; c += 16) {
         __m256 wv[3], xv[3];
         #pragma GCC unroll 4
         for (int i = 0; i < NR; i++) wv[i] = _mm256_load_ps(wb + (size_t)i * ldw + c);
@@ -197,35 +219,33 @@ INLINE void tile_half(const float *wb, int ldw, const float *x, int cols, int NR
         #pragma GCC unroll 4
         for (int i = 0; i < NR; i++)
             #pragma GCC unroll 4
-            for (int j = 0; j < NX; j++) acc[i][j] = _mm256_fmadd_ps(wv[i], xv[j], acc[i][j]);
+            for (int j = 0; j < NX; j++) a[i][j] = _mm256_fmadd_ps(wv[i], xv[j], a[i][j]);
     }
-    if (full16 < cols) {
-        int c = full16 + h * 8;
+    if (full_end < c1) {
+        int c = full_end + h * 8;
         __m256i m = tail_mask(c, cols);
         #pragma GCC unroll 4
         for (int i = 0; i < NR; i++) {
             __m256 wv = _mm256_load_ps(wb + (size_t)i * ldw + c);
             #pragma GCC unroll 4
             for (int j = 0; j < NX; j++)
-                acc[i][j] = _mm256_fmadd_ps(wv, _mm256_maskload_ps(x + (size_t)j * cols + c, m), acc[i][j]);
+                a[i][j] = _mm256_fmadd_ps(wv, _mm256_maskload_ps(x + (size_t)j * cols + c, m), a[i][j]);
         }
     }
-}
-
-INLINE void tile(const float *wb, int ldw, const float *x, int cols, int NR, int NX, float *y, int ldy) {
-    __m256 lo[3][3], hi[3][3];
-    tile_half(wb, ldw, x, cols, NR, NX, 0, lo);
-    tile_half(wb, ldw, x, cols, NR, NX, 1, hi);
     #pragma GCC unroll 4
     for (int i = 0; i < NR; i++)
         #pragma GCC unroll 4
-        for (int j = 0; j < NX; j++) y[(size_t)j * ldy + i] = tree16(lo[i][j], hi[i][j]);
+        for (int j = 0; j < NX; j++) _mm256_store_ps(acc + ((size_t)j * nr_all + i) * 16 + h * 8, a[i][j]);
 }
 
-#define TILE_CASE(nr, nx) \
-    case (nr) * 4 + (nx): tile(wb, ldw, x, cols, nr, nx, y, ldy); break
+#define TILE_CASE(nr, nx)                                                            \
+    case (nr) * 4 + (nx):                                                            \
+        tile_half(wb, ldw, x, cols, c0, c1, nr, nx, 0, acc, nr_all);                 \
+        tile_half(wb, ldw, x, cols, c0, c1, nr, nx, 1, acc, nr_all);                 \
+        break
 
-static void tile_any(const float *wb, int ldw, const float *x, int cols, int nr, int nx, float *y, int ldy) {
+static void tile_chunk(const float *wb, int ldw, const float *x, int cols, int c0, int c1, int nr, int nx, float *acc,
+                       int nr_all) {
     switch (nr * 4 + nx) {
         TILE_CASE(1, 1); TILE_CASE(1, 2); TILE_CASE(1, 3);
         TILE_CASE(2, 1); TILE_CASE(2, 2); TILE_CASE(2, 3);
@@ -235,12 +255,26 @@ static void tile_any(const float *wb, int ldw, const float *x, int cols, int nr,
 
 static void avx2_rows_mul(const qmat *w, int r0, int r1, const float *x, int n, float *y, int ldy) {
     const int cols = w->cols, ldw = (cols + 15) & ~15, nr = r1 - r0;
-    float *wb = kernel_scratch((size_t)nr * ldw);
+    float *wb = kernel_scratch((size_t)nr * ldw + (size_t)MUL_XROWS * nr * 16);
+    float *acc = wb + (size_t)nr * ldw;
     for (int r = r0; r < r1; r++) FOR_EACH_FORMAT(w->fmt, decode_row(w, F, r, wb + (size_t)(r - r0) * ldw))
-    for (int j = 0; j < n; j += 3)
-        for (int i = 0; i < nr; i += 3)
-            tile_any(wb + (size_t)i * ldw, ldw, x + (size_t)j * cols, cols, nr - i < 3 ? nr - i : 3, n - j < 3 ? n - j : 3,
-                     y + (size_t)j * ldy + i, ldy);
+    for (int j0 = 0; j0 < n; j0 += MUL_XROWS) {
+        int nx_all = n - j0 < MUL_XROWS ? n - j0 : MUL_XROWS;
+        const float *xg = x + (size_t)j0 * cols;
+        memset(acc, 0, sizeof(float) * (size_t)nx_all * nr * 16);
+        for (int c0 = 0; c0 < cols; c0 += MUL_CHUNK) {
+            int c1 = c0 + MUL_CHUNK < cols ? c0 + MUL_CHUNK : cols;
+            for (int j = 0; j < nx_all; j += 3)
+                for (int i = 0; i < nr; i += 3)
+                    tile_chunk(wb + (size_t)i * ldw, ldw, xg + (size_t)j * cols, cols, c0, c1, nr - i < 3 ? nr - i : 3,
+                               nx_all - j < 3 ? nx_all - j : 3, acc + ((size_t)j * nr + i) * 16, nr);
+        }
+        for (int j = 0; j < nx_all; j++)
+            for (int i = 0; i < nr; i++) {
+                const float *a = acc + ((size_t)j * nr + i) * 16;
+                y[(size_t)(j0 + j) * ldy + i] = tree16(_mm256_load_ps(a), _mm256_load_ps(a + 8));
+            }
+    }
 }
 
 const kernel_path kernel_path_avx2 = {"avx2", avx2_rows_vec, avx2_rows_mul};

@@ -144,6 +144,7 @@ static cut filter_cut(sampler *s, double sum) {
 }
 
 int sampler_pick(sampler *s, const float *logits) {
+    if (s->vocab <= 0) return 0;
     int best = argmax_finite(logits, s->vocab);
     if (s->p.temperature <= 0 || !isfinite(logits[best])) return best;
     double sum = tempered_weights(s, logits, logits[best]);
@@ -175,6 +176,7 @@ void log_softmax(const float *logits, int n, float *out) {
 /* Insertion into a k-long sorted list: k is small (OpenAI allows up to 20), n is the vocab. */
 void top_logprobs(const float *logprobs, int n, int k, int *ids) {
     int have = 0;
+    if (k <= 0) return;
     for (int i = 0; i < n; i++) {
         float v = logprobs[i];
         if (isnan(v)) continue;

@@ -47,9 +47,9 @@ typedef struct {
     unsigned char special, single_word, lstrip, rstrip, normalized;
 } added_token;
 
-/* string -> id, open addressing; keys point into strings the tokenizer owns */
+/* string -> id, open addressing; the map owns copies of its keys */
 typedef struct {
-    const char **keys;
+    char **keys;
     int *lens, *vals;
     size_t cap;
 } str_map;
@@ -185,6 +185,7 @@ static void str_map_init(str_map *m, size_t n) {
 }
 
 static void str_map_free(str_map *m) {
+    for (size_t i = 0; m->keys && i < m->cap; i++) free(m->keys[i]);
     free(m->keys);
     free(m->lens);
     free(m->vals);
@@ -199,7 +200,7 @@ static size_t str_map_slot(const str_map *m, const char *s, int n) {
 /* the map is sized at init for all keys it will get, so it never fills */
 static void str_map_put(str_map *m, const char *s, int n, int val) {
     size_t i = str_map_slot(m, s, n);
-    m->keys[i] = s;
+    if (!m->keys[i]) m->keys[i] = memcpy(xmalloc((size_t)n + 1), s, (size_t)n + 1);
     m->lens[i] = n;
     m->vals[i] = val;
 }
@@ -261,15 +262,14 @@ static int max_id_of(const cJSON *vocab, const cJSON *added, char *err, size_t e
     return max;
 }
 
-static int load_vocab(tokenizer *t, const cJSON *vocab) {
+static void load_vocab(tokenizer *t, const cJSON *vocab) {
     str_map_init(&t->vocab_map, (size_t)cJSON_GetArraySize(vocab));
     const cJSON *e;
     cJSON_ArrayForEach(e, vocab) {
         int id = e->valueint;
         if (!t->pieces[id]) t->pieces[id] = xstrdup(e->string);
-        str_map_put(&t->vocab_map, t->pieces[id], (int)strlen(t->pieces[id]), id);
+        str_map_put(&t->vocab_map, e->string, (int)strlen(e->string), id);
     }
-    return 0;
 }
 
 static int vocab_id(const tokenizer *t, const char *s) { return str_map_get(&t->vocab_map, s, (int)strlen(s)); }
@@ -526,13 +526,12 @@ static int load_decoding(tokenizer *t, const cJSON *decoder, char *err, size_t e
     return 0;
 }
 
-static int load_byte_ids(tokenizer *t, char *err, size_t errlen) {
+static void load_byte_ids(tokenizer *t) {
     for (int b = 0; b < 256; b++) {
         char s[4];
         int n = utf8_put(byte_cp[b], s);
         t->byte_id[b] = str_map_get(&t->vocab_map, s, n);
     }
-    return 0;
 }
 
 static int load_json(tokenizer *t, const cJSON *root, char *err, size_t errlen) {
@@ -547,10 +546,11 @@ static int load_json(tokenizer *t, const cJSON *root, char *err, size_t errlen) 
     t->vocab = max + 1;
     t->pieces = xcalloc((size_t)t->vocab, sizeof(char *));
     t->special = xcalloc((size_t)t->vocab, 1);
-    if (load_vocab(t, vocab) || load_model(t, model, err, errlen) || load_added(t, added, err, errlen)) return -1;
+    load_vocab(t, vocab);
+    if (load_model(t, model, err, errlen) || load_added(t, added, err, errlen)) return -1;
     if (load_normalizer(cJSON_GetObjectItemCaseSensitive(root, "normalizer"), err, errlen)) return -1;
     if (load_pre_tokenizer(t, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"), err, errlen)) return -1;
-    if (load_byte_ids(t, err, errlen)) return -1;
+    load_byte_ids(t);
     t->word_re = regex_compile("\\w", 0, "word class", err, errlen);
     if (!t->word_re) return -1;
     return load_decoding(t, cJSON_GetObjectItemCaseSensitive(root, "decoder"), err, errlen);
@@ -636,7 +636,7 @@ typedef struct {
     int *range_a, *range_b, nrange;    /* current pre-token pieces (offsets into the segment) */
     int *part_a, *part_b, *part_m;     /* one Split's parts of one piece */
     char *prefixed;             /* piece with ByteLevel's prefix space */
-    int *cached;
+    int *piece_ids;             /* one piece's ids, for the cache */
 } work;
 
 static int cand_less(const merge_cand *x, const merge_cand *y) {
@@ -759,17 +759,17 @@ static void bpe_piece(const tokenizer *tc, work *w, const char *s, int n, id_out
     int whole = t->ignore_merges ? whole_piece_id(t, w, (const unsigned char *)s, n) : -1;
     int nids = 0;
     if (whole >= 0) {
-        w->cached[nids++] = whole;
+        w->piece_ids[nids++] = whole;
     } else {
         int k = bpe_symbols(t, w, (const unsigned char *)s, n);
         bpe_merge(t, w, k);
         for (int i = 0; i < k; i = w->next[i]) {
-            w->cached[nids++] = w->sym[i];
+            w->piece_ids[nids++] = w->sym[i];
             if (w->next[i] < 0) break;
         }
     }
-    for (int i = 0; i < nids; i++) emit(o, w->cached[i]);
-    if (n <= CACHE_MAX_PIECE) cache_put(t, s, n, w->cached, nids);
+    for (int i = 0; i < nids; i++) emit(o, w->piece_ids[i]);
+    if (n <= CACHE_MAX_PIECE) cache_put(t, s, n, w->piece_ids, nids);
 }
 
 /* ---- encoding: pre-tokenization ------------------------------------------------------------ */
@@ -912,8 +912,6 @@ static int space_len_at(const char *s, int n, int at) {
     return l && is_unicode_space(utf8_decode((const unsigned char *)s + at, l)) ? l : 0;
 }
 
-static void encode_added_pass(const tokenizer *t, work *w, const char *s, int n, int pass, int plain, id_out *o);
-
 /* One pass of added-token cutting (pass 0: normalized=false tokens, pass 1: normalized=true).
  * Like the reference, a match that is then discarded (a special token in plain mode, a
  * single_word token inside a word) still consumes its text, which stays plain text. */
@@ -951,7 +949,7 @@ static void work_init(work *w, size_t n) {
     w->sym = xmalloc(sizeof(int) * cap);
     w->next = xmalloc(sizeof(int) * cap);
     w->prev = xmalloc(sizeof(int) * cap);
-    w->cached = xmalloc(sizeof(int) * cap);
+    w->piece_ids = xmalloc(sizeof(int) * cap);
     w->heap = xmalloc(sizeof(merge_cand) * 2 * cap);
     w->mapped = xmalloc(2 * cap);
     w->prefixed = xmalloc(cap);
@@ -964,7 +962,7 @@ static void work_init(work *w, size_t n) {
 }
 
 static void work_free(work *w) {
-    free(w->sym); free(w->next); free(w->prev); free(w->cached); free(w->heap);
+    free(w->sym); free(w->next); free(w->prev); free(w->piece_ids); free(w->heap);
     free(w->mapped); free(w->prefixed);
     free(w->range_a); free(w->range_b); free(w->part_a); free(w->part_b); free(w->part_m);
     pcre2_match_data_free(w->md);

@@ -21,7 +21,8 @@
  * developer message (else an empty system message is inserted first); tool_choice "none" renders
  * no tools section, "required" or a forced name appends one "You must call ..." sentence to it.
  * A conversation must end with a user, developer or tool message (the prompt then ends with the
- * generation cue); anything else is an error. Content given as parts concatenates the text parts.
+ * generation cue); anything else is an error. Content given as parts concatenates the text parts
+ * (tool results join them with blank lines, as the encoder does).
  *
  * Parsing a reply: reasoning up to </think> (thinking mode), content up to EOS or the DSML block,
  * then each complete <｜DSML｜invoke> becomes an OpenAI tool call (id "call_" + 24 random hex).
@@ -168,6 +169,7 @@ typedef enum { TURN_SYSTEM, TURN_DEVELOPER, TURN_USER, TURN_ASSISTANT } turn_kin
 typedef struct {
     turn_kind kind;
     const cJSON *msg;        /* system, developer, assistant: the message */
+    int idx;                 /* index in messages of the (first) message, for errors */
     block *blocks;           /* user: merged user texts and tool results */
     int n_blocks;
     int has_tools;           /* the tools section is rendered in this turn */
@@ -187,17 +189,18 @@ static void conversation_free(conversation *c) {
     free(c->t);
 }
 
-static turn *add_turn(conversation *c, turn_kind kind, const cJSON *msg) {
+static turn *add_turn(conversation *c, turn_kind kind, const cJSON *msg, int idx) {
     c->t = xrealloc(c->t, (size_t)(c->n + 1) * sizeof *c->t);
     turn *t = &c->t[c->n++];
     memset(t, 0, sizeof *t);
     t->kind = kind;
     t->msg = msg;
+    t->idx = idx;
     return t;
 }
 
-/* A message's content as text: a string, the text parts of an array, or "" for null/absent. */
-static int content_text(const cJSON *msg, sbuf *out, int idx, char *err, size_t errlen) {
+/* A message's content as text: a string, its text parts joined by `sep`, or "" for null/absent. */
+static int content_text(const cJSON *msg, sbuf *out, const char *sep, int idx, char *err, size_t errlen) {
     const cJSON *content = cJSON_GetObjectItemCaseSensitive(msg, "content");
     if (!content || cJSON_IsNull(content)) return 0;
     if (cJSON_IsString(content)) {
@@ -213,6 +216,7 @@ static int content_text(const cJSON *msg, sbuf *out, int idx, char *err, size_t 
         const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
         if (!cJSON_IsString(type) || strcmp(type->valuestring, "text") || !cJSON_IsString(text))
             return errf(err, errlen, "messages[%d].content[%d]: only text parts are supported", idx, k);
+        if (k) sb_str(out, sep);
         sb_str(out, text->valuestring);
         k++;
     }
@@ -222,12 +226,13 @@ static int content_text(const cJSON *msg, sbuf *out, int idx, char *err, size_t 
 static int add_block(conversation *c, const cJSON *msg, int is_result, int idx, char *err, size_t errlen) {
     sbuf text = {0};
     if (is_result) sb_str(&text, "<tool_result>");
-    if (content_text(msg, &text, idx, err, errlen)) {
+    /* the encoder joins the text parts of a tool result with blank lines */
+    if (content_text(msg, &text, is_result ? "\n\n" : "", idx, err, errlen)) {
         free(text.s);
         return -1;
     }
     if (is_result) sb_str(&text, "</tool_result>");
-    turn *t = c->n && c->t[c->n - 1].kind == TURN_USER ? &c->t[c->n - 1] : add_turn(c, TURN_USER, NULL);
+    turn *t = c->n && c->t[c->n - 1].kind == TURN_USER ? &c->t[c->n - 1] : add_turn(c, TURN_USER, NULL, idx);
     t->blocks = xrealloc(t->blocks, (size_t)(t->n_blocks + 1) * sizeof *t->blocks);
     const cJSON *id = cJSON_GetObjectItemCaseSensitive(msg, "tool_call_id");
     t->blocks[t->n_blocks++] = (block){sb_take(&text), cJSON_IsString(id) ? id->valuestring : "", is_result};
@@ -249,7 +254,7 @@ static int build_turns(const cJSON *messages, conversation *c, char *err, size_t
         int known = 0;
         for (size_t k = 0; k < sizeof plain / sizeof *plain; k++)
             if (!strcmp(r, plain[k].role)) {
-                add_turn(c, plain[k].kind, msg);
+                add_turn(c, plain[k].kind, msg, idx);
                 known = 1;
             }
         if (!known && (!strcmp(r, "user") || !strcmp(r, "tool"))) {
@@ -372,7 +377,7 @@ static int render_assistant(sbuf *b, const cJSON *msg, int idx, int with_reasoni
         if (cJSON_IsString(r)) sb_str(b, r->valuestring);
         sb_str(b, THINK_END);
     }
-    if (content_text(msg, b, idx, err, errlen)) return -1;
+    if (content_text(msg, b, "", idx, err, errlen)) return -1;
     const cJSON *calls = cJSON_GetObjectItemCaseSensitive(msg, "tool_calls");
     if (cJSON_IsArray(calls) && cJSON_GetArraySize(calls) > 0) {
         sb_str(b, "\n\n" CALLS_OPEN "\n");
@@ -389,14 +394,16 @@ static int render_assistant(sbuf *b, const cJSON *msg, int idx, int with_reasoni
     return 0;
 }
 
-/* "xhigh"/"max" -> 2 (the paragraph), other known efforts -> 0, unknown -> -1. */
-static int effort_level(const char *effort) {
+typedef enum { EFFORT_UNKNOWN = -1, EFFORT_PLAIN, EFFORT_MAX } effort_kind;
+
+/* xhigh/max map to the encoder's "max" (the paragraph); the other known values add nothing. */
+static effort_kind effort_of(const char *effort) {
     static const char *plain[] = {"none", "minimal", "low", "medium", "high"};
-    if (!effort) return 0;
-    if (!strcmp(effort, "xhigh") || !strcmp(effort, "max")) return 2;
+    if (!effort) return EFFORT_PLAIN;
+    if (!strcmp(effort, "xhigh") || !strcmp(effort, "max")) return EFFORT_MAX;
     for (size_t i = 0; i < sizeof plain / sizeof *plain; i++)
-        if (!strcmp(effort, plain[i])) return 0;
-    return -1;
+        if (!strcmp(effort, plain[i])) return EFFORT_PLAIN;
+    return EFFORT_UNKNOWN;
 }
 
 /* Attach request-level tools to the first system/developer turn, or insert an empty system turn. */
@@ -406,10 +413,9 @@ static void place_tools(conversation *c) {
             c->t[i].has_tools = 1;
             return;
         }
-    add_turn(c, TURN_SYSTEM, NULL);
+    turn inserted = *add_turn(c, TURN_SYSTEM, NULL, 0);
     memmove(c->t + 1, c->t, (size_t)(c->n - 1) * sizeof *c->t);
-    memset(c->t, 0, sizeof *c->t);
-    c->t[0].kind = TURN_SYSTEM;
+    c->t[0] = inserted;
     c->t[0].has_tools = 1;
 }
 
@@ -419,9 +425,9 @@ typedef struct {
     const char *tool_choice;
 } render_ctx;
 
-static int render_turn(sbuf *b, const conversation *c, int i, const render_ctx *x, int idx, char *err,
-                       size_t errlen) {
+static int render_turn(sbuf *b, const conversation *c, int i, const render_ctx *x, char *err, size_t errlen) {
     const turn *t = &c->t[i];
+    int idx = t->idx;
     switch (t->kind) {
     case TURN_ASSISTANT:
         return render_assistant(b, t->msg, idx, x->thinking && (!x->drop || i > x->last_user), err, errlen);
@@ -435,7 +441,7 @@ static int render_turn(sbuf *b, const conversation *c, int i, const render_ctx *
     case TURN_DEVELOPER:
     case TURN_SYSTEM:
         if (t->kind == TURN_DEVELOPER) sb_str(b, USER);
-        if (t->msg && content_text(t->msg, b, idx, err, errlen)) return -1;
+        if (t->msg && content_text(t->msg, b, "", idx, err, errlen)) return -1;
         if (t->has_tools) {
             sb_str(b, "\n\n");
             if (render_tools(b, x->tools, x->tool_choice, err, errlen)) return -1;
@@ -445,14 +451,7 @@ static int render_turn(sbuf *b, const conversation *c, int i, const render_ctx *
     return 0;
 }
 
-/* Index of the message a turn came from, for error messages (first message of merged turns). */
-static int message_index(const conversation *c, int i) {
-    int idx = 0;
-    for (int j = 0; j < i; j++) idx += c->t[j].kind == TURN_USER ? c->t[j].n_blocks : c->t[j].msg != NULL;
-    return idx;
-}
-
-static char *render_turns(conversation *c, const render_ctx *x, int effort, char *err, size_t errlen) {
+static char *render_turns(conversation *c, const render_ctx *x, effort_kind effort, char *err, size_t errlen) {
     sbuf b = {0};
     sb_str(&b, BOS);
     int first = 1, last = -1;
@@ -461,9 +460,9 @@ static char *render_turns(conversation *c, const render_ctx *x, int effort, char
     for (int i = 0; i < c->n; i++) {
         const turn *t = &c->t[i];
         if (t->dropped) continue;
-        if (first && x->thinking && effort == 2) sb_str(&b, effort_max_text);
+        if (first && x->thinking && effort == EFFORT_MAX) sb_str(&b, effort_max_text);
         first = 0;
-        if (render_turn(&b, c, i, x, message_index(c, i), err, errlen)) goto fail;
+        if (render_turn(&b, c, i, x, err, errlen)) goto fail;
         int next = i + 1;
         while (next < c->n && c->t[next].dropped) next++;
         int asks = t->kind == TURN_USER || t->kind == TURN_DEVELOPER;
@@ -493,8 +492,8 @@ static char *dsv4_render(const cJSON *messages, const cJSON *tools, const chat_o
         errf(err, errlen, "tools must be an array");
         return NULL;
     }
-    int effort = effort_level(o->effort);
-    if (effort < 0) {
+    effort_kind effort = effort_of(o->effort);
+    if (effort == EFFORT_UNKNOWN) {
         errf(err, errlen, "reasoning effort '%s' is not one of none, minimal, low, medium, high, xhigh, max", o->effort);
         return NULL;
     }

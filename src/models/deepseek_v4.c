@@ -55,9 +55,10 @@ static int check_shapes(const dsv4_config *c, char *err, size_t errlen) {
         return errf(err, errlen, "config.json: num_experts_per_tok %d outside [1, n_routed_experts=%d]", c->n_active,
                     c->n_experts);
     if (c->window < 1) return errf(err, errlen, "config.json: sliding_window must be >= 1");
+    if (c->n_shared < 0 || c->n_hash < 0) return errf(err, errlen, "config.json: n_shared_experts / num_hash_layers must be >= 0");
     if (c->hc_iters < 1) return errf(err, errlen, "config.json: hc_sinkhorn_iters must be >= 1");
     int positive[] = {c->dim, c->vocab, c->n_heads, c->head_dim, c->q_lora, c->o_lora, c->idx_heads, c->idx_topk,
-                      c->moe_inter, c->n_shared};
+                      c->moe_inter};
     for (size_t i = 0; i < sizeof positive / sizeof *positive; i++)
         if (positive[i] < 1) return errf(err, errlen, "config.json: a size field is %d (must be >= 1)", positive[i]);
     for (int l = 0; l < c->n_layers + c->n_mtp; l++)
@@ -83,7 +84,8 @@ static int parse_config(const cJSON *j, dsv4_config *c, char *err, size_t errlen
         config_double(j, "rope_theta", &c->rope_theta, err, errlen) ||
         config_double(j, "compress_rope_theta", &c->compress_theta, err, errlen))
         return -1;
-    if (config_get(j, "rope_scaling") &&
+    const cJSON *yarn = config_get(j, "rope_scaling");
+    if (yarn && !cJSON_IsNull(yarn) &&
         (config_double(j, "rope_scaling.factor", &c->yarn_factor, err, errlen) ||
          config_double(j, "rope_scaling.original_max_position_embeddings", &c->yarn_orig, err, errlen) ||
          config_double(j, "rope_scaling.beta_fast", &c->yarn_beta_fast, err, errlen) ||
@@ -243,6 +245,7 @@ static void load_moe(loader *ld, const dsv4_config *c, dsv4_layer *L, const char
         L->w3[e] = fp4_mat(ld, c->moe_inter, c->dim, name);
     }
     int si = c->n_shared * c->moe_inter;
+    if (!si) return;
     snprintf(name, sizeof name, "%sffn.shared_experts.w1", p);
     L->sw1 = fp8_mat(ld, si, c->dim, name);
     snprintf(name, sizeof name, "%sffn.shared_experts.w2", p);

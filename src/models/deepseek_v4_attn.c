@@ -47,12 +47,6 @@ static void project_query(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s,
 }
 
 /* Window KV: kv_norm(wkv x), RoPE on the tail, E4M3 QDQ (blocks of 64) of the non-rope dims. */
-static void kv_finish(const dsv4_model *d, const dsv4_layer *L, float *kv, int pos) {
-    int hd = d->c.head_dim;
-    rope_tail(d, L, kv, hd, pos, 0);
-    if (d->qat) act_qdq_e4m3(kv, hd - d->c.rope_dim, 64);
-}
-
 static void project_kv(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s, int pos0, int n) {
     int hd = d->c.head_dim;
     qmat_mul(&L->wkv, s->xq, n, s->kv);
@@ -61,8 +55,14 @@ static void project_kv(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s, in
         dsv4_bf16(d, kv, hd);
         rmsnorm_bf16w(kv, kv, L->kv_norm, hd, (float)d->c.eps);
         dsv4_bf16(d, kv, hd);
-        kv_finish(d, L, kv, pos0 + t);
+        rope_tail(d, L, kv, hd, pos0 + t, 0);
+        if (d->qat) act_qdq_e4m3(kv, hd - d->c.rope_dim, 64);
     }
+}
+
+/* Column of feature f in slot j: CSA's last r slots (current window) pool the second half. */
+static int slot_col(const dsv4_compressor *cp, int j, int f) {
+    return cp->coff == 2 && j >= cp->ratio ? cp->width + f : f;
 }
 
 /* Feed one token's (a, s + ape) into a compressor's partial state. When the token closes a
@@ -82,17 +82,11 @@ static float *compressor_push(const dsv4_compressor *cp, float *kv, float *score
     int slots = cp->coff * r;
     for (int f = 0; f < w; f++) {
         float m = -INFINITY, sum = 0, acc = 0;
+        for (int j = 0; j < slots; j++) m = MAX(m, score[(size_t)j * rw + slot_col(cp, j, f)]);
+        for (int j = 0; j < slots; j++) sum += expf(score[(size_t)j * rw + slot_col(cp, j, f)] - m);
         for (int j = 0; j < slots; j++) {
-            int col = cp->coff == 2 && j >= r ? w + f : f;
-            m = MAX(m, score[(size_t)j * rw + col]);
-        }
-        for (int j = 0; j < slots; j++) {
-            int col = cp->coff == 2 && j >= r ? w + f : f;
-            sum += expf(score[(size_t)j * rw + col] - m);
-        }
-        for (int j = 0; j < slots; j++) {
-            int col = cp->coff == 2 && j >= r ? w + f : f;
-            acc += expf(score[(size_t)j * rw + col] - m) / sum * kv[(size_t)j * rw + col];
+            size_t at = (size_t)j * rw + slot_col(cp, j, f);
+            acc += expf(score[at] - m) / sum * kv[at];
         }
         out[f] = acc;
     }

@@ -82,16 +82,19 @@ void dsv4_moe(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s, const int *
     memcpy(s->xq, x, sizeof(float) * n * dim);
     for (int t = 0; t < n; t++) dsv4_act_qdq(d, s->xq + (size_t)t * dim, dim);
     for (int e = 0; e < c->n_experts; e++) run_routed(d, L, s, e, n);
-    memcpy(s->moe_xe, s->xq, sizeof(float) * n * dim);
-    for (int t = 0; t < n; t++) s->moe_rw[t] = 1.0f;
-    expert_run(d, &L->sw1, &L->sw3, &L->sw2, s->moe_rw, s, n);
+    int shared = L->sw1.data != NULL;
+    if (shared) {
+        memcpy(s->moe_xe, s->xq, sizeof(float) * n * dim);
+        for (int t = 0; t < n; t++) s->moe_rw[t] = 1.0f;
+        expert_run(d, &L->sw1, &L->sw3, &L->sw2, s->moe_rw, s, n);
+    }
     for (int t = 0; t < n; t++) {
-        const float *y = s->moe_y + (size_t)t * k * dim, *shared = s->moe_ye + (size_t)t * dim;
+        const float *y = s->moe_y + (size_t)t * k * dim, *sh = s->moe_ye + (size_t)t * dim;
         float *o = out + (size_t)t * dim;
         for (int j = 0; j < dim; j++) {
             float acc = 0;
             for (int r = 0; r < k; r++) acc += y[(size_t)r * dim + j];
-            o[j] = acc + shared[j];
+            o[j] = shared ? acc + sh[j] : acc;
         }
     }
     dsv4_bf16(d, out, (size_t)n * dim);

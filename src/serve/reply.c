@@ -92,6 +92,10 @@ static size_t holdback(const reply *r) {
             if (c == '>') break;
             if (c == '<') { hold = MAX(hold, r->len - (i - 1)); break; }
         }
+        /* Templates trim the whitespace before a tool-call block, so it is not final either. */
+        size_t keep = r->len - hold;
+        while (keep > 0 && r->text[keep - 1] && strchr(" \t\r\n", r->text[keep - 1])) keep--;
+        hold = r->len - keep;
     }
     return hold;
 }

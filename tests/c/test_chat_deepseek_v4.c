@@ -57,6 +57,9 @@ static void test_chat_mode(void) {
     expect_render("content parts concatenate",
                   "[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},{\"type\":\"text\",\"text\":\"b\"}]}]",
                   NULL, 0, BOS U "ab" A "</think>");
+    expect_render("tool result parts join with blank lines",
+                  "[{\"role\":\"tool\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},{\"type\":\"text\",\"text\":\"b\"}]}]",
+                  NULL, 0, BOS U "<tool_result>a\n\nb</tool_result>" A "</think>");
 }
 
 static void test_thinking_drops_history(void) {

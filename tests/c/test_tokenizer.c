@@ -8,6 +8,7 @@
 #include "test.h"
 
 #include <cjson/cJSON.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -159,6 +160,17 @@ static void test_added_tokens(void) {
     CHECK(ENC(t, "a  \t<L>b", 'a', 263, 'b'), "lstrip swallows spaces before");
     CHECK(ENC(t, "a<R> \u3000b", 'a', 264, 'b'), "rstrip swallows unicode spaces after");
     tok_free(t);
+
+    /* an added token may reuse a vocab id with other content: both spellings stay valid */
+    cJSON *root = cJSON_Parse("{\"model\":{\"vocab\":{\"a\":0,\"b\":1,\"ab\":2},\"merges\":[\"a b\"]},"
+                              "\"added_tokens\":[{\"id\":2,\"content\":\"<X>\",\"special\":true}]}");
+    char err[256] = "";
+    t = tok_load(write_json(root), err, sizeof err);
+    CHECK(t != NULL, "load: %s", err);
+    if (!t) return;
+    CHECK(ENC(t, "ab<X>", 2, 2) && tok_id(t, "ab") == 2 && tok_id(t, "<X>") == 2, "shared id");
+    CHECK(strcmp(tok_piece(t, 2), "<X>") == 0, "the added content names the id");
+    tok_free(t);
 }
 
 static void test_errors(void) {
@@ -263,12 +275,40 @@ static void test_stream_decoder(void) {
     tok_free(t);
 }
 
+/* The piece cache is shared: threads encoding at once must get what one thread gets alone. */
+typedef struct { const tokenizer *t; int ids[1300]; int n; } encode_job;
+
+static void *encode_job_run(void *arg) {
+    encode_job *j = arg;
+    char text[1200];
+    for (int i = 0; i < 1200; i++) text[i] = "ab-c a--b x-b "[i % 14];
+    for (int round = 0; round < 50; round++) j->n = tok_encode(j->t, text, sizeof text, j->ids, 1300, NULL, 0);
+    return NULL;
+}
+
+static void test_threads(void) {
+    tokenizer *t = byte_level_tok(NULL, NULL, 0);
+    encode_job jobs[4];
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++) {
+        jobs[i].t = t;
+        pthread_create(&th[i], NULL, encode_job_run, &jobs[i]);
+    }
+    for (int i = 0; i < 4; i++) pthread_join(th[i], NULL);
+    int same = jobs[0].n > 0 && jobs[0].n <= 1300;
+    for (int i = 1; i < 4 && same; i++)
+        same = jobs[i].n == jobs[0].n && memcmp(jobs[i].ids, jobs[0].ids, sizeof(int) * (size_t)jobs[0].n) == 0;
+    CHECK(same, "concurrent encodes agree (%d ids)", jobs[0].n);
+    tok_free(t);
+}
+
 int main(void) {
     test_split_behaviors();
     test_added_tokens();
     test_errors();
     test_byte_fallback();
     test_stream_decoder();
+    test_threads();
     char path[64];
     snprintf(path, sizeof path, "/tmp/cairn_test_tok_%d.json", (int)getpid());
     unlink(path);

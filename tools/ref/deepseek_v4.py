@@ -118,9 +118,6 @@ class Checkpoint:
             self.cache[name] = dequantise(self.tensors, name)
         return self.cache[name]
 
-    def is_quantised(self, name):
-        return self.tensors[name][0] in ("F8_E4M3", "I8")
-
 
 # ---- small math ----------------------------------------------------------------------------
 

@@ -1,0 +1,233 @@
+/* kernels_avx512.c — the AVX-512F path of the canonical reduction order (kernels_path.h).
+ *
+ * One zmm holds all 16 canonical lanes of an output, so a group of 16 columns is one FMA and
+ * the tree starts by adding the two 256-bit halves (lanes i and i+8), exactly as the other paths
+ * do. FP4 decodes with a 16-entry permute (sign included) of the scaled code table; FP8 and BF16
+ * as in the AVX2 path, 16 columns at a time. Matvec interleaves four rows for independent FMA
+ * chains; batched calls run a 3x4 register tile (3 weight rows x 4 input rows) over dequantized
+ * rows in column chunks that stay in L1. */
+#if defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+
+#include <immintrin.h>
+#include <string.h>
+
+#include "kernels_path.h"
+#include "quant.h"
+
+#define INLINE static inline __attribute__((always_inline))
+#define VEC_ROWS 4
+#define MUL_CHUNK 256
+#define MUL_XROWS 12
+#define TILE_R 3
+#define TILE_X 4
+
+INLINE __mmask16 tail_mask(int c, int cols) {
+    int left = cols - c;
+    return left >= 16 ? (__mmask16)0xffff : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1);
+}
+
+/* E4M3 bytes -> f16 pattern (value * 2^-8, see the AVX2 path) -> f32, times scale * 2^8. */
+INLINE __m512 dec16_fp8(const uint8_t *p, __m512 scale) {
+    __m256i b = _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p)), 8);
+    __m256i h = _mm256_and_si256(_mm256_srai_epi16(b, 1), _mm256_set1_epi16((short)0xbfff));
+    return _mm512_mul_ps(_mm512_cvtph_ps(h), scale);
+}
+
+/* 16 bytes = 32 E2M1 codes: each byte in its own lane; the permute reads only the low 4 bits, so
+ * the low nibbles (even columns) index the scaled table directly and the high nibbles (odd
+ * columns) after a shift; two two-source permutes put them back in column order. */
+INLINE void dec32_fp4(const uint8_t *p, __m512 table, __m512 v[2]) {
+    const __m512i first = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512i second = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+    __m512 even = _mm512_permutexvar_ps(bytes, table);
+    __m512 odd = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table);
+    v[0] = _mm512_permutex2var_ps(even, first, odd);
+    v[1] = _mm512_permutex2var_ps(even, second, odd);
+}
+
+INLINE __m512 dec16_bf16(const uint16_t *p) {
+    __m512i u = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
+}
+
+INLINE int step_cols(wformat f) { return f == WF_FP4 ? 32 : 16; }
+
+INLINE const uint8_t *row_ptr(const qmat *w, wformat f, int r) {
+    size_t row_bytes = f == WF_F32 ? (size_t)w->cols * 4 : f == WF_BF16 ? (size_t)w->cols * 2
+                     : f == WF_FP8 ? (size_t)w->cols : kernel_fp4_row_bytes(w);
+    return (const uint8_t *)w->data + (size_t)r * row_bytes;
+}
+
+INLINE const uint8_t *scale_row(const qmat *w, wformat f, int r) {
+    if (f == WF_FP8) return w->scale + (size_t)(r / 128) * kernel_scale_row_len(w);
+    if (f == WF_FP4) return w->scale + (size_t)r * kernel_scale_row_len(w);
+    return NULL;
+}
+
+/* FP8: the broadcast scale factor; FP4: the 16 code values times the block's scale factor. */
+INLINE __m512 scale_at(wformat f, const uint8_t *srow, int c) {
+    if (f == WF_FP8) return _mm512_set1_ps(kernel_fp8_scale_lut[srow[c / 128]]);
+    if (f == WF_FP4) return _mm512_mul_ps(_mm512_loadu_ps(kernel_fp4_lut), _mm512_set1_ps(kernel_fp4_scale_lut[srow[c / 32]]));
+    return _mm512_setzero_ps();
+}
+
+INLINE void decode_step(wformat f, const uint8_t *row, int c, __m512 scale, __m512 v[2]) {
+    switch (f) {
+    case WF_F32: v[0] = _mm512_loadu_ps((const float *)row + c); break;
+    case WF_BF16: v[0] = dec16_bf16((const uint16_t *)row + c); break;
+    case WF_FP8: v[0] = dec16_fp8(row + c, scale); break;
+    case WF_FP4: dec32_fp4(row + c / 2, scale, v); break;
+    }
+}
+
+/* Columns [c, cols), fewer than one step, via the scalar dequantizer (zero-padded to 16). */
+static __m512 tail_groups(const qmat *w, int r, int c, const float *x, __m512 acc, float *out) {
+    for (; c < w->cols; c += 16) {
+        float wt[16] __attribute__((aligned(64)));
+        for (int i = 0; i < 16; i++) wt[i] = kernel_weight(w, r, c + i);
+        __m512 v = _mm512_load_ps(wt);
+        if (out) _mm512_store_ps(out + c, v);
+        else acc = _mm512_fmadd_ps(v, _mm512_maskz_loadu_ps(tail_mask(c, w->cols), x + c), acc);
+    }
+    return acc;
+}
+
+/* Canonical tree: lanes i + i+8 (the two halves), then 4 apart, 2 apart, 1 apart. */
+INLINE float tree16(__m512 a) {
+    __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(a),
+                              _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
+}
+
+INLINE void dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, float *y) {
+    const int S = step_cols(f), full = w->cols / S * S, block = f == WF_FP8 ? 128 : S;
+    const uint8_t *row[VEC_ROWS], *srow[VEC_ROWS];
+    __m512 acc[VEC_ROWS], scale[VEC_ROWS] = {_mm512_setzero_ps()};
+    #pragma GCC unroll 4
+    for (int i = 0; i < NR; i++) {
+        row[i] = row_ptr(w, f, r + i);
+        srow[i] = scale_row(w, f, r + i);
+        acc[i] = _mm512_setzero_ps();
+    }
+    for (int c = 0; c < full; c += S) {
+        if (c % block == 0) {
+            #pragma GCC unroll 4
+            for (int i = 0; i < NR; i++) scale[i] = scale_at(f, srow[i], c);
+        }
+        #pragma GCC unroll 4
+        for (int i = 0; i < NR; i++) {
+            __m512 v[2];
+            decode_step(f, row[i], c, scale[i], v);
+            #pragma GCC unroll 2
+            for (int g = 0; g < S; g += 16) acc[i] = _mm512_fmadd_ps(v[g / 16], _mm512_loadu_ps(x + c + g), acc[i]);
+        }
+    }
+    for (int i = 0; i < NR; i++) {
+        if (full < w->cols) acc[i] = tail_groups(w, r + i, full, x, acc[i], NULL);
+        y[i] = tree16(acc[i]);
+    }
+}
+
+INLINE void decode_row(const qmat *w, wformat f, int r, float *out) {
+    const int S = step_cols(f), full = w->cols / S * S, block = f == WF_FP8 ? 128 : S;
+    const uint8_t *row = row_ptr(w, f, r), *srow = scale_row(w, f, r);
+    __m512 scale = _mm512_setzero_ps(), v[2];
+    for (int c = 0; c < full; c += S) {
+        if (c % block == 0) scale = scale_at(f, srow, c);
+        decode_step(f, row, c, scale, v);
+        #pragma GCC unroll 2
+        for (int g = 0; g < S / 16; g++) _mm512_store_ps(out + c + 16 * g, v[g]);
+    }
+    if (full < w->cols) tail_groups(w, r, full, NULL, _mm512_setzero_ps(), out);
+}
+
+#define FOR_EACH_FORMAT(f, call)                                  \
+    switch (f) {                                                  \
+    case WF_F32: { const wformat F = WF_F32; call; } break;       \
+    case WF_BF16: { const wformat F = WF_BF16; call; } break;     \
+    case WF_FP8: { const wformat F = WF_FP8; call; } break;       \
+    case WF_FP4: { const wformat F = WF_FP4; call; } break;       \
+    }
+
+static void avx512_rows_vec(const qmat *w, int r0, int r1, const float *x, float *y) {
+    int r = r0;
+    for (; r + VEC_ROWS <= r1; r += VEC_ROWS) FOR_EACH_FORMAT(w->fmt, dot_rows(w, F, r, VEC_ROWS, x, y + (r - r0)))
+    for (; r < r1; r++) FOR_EACH_FORMAT(w->fmt, dot_rows(w, F, r, 1, x, y + (r - r0)))
+}
+
+/* NR x NX tile over columns [c0, c1); partial lanes in acc[input row][weight row][16]. */
+INLINE void tile(const float *wb, int ldw, const float *x, int cols, int c0, int c1, int NR, int NX, float *acc,
+                 int nr_all) {
+    __m512 a[TILE_R][TILE_X];
+    const int full_end = c1 & ~15;
+    #pragma GCC unroll 4
+    for (int i = 0; i < NR; i++)
+        #pragma GCC unroll 4
+        for (int j = 0; j < NX; j++) a[i][j] = _mm512_load_ps(acc + ((size_t)j * nr_all + i) * 16);
+    for (int c = c0; c < full_end; c += 16) {
+        __m512 wv[TILE_R], xv[TILE_X];
+        #pragma GCC unroll 4
+        for (int i = 0; i < NR; i++) wv[i] = _mm512_load_ps(wb + (size_t)i * ldw + c);
+        #pragma GCC unroll 4
+        for (int j = 0; j < NX; j++) xv[j] = _mm512_loadu_ps(x + (size_t)j * cols + c);
+        #pragma GCC unroll 4
+        for (int i = 0; i < NR; i++)
+            #pragma GCC unroll 4
+            for (int j = 0; j < NX; j++) a[i][j] = _mm512_fmadd_ps(wv[i], xv[j], a[i][j]);
+    }
+    if (full_end < c1) {
+        __mmask16 m = tail_mask(full_end, cols);
+        #pragma GCC unroll 4
+        for (int i = 0; i < NR; i++) {
+            __m512 wv = _mm512_load_ps(wb + (size_t)i * ldw + full_end);
+            #pragma GCC unroll 4
+            for (int j = 0; j < NX; j++)
+                a[i][j] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, x + (size_t)j * cols + full_end), a[i][j]);
+        }
+    }
+    #pragma GCC unroll 4
+    for (int i = 0; i < NR; i++)
+        #pragma GCC unroll 4
+        for (int j = 0; j < NX; j++) _mm512_store_ps(acc + ((size_t)j * nr_all + i) * 16, a[i][j]);
+}
+
+#define TILE_CASE(nr, nx) \
+    case (nr) * 8 + (nx): tile(wb, ldw, x, cols, c0, c1, nr, nx, acc, nr_all); break
+
+static void tile_chunk(const float *wb, int ldw, const float *x, int cols, int c0, int c1, int nr, int nx, float *acc,
+                       int nr_all) {
+    switch (nr * 8 + nx) {
+        TILE_CASE(1, 1); TILE_CASE(1, 2); TILE_CASE(1, 3); TILE_CASE(1, 4);
+        TILE_CASE(2, 1); TILE_CASE(2, 2); TILE_CASE(2, 3); TILE_CASE(2, 4);
+        TILE_CASE(3, 1); TILE_CASE(3, 2); TILE_CASE(3, 3); TILE_CASE(3, 4);
+    }
+}
+
+static void avx512_rows_mul(const qmat *w, int r0, int r1, const float *x, int n, float *y, int ldy) {
+    const int cols = w->cols, ldw = (cols + 15) & ~15, nr = r1 - r0;
+    float *wb = kernel_scratch((size_t)nr * ldw + (size_t)MUL_XROWS * nr * 16);
+    float *acc = wb + (size_t)nr * ldw;
+    for (int r = r0; r < r1; r++) FOR_EACH_FORMAT(w->fmt, decode_row(w, F, r, wb + (size_t)(r - r0) * ldw))
+    for (int j0 = 0; j0 < n; j0 += MUL_XROWS) {
+        int nx_all = n - j0 < MUL_XROWS ? n - j0 : MUL_XROWS;
+        const float *xg = x + (size_t)j0 * cols;
+        memset(acc, 0, sizeof(float) * (size_t)nx_all * nr * 16);
+        for (int c0 = 0; c0 < cols; c0 += MUL_CHUNK) {
+            int c1 = c0 + MUL_CHUNK < cols ? c0 + MUL_CHUNK : cols;
+            for (int j = 0; j < nx_all; j += TILE_X)
+                for (int i = 0; i < nr; i += TILE_R)
+                    tile_chunk(wb + (size_t)i * ldw, ldw, xg + (size_t)j * cols, cols, c0, c1,
+                               nr - i < TILE_R ? nr - i : TILE_R, nx_all - j < TILE_X ? nx_all - j : TILE_X,
+                               acc + ((size_t)j * nr + i) * 16, nr);
+        }
+        for (int j = 0; j < nx_all; j++)
+            for (int i = 0; i < nr; i++) y[(size_t)(j0 + j) * ldy + i] = tree16(_mm512_load_ps(acc + ((size_t)j * nr + i) * 16));
+    }
+}
+
+const kernel_path kernel_path_avx512 = {"avx512", avx512_rows_vec, avx512_rows_mul};
+
+#endif

@@ -1,0 +1,68 @@
+// Starts `cairn serve` on a free loopback port for the node tests and stops it again.
+// Environment (set by tests/test_node.py): CAIRN = the binary, CAIRN_MODEL = the tiny model dir,
+// FAKE_ENGINE = tests/fake_engine.py (a scripted engine for replies a random model cannot give).
+import { spawn } from 'node:child_process';
+import { readFileSync, existsSync, mkdtempSync } from 'node:fs';
+import { createServer } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+
+export const CAIRN = process.env.CAIRN;
+export const MODEL = process.env.CAIRN_MODEL;
+export const FAKE_ENGINE = process.env.FAKE_ENGINE;
+export const MODEL_ID = MODEL ? MODEL.split('/').filter(Boolean).pop() : undefined;
+
+function freePort() {
+  return new Promise((resolve, reject) => {
+    const s = createServer();
+    s.once('error', reject);
+    s.listen(0, '127.0.0.1', () => {
+      const { port } = s.address();
+      s.close(() => resolve(port));
+    });
+  });
+}
+
+// Returns { url, port, log(), fakeFrames(), prefixLines(), stop() }.
+export async function startServer(args = [], env = {}, { fake = false } = {}) {
+  if (!CAIRN || !MODEL) throw new Error('CAIRN and CAIRN_MODEL must be set (run through tests/test_node.py)');
+  const port = await freePort();
+  const dir = mkdtempSync(join(tmpdir(), 'cairn-node-'));
+  const fakeLog = join(dir, 'fake.jsonl');
+  const argv = ['serve', '-m', MODEL, '--port', String(port), ...args];
+  if (fake) argv.push('--engine', FAKE_ENGINE);
+  const child = spawn(CAIRN, argv, {
+    env: { ...process.env, CAIRN_PREFIX_LOG: '1', FAKE_LOG: fakeLog, ...env },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let log = '';
+  child.stdout.on('data', (d) => { log += d; });
+  child.stderr.on('data', (d) => { log += d; });
+  let exited = null;
+  child.on('exit', (code) => { exited = code; });
+  const url = `http://127.0.0.1:${port}`;
+  for (let i = 0; ; i++) {
+    if (exited !== null) throw new Error(`server exited (${exited}) at start-up:\n${log}`);
+    try {
+      const r = await fetch(`${url}/health`);
+      if (r.status === 200) break;
+    } catch { /* not listening yet */ }
+    if (i > 1200) throw new Error(`server never became healthy:\n${log}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  return {
+    url,
+    port,
+    log: () => log,
+    // The engine's own reuse decisions, one per request, in order: [{slot, reused, total, kind}].
+    prefixLines: () => [...log.matchAll(/^prefix: slot (\d+) reused (\d+)\/(\d+) \((\w+)\)$/gm)]
+      .map((m) => ({ slot: +m[1], reused: +m[2], total: +m[3], kind: m[4] })),
+    fakeFrames: () => (existsSync(fakeLog)
+      ? readFileSync(fakeLog, 'utf8').trim().split('\n').filter(Boolean).map((l) => JSON.parse(l)) : []),
+    stop: () => new Promise((resolve) => {
+      if (exited !== null) return resolve(exited);
+      child.once('exit', (code) => resolve(code));
+      child.kill('SIGTERM');
+    }),
+  };
+}

@@ -1,0 +1,416 @@
+"""Robustness of `cairn serve` (issue 5 point 6): bounds, queue + 429, disconnects, engine
+crashes, bad input, API key, Host guard, SSE keep-alive, graceful SIGTERM, a bounded load run.
+
+Behaviour that needs a slow or misbehaving engine uses tests/fake_engine.py (a scripted engine
+speaking the same line protocol); everything else runs the real engine on the tiny model."""
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+
+import pytest
+
+from conftest import CAIRN, ROOT
+
+FAKE = os.path.join(ROOT, "tests", "fake_engine.py")
+NODE_MODULES = os.path.join(ROOT, "tests", "node", "node_modules")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """One `cairn serve` process on a free loopback port; its stderr goes to a file."""
+
+    def __init__(self, model, tmp, args=(), env=None, fake=False):
+        self.port = free_port()
+        self.log_path = os.path.join(tmp, f"serve-{self.port}.log")
+        self.fake_log = os.path.join(tmp, f"fake-{self.port}.jsonl")
+        e = dict(os.environ, FAKE_LOG=self.fake_log, **(env or {}))
+        cmd = [CAIRN, "serve", "-m", model, "--port", str(self.port), *args]
+        if fake:
+            cmd += ["--engine", FAKE]
+        self.log = open(self.log_path, "w")
+        self.p = subprocess.Popen(cmd, stderr=self.log, stdout=self.log, env=e)
+        deadline = time.time() + 60
+        while True:
+            assert self.p.poll() is None, "server exited at start-up:\n" + self.logtext()
+            try:
+                if self.request("GET", "/health")[0] == 200:
+                    return
+            except OSError:
+                pass
+            assert time.time() < deadline, "server never became healthy:\n" + self.logtext()
+            time.sleep(0.05)
+
+    def logtext(self):
+        self.log.flush()
+        with open(self.log_path) as f:
+            return f.read()
+
+    def fake_frames(self):
+        if not os.path.exists(self.fake_log):
+            return []
+        with open(self.fake_log) as f:
+            return [json.loads(line) for line in f]
+
+    def conn(self, timeout=60):
+        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+
+    def request(self, method, path, body=None, headers=None, timeout=60):
+        c = self.conn(timeout)
+        h = {"Content-Type": "application/json", **(headers or {})}
+        data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
+        c.request(method, path, body=data, headers=h)
+        r = c.getresponse()
+        out = r.status, dict(r.getheaders()), r.read()
+        c.close()
+        return out
+
+    def json(self, method, path, body=None, headers=None):
+        st, h, data = self.request(method, path, body, headers)
+        return st, h, json.loads(data) if data else None
+
+    def health(self):
+        return self.json("GET", "/health")[2]
+
+    def stop(self):
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+            try:
+                self.p.wait(30)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait()
+        self.log.close()
+
+
+@pytest.fixture
+def servers(tmp_path):
+    started = []
+
+    def start(model, args=(), env=None, fake=False):
+        s = Server(model, str(tmp_path), args, env, fake)
+        started.append(s)
+        return s
+
+    yield start
+    for s in started:
+        s.stop()
+
+
+def chat_body(text, **kw):
+    return {"messages": [{"role": "user", "content": text}], "max_tokens": 8, "temperature": 0, **kw}
+
+
+def assert_openai_error(body, status, st):
+    assert st == status, body
+    assert set(body["error"]) >= {"message", "type", "param", "code"}, body
+    assert body["error"]["message"]
+
+
+def wait_until(cond, timeout=20, what="condition"):
+    deadline = time.time() + timeout
+    while not cond():
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def open_stream(port, path, body):
+    """Send a POST on a raw socket (so the test can drop it mid-reply); returns (socket, line reader)."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+    data = json.dumps(body).encode()
+    sock.sendall(f"POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    return sock, sock.makefile("rb")
+
+
+def stream_lines(resp):
+    """Yield SSE lines of an http.client response as they arrive."""
+    while True:
+        line = resp.readline()
+        if not line:
+            return
+        yield line.decode().rstrip("\n")
+
+
+def test_bad_input_gets_400_with_error_shapes(servers, tiny_dsv4):
+    s = servers(tiny_dsv4, fake=True)
+    st, _, b = s.json("POST", "/v1/chat/completions", b"{not json")
+    assert_openai_error(b, 400, st)
+    assert b["error"]["code"] == "invalid_json"
+    st, _, b = s.json("POST", "/v1/chat/completions", b"")
+    assert_openai_error(b, 400, st)
+    st, _, b = s.json("POST", "/v1/chat/completions", chat_body("x", temperature="hot"))
+    assert_openai_error(b, 400, st)
+    assert b["error"]["param"] == "temperature"
+    st, _, b = s.json("POST", "/v1/chat/completions", {"messages": "hello"})
+    assert_openai_error(b, 400, st)
+    assert b["error"]["param"] == "messages"
+    st, _, b = s.json("POST", "/v1/chat/completions", chat_body("x", n=2))
+    assert_openai_error(b, 400, st)
+    st, _, b = s.json("POST", "/v1/chat/completions", chat_body("x", max_tokens=-1))
+    assert_openai_error(b, 400, st)
+    st, _, b = s.json("POST", "/v1/chat/completions", chat_body("x", stop=[1, 2]))
+    assert_openai_error(b, 400, st)
+    st, _, b = s.json("POST", "/v1/chat/completions", chat_body("x", model="gpt-4o"))
+    assert_openai_error(b, 404, st)
+    assert b["error"]["code"] == "model_not_found"
+    st, _, b = s.json("POST", "/v1/completions", {"prompt": [1, -5], "max_tokens": 2})
+    assert_openai_error(b, 400, st)
+    assert b["error"]["param"] == "prompt"
+    st, _, b = s.json("POST", "/v1/completions", {"prompt": "x", "echo": True})
+    assert_openai_error(b, 400, st)
+    st, _, b = s.json("GET", "/v1/nothing-here")
+    assert_openai_error(b, 404, st)
+    # The Anthropic endpoint answers in its own envelope.
+    st, _, b = s.json("POST", "/v1/messages", {"messages": [{"role": "user", "content": "x"}]})
+    assert st == 400 and b["type"] == "error" and b["error"]["type"] == "invalid_request_error", b
+    assert "max_tokens" in b["error"]["message"]
+    st, _, b = s.json("POST", "/v1/messages", {"model": "claude-x", "max_tokens": 5, "messages": []})
+    assert st == 404 and b["error"]["type"] == "not_found_error", b
+    # None of this reached the engine, and the server still works.
+    assert not [f for f in s.fake_frames() if f["cmd"] == "SUBMIT"]
+    st, _, b = s.json("POST", "/v1/chat/completions", chat_body("fine"))
+    assert st == 200 and b["choices"][0]["message"]["content"].startswith("w0 w1"), b
+
+
+def test_body_header_and_connection_bounds(servers, tiny_dsv4):
+    s = servers(tiny_dsv4, ["--max-body", "4096", "--max-connections-per-ip", "4"], fake=True)
+    st, _, b = s.json("POST", "/v1/chat/completions", chat_body("x" * 10000))
+    assert_openai_error(b, 413, st)
+    # A header block larger than the per-connection memory bound is refused by the HTTP layer.
+    st, _, _ = s.request("GET", "/health", headers={"X-Big": "y" * 100000})
+    assert st in (413, 431), st
+    # Connections beyond the per-IP bound are closed at once; the server keeps serving.
+    held = []
+    for _ in range(4):
+        c = socket.create_connection(("127.0.0.1", s.port))
+        held.append(c)
+    extra = socket.create_connection(("127.0.0.1", s.port))
+    extra.settimeout(5)
+    extra.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+    try:
+        assert extra.recv(100) == b"", "connection over the per-IP limit was served"
+    except ConnectionResetError:
+        pass
+    extra.close()
+    for c in held:
+        c.close()
+    wait_until(lambda: s.request("GET", "/health")[0] == 200, what="server to serve again")
+
+
+def test_queue_bound_gives_429_with_retry_after(servers, tiny_dsv4):
+    s = servers(tiny_dsv4, ["--slots", "1", "--max-queue", "1"], {"FAKE_TOKEN_DELAY": "0.1"}, fake=True)
+    conns = []
+    for i in range(3):
+        c = s.conn()
+        c.request("POST", "/v1/chat/completions", json.dumps(chat_body(f"q{i}", max_tokens=10)).encode(),
+                  {"Content-Type": "application/json"})
+        conns.append(c)
+        time.sleep(0.2)        # in order: the first runs, the second queues, the third finds the queue full
+    results = []
+    for c in conns:
+        r = c.getresponse()
+        results.append((r.status, r.getheader("Retry-After"), json.loads(r.read())))
+        c.close()
+    statuses = sorted(st for st, _, _ in results)
+    assert statuses == [200, 200, 429], results
+    st, retry, body = [x for x in results if x[0] == 429][0]
+    assert retry == "1" and body["error"]["code"] == "queue_full", results
+    h = s.health()
+    assert h["slots"]["busy"] == 0 and h["slots"]["waiting"] == 0 and h["slots"]["rejected"] == 1, h
+
+
+def test_disconnect_mid_stream_cancels_and_holds_slot_until_ack(servers, tiny_dsv4):
+    s = servers(tiny_dsv4, ["--slots", "1"], {"FAKE_TOKEN_DELAY": "0.05", "FAKE_CANCEL_DELAY": "1.0"}, fake=True)
+    sock, f = open_stream(s.port, "/v1/chat/completions", chat_body("long", max_tokens=1000, stream=True))
+    assert f.readline().startswith(b"HTTP/1.1 200")
+    lines = stream_lines(f)
+    got = [next(lines) for _ in range(20)]
+    assert any('"content"' in x for x in got), got
+    f.close()
+    sock.shutdown(socket.SHUT_RDWR)
+    sock.close()
+    wait_until(lambda: any(f["cmd"] == "CANCEL" for f in s.fake_frames()), what="CANCEL frame")
+    cancel_time = time.time()
+    # The engine has not acknowledged yet (1 s delay): the slot must still be held.
+    assert s.health()["slots"]["busy"] == 1
+    wait_until(lambda: s.health()["slots"]["busy"] == 0, what="slot release after the ack")
+    assert time.time() - cancel_time >= 0.7, "slot released before the engine acknowledged the CANCEL"
+    cancels = [f for f in s.fake_frames() if f["cmd"] == "CANCEL"]
+    assert len(cancels) == 1, cancels
+    st, _, b = s.json("POST", "/v1/chat/completions", chat_body("next"))
+    assert st == 200 and b["choices"][0]["message"]["content"], b
+
+
+def test_engine_crash_gives_clean_errors_and_restarts(servers, tiny_dsv4):
+    s = servers(tiny_dsv4, env={"FAKE_CRASH_ON": "boom", "FAKE_TOKEN_DELAY": "0.05"}, fake=True)
+    pid0 = s.health()["engine"]["pid"]
+    st, _, b = s.json("POST", "/v1/chat/completions", chat_body("boom now"))
+    assert_openai_error(b, 503, st)
+    assert b["error"]["code"] == "engine_restarted"
+    # Streaming: headers were already sent, so the error arrives as an SSE error event.
+    c = s.conn()
+    wait_until(lambda: s.health()["engine"]["up"], what="engine restart")
+    c.request("POST", "/v1/chat/completions", json.dumps(chat_body("boom again", stream=True)).encode(),
+              {"Content-Type": "application/json"})
+    r = c.getresponse()
+    assert r.status == 200
+    events = [json.loads(x[6:]) for x in stream_lines(r) if x.startswith("data: {")]
+    assert "error" in events[-1] and events[-1]["error"]["code"] == "engine_restarted", events
+    c.close()
+    wait_until(lambda: s.health()["engine"]["up"], what="engine restart")
+    h = s.health()
+    assert h["engine"]["restarts"] == 2 and h["engine"]["pid"] != pid0, h
+    assert h["slots"]["busy"] == 0, h
+    st, _, b = s.json("POST", "/v1/chat/completions", chat_body("calm"))
+    assert st == 200 and b["choices"][0]["message"]["content"], b
+
+
+def test_real_engine_killed_mid_request_recovers(servers, tiny_dsv4):
+    s = servers(tiny_dsv4, ["--ctx", "1024"])
+    first = s.json("POST", "/v1/chat/completions", chat_body("warm up", max_tokens=4))
+    assert first[0] == 200, first
+    pid = s.health()["engine"]["pid"]
+    c = s.conn()
+    c.request("POST", "/v1/chat/completions", json.dumps(chat_body("a long answer", max_tokens=900, stream=True)).encode(),
+              {"Content-Type": "application/json"})
+    r = c.getresponse()
+    lines = stream_lines(r)
+    assert r.status == 200
+    next(lines)
+    os.kill(pid, signal.SIGKILL)
+    events = [json.loads(x[6:]) for x in lines if x.startswith("data: {")]
+    # Either the kill landed mid-generation (clean error event) or the reply had just finished.
+    last = events[-1]
+    assert ("error" in last and last["error"]["code"] == "engine_restarted") or last.get("choices") is not None, last
+    c.close()
+    wait_until(lambda: s.health()["engine"]["up"] and s.health()["engine"]["pid"] != pid, what="engine restart")
+    st, _, b = s.json("POST", "/v1/chat/completions", chat_body("after the crash", max_tokens=4))
+    assert st == 200 and b["usage"]["completion_tokens"] == 4, b
+    assert s.health()["engine"]["restarts"] == 1
+
+
+def test_api_key_and_host_guard(servers, tiny_dsv4):
+    s = servers(tiny_dsv4, ["--api-key", "sekrit"], fake=True)
+    st, _, b = s.json("POST", "/v1/chat/completions", chat_body("x"))
+    assert_openai_error(b, 401, st)
+    st, _, b = s.json("POST", "/v1/chat/completions", chat_body("x"), {"Authorization": "Bearer wrong"})
+    assert_openai_error(b, 401, st)
+    st, _, b = s.json("POST", "/v1/messages", {"max_tokens": 3, "messages": [{"role": "user", "content": "x"}]})
+    assert st == 401 and b["error"]["type"] == "authentication_error", b
+    st, _, b = s.json("POST", "/v1/chat/completions", chat_body("x"), {"Authorization": "Bearer sekrit"})
+    assert st == 200, b
+    st, _, b = s.json("POST", "/v1/messages", {"max_tokens": 3, "messages": [{"role": "user", "content": "x"}]},
+                      {"x-api-key": "sekrit"})
+    assert st == 200 and b["type"] == "message", b
+    assert s.request("GET", "/health")[0] == 200           # public
+    assert s.request("GET", "/metrics")[0] == 401
+    # DNS-rebinding guard on a loopback bind.
+    st, _, b = s.json("GET", "/v1/models", headers={"Host": "evil.example:80", "Authorization": "Bearer sekrit"})
+    assert_openai_error(b, 403, st)
+    st, _, b = s.json("GET", "/v1/models", headers={"Host": f"localhost:{s.port}", "Authorization": "Bearer sekrit"})
+    assert st == 200 and b["data"][0]["id"] == os.path.basename(tiny_dsv4), b
+
+
+def test_non_loopback_bind_needs_a_key(tiny_dsv4):
+    r = subprocess.run([CAIRN, "serve", "-m", tiny_dsv4, "--host", "0.0.0.0", "--port", str(free_port())],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0 and "--api-key" in r.stderr, r.stderr
+
+
+def test_sse_keepalive_during_long_prefill(servers, tiny_dsv4):
+    s = servers(tiny_dsv4, ["--keepalive", "0.2"], {"FAKE_ACCEPT_DELAY": "1.2"}, fake=True)
+    for path, body, ping in [
+        ("/v1/chat/completions", chat_body("slow", max_tokens=2, stream=True), ": keep-alive"),
+        ("/v1/messages", {"max_tokens": 2, "stream": True, "messages": [{"role": "user", "content": "slow"}]},
+         "event: ping"),
+    ]:
+        c = s.conn()
+        c.request("POST", path, json.dumps(body).encode(), {"Content-Type": "application/json"})
+        r = c.getresponse()
+        lines = list(stream_lines(r))
+        c.close()
+        first_text = next(i for i, x in enumerate(lines) if "w0" in x)
+        pings = [i for i, x in enumerate(lines[:first_text]) if x.startswith(ping)]
+        assert len(pings) >= 3, lines[:first_text]
+
+
+def test_graceful_sigterm_finishes_in_flight(servers, tiny_dsv4):
+    s = servers(tiny_dsv4, env={"FAKE_TOKEN_DELAY": "0.05"}, fake=True)
+    c = s.conn()
+    c.request("POST", "/v1/chat/completions", json.dumps(chat_body("finish me", max_tokens=20, stream=True)).encode(),
+              {"Content-Type": "application/json"})
+    r = c.getresponse()
+    lines = stream_lines(r)
+    next(lines)
+    s.p.send_signal(signal.SIGTERM)
+    rest = list(lines)
+    assert rest[-2:] == ["data: [DONE]", ""] or "data: [DONE]" in rest, rest[-5:]
+    content = "".join(json.loads(x[6:])["choices"][0]["delta"].get("content", "")
+                      for x in rest if x.startswith("data: {") and json.loads(x[6:])["choices"])
+    assert content.count("w") >= 19, content
+    assert s.p.wait(30) == 0
+    frames = [f["cmd"] for f in s.fake_frames()]
+    assert frames[-1] == "EOF", frames          # the engine got EOF only after the request finished
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", s.port), timeout=2)
+
+
+def test_autocannon_load_no_errors_no_leaks_reuse_exact(servers, tiny_dsv4, tmp_path):
+    s = servers(tiny_dsv4, ["--slots", "2", "--max-queue", "4", "--max-tokens", "4"])
+    body = json.dumps(chat_body("load test", max_tokens=4))
+    r = subprocess.run(["node", os.path.join(NODE_MODULES, "autocannon", "autocannon.js"), "-a", "200", "-c", "8",
+                        "-m", "POST", "-H", "content-type=application/json", "-b", body, "-t", "60", "-j",
+                        f"http://127.0.0.1:{s.port}/v1/chat/completions"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(r.stdout)
+    codes = {k: v["count"] for k, v in res.get("statusCodeStats", {}).items()}
+    assert res["errors"] == 0 and res["timeouts"] == 0, res
+    assert sum(codes.values()) == 200 and set(codes) <= {"200", "429"} and codes.get("200", 0) > 0, codes
+    h = s.health()
+    assert h["slots"]["busy"] == 0 and h["slots"]["waiting"] == 0, h
+    # Reuse is still exact afterwards: a two-turn conversation reuses and matches a cold server.
+    convo = [{"role": "user", "content": "after the load, tell me something"}]
+    st, _, a = s.json("POST", "/v1/chat/completions", {"messages": convo, "max_tokens": 6, "temperature": 0})
+    assert st == 200
+    convo += [{"role": "assistant", "content": a["choices"][0]["message"]["content"]},
+              {"role": "user", "content": "and more"}]
+    st, _, warm = s.json("POST", "/v1/chat/completions", {"messages": convo, "max_tokens": 6, "temperature": 0})
+    assert st == 200 and warm["usage"]["prompt_tokens_details"]["cached_tokens"] > 0, warm
+    cold_server = servers(tiny_dsv4, ["--slots", "1", "--max-tokens", "4"])
+    st, _, cold = cold_server.json("POST", "/v1/chat/completions", {"messages": convo, "max_tokens": 6, "temperature": 0})
+    assert cold["usage"]["prompt_tokens_details"]["cached_tokens"] == 0, cold
+    assert warm["choices"][0]["message"]["content"] == cold["choices"][0]["message"]["content"]
+
+
+def test_metrics_count_requests_tokens_and_reuse(servers, tiny_dsv4):
+    s = servers(tiny_dsv4, fake=True)
+    msgs = [{"role": "user", "content": "one"}]
+    st, _, a = s.json("POST", "/v1/chat/completions", {"messages": msgs, "max_tokens": 3})
+    msgs += [{"role": "assistant", "content": a["choices"][0]["message"]["content"]}, {"role": "user", "content": "two"}]
+    st, _, b = s.json("POST", "/v1/chat/completions", {"messages": msgs, "max_tokens": 3})
+    reused = b["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert reused > 0, b
+    st, h, text = s.request("GET", "/metrics")
+    assert st == 200 and h["Content-Type"].startswith("text/plain")
+    m = {}
+    for line in text.decode().splitlines():
+        if line and not line.startswith("#"):
+            k, v = line.rsplit(" ", 1)
+            m[k] = float(v)
+    prompt = a["usage"]["prompt_tokens"] + b["usage"]["prompt_tokens"]
+    assert m['cairn_requests_total{endpoint="/v1/chat/completions",status="200"}'] == 2
+    assert m["cairn_prompt_tokens_total"] == prompt
+    assert m["cairn_prompt_tokens_reused_total"] == reused
+    assert m["cairn_prompt_tokens_prefilled_total"] == prompt - reused
+    assert m["cairn_completion_tokens_total"] == 6
+    assert m['cairn_ttft_seconds_bucket{le="+Inf"}'] == 2 and m["cairn_ttft_seconds_count"] == 2

@@ -1,0 +1,26 @@
+"""Runs the node tests (tests/node/*.test.mjs: the official `openai` and `@anthropic-ai/sdk`
+clients against live `cairn serve` processes on the tiny model) under `node --test`, one pytest
+case per file, and fails with node's own output when node reports a failure."""
+import glob
+import os
+import re
+import subprocess
+
+import pytest
+
+from conftest import CAIRN, ROOT
+
+NODE_DIR = os.path.join(ROOT, "tests", "node")
+FILES = sorted(os.path.basename(p) for p in glob.glob(os.path.join(NODE_DIR, "*.test.mjs")))
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_node_file(name, cairn, tiny_dsv4):
+    env = dict(os.environ, CAIRN=CAIRN, CAIRN_MODEL=tiny_dsv4, FAKE_ENGINE=os.path.join(ROOT, "tests", "fake_engine.py"))
+    r = subprocess.run(["node", "--test", "--test-reporter=spec", name], cwd=NODE_DIR, env=env,
+                       capture_output=True, text=True, timeout=900)
+    out = r.stdout + r.stderr
+    passed = re.search(r"^\S*\s*pass (\d+)", out, re.M)
+    failed = re.search(r"^\S*\s*fail (\d+)", out, re.M)
+    assert r.returncode == 0 and failed and failed.group(1) == "0", out[-12000:]
+    assert passed and int(passed.group(1)) > 0, "node ran no test:\n" + out[-4000:]

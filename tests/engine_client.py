@@ -13,7 +13,7 @@ import select
 import subprocess
 
 READY = b"\x01\x01READY\x01\x01\n"
-HANG_GUARD = 600.0
+HANG_GUARD = 120.0
 PAYLOAD_FRAMES = {"DATA", "ECHO", "TOOL"}
 
 

@@ -11,6 +11,8 @@ a crash mid-request, a slow CANCEL acknowledgement. Behaviour comes from the env
   FAKE_ACCEPT_DELAY=s     pause between ACCEPT and the first DATA (a long prefill)
   FAKE_CANCEL_DELAY=s     pause before acknowledging CANCEL with ERROR id CANCELLED
   FAKE_CRASH_ON=word      exit(3) after two DATA frames of a prompt containing word
+  FAKE_ODD=1              also send what a newer or older engine may: telemetry and unknown frame
+                          kinds (one with a payload-like look), and a DONE with only 7 fields
 
 "Tokens" are bytes: prompt_tokens = prompt bytes, and the reuse count in DONE is the byte
 length of the slot's previous prompt + reply when that is a strict prefix of the new prompt.
@@ -28,6 +30,7 @@ ACCEPT_DELAY = float(ENV.get("FAKE_ACCEPT_DELAY", "0"))
 CANCEL_DELAY = float(ENV.get("FAKE_CANCEL_DELAY", "0"))
 CRASH_ON = ENV.get("FAKE_CRASH_ON")
 LOG = ENV.get("FAKE_LOG")
+ODD = ENV.get("FAKE_ODD") == "1"
 
 out = sys.stdout.buffer
 inp = sys.stdin.buffer.raw
@@ -92,6 +95,8 @@ def submit(f, payload):
     log(cmd="SUBMIT", id=rid, slot=slot, max_tokens=max_tokens, header=f, prompt=prompt.decode(errors="replace"))
     rec = records.get(slot, b"")
     reuse = len(rec) if rec and prompt.startswith(rec) and len(prompt) > len(rec) else 0
+    if ODD:
+        send(b"HWINFO 2 24.0 20.0 0 0 cpu\nFUTURE_KIND " + rid.encode() + b" 5 x\nTOOL 999 3\nabc\n")
     send(f"ACCEPT {rid} {len(prompt)}\n".encode())
     active[rid] = dict(id=rid, slot=slot, prompt=prompt, toks=tokens_of(prompt)[:max_tokens], sent=0,
                        reuse=reuse, next_at=time.time() + ACCEPT_DELAY, cancel_at=None, max_tokens=max_tokens)
@@ -101,6 +106,10 @@ def finish(r, stopped=False):
     gen = b"".join(r["toks"][:r["sent"]])
     records[r["slot"]] = r["prompt"] + gen
     limited = int(r["sent"] >= r["max_tokens"] and not stopped and REPLY is None)
+    if ODD:
+        send(f"PROF 0.1 1 2 0 0 0 0 0 1\nDONE {r['id']} STAT {r['sent']} 100.000 0.0 0.01\n".encode())
+        del active[r["id"]]
+        return
     send(f"DONE {r['id']} STAT {r['sent']} 100.000 0.0 0.01 {len(r['prompt'])} {limited} {r['reuse']}\n".encode())
     del active[r["id"]]
 

@@ -62,11 +62,17 @@ def test_huge_headers(engine):
 
 
 def test_negative_and_absurd_sizes(engine):
+    # sizes that cannot be trusted: the frame is header-only, the next line is read as a header
     for header in (b"SUBMIT n 0 -5 1 0 1", b"SUBMIT h 0 99999999999999999999999 1 0 1", b"SUBMIT e 0 5 1 0 1 -3",
-                   b"IMAGE i -1 1 1", b"SUBMIT m 0 3 -1 0 1", b"SUBMIT s 0 3 1 0 1 0 -7"):
+                   b"IMAGE i -1 1 1", b"SUBMIT big 0 16777217 1 0 1"):
         engine.send(header + b"\nSTOP sync\n")
         f = read_error(engine)
         assert f[2] == "BAD_REQUEST", (header, f)
+        assert read_error(engine) == ["ERROR", "sync", "NOT_FOUND"], header
+    # sizes that parse: the announced payload is consumed even though the header is refused
+    for header in (b"SUBMIT m 0 3 -1 0 1", b"SUBMIT s 0 3 1 0 1 0 -7"):
+        engine.send(header + b"\nabc\nSTOP sync\n")
+        assert read_error(engine)[2] == "BAD_REQUEST", header
         assert read_error(engine) == ["ERROR", "sync", "NOT_FOUND"], header
     valid_request(engine, "v2")
     assert engine.close() == 0

@@ -190,8 +190,10 @@ def test_body_header_and_connection_bounds(servers, tiny_dsv4):
     assert st in (413, 431), st
     # Connections beyond the per-IP bound are closed at once; the server keeps serving.
     held = []
-    for _ in range(4):
-        c = socket.create_connection(("127.0.0.1", s.port))
+    for _ in range(4):          # four kept-alive connections, each known to be accepted
+        c = s.conn()
+        c.request("GET", "/health")
+        assert c.getresponse().read()
         held.append(c)
     extra = socket.create_connection(("127.0.0.1", s.port))
     extra.settimeout(5)
@@ -414,3 +416,18 @@ def test_metrics_count_requests_tokens_and_reuse(servers, tiny_dsv4):
     assert m["cairn_prompt_tokens_prefilled_total"] == prompt - reused
     assert m["cairn_completion_tokens_total"] == 6
     assert m['cairn_ttft_seconds_bucket{le="+Inf"}'] == 2 and m["cairn_ttft_seconds_count"] == 2
+
+
+def test_engine_frames_read_as_the_spec_says(servers, tiny_dsv4):
+    """Telemetry and unknown frame kinds are ignored, a DONE with only 7 fields means the
+    missing trailing fields are 0 (prompt tokens then come from ACCEPT)."""
+    s = servers(tiny_dsv4, env={"FAKE_ODD": "1"}, fake=True)
+    st, _, b = s.json("POST", "/v1/chat/completions", chat_body("odd frames", max_tokens=3))
+    assert st == 200, b
+    prompt = [f for f in s.fake_frames() if f["cmd"] == "SUBMIT"][-1]["prompt"]
+    assert b["choices"][0]["message"]["content"] == "w0 w1 w2 "
+    assert b["usage"]["prompt_tokens"] == len(prompt.encode())
+    assert b["usage"]["completion_tokens"] == 3
+    assert b["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert b["choices"][0]["finish_reason"] == "stop"
+    assert s.health()["engine"]["restarts"] == 0

@@ -6,6 +6,7 @@
 #include "kernels.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "kernels_path.h"
@@ -78,14 +79,16 @@ float kernel_tree16(const float acc[16]) {
 static _Thread_local float *scratch;
 static _Thread_local size_t scratch_len;
 
+/* Out of memory here is as fatal as in xmalloc (util.h): kernels have no error path. */
 float *kernel_scratch(size_t n) {
     if (n > scratch_len) {
         free(scratch);
         scratch_len = n + 64;
         scratch = aligned_alloc(64, ceil_div(scratch_len * sizeof(float), 64) * 64);
         if (!scratch) {
-            scratch_len = 0;
-            scratch = xmalloc(1);   /* unreachable in practice; xmalloc reports and aborts on OOM */
+            fprintf(stderr, "cairn: out of memory allocating %zu bytes of kernel scratch\n",
+                    scratch_len * sizeof(float));
+            abort();
         }
     }
     return scratch;
@@ -133,7 +136,8 @@ static void scalar_rows_mul(const qmat *w, int r0, int r1, const float *x, int n
     float *wrow = kernel_scratch((size_t)w->cols);
     for (int r = r0; r < r1; r++) {
         dequant_row(w, r, wrow);
-        for (int j = 0; j < n; j++) y[(size_t)j * ldy + (r - r0)] = dot_canonical(wrow, x + (size_t)j * w->cols, w->cols);
+        for (int j = 0; j < n; j++)
+            y[(size_t)j * ldy + (r - r0)] = dot_canonical(wrow, x + (size_t)j * w->cols, w->cols);
     }
 }
 

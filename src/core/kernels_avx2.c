@@ -5,7 +5,7 @@
  * four rows at once (eight independent chains), decoding each weight in registers just before
  * its FMA. Batched calls dequantize a few rows into an f32 buffer once, then run a 3x3 register
  * tile (3 weight rows x 3 input rows) over it, one lane half at a time, which uses 15 of the 16
- * ymm registers and loads 6 vectors per 9 FMAs. */
+ * ymm registers and loads 6 vectors per 9 FMAs (see avx2_rows_mul for the cache blocking). */
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 
 #include <immintrin.h>
@@ -33,21 +33,27 @@ INLINE void dec16_fp8(const uint8_t *p, __m256 scale, __m256 v[2]) {
 }
 
 /* 16 bytes = 32 E2M1 codes, low nibble first. For each 8 columns, their 4 bytes are broadcast
- * and shifted so lane j holds code j; a permute picks the magnitude from `table` (the 8
- * magnitudes already multiplied by the block's scale factor) and bit 3 supplies the sign. */
+ * and shifted so lane j holds code j in its low bits; a permute picks the magnitude (it reads
+ * bits 0..2) from `table`, and XOR with the code shifted to bits 28..31 sets the sign (bit 3 ->
+ * bit 31). The table entries are stored with their own index pre-XORed into bits 28..30, so
+ * that XOR restores them exactly (see fp4_table). */
 INLINE void dec32_fp4(const uint8_t *p, __m256 table, __m256 v[4]) {
     const __m256i to_low = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
-    const __m256i to_sign = _mm256_setr_epi32(28, 24, 20, 16, 12, 8, 4, 0);
-    const __m256i sign_bit = _mm256_set1_epi32((int)0x80000000u);
     #pragma GCC unroll 4
     for (int k = 0; k < 4; k++) {
         int32_t word;
         memcpy(&word, p + 4 * k, 4);
-        __m256i codes = _mm256_set1_epi32(word);
-        __m256 mag = _mm256_permutevar8x32_ps(table, _mm256_srlv_epi32(codes, to_low));
-        __m256i sign = _mm256_and_si256(_mm256_sllv_epi32(codes, to_sign), sign_bit);
-        v[k] = _mm256_xor_ps(mag, _mm256_castsi256_ps(sign));
+        __m256i codes = _mm256_srlv_epi32(_mm256_set1_epi32(word), to_low);
+        __m256 mag = _mm256_permutevar8x32_ps(table, codes);
+        v[k] = _mm256_xor_ps(mag, _mm256_castsi256_ps(_mm256_slli_epi32(codes, 28)));
     }
+}
+
+/* The 8 E2M1 magnitudes times the block's scale factor, entry m XORed with m << 28. */
+INLINE __m256 fp4_table(float scale) {
+    __m256 mags = _mm256_mul_ps(_mm256_loadu_ps(kernel_fp4_lut), _mm256_set1_ps(scale));
+    return _mm256_xor_ps(mags, _mm256_castsi256_ps(_mm256_setr_epi32(0, 1 << 28, 2 << 28, 3 << 28, 4 << 28, 5 << 28,
+                                                                      6 << 28, 7 << 28)));
 }
 
 INLINE void dec16_bf16(const uint16_t *p, __m256 v[2]) {
@@ -59,29 +65,11 @@ INLINE void dec16_bf16(const uint16_t *p, __m256 v[2]) {
 /* Columns per decode step: one 32-column scale block for FP4, one 16-column group otherwise. */
 INLINE int step_cols(wformat f) { return f == WF_FP4 ? 32 : 16; }
 
-INLINE const uint8_t *row_ptr(const qmat *w, wformat f, int r) {
-    size_t row_bytes = f == WF_F32 ? (size_t)w->cols * 4 : f == WF_BF16 ? (size_t)w->cols * 2
-                     : f == WF_FP8 ? (size_t)w->cols : kernel_fp4_row_bytes(w);
-    return (const uint8_t *)w->data + (size_t)r * row_bytes;
-}
-
-/* Byte offset of column c within a row. */
-INLINE size_t col_bytes(wformat f, int c) {
-    return f == WF_F32 ? (size_t)c * 4 : f == WF_BF16 ? (size_t)c * 2 : f == WF_FP8 ? (size_t)c : (size_t)c / 2;
-}
-
-/* The E8M0 bytes that apply to row r (FP8: its 128-row block's), NULL for unscaled formats. */
-INLINE const uint8_t *scale_row(const qmat *w, wformat f, int r) {
-    if (f == WF_FP8) return w->scale + (size_t)(r / 128) * kernel_scale_row_len(w);
-    if (f == WF_FP4) return w->scale + (size_t)r * kernel_scale_row_len(w);
-    return NULL;
-}
-
 /* Scale operand of decode_step at column c (changes every 128 columns for FP8, 32 for FP4):
- * FP8 the broadcast factor, FP4 the scaled magnitude table. */
+ * FP8 the broadcast factor, FP4 the scaled magnitude table of dec32_fp4. */
 INLINE __m256 scale_at(wformat f, const uint8_t *srow, int c) {
     if (f == WF_FP8) return _mm256_set1_ps(kernel_fp8_scale_lut[srow[c / 128]]);
-    if (f == WF_FP4) return _mm256_mul_ps(_mm256_loadu_ps(kernel_fp4_lut), _mm256_set1_ps(kernel_fp4_scale_lut[srow[c / 32]]));
+    if (f == WF_FP4) return fp4_table(kernel_fp4_scale_lut[srow[c / 32]]);
     return _mm256_setzero_ps();
 }
 
@@ -122,19 +110,19 @@ INLINE float tree16(__m256 lo, __m256 hi) {
     return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
 }
 
-/* y[i] = dot(row r + i, x) for i < NR, the rows interleaved column step by column step. */
-/* Matvec reads VEC_ROWS short row streams at once (2 KiB per FP4 row of 4096 columns), too
- * short for the hardware prefetchers to ramp up, so each row prefetches the same offset of the
- * row VEC_ROWS further on: the rows this thread reads next. */
+/* y[i] = dot(row r + i, x) for i < NR, the rows interleaved column step by column step.
+ * These are VEC_ROWS short streams (2 KiB per FP4 row of 4096 columns), too short for the
+ * hardware prefetchers to ramp up, so each row prefetches the same offset of the row VEC_ROWS
+ * further on: the rows this thread reads next. */
 INLINE void dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, float *y) {
     const int S = step_cols(f), full = w->cols / S * S, block = f == WF_FP8 ? 128 : S;
-    const size_t ahead = (size_t)(row_ptr(w, f, VEC_ROWS) - row_ptr(w, f, 0));
+    const size_t ahead = (size_t)(kernel_row_ptr(w, VEC_ROWS) - kernel_row_ptr(w, 0));
     const uint8_t *row[VEC_ROWS], *srow[VEC_ROWS];
     __m256 acc[VEC_ROWS][2], scale[VEC_ROWS] = {_mm256_setzero_ps()};
     #pragma GCC unroll 4
     for (int i = 0; i < NR; i++) {
-        row[i] = row_ptr(w, f, r + i);
-        srow[i] = scale_row(w, f, r + i);
+        row[i] = kernel_row_ptr(w, r + i);
+        srow[i] = kernel_scale_row(w, r + i);
         acc[i][0] = acc[i][1] = _mm256_setzero_ps();
     }
     for (int c = 0; c < full; c += S) {
@@ -142,9 +130,10 @@ INLINE void dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, fl
             #pragma GCC unroll 4
             for (int i = 0; i < NR; i++) scale[i] = scale_at(f, srow[i], c);
         }
-        if (col_bytes(f, c) % 64 == 0) {
+        if (kernel_col_bytes(f, c) % 64 == 0) {
             #pragma GCC unroll 4
-            for (int i = 0; i < NR; i++) _mm_prefetch((const char *)row[i] + col_bytes(f, c) + ahead, _MM_HINT_T0);
+            for (int i = 0; i < NR; i++)
+                _mm_prefetch((const char *)row[i] + kernel_col_bytes(f, c) + ahead, _MM_HINT_T0);
         }
         #pragma GCC unroll 4
         for (int i = 0; i < NR; i++) {
@@ -167,7 +156,7 @@ INLINE void dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, fl
 /* Row r dequantized into out[ldw] (zero-padded to a multiple of 16). */
 INLINE void decode_row(const qmat *w, wformat f, int r, float *out) {
     const int S = step_cols(f), full = w->cols / S * S, block = f == WF_FP8 ? 128 : S;
-    const uint8_t *row = row_ptr(w, f, r), *srow = scale_row(w, f, r);
+    const uint8_t *row = kernel_row_ptr(w, r), *srow = kernel_scale_row(w, r);
     __m256 scale = _mm256_setzero_ps(), v[4];
     for (int c = 0; c < full; c += S) {
         if (c % block == 0) scale = scale_at(f, srow, c);
@@ -178,18 +167,11 @@ INLINE void decode_row(const qmat *w, wformat f, int r, float *out) {
     if (full < w->cols) tail_groups(w, r, full, NULL, NULL, out);
 }
 
-#define FOR_EACH_FORMAT(f, call)                     \
-    switch (f) {                                     \
-    case WF_F32: { const wformat F = WF_F32; call; } break;   \
-    case WF_BF16: { const wformat F = WF_BF16; call; } break; \
-    case WF_FP8: { const wformat F = WF_FP8; call; } break;   \
-    case WF_FP4: { const wformat F = WF_FP4; call; } break;   \
-    }
-
 static void avx2_rows_vec(const qmat *w, int r0, int r1, const float *x, float *y) {
     int r = r0;
-    for (; r + VEC_ROWS <= r1; r += VEC_ROWS) FOR_EACH_FORMAT(w->fmt, dot_rows(w, F, r, VEC_ROWS, x, y + (r - r0)))
-    for (; r < r1; r++) FOR_EACH_FORMAT(w->fmt, dot_rows(w, F, r, 1, x, y + (r - r0)))
+    for (; r + VEC_ROWS <= r1; r += VEC_ROWS)
+        KERNEL_FOR_EACH_FORMAT(w->fmt, dot_rows(w, F, r, VEC_ROWS, x, y + (r - r0)))
+    for (; r < r1; r++) KERNEL_FOR_EACH_FORMAT(w->fmt, dot_rows(w, F, r, 1, x, y + (r - r0)))
 }
 
 /* Batched multiply. Lane halves and column chunks keep the working set in L1: for each chunk of
@@ -257,7 +239,7 @@ static void avx2_rows_mul(const qmat *w, int r0, int r1, const float *x, int n, 
     const int cols = w->cols, ldw = (cols + 15) & ~15, nr = r1 - r0;
     float *wb = kernel_scratch((size_t)nr * ldw + (size_t)MUL_XROWS * nr * 16);
     float *acc = wb + (size_t)nr * ldw;
-    for (int r = r0; r < r1; r++) FOR_EACH_FORMAT(w->fmt, decode_row(w, F, r, wb + (size_t)(r - r0) * ldw))
+    for (int r = r0; r < r1; r++) KERNEL_FOR_EACH_FORMAT(w->fmt, decode_row(w, F, r, wb + (size_t)(r - r0) * ldw))
     for (int j0 = 0; j0 < n; j0 += MUL_XROWS) {
         int nx_all = n - j0 < MUL_XROWS ? n - j0 : MUL_XROWS;
         const float *xg = x + (size_t)j0 * cols;

@@ -53,22 +53,11 @@ INLINE __m512 dec16_bf16(const uint16_t *p) {
 
 INLINE int step_cols(wformat f) { return f == WF_FP4 ? 32 : 16; }
 
-INLINE const uint8_t *row_ptr(const qmat *w, wformat f, int r) {
-    size_t row_bytes = f == WF_F32 ? (size_t)w->cols * 4 : f == WF_BF16 ? (size_t)w->cols * 2
-                     : f == WF_FP8 ? (size_t)w->cols : kernel_fp4_row_bytes(w);
-    return (const uint8_t *)w->data + (size_t)r * row_bytes;
-}
-
-INLINE const uint8_t *scale_row(const qmat *w, wformat f, int r) {
-    if (f == WF_FP8) return w->scale + (size_t)(r / 128) * kernel_scale_row_len(w);
-    if (f == WF_FP4) return w->scale + (size_t)r * kernel_scale_row_len(w);
-    return NULL;
-}
-
 /* FP8: the broadcast scale factor; FP4: the 16 code values times the block's scale factor. */
 INLINE __m512 scale_at(wformat f, const uint8_t *srow, int c) {
     if (f == WF_FP8) return _mm512_set1_ps(kernel_fp8_scale_lut[srow[c / 128]]);
-    if (f == WF_FP4) return _mm512_mul_ps(_mm512_loadu_ps(kernel_fp4_lut), _mm512_set1_ps(kernel_fp4_scale_lut[srow[c / 32]]));
+    if (f == WF_FP4)
+        return _mm512_mul_ps(_mm512_loadu_ps(kernel_fp4_lut), _mm512_set1_ps(kernel_fp4_scale_lut[srow[c / 32]]));
     return _mm512_setzero_ps();
 }
 
@@ -102,20 +91,27 @@ INLINE float tree16(__m512 a) {
     return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
 }
 
+/* y[i] = dot(row r + i, x) for i < NR; prefetching one row group ahead as the AVX2 path does. */
 INLINE void dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, float *y) {
     const int S = step_cols(f), full = w->cols / S * S, block = f == WF_FP8 ? 128 : S;
+    const size_t ahead = (size_t)(kernel_row_ptr(w, VEC_ROWS) - kernel_row_ptr(w, 0));
     const uint8_t *row[VEC_ROWS], *srow[VEC_ROWS];
     __m512 acc[VEC_ROWS], scale[VEC_ROWS] = {_mm512_setzero_ps()};
     #pragma GCC unroll 4
     for (int i = 0; i < NR; i++) {
-        row[i] = row_ptr(w, f, r + i);
-        srow[i] = scale_row(w, f, r + i);
+        row[i] = kernel_row_ptr(w, r + i);
+        srow[i] = kernel_scale_row(w, r + i);
         acc[i] = _mm512_setzero_ps();
     }
     for (int c = 0; c < full; c += S) {
         if (c % block == 0) {
             #pragma GCC unroll 4
             for (int i = 0; i < NR; i++) scale[i] = scale_at(f, srow[i], c);
+        }
+        if (kernel_col_bytes(f, c) % 64 == 0) {
+            #pragma GCC unroll 4
+            for (int i = 0; i < NR; i++)
+                _mm_prefetch((const char *)row[i] + kernel_col_bytes(f, c) + ahead, _MM_HINT_T0);
         }
         #pragma GCC unroll 4
         for (int i = 0; i < NR; i++) {
@@ -133,7 +129,7 @@ INLINE void dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, fl
 
 INLINE void decode_row(const qmat *w, wformat f, int r, float *out) {
     const int S = step_cols(f), full = w->cols / S * S, block = f == WF_FP8 ? 128 : S;
-    const uint8_t *row = row_ptr(w, f, r), *srow = scale_row(w, f, r);
+    const uint8_t *row = kernel_row_ptr(w, r), *srow = kernel_scale_row(w, r);
     __m512 scale = _mm512_setzero_ps(), v[2];
     for (int c = 0; c < full; c += S) {
         if (c % block == 0) scale = scale_at(f, srow, c);
@@ -144,18 +140,11 @@ INLINE void decode_row(const qmat *w, wformat f, int r, float *out) {
     if (full < w->cols) tail_groups(w, r, full, NULL, _mm512_setzero_ps(), out);
 }
 
-#define FOR_EACH_FORMAT(f, call)                                  \
-    switch (f) {                                                  \
-    case WF_F32: { const wformat F = WF_F32; call; } break;       \
-    case WF_BF16: { const wformat F = WF_BF16; call; } break;     \
-    case WF_FP8: { const wformat F = WF_FP8; call; } break;       \
-    case WF_FP4: { const wformat F = WF_FP4; call; } break;       \
-    }
-
 static void avx512_rows_vec(const qmat *w, int r0, int r1, const float *x, float *y) {
     int r = r0;
-    for (; r + VEC_ROWS <= r1; r += VEC_ROWS) FOR_EACH_FORMAT(w->fmt, dot_rows(w, F, r, VEC_ROWS, x, y + (r - r0)))
-    for (; r < r1; r++) FOR_EACH_FORMAT(w->fmt, dot_rows(w, F, r, 1, x, y + (r - r0)))
+    for (; r + VEC_ROWS <= r1; r += VEC_ROWS)
+        KERNEL_FOR_EACH_FORMAT(w->fmt, dot_rows(w, F, r, VEC_ROWS, x, y + (r - r0)))
+    for (; r < r1; r++) KERNEL_FOR_EACH_FORMAT(w->fmt, dot_rows(w, F, r, 1, x, y + (r - r0)))
 }
 
 /* NR x NX tile over columns [c0, c1); partial lanes in acc[input row][weight row][16]. */
@@ -210,7 +199,7 @@ static void avx512_rows_mul(const qmat *w, int r0, int r1, const float *x, int n
     const int cols = w->cols, ldw = (cols + 15) & ~15, nr = r1 - r0;
     float *wb = kernel_scratch((size_t)nr * ldw + (size_t)MUL_XROWS * nr * 16);
     float *acc = wb + (size_t)nr * ldw;
-    for (int r = r0; r < r1; r++) FOR_EACH_FORMAT(w->fmt, decode_row(w, F, r, wb + (size_t)(r - r0) * ldw))
+    for (int r = r0; r < r1; r++) KERNEL_FOR_EACH_FORMAT(w->fmt, decode_row(w, F, r, wb + (size_t)(r - r0) * ldw))
     for (int j0 = 0; j0 < n; j0 += MUL_XROWS) {
         int nx_all = n - j0 < MUL_XROWS ? n - j0 : MUL_XROWS;
         const float *xg = x + (size_t)j0 * cols;
@@ -224,7 +213,8 @@ static void avx512_rows_mul(const qmat *w, int r0, int r1, const float *x, int n
                                acc + ((size_t)j * nr + i) * 16, nr);
         }
         for (int j = 0; j < nx_all; j++)
-            for (int i = 0; i < nr; i++) y[(size_t)(j0 + j) * ldy + i] = tree16(_mm512_load_ps(acc + ((size_t)j * nr + i) * 16));
+            for (int i = 0; i < nr; i++)
+                y[(size_t)(j0 + j) * ldy + i] = tree16(_mm512_load_ps(acc + ((size_t)j * nr + i) * 16));
     }
 }
 

@@ -5,8 +5,9 @@
  * bit-identical results (scalar == AVX2 == AVX-512):
  *  1. Each weight is dequantized exactly as (code value) * (block scale) in one f32 multiply,
  *     with the factors split as in kernel_fp8_lut / kernel_fp4_lut below (FP8: the E4M3 code
- *     read as f16 = value * 2^-8, times scale * 2^8; FP4: twice the E2M1 value, times scale / 2, the sign applied after the product).
- *     For finite codes both products equal value * scale rounded once.
+ *     read as f16 = value * 2^-8, times scale * 2^8; FP4: twice the E2M1 magnitude, times scale / 2,
+ *     then the code's sign). For finite codes both products equal value * scale rounded once.
+ *     (The canonical order pins the AVX-512 path too; it is compiled but could not be run here.)
  *  2. Columns are padded with zeros to a multiple of 16. Lane l (0..15) accumulates, in column
  *     order, acc[l] = fma(w[c], x[c], acc[l]) over every c with c % 16 == l, starting from +0.
  *  3. The 16 lanes are summed by kernel_tree16: a[i] + a[i+8], then + 4 apart, + 2 apart, + 1.
@@ -54,5 +55,32 @@ float kernel_tree16(const float acc[16]);
 
 /* Thread-local scratch of at least n floats, 64-byte aligned; grows, never shrinks. */
 float *kernel_scratch(size_t n);
+
+/* Run `call` with the constant F set to format f, so always-inline SIMD code is specialised per
+ * format and the format switch leaves the inner loops. */
+#define KERNEL_FOR_EACH_FORMAT(f, call)                           \
+    switch (f) {                                                  \
+    case WF_F32: { const wformat F = WF_F32; call; } break;       \
+    case WF_BF16: { const wformat F = WF_BF16; call; } break;     \
+    case WF_FP8: { const wformat F = WF_FP8; call; } break;       \
+    case WF_FP4: { const wformat F = WF_FP4; call; } break;       \
+    }
+
+/* Byte offset of column c within a row (FP4: c even). */
+static inline size_t kernel_col_bytes(wformat f, int c) {
+    return f == WF_F32 ? (size_t)c * 4 : f == WF_BF16 ? (size_t)c * 2 : f == WF_FP8 ? (size_t)c : (size_t)c / 2;
+}
+
+static inline const uint8_t *kernel_row_ptr(const qmat *w, int r) {
+    size_t row_bytes = w->fmt == WF_FP4 ? kernel_fp4_row_bytes(w) : kernel_col_bytes(w->fmt, w->cols);
+    return (const uint8_t *)w->data + (size_t)r * row_bytes;
+}
+
+/* The E8M0 bytes that apply to row r (FP8: its 128-row block's), NULL for unscaled formats. */
+static inline const uint8_t *kernel_scale_row(const qmat *w, int r) {
+    if (w->fmt == WF_FP8) return w->scale + (size_t)(r / 128) * kernel_scale_row_len(w);
+    if (w->fmt == WF_FP4) return w->scale + (size_t)r * kernel_scale_row_len(w);
+    return NULL;
+}
 
 #endif

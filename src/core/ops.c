@@ -6,6 +6,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "kernels.h"
 #include "quant.h"
@@ -40,7 +41,10 @@ void layernorm(float *out, const float *x, const float *w, const float *b, int n
 }
 
 void rope_init(rope_table *t, int dim, double base) {
-    if (dim > 512) dim = 512;            /* inv_freq holds 256 pairs */
+    if (dim > 512) {                     /* inv_freq holds 256 pairs */
+        fprintf(stderr, "cairn: RoPE over %d dims is more than the 512 supported; rotating the first 512\n", dim);
+        dim = 512;
+    }
     t->dim = dim;
     for (int k = 0; k < dim / 2; k++) t->inv_freq[k] = (float)pow(base, -2.0 * k / dim);
 }
@@ -69,11 +73,31 @@ void rope_init_yarn(rope_table *t, int dim, double base, double factor, double o
     }
 }
 
-/* cos/sin of pos*inv_freq[k], with the angle formed in double so large positions keep precision. */
-static void rope_angle(const rope_table *t, int k, int pos, int inverse, float *c, float *s) {
-    double a = (double)pos * (double)t->inv_freq[k];
-    *c = (float)cos(a);
-    *s = (float)(inverse ? -sin(a) : sin(a));
+/* cos/sin of pos * inv_freq[k] for every pair, with the angle formed in double so large positions
+ * keep their precision. The last table computed on this thread is kept, because every head of
+ * a token rotates at the same position: the trigonometry runs once per token, not per head. The
+ * key is the frequencies themselves, so a re-initialised table can never hit a stale entry. */
+typedef struct {
+    int valid, pos, dim;
+    float inv_freq[256], cos[256], sin[256];
+} rope_angles;
+
+static const rope_angles *rope_angles_for(const rope_table *t, int pos) {
+    static _Thread_local rope_angles cache;
+    int pairs = t->dim / 2;
+    if (cache.valid && cache.pos == pos && cache.dim == t->dim &&
+        !memcmp(cache.inv_freq, t->inv_freq, sizeof(float) * pairs))
+        return &cache;
+    for (int k = 0; k < pairs; k++) {
+        double a = (double)pos * (double)t->inv_freq[k];
+        cache.cos[k] = (float)cos(a);
+        cache.sin[k] = (float)sin(a);
+    }
+    memcpy(cache.inv_freq, t->inv_freq, sizeof(float) * pairs);
+    cache.pos = pos;
+    cache.dim = t->dim;
+    cache.valid = 1;
+    return &cache;
 }
 
 static void rotate_pair(float *a, float *b, float c, float s) {
@@ -83,20 +107,15 @@ static void rotate_pair(float *a, float *b, float c, float s) {
 }
 
 void rope_apply_interleaved(const rope_table *t, float *x, int pos, int inverse) {
-    for (int k = 0; k < t->dim / 2; k++) {
-        float c, s;
-        rope_angle(t, k, pos, inverse, &c, &s);
-        rotate_pair(&x[2 * k], &x[2 * k + 1], c, s);
-    }
+    const rope_angles *r = rope_angles_for(t, pos);
+    for (int k = 0; k < t->dim / 2; k++)
+        rotate_pair(&x[2 * k], &x[2 * k + 1], r->cos[k], inverse ? -r->sin[k] : r->sin[k]);
 }
 
 void rope_apply_half(const rope_table *t, float *x, int pos, int inverse) {
+    const rope_angles *r = rope_angles_for(t, pos);
     int half = t->dim / 2;
-    for (int k = 0; k < half; k++) {
-        float c, s;
-        rope_angle(t, k, pos, inverse, &c, &s);
-        rotate_pair(&x[k], &x[k + half], c, s);
-    }
+    for (int k = 0; k < half; k++) rotate_pair(&x[k], &x[k + half], r->cos[k], inverse ? -r->sin[k] : r->sin[k]);
 }
 
 void softmax(float *x, int n) {

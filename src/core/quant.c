@@ -97,8 +97,9 @@ void act_qdq_e4m3(float *x, size_t n, size_t block) {
     for (size_t i = 0; i < n; i += block) qdq_block(x + i, MIN(block, n - i), 1e-4f, 448.0f, e4m3_round);
 }
 
-/* The FP4 amax floor is the same 1e-4 as E4M3's: it only matters for all-but-zero blocks. */
+/* The FP4 amax floor is 6 * 2^-126 (the official kernel's indexer path): the smallest amax
+ * whose scale, 2^-126, is still a normal float. */
 void act_qdq_fp4(float *x, size_t n, size_t block) {
     if (block == 0) block = n;
-    for (size_t i = 0; i < n; i += block) qdq_block(x + i, MIN(block, n - i), 1e-4f, 6.0f, e2m1_round);
+    for (size_t i = 0; i < n; i += block) qdq_block(x + i, MIN(block, n - i), 6.0f * FLT_MIN, 6.0f, e2m1_round);
 }

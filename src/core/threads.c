@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 #define POOL_MAX_THREADS 256
-#define POOL_SPIN_ROUNDS 4000     /* about 50-100 us of polling before sleeping */
+#define POOL_SPIN_ROUNDS 4000     /* polls before sleeping: half with a pause hint, half yielding */
 
 static struct {
     int active;                   /* parts a job is split into, including the calling thread */
@@ -69,9 +69,13 @@ static unsigned wait_new_generation(unsigned seen) {
     return g;
 }
 
+/* Generation current when each worker was created: a worker started after earlier jobs must
+ * wait for the next one, not re-run the last. */
+static unsigned start_generation[POOL_MAX_THREADS];
+
 static void *worker_main(void *arg) {
     int part = (int)(long)arg;
-    unsigned seen = 0;
+    unsigned seen = start_generation[part];
     for (;;) {
         seen = wait_new_generation(seen);
         run_range(part);
@@ -102,6 +106,7 @@ static void grow_to(int want) {
     if (pool.created == 0) pool.created = 1;
     while (pool.created < want) {
         pthread_t th;
+        start_generation[pool.created] = atomic_load(&pool.generation);
         if (pthread_create(&th, NULL, worker_main, (void *)(long)pool.created) != 0) {
             fprintf(stderr, "cairn: could not start worker thread %d; using %d threads\n", pool.created,
                     pool.created);

@@ -57,10 +57,12 @@ static int check_shapes(const dsv4_config *c, char *err, size_t errlen) {
     if (c->window < 1) return errf(err, errlen, "config.json: sliding_window must be >= 1");
     if (c->n_shared < 0 || c->n_hash < 0) return errf(err, errlen, "config.json: n_shared_experts / num_hash_layers must be >= 0");
     if (c->hc_iters < 1) return errf(err, errlen, "config.json: hc_sinkhorn_iters must be >= 1");
-    int positive[] = {c->dim, c->vocab, c->n_heads, c->head_dim, c->q_lora, c->o_lora, c->idx_heads, c->idx_topk,
-                      c->moe_inter};
-    for (size_t i = 0; i < sizeof positive / sizeof *positive; i++)
-        if (positive[i] < 1) return errf(err, errlen, "config.json: a size field is %d (must be >= 1)", positive[i]);
+    const struct { const char *key; int v; } sizes[] = {
+        {"hidden_size", c->dim}, {"vocab_size", c->vocab}, {"num_attention_heads", c->n_heads},
+        {"head_dim", c->head_dim}, {"q_lora_rank", c->q_lora}, {"o_lora_rank", c->o_lora},
+        {"index_n_heads", c->idx_heads}, {"index_topk", c->idx_topk}, {"moe_intermediate_size", c->moe_inter}};
+    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++)
+        if (sizes[i].v < 1) return errf(err, errlen, "config.json: %s is %d (must be >= 1)", sizes[i].key, sizes[i].v);
     for (int l = 0; l < c->n_layers + c->n_mtp; l++)
         if (c->ratios[l] < 0 || c->ratios[l] == 1)
             return errf(err, errlen, "config.json: compress_ratios[%d] = %d (must be 0 or >= 2)", l, c->ratios[l]);
@@ -111,26 +113,21 @@ typedef struct {
     int failed, count;
 } loader;
 
-static const void *vtensor(loader *ld, dtype type, int64_t d0, int64_t d1, const char *fmt, va_list ap) {
+/* The data of tensor `fmt...` checked to be `type` [d0, d1] (d1 < 0: 1-D [d0]), or NULL. */
+static const void *tensor(loader *ld, dtype type, int64_t d0, int64_t d1, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static const void *tensor(loader *ld, dtype type, int64_t d0, int64_t d1, const char *fmt, ...) {
     if (ld->failed) return NULL;
     char name[256];
+    va_list ap;
+    va_start(ap, fmt);
     vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
     int64_t shape[2] = {d0, d1};
     const st_tensor *t = st_expect(ld->st, name, type, d1 < 0 ? 1 : 2, shape, ld->err, ld->errlen);
     if (!t) { ld->failed = 1; return NULL; }
     ld->count++;
     return t->data;
-}
-
-/* d1 < 0 means a 1-D tensor [d0]. */
-static const void *tensor(loader *ld, dtype type, int64_t d0, int64_t d1, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-static const void *tensor(loader *ld, dtype type, int64_t d0, int64_t d1, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    const void *p = vtensor(ld, type, d0, d1, fmt, ap);
-    va_end(ap);
-    return p;
 }
 
 static qmat plain_mat(loader *ld, wformat f, int rows, int cols, const char *name) {
@@ -145,6 +142,13 @@ static qmat fp8_mat(loader *ld, int rows, int cols, const char *prefix) {
     q.data = tensor(ld, DT_F8_E4M3, rows, cols, "%s.weight", prefix);
     q.scale = tensor(ld, DT_F8_E8M0, (rows + 127) / 128, (cols + 127) / 128, "%s.scale", prefix);
     return q;
+}
+
+/* FP8 linear named prefix + sub (e.g. "layers.3." + "attn.wq_a"). */
+static qmat fp8_at(loader *ld, const char *prefix, const char *sub, int rows, int cols) {
+    char name[256];
+    snprintf(name, sizeof name, "%s%s", prefix, sub);
+    return fp8_mat(ld, rows, cols, name);
 }
 
 /* Routed expert: packed E2M1 [out, in/2] (I8 officially; U8 accepted) + E8M0 scale per 32 inputs. */
@@ -187,12 +191,11 @@ static void load_attention(loader *ld, const dsv4_config *c, dsv4_layer *L, cons
     L->sink = tensor(ld, DT_F32, c->n_heads, -1, "%sattn.attn_sink", p);
     L->q_norm = tensor(ld, DT_BF16, c->q_lora, -1, "%sattn.q_norm.weight", p);
     L->kv_norm = tensor(ld, DT_BF16, c->head_dim, -1, "%sattn.kv_norm.weight", p);
-#define FP8(field, rows, cols, sub) (snprintf(name, sizeof name, "%s" sub, p), L->field = fp8_mat(ld, rows, cols, name))
-    FP8(wq_a, c->q_lora, c->dim, "attn.wq_a");
-    FP8(wq_b, qw, c->q_lora, "attn.wq_b");
-    FP8(wkv, c->head_dim, c->dim, "attn.wkv");
-    FP8(wo_a, c->o_groups * c->o_lora, qw / c->o_groups, "attn.wo_a");
-    FP8(wo_b, c->dim, c->o_groups * c->o_lora, "attn.wo_b");
+    L->wq_a = fp8_at(ld, p, "attn.wq_a", c->q_lora, c->dim);
+    L->wq_b = fp8_at(ld, p, "attn.wq_b", qw, c->q_lora);
+    L->wkv = fp8_at(ld, p, "attn.wkv", c->head_dim, c->dim);
+    L->wo_a = fp8_at(ld, p, "attn.wo_a", c->o_groups * c->o_lora, qw / c->o_groups);
+    L->wo_b = fp8_at(ld, p, "attn.wo_b", c->dim, c->o_groups * c->o_lora);
     if (L->ratio) {
         snprintf(name, sizeof name, "%sattn.compressor", p);
         L->comp = load_compressor(ld, c, L->ratio, c->head_dim, name);
@@ -200,11 +203,10 @@ static void load_attention(loader *ld, const dsv4_config *c, dsv4_layer *L, cons
     if (L->ratio == 4) {
         snprintf(name, sizeof name, "%sattn.indexer.compressor", p);
         L->idx_comp = load_compressor(ld, c, 4, c->idx_dim, name);
-        FP8(idx_wq_b, c->idx_heads * c->idx_dim, c->q_lora, "attn.indexer.wq_b");
+        L->idx_wq_b = fp8_at(ld, p, "attn.indexer.wq_b", c->idx_heads * c->idx_dim, c->q_lora);
         snprintf(name, sizeof name, "%sattn.indexer.weights_proj.weight", p);
         L->idx_wproj = plain_mat(ld, WF_BF16, c->idx_heads, c->dim, name);
     }
-#undef FP8
 }
 
 /* The hash table decides which expert weights are read: every entry must name a real expert. */
@@ -246,12 +248,9 @@ static void load_moe(loader *ld, const dsv4_config *c, dsv4_layer *L, const char
     }
     int si = c->n_shared * c->moe_inter;
     if (!si) return;
-    snprintf(name, sizeof name, "%sffn.shared_experts.w1", p);
-    L->sw1 = fp8_mat(ld, si, c->dim, name);
-    snprintf(name, sizeof name, "%sffn.shared_experts.w2", p);
-    L->sw2 = fp8_mat(ld, c->dim, si, name);
-    snprintf(name, sizeof name, "%sffn.shared_experts.w3", p);
-    L->sw3 = fp8_mat(ld, si, c->dim, name);
+    L->sw1 = fp8_at(ld, p, "ffn.shared_experts.w1", si, c->dim);
+    L->sw2 = fp8_at(ld, p, "ffn.shared_experts.w2", c->dim, si);
+    L->sw3 = fp8_at(ld, p, "ffn.shared_experts.w3", si, c->dim);
 }
 
 /* Layer l < n_layers is "layers.l."; MTP block i is "mtp.i." with ratio compress_ratios[n_layers+i]. */
@@ -272,18 +271,16 @@ static void load_layer(loader *ld, dsv4_model *d, int l) {
     load_moe(ld, c, L, p);
 }
 
-/* MTP-only tensors (spec §6). They are validated so a damaged checkpoint fails at load. */
-static void load_mtp_extra(loader *ld, dsv4_model *d, int i) {
-    const dsv4_config *c = &d->c;
+/* MTP-only tensors (spec §6). Generation does not run MTP; they are validated so that a damaged
+ * checkpoint fails at load, not when speculative decoding first touches them. */
+static void check_mtp_extra(loader *ld, const dsv4_config *c, int i) {
     char p[64];
-    snprintf(p, sizeof p, "mtp.%d.e_proj", i);
-    d->mtp_e_proj = fp8_mat(ld, c->dim, c->dim, p);
-    snprintf(p, sizeof p, "mtp.%d.h_proj", i);
-    d->mtp_h_proj = fp8_mat(ld, c->dim, c->dim, p);
-    tensor(ld, DT_BF16, c->dim, -1, "mtp.%d.enorm.weight", i);
-    tensor(ld, DT_BF16, c->dim, -1, "mtp.%d.hnorm.weight", i);
-    tensor(ld, DT_BF16, c->dim, -1, "mtp.%d.norm.weight", i);
     snprintf(p, sizeof p, "mtp.%d.", i);
+    fp8_at(ld, p, "e_proj", c->dim, c->dim);
+    fp8_at(ld, p, "h_proj", c->dim, c->dim);
+    tensor(ld, DT_BF16, c->dim, -1, "%senorm.weight", p);
+    tensor(ld, DT_BF16, c->dim, -1, "%shnorm.weight", p);
+    tensor(ld, DT_BF16, c->dim, -1, "%snorm.weight", p);
     load_hc(ld, c, c->hc, p, "hc_head_");
 }
 
@@ -326,36 +323,37 @@ static int dsv4_load(model *m, char *err, size_t errlen) {
     d->hc_head = load_hc(&ld, c, c->hc, "", "hc_head_");
     d->layers = xcalloc(c->n_layers + c->n_mtp, sizeof(dsv4_layer));
     for (int l = 0; l < c->n_layers + c->n_mtp && !ld.failed; l++) load_layer(&ld, d, l);
-    for (int i = 0; i < c->n_mtp && !ld.failed; i++) load_mtp_extra(&ld, d, i);
+    for (int i = 0; i < c->n_mtp && !ld.failed; i++) check_mtp_extra(&ld, c, i);
     m->n_validated = ld.count;
     return ld.failed ? -1 : 0;
 }
 
 /* ---- sequences --------------------------------------------------------------------------- */
 
+/* One compressor's parts: kv and score partials (RECUR; scores reset to -inf so empty slots
+ * weigh nothing) and its compressed list (ROWS, one row per `ratio` positions). */
+static int compressor_parts(state *st, const dsv4_compressor *cp, const char *tag, int l, int ctx, float **kv,
+                            float **score, float **list) {
+    char name[48];
+    size_t recur = (size_t)cp->coff * cp->ratio * cp->coff * cp->width * sizeof(float);
+    snprintf(name, sizeof name, "L%d.%s.kv", l, tag);
+    if (!(*kv = state_add_part(st, PART_RECUR, name, recur, 1, 1, 0))) return -1;
+    snprintf(name, sizeof name, "L%d.%s.score", l, tag);
+    if (!(*score = state_add_part(st, PART_RECUR, name, recur, 1, 1, -INFINITY))) return -1;
+    snprintf(name, sizeof name, "L%d.%s.rows", l, tag);
+    *list = state_add_part(st, PART_ROWS, name, cp->width * sizeof(float), MAX(1, ctx / cp->ratio), cp->ratio, 0);
+    return *list ? 0 : -1;
+}
+
+/* Spec §10: the window ring of every layer, plus the compressor (and indexer) state of
+ * compressed layers. */
 static int layer_parts(state *st, const dsv4_config *c, const dsv4_layer *L, int l, int ctx, dsv4_layer_state *ls) {
     char name[48];
-    size_t f = sizeof(float);
     snprintf(name, sizeof name, "L%d.window", l);
-    if (!(ls->ring = state_add_part(st, PART_RING, name, c->head_dim * f, c->window, 1, 0))) return -1;
-    if (!L->ratio) return 0;
-    const dsv4_compressor *cp = &L->comp;
-    size_t recur = (size_t)cp->coff * cp->ratio * cp->coff * cp->width * f;
-    snprintf(name, sizeof name, "L%d.comp.kv", l);
-    if (!(ls->ckv = state_add_part(st, PART_RECUR, name, recur, 1, 1, 0))) return -1;
-    snprintf(name, sizeof name, "L%d.comp.score", l);
-    if (!(ls->cscore = state_add_part(st, PART_RECUR, name, recur, 1, 1, -INFINITY))) return -1;
-    snprintf(name, sizeof name, "L%d.comp.rows", l);
-    if (!(ls->clist = state_add_part(st, PART_ROWS, name, cp->width * f, MAX(1, ctx / L->ratio), L->ratio, 0))) return -1;
-    if (L->ratio != 4) return 0;
-    cp = &L->idx_comp;
-    recur = (size_t)cp->coff * cp->ratio * cp->coff * cp->width * f;
-    snprintf(name, sizeof name, "L%d.idx.kv", l);
-    if (!(ls->ikv = state_add_part(st, PART_RECUR, name, recur, 1, 1, 0))) return -1;
-    snprintf(name, sizeof name, "L%d.idx.score", l);
-    if (!(ls->iscore = state_add_part(st, PART_RECUR, name, recur, 1, 1, -INFINITY))) return -1;
-    snprintf(name, sizeof name, "L%d.idx.rows", l);
-    if (!(ls->ilist = state_add_part(st, PART_ROWS, name, cp->width * f, MAX(1, ctx / 4), 4, 0))) return -1;
+    if (!(ls->ring = state_add_part(st, PART_RING, name, c->head_dim * sizeof(float), c->window, 1, 0))) return -1;
+    if (L->ratio && compressor_parts(st, &L->comp, "comp", l, ctx, &ls->ckv, &ls->cscore, &ls->clist)) return -1;
+    if (L->ratio == 4 && compressor_parts(st, &L->idx_comp, "idx", l, ctx, &ls->ikv, &ls->iscore, &ls->ilist))
+        return -1;
     return 0;
 }
 
@@ -494,7 +492,8 @@ static size_t dsv4_decode_bytes(const model *m) {
 
 static double mat_flops(const qmat *q) { return 2.0 * q->rows * q->cols; }
 
-/* Multiply-adds of one token at pos: every projection it runs plus attention over its candidates. */
+/* FLOPs (2 per multiply-add) of one token at pos: every projection it runs, attention over its
+ * candidates and the indexer over the visible entries. */
 static double dsv4_token_flops(const model *m, int pos) {
     const dsv4_model *d = m->priv;
     const dsv4_config *c = &d->c;

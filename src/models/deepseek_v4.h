@@ -85,7 +85,6 @@ typedef struct {
     const uint16_t *norm;
     dsv4_hc hc_head;
     dsv4_layer *layers;        /* n_layers + n_mtp (MTP validated, not run) */
-    qmat mtp_e_proj, mtp_h_proj;
 } dsv4_model;
 
 /* Per-layer pointers into the sequence's state parts (NULL where the layer has none). */

@@ -47,6 +47,7 @@ typedef struct {
 typedef struct {
     serve_opts *o;
     serve_ctx sc;
+    int inflight;                 /* requests begun and not yet completed (atomic) */
 } server;
 
 /* Per-request state across libmicrohttpd's calls of the access handler. */
@@ -303,11 +304,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         snprintf(rc->path, sizeof rc->path, "%s", url);
         rc->endpoint = endpoint_label(rc->path);
         *con_cls = rc;
-        /* Checks that need no body are answered before reading it. */
-        if (!host_allowed(s->o, c))
-            return reject(c, rc, 403, "invalid_request_error", "host_not_allowed", "Host header not allowed");
-        if (strcmp(rc->path, "/health") && !authorized(s->o, c))
-            return reject(c, rc, 401, "invalid_request_error", "invalid_api_key", "missing or invalid API key");
+        __atomic_add_fetch(&s->inflight, 1, __ATOMIC_SEQ_CST);
+        /* An announced oversized body is refused before reading it. */
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
         if (cl && strtoull(cl, NULL, 10) > (unsigned long long)s->o->max_body)
             return reject(c, rc, 413, "invalid_request_error", "body_too_large", "request body too large");
@@ -319,6 +317,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *upload_size = 0;
         return MHD_YES;
     }
+    /* Answered after the (bounded) body was read, so the client sees the status rather than a
+     * connection reset in the middle of its upload. */
+    if (!host_allowed(s->o, c))
+        return reject(c, rc, 403, "invalid_request_error", "host_not_allowed", "Host header not allowed");
+    if (strcmp(rc->path, "/health") && !authorized(s->o, c))
+        return reject(c, rc, 401, "invalid_request_error", "invalid_api_key", "missing or invalid API key");
     return route(s, c, rc);
 }
 
@@ -337,6 +341,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     sbuf_free(&rc->body);
     free(rc);
     *con_cls = NULL;
+    __atomic_sub_fetch(&s->inflight, 1, __ATOMIC_SEQ_CST);
 }
 
 /* ---- start-up and shutdown ----------------------------------------------------------------- */
@@ -393,13 +398,15 @@ static void free_argv(char **argv) {
     free(argv);
 }
 
-/* Wait (up to grace seconds) until no slot is busy and nobody waits for one. */
+/* Wait (up to grace seconds) until every request begun has been answered completely (a stream
+ * to its last byte) and no slot is busy. */
 static void drain(server *s, double grace) {
     double deadline = now_seconds() + grace;
     for (;;) {
         slots_stats st;
         slots_get_stats(s->sc.sl, &st);
-        if ((st.busy == 0 && st.waiting == 0) || now_seconds() >= deadline) return;
+        int inflight = __atomic_load_n(&s->inflight, __ATOMIC_SEQ_CST);
+        if ((st.busy == 0 && st.waiting == 0 && inflight == 0) || now_seconds() >= deadline) return;
         usleep(50 * 1000);
     }
 }

@@ -274,7 +274,10 @@ static int parse_prompt(serve_ctx *sc, const cJSON *p, turn_req *rq, http_err *e
     }
     if (!cJSON_IsArray(p) || cJSON_GetArraySize(p) == 0)
         return http_err_set(e, 400, "invalid_request_error", "invalid_value", "prompt",
-                            "'prompt' must be a string or a non-empty list of token ids (one prompt per request)");
+                            "'prompt' must be a string or a non-empty list of token ids");
+    if (cJSON_IsString(p->child) || cJSON_IsArray(p->child))
+        return http_err_set(e, 400, "invalid_request_error", "invalid_value", "prompt",
+                            "batched prompts are not supported: send one prompt per request");
     int vocab = sc->tok ? tok_vocab_size(sc->tok) : 1 << 30;
     sbuf b = {0};
     const cJSON *id;
@@ -328,17 +331,31 @@ static cJSON *usage_json(const turn *t) {
     return u;
 }
 
-/* The DATA tokens that make up the visible text (a stop string cuts the tail). */
-static int visible_tokens(const turn *t) {
-    size_t cum = 0;
+/* One generated token for the logprob tables: the DATA frame that carried its logprobs, plus
+ * any following frames without logprobs (bytes the engine's decoder released late). */
+typedef struct {
+    const eng_token *k;
+    size_t off, len;
+} scored_token;
+
+/* The scored tokens of the reply (after a stop string, only those up to the cut). Heap array. */
+static int scored_tokens(const turn *t, scored_token **out) {
+    const gen *g = t->g;
+    scored_token *v = xcalloc((size_t)g->ntoks + 1, sizeof *v);
     int n = 0;
-    while (n < t->g->ntoks && cum < t->out.len) cum += t->g->toks[n++].len;
+    size_t cum = 0;
+    for (int i = 0; i < g->ntoks && (!t->out.stopped || cum < t->out.len); i++) {
+        const eng_token *k = &g->toks[i];
+        if (k->has_lp || n == 0) v[n++] = (scored_token){k, k->off, k->len};
+        else v[n - 1].len += k->len;
+        cum += k->len;
+    }
+    *out = v;
     return n;
 }
 
-static char *token_string(const turn *t, int i) {
-    const eng_token *k = &t->g->toks[i];
-    return utf8_clean(t->g->data + k->off, k->len, NULL);
+static char *token_string(const turn *t, const scored_token *st) {
+    return utf8_clean(t->g->data + st->off, st->len, NULL);
 }
 
 static int by_logprob_desc(const void *a, const void *b) {
@@ -361,11 +378,12 @@ static cJSON *bytes_json(const char *s) {
 
 static cJSON *chat_logprobs(const turn *t) {
     cJSON *lp = cJSON_CreateObject(), *content = cJSON_AddArrayToObject(lp, "content");
-    int n = visible_tokens(t);
+    scored_token *toks;
+    int n = scored_tokens(t, &toks);
     for (int i = 0; i < n; i++) {
-        const eng_token *k = &t->g->toks[i];
+        const eng_token *k = toks[i].k;
         cJSON *e = cJSON_CreateObject();
-        char *s = token_string(t, i);
+        char *s = token_string(t, &toks[i]);
         cJSON_AddStringToObject(e, "token", s);
         cJSON_AddNumberToObject(e, "logprob", k->has_lp ? k->lp : 0);
         cJSON_AddItemToObject(e, "bytes", bytes_json(s));
@@ -384,6 +402,7 @@ static cJSON *chat_logprobs(const turn *t) {
         }
         cJSON_AddItemToArray(content, e);
     }
+    free(toks);
     return lp;
 }
 
@@ -391,11 +410,12 @@ static cJSON *completion_logprobs(const turn *t, int top_n) {
     cJSON *lp = cJSON_CreateObject();
     cJSON *tokens = cJSON_AddArrayToObject(lp, "tokens"), *lps = cJSON_AddArrayToObject(lp, "token_logprobs");
     cJSON *tops = cJSON_AddArrayToObject(lp, "top_logprobs"), *offs = cJSON_AddArrayToObject(lp, "text_offset");
-    int n = visible_tokens(t);
+    scored_token *toks;
+    int n = scored_tokens(t, &toks);
     size_t off = 0;
     for (int i = 0; i < n; i++) {
-        const eng_token *k = &t->g->toks[i];
-        char *s = token_string(t, i);
+        const eng_token *k = toks[i].k;
+        char *s = token_string(t, &toks[i]);
         cJSON_AddItemToArray(tokens, cJSON_CreateString(s));
         cJSON_AddItemToArray(lps, cJSON_CreateNumber(k->has_lp ? k->lp : 0));
         cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off));
@@ -411,6 +431,7 @@ static cJSON *completion_logprobs(const turn *t, int top_n) {
         }
         cJSON_AddItemToArray(tops, top);
     }
+    free(toks);
     return lp;
 }
 

@@ -5,6 +5,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/kernels.h"
 #include "core/quant.h"
@@ -59,7 +60,8 @@ static double ref_weight(const qmat *w, int r, int c) {
                e8m0_to_f32(w->scale[(r / 128) * ((w->cols + 127) / 128) + c / 128]);
     case WF_FP4: {
         uint8_t byte = ((const uint8_t *)w->data)[(size_t)r * ((w->cols + 1) / 2) + c / 2];
-        return (double)e2m1_to_f32(c % 2 ? byte >> 4 : byte & 15) * e8m0_to_f32(w->scale[r * ((w->cols + 31) / 32) + c / 32]);
+        return (double)e2m1_to_f32(c % 2 ? byte >> 4 : byte & 15) *
+               e8m0_to_f32(w->scale[r * ((w->cols + 31) / 32) + c / 32]);
     }
     }
     return 0;
@@ -191,8 +193,12 @@ static void nested_task(void *ctx, int i) {
 }
 
 static void check_pool(void) {
+    /* The job before each resize: workers started by the resize must not run it again. */
+    static pool_probe before_resize[5];
     for (int t = 1; t <= 4; t++) {
+        pool_run(1000, count_task, &before_resize[t]);
         pool_set_threads(t);
+        nanosleep(&(struct timespec){0, 20 * 1000 * 1000}, NULL);   /* let new workers reach their wait */
         CHECK(pool_threads() == t, "pool_threads %d after set %d", pool_threads(), t);
         for (int n = 0; n <= 1000; n += 333) {
             pool_probe p = {{0}, 0};
@@ -205,6 +211,10 @@ static void check_pool(void) {
         pool_run(7, nested_task, &p);
         CHECK(p.nested_ok == 7, "threads %d: nested pool_run ran %d of 7 correctly", t, p.nested_ok);
     }
+    int rerun = 0;
+    for (int t = 1; t <= 4; t++)
+        for (int i = 0; i < 1000; i++) rerun += before_resize[t].hits[i] != 1;
+    CHECK(rerun == 0, "%d indices of jobs finished before a resize ran again", rerun);
     pool_set_threads(2);
 }
 
@@ -217,6 +227,7 @@ int main(void) {
         {WF_FP8, 150, 200}, {WF_FP8, 131, 256}, {WF_FP8, 7, 24},   {WF_FP4, 41, 96},
         {WF_FP4, 33, 80},   {WF_FP4, 9, 40},    {WF_FP4, 5, 34},   {WF_FP4, 130, 512},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_format(cases[i].fmt, cases[i].rows, cases[i].cols);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        check_format(cases[i].fmt, cases[i].rows, cases[i].cols);
     return TEST_END();
 }

@@ -20,7 +20,12 @@ static void test_norms(void) {
     enum { N = 96 };
     float x[N], w[N], b[N], out[N];
     uint16_t wb[N];
-    for (int i = 0; i < N; i++) { x[i] = rnd_float(); w[i] = bf16_round(rnd_float()); b[i] = rnd_float(); wb[i] = f32_to_bf16(w[i]); }
+    for (int i = 0; i < N; i++) {
+        x[i] = rnd_float();
+        w[i] = bf16_round(rnd_float());
+        b[i] = rnd_float();
+        wb[i] = f32_to_bf16(w[i]);
+    }
     double ss = 0, mean = 0, var = 0;
     for (int i = 0; i < N; i++) { ss += (double)x[i] * x[i]; mean += x[i]; }
     mean /= N;
@@ -105,6 +110,19 @@ static void test_rope_apply(void) {
     double d1 = 0, d2 = 0;
     for (int i = 0; i < 64; i++) { d1 += q1[i] * k1[i]; d2 += q2[i] * k2[i]; }
     CHECK(fabs(d1 - d2) < 1e-4, "scores depend on relative position: %g vs %g", d1, d2);
+
+    /* Same table struct re-initialised, same position: the result must follow the new table. */
+    rope_table a, b;
+    float va[64], vb[64];
+    rope_init(&a, 64, 10000);
+    for (int i = 0; i < 64; i++) va[i] = vb[i] = x[i];
+    rope_apply_interleaved(&a, va, 777, 0);
+    rope_init(&a, 64, 160000);
+    rope_init(&b, 64, 160000);
+    memcpy(va, x, sizeof x);
+    rope_apply_interleaved(&a, va, 777, 0);
+    rope_apply_interleaved(&b, vb, 777, 0);
+    CHECK(!memcmp(va, vb, sizeof va), "rotation follows a re-initialised table at the same position");
 }
 
 static void test_activations(void) {

@@ -168,7 +168,7 @@ static void test_qdq(void) {
         memcpy(got, x, sizeof x);
         memcpy(want, x, sizeof x);
         act_qdq_fp4(got, N, 32);
-        qdq_reference(want, N, 32, 1e-4, 6, e2m1_mags, 8);
+        qdq_reference(want, N, 32, 6 * pow(2, -126), 6, e2m1_mags, 8);
         CHECK(!memcmp(got, want, sizeof got), "FP4 QDQ trial %d differs from formula", trial);
     }
     /* Blocks are independent: one huge value pushes only its own block into the subnormals. */
@@ -194,6 +194,10 @@ static void test_qdq(void) {
     float z[4] = {0, 0, 0, 0};
     act_qdq_fp4(z, 4, 32);
     CHECK(z[0] == 0 && z[3] == 0, "all-zero block stays zero");
+    /* Tiny blocks keep their shape: amax 3e-6 gives scale 2^-20 (a 1e-4 floor would give 2^-15 and zeros). */
+    float t[2] = {3e-6f, -1e-6f};
+    act_qdq_fp4(t, 2, 32);
+    CHECK(t[0] == 3 * ldexpf(1, -20) && t[1] == -ldexpf(1, -20), "tiny FP4 block: %g %g", t[0], t[1]);
 }
 
 int main(void) {

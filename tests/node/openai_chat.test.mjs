@@ -150,3 +150,21 @@ test('models endpoint lists the served model', async () => {
   for await (const m of list) ids.push(m.id);
   assert.deepEqual(ids, [MODEL_ID]);
 });
+
+test('chat logprobs: one entry per generated token, alternatives sorted, greedy picks the best', async () => {
+  const r = await client(warm).chat.completions.create({
+    ...PARAMS, messages: [SYSTEM, { role: 'user', content: 'logprobs please' }], max_tokens: 5, logprobs: true, top_logprobs: 3,
+  });
+  const entries = r.choices[0].logprobs.content;
+  assert.equal(entries.length, r.usage.completion_tokens);
+  for (const e of entries) {
+    assert.ok(e.logprob <= 0);
+    assert.ok(e.top_logprobs.length >= 1 && e.top_logprobs.length <= 3);
+    const lps = e.top_logprobs.map((a) => a.logprob);
+    assert.deepEqual(lps, [...lps].sort((a, b) => b - a), 'alternatives must be sorted best first');
+    assert.ok(Math.abs(lps[0] - e.logprob) < 1e-5, 'greedy token is not the most likely one');
+  }
+  await assert.rejects(client(warm).chat.completions.create({
+    ...PARAMS, messages: [{ role: 'user', content: 'x' }], logprobs: true, stream: true,
+  }), (e) => e.status === 400 && /stream/.test(e.message));
+});

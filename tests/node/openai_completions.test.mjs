@@ -58,3 +58,19 @@ test('bad token ids and unsupported options are 400s the client surfaces', async
   await assert.rejects(c.completions.create({ model: 'not-this-one', prompt: 'x', max_tokens: 2 }),
     (e) => e.status === 404);
 });
+
+test('streamed completion equals the non-streamed one and ends with usage', async () => {
+  const params = { model: MODEL_ID, prompt: IDS, max_tokens: 6, temperature: 0 };
+  const plain = await c.completions.create(params);
+  const stream = await c.completions.create({ ...params, stream: true, stream_options: { include_usage: true } });
+  let text = '';
+  let usage = null;
+  for await (const chunk of stream) {
+    assert.equal(chunk.object, 'text_completion');
+    if (chunk.usage) usage = chunk.usage;
+    for (const ch of chunk.choices) text += ch.text;
+  }
+  assert.equal(text, plain.choices[0].text);
+  assert.equal(usage.completion_tokens, plain.usage.completion_tokens);
+  assert.equal(typeof usage.prompt_tokens_details.cached_tokens, 'number');
+});

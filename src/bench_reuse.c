@@ -1,0 +1,231 @@
+/* bench_reuse.c — `cairn bench reuse -m DIR`: what prefix reuse buys over a multi-turn
+ * conversation, and what it costs.
+ *
+ * Each turn appends a user message (between role markers) to the history and asks for a reply.
+ * The warm path is exactly the engine's: reuse_prepare on the conversation's state, then the
+ * checkpointing prefill, then the first token. Two references are timed on a second sequence in
+ * the same run: the cold TTFT (the whole prompt from an empty state) and the tail time (only the
+ * tokens the warm path had to feed, on top of the reused prefix — the prefix is fed first, untimed
+ * as far as the tail is concerned). warm / tail close to 1 means checkpoints and the reuse
+ * decision are nearly free; warm / cold is the speed-up a user sees. The first token of every
+ * turn must equal the cold one (reuse is exact), else the run fails. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+#include "cli.h"
+#include "core/threads.h"
+#include "core/util.h"
+#include "state/reuse.h"
+
+typedef struct {
+    const char *model_dir;
+    int json;
+    long turns, system, user, reply, threads, ckpt_mb;
+    numerics num;
+} reuse_opts;
+
+typedef struct {
+    int prompt_tokens, reused, exact;
+    double warm, cold, tail;
+} turn_result;
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: cairn bench reuse -m DIR [--json] [--turns N] [--system N] [--user N] [--reply N]\n"
+            "                         [--ckpt-mb N] [--threads N] [--numerics exact|qat]\n"
+            "\n"
+            "A conversation of N turns (default 10): a system prompt of --system ids (default 64), then per turn\n"
+            "a user message of --user ids (default 32) and a greedy reply of --reply tokens (default 16).\n"
+            "Per turn: warm TTFT / cold TTFT and warm TTFT / time to prefill only the new tail.\n"
+            "--json prints {\"turns\":[{\"prompt_tokens\",\"reused\",\"warm_over_cold\",\"warm_over_tail\",\"exact\"},...]}.\n");
+}
+
+static int parse(int argc, char **argv, reuse_opts *o) {
+    *o = (reuse_opts){.turns = 10, .system = 64, .user = 32, .reply = 16, .ckpt_mb = 512, .num = NUMERICS_QAT};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); exit(0); }
+        if (!strcmp(a, "--json")) { o->json = 1; continue; }
+        if (!v) { fprintf(stderr, "cairn bench reuse: %s needs a value (or unknown flag)\n", a); return -1; }
+        i++;
+        if (!strcmp(a, "-m")) o->model_dir = v;
+        else if (!strcmp(a, "--turns")) { if (cli_int("bench reuse", a, v, 1, 1000, &o->turns)) return -1; }
+        else if (!strcmp(a, "--system")) { if (cli_int("bench reuse", a, v, 0, 1 << 20, &o->system)) return -1; }
+        else if (!strcmp(a, "--user")) { if (cli_int("bench reuse", a, v, 1, 1 << 20, &o->user)) return -1; }
+        else if (!strcmp(a, "--reply")) { if (cli_int("bench reuse", a, v, 1, 1 << 20, &o->reply)) return -1; }
+        else if (!strcmp(a, "--ckpt-mb")) { if (cli_int("bench reuse", a, v, 0, 1L << 30, &o->ckpt_mb)) return -1; }
+        else if (!strcmp(a, "--threads")) { if (cli_int("bench reuse", a, v, 1, 1024, &o->threads)) return -1; }
+        else if (!strcmp(a, "--numerics")) {
+            int n = cli_numerics(v);
+            if (n < 0) { fprintf(stderr, "cairn bench reuse: bad value for --numerics: '%s'\n", v); return -1; }
+            o->num = (numerics)n;
+        } else { fprintf(stderr, "cairn bench reuse: unknown flag '%s' (see cairn bench reuse --help)\n", a); return -1; }
+    }
+    if (!o->model_dir) { fprintf(stderr, "cairn bench reuse: -m DIR is required\n"); return -1; }
+    return 0;
+}
+
+/* ---- the conversation --------------------------------------------------------------------- */
+
+typedef struct {
+    int *ids;
+    int n, cap;
+    int user, assistant;   /* role-marker ids, -1 if the tokenizer has none */
+    int lo, span;          /* ordinary ids are drawn from [lo, lo + span) */
+    uint64_t rng;
+} conversation;
+
+static void push(conversation *c, int id) {
+    if (id >= 0) c->ids[c->n++] = id;
+}
+
+static void push_words(conversation *c, long k) {
+    for (long i = 0; i < k; i++) {
+        c->rng ^= c->rng << 13, c->rng ^= c->rng >> 7, c->rng ^= c->rng << 17;
+        push(c, c->lo + (int)(c->rng % (uint64_t)c->span));
+    }
+}
+
+static int marker(const model *m, const char *a, const char *b) {
+    if (!m->tok) return -1;
+    int id = tok_id(m->tok, a);
+    return id >= 0 ? id : tok_id(m->tok, b);
+}
+
+static void conversation_init(conversation *c, const model *m, const reuse_opts *o) {
+    memset(c, 0, sizeof *c);
+    c->cap = (int)(1 + o->system + o->turns * (o->user + o->reply + 2));
+    c->ids = xmalloc((size_t)c->cap * sizeof *c->ids);
+    c->user = marker(m, "<｜User｜>", "<|user|>");
+    c->assistant = marker(m, "<｜Assistant｜>", "<|assistant|>");
+    /* stay clear of the special ids most vocabularies keep at the bottom */
+    c->lo = m->vocab_size > 512 ? 256 : 2;
+    c->span = m->vocab_size - c->lo;
+    c->rng = 0x9e3779b97f4a7c15ULL;
+    push(c, m->bos_id);
+    push_words(c, o->system);
+}
+
+static int argmax(const float *x, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+/* ---- one turn ------------------------------------------------------------------------------ */
+
+/* The engine's path: decide, prefill with checkpoints, first token. Returns the first token. */
+static int warm_turn(seq *sq, store *cs, const conversation *c, float *logits, turn_result *t, char *err, size_t errlen) {
+    const int markers[2] = {c->user, c->assistant};
+    double t0 = now_seconds();
+    reuse_result r = reuse_prepare(&sq->st, 0, cs, 1, NULL, 0, c->ids, c->n);
+    reuse_prefill p;
+    reuse_prefill_init(&p, sq, cs, 0, c->ids, c->n, 0, markers, 2);
+    int rc;
+    while ((rc = reuse_prefill_step(&p, logits, err, errlen)) > 0) {}
+    reuse_prefill_free(&p);
+    if (rc < 0) return -1;
+    int first = argmax(logits, sq->m->vocab_size);
+    t->warm = now_seconds() - t0;
+    t->reused = r.reused;
+    return first;
+}
+
+/* Cold references on a second sequence: the reused prefix then the tail, timed separately (the
+ * split is free of numerical effect by chunking invariance). Returns the first token. */
+static int cold_turn(seq *sq, const conversation *c, int reused, float *logits, turn_result *t, char *err, size_t errlen) {
+    state_reset(&sq->st);
+    double t0 = now_seconds();
+    if (reused && seq_feed(sq, c->ids, reused, NULL, err, errlen)) return -1;
+    double t1 = now_seconds();
+    if (seq_feed(sq, c->ids + reused, c->n - reused, logits, err, errlen)) return -1;
+    int first = argmax(logits, sq->m->vocab_size);
+    double t2 = now_seconds();
+    t->cold = t2 - t0;
+    t->tail = t2 - t1;
+    return first;
+}
+
+/* The reply: every generated token but the last enters the state, as in the engine. */
+static int reply(seq *sq, conversation *c, int first, long len, float *logits, char *err, size_t errlen) {
+    int tok = first;
+    for (long i = 1; i < len; i++) {
+        push(c, tok);
+        if (seq_feed(sq, &tok, 1, logits, err, errlen)) return -1;
+        tok = argmax(logits, sq->m->vocab_size);
+    }
+    push(c, tok);
+    return 0;
+}
+
+static int run_turns(model *m, const reuse_opts *o, turn_result *res, char *err, size_t errlen) {
+    conversation c;
+    conversation_init(&c, m, o);
+    int ctx = c.cap + 8;
+    seq *warm = seq_new(m, ctx, err, errlen), *cold = warm ? seq_new(m, ctx, err, errlen) : NULL;
+    store *cs = o->ckpt_mb ? store_new((size_t)o->ckpt_mb << 20) : NULL;
+    float *logits = xmalloc((size_t)m->vocab_size * sizeof *logits);
+    int rc = warm && cold ? 0 : -1;
+    /* page the weights in so the first turn measures compute, not the disk */
+    if (rc == 0) rc = seq_feed(cold, c.ids, MIN(c.n, 8), logits, err, errlen);
+    for (long k = 0; rc == 0 && k < o->turns; k++) {
+        push(&c, c.user);
+        push_words(&c, o->user);
+        push(&c, c.assistant);
+        turn_result *t = &res[k];
+        t->prompt_tokens = c.n;
+        int w = warm_turn(warm, cs, &c, logits, t, err, errlen);
+        int r = w < 0 ? -1 : cold_turn(cold, &c, t->reused, logits, t, err, errlen);
+        if (w < 0 || r < 0) { rc = -1; break; }
+        t->exact = w == r;
+        rc = reply(warm, &c, w, o->reply, logits, err, errlen);
+    }
+    free(logits);
+    store_free(cs);
+    seq_free(warm);
+    seq_free(cold);
+    free(c.ids);
+    return rc;
+}
+
+static void report(const reuse_opts *o, const turn_result *res) {
+    double worst = 0;
+    for (long k = 1; k < o->turns; k++) worst = MAX(worst, res[k].warm / res[k].tail);
+    if (o->json) {
+        printf("{\"turns\":[");
+        for (long k = 0; k < o->turns; k++)
+            printf("%s{\"prompt_tokens\":%d,\"reused\":%d,\"warm_over_cold\":%.4f,\"warm_over_tail\":%.4f,\"exact\":%s}",
+                   k ? "," : "", res[k].prompt_tokens, res[k].reused, res[k].warm / res[k].cold, res[k].warm / res[k].tail,
+                   res[k].exact ? "true" : "false");
+        printf("],\"worst_warm_over_tail_from_turn_2\":%.4f}\n", worst);
+        return;
+    }
+    printf("turn  prompt  reused  warm_ms  cold_ms  tail_ms  warm/cold  warm/tail  first token\n");
+    for (long k = 0; k < o->turns; k++)
+        printf("%4ld  %6d  %6d  %7.1f  %7.1f  %7.1f  %9.3f  %9.3f  %s\n", k + 1, res[k].prompt_tokens, res[k].reused,
+               res[k].warm * 1e3, res[k].cold * 1e3, res[k].tail * 1e3, res[k].warm / res[k].cold,
+               res[k].warm / res[k].tail, res[k].exact ? "same as cold" : "DIFFERS FROM COLD");
+    printf("worst warm/tail from turn 2: %.3f (goal <= 1.05)\n", worst);
+}
+
+int bench_reuse(int argc, char **argv) {
+    reuse_opts o;
+    if (parse(argc, argv, &o)) return 2;
+    if (o.threads) pool_set_threads((int)o.threads);
+    char err[512];
+    model *m = model_open(o.model_dir, o.num, 0, err, sizeof err);
+    if (!m) { fprintf(stderr, "cairn bench reuse: %s\n", err); return 1; }
+    turn_result *res = xcalloc((size_t)o.turns, sizeof *res);
+    int rc = run_turns(m, &o, res, err, sizeof err);
+    if (rc) fprintf(stderr, "cairn bench reuse: %s\n", err);
+    else report(&o, res);
+    int exact = 1;
+    for (long k = 0; k < o.turns; k++) exact &= res[k].exact;
+    if (!rc && !exact) fprintf(stderr, "cairn bench reuse: a warm first token differs from the cold one\n");
+    free(res);
+    model_close(m);
+    return rc || !exact ? 1 : 0;
+}

@@ -1,0 +1,61 @@
+// Reasoning split through the official clients: in thinking mode the DeepSeek V4 prompt ends with
+// <think>, the reply is REASONING</think>ANSWER, and the gateway must hand the reasoning out
+// separately (OpenAI reasoning_content, Anthropic thinking blocks), streaming or not, without
+// ever leaking the marker. The engine is tests/fake_engine.py (it replies in 3-byte pieces, so
+// the marker and multibyte characters arrive split across frames).
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import OpenAI from 'openai';
+import Anthropic from '@anthropic-ai/sdk';
+import { startServer, MODEL_ID } from './serve_helper.mjs';
+
+const REASONING = 'Let me think… 2+2 is 4.';
+const ANSWER = 'The answer is 4.';
+
+let server;
+before(async () => {
+  server = await startServer([], { FAKE_REPLY: `${REASONING}</think>${ANSWER}` }, { fake: true });
+});
+after(async () => { await server.stop(); });
+
+const lastPrompt = () => server.fakeFrames().filter((f) => f.cmd === 'SUBMIT').at(-1).prompt;
+
+test('openai: reasoning_content separated, streaming and not', async () => {
+  const c = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'unused', maxRetries: 0 });
+  const messages = [{ role: 'user', content: 'What is 2+2?' }];
+  const r = await c.chat.completions.create({ model: MODEL_ID, messages, reasoning_effort: 'high', max_tokens: 100 });
+  assert.ok(lastPrompt().endsWith('<｜Assistant｜><think>'), 'thinking mode must end the prompt with <think>');
+  assert.equal(r.choices[0].message.content, ANSWER);
+  assert.equal(r.choices[0].message.reasoning_content, REASONING);
+
+  const stream = await c.chat.completions.create({ model: MODEL_ID, messages, reasoning_effort: 'high', max_tokens: 100, stream: true });
+  let reasoning = '';
+  let content = '';
+  for await (const chunk of stream) {
+    const d = chunk.choices[0]?.delta ?? {};
+    reasoning += d.reasoning_content ?? '';
+    content += d.content ?? '';
+  }
+  assert.equal(reasoning, REASONING);
+  assert.equal(content, ANSWER);
+
+  await c.chat.completions.create({ model: MODEL_ID, messages, max_tokens: 100 });
+  assert.ok(lastPrompt().endsWith('<｜Assistant｜></think>'), 'chat mode must end the prompt with </think>');
+});
+
+test('anthropic: thinking block then text block, streaming and not', async () => {
+  const c = new Anthropic({ baseURL: server.url, apiKey: 'unused', maxRetries: 0 });
+  const req = { model: MODEL_ID, max_tokens: 100, thinking: { type: 'enabled', budget_tokens: 64 },
+    messages: [{ role: 'user', content: 'What is 2+2?' }] };
+  const m = await c.messages.create(req);
+  assert.deepEqual(m.content.map((b) => b.type), ['thinking', 'text']);
+  assert.equal(m.content[0].thinking, REASONING);
+  assert.equal(m.content[1].text, ANSWER);
+  assert.equal(m.stop_reason, 'end_turn');
+
+  const final = await c.messages.stream(req).finalMessage();
+  assert.deepEqual(final.content.map((b) => b.type), ['thinking', 'text']);
+  assert.equal(final.content[0].thinking, REASONING);
+  assert.ok(final.content[0].signature, 'a thinking block carries a signature');
+  assert.equal(final.content[1].text, ANSWER);
+});

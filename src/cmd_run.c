@@ -18,13 +18,11 @@
 #include "core/util.h"
 #include "models/chat.h"
 
-#define RUN_MAX_CHUNKS 64
-
 typedef struct {
     const char *model_dir, *prompt, *prompt_ids, *dump_state;
     int chat, raw, jsonl, ignore_eos, validate_only;
     long n_gen, top_logprobs, echo_logprobs, ctx, threads, snapshot_at;
-    int chunks[RUN_MAX_CHUNKS], nchunks;
+    int *chunks, nchunks;      /* --prefill-chunks sizes (heap) */
     numerics num;
     sampler_params sp;
 } run_opts;
@@ -80,17 +78,18 @@ static void usage(FILE *f) {
 
 /* ---- flags -------------------------------------------------------------------------------- */
 
-static int parse_list(const char *flag, const char *s, int *out, int max, int *n) {
+/* "a,b,c" of positive integers into a heap array. */
+static int parse_list(const char *flag, const char *s, int **out, int *n) {
     *n = 0;
+    *out = xrealloc(*out, sizeof(int) * (strlen(s) / 2 + 1));
     for (const char *p = s; *p;) {
         char *end;
         long v = strtol(p, &end, 10);
-        if (end == p || v < 1 || v > 1 << 30 || (*end && *end != ',') || *n >= max) {
-            fprintf(stderr, "cairn run: bad value for %s: '%s' (expected up to %d positive integers a,b,c)\n", flag,
-                    s, max);
+        if (end == p || v < 1 || v > 1 << 30 || (*end && *end != ',')) {
+            fprintf(stderr, "cairn run: bad value for %s: '%s' (expected positive integers a,b,c)\n", flag, s);
             return -1;
         }
-        out[(*n)++] = (int)v;
+        (*out)[(*n)++] = (int)v;
         p = *end ? end + 1 : end;
     }
     return 0;
@@ -127,7 +126,7 @@ static int parse_flags(int argc, char **argv, run_opts *o) {
         else if (!strcmp(a, "--temperature")) { if (cli_float("run", a, v, &d)) return -1; o->sp.temperature = (float)d; }
         else if (!strcmp(a, "--top-p")) { if (cli_float("run", a, v, &d) || d <= 0 || d > 1) goto bad; o->sp.top_p = (float)d; }
         else if (!strcmp(a, "--min-p")) { if (cli_float("run", a, v, &d) || d < 0 || d > 1) goto bad; o->sp.min_p = (float)d; }
-        else if (!strcmp(a, "--prefill-chunks")) { if (parse_list(a, v, o->chunks, RUN_MAX_CHUNKS, &o->nchunks)) return -1; }
+        else if (!strcmp(a, "--prefill-chunks")) { if (parse_list(a, v, &o->chunks, &o->nchunks)) return -1; }
         else if (!strcmp(a, "--format")) {
             if (strcmp(v, "text") && strcmp(v, "jsonl")) goto bad;
             o->jsonl = !strcmp(v, "jsonl");
@@ -359,11 +358,15 @@ static int segment_ends(const run_opts *o, int n, int *ends) {
 
 static int prefill(runner *r, const prompt *pr, char *err, size_t errlen) {
     const run_opts *o = r->o;
-    int vocab = r->m->vocab_size, ends[RUN_MAX_CHUNKS + 2];
+    int vocab = r->m->vocab_size;
     if (o->snapshot_at > pr->n) return errf(err, errlen, "--snapshot-at %ld is beyond the prompt (%d tokens)", o->snapshot_at, pr->n);
+    int *ends = xmalloc(sizeof(int) * (o->nchunks + 2));
     int ne = segment_ends(o, pr->n, ends);
     float *all = o->echo_logprobs ? malloc(sizeof(float) * pr->n * vocab) : NULL;
-    if (o->echo_logprobs && !all) return errf(err, errlen, "out of memory for %d x %d echo logits", pr->n, vocab);
+    if (o->echo_logprobs && !all) {
+        free(ends);
+        return errf(err, errlen, "out of memory for %d x %d echo logits", pr->n, vocab);
+    }
     double t0 = now_seconds();
     int rc = 0;
     for (int i = 0, at = 0; i < ne && !rc; at = ends[i++]) {
@@ -379,6 +382,7 @@ static int prefill(runner *r, const prompt *pr, char *err, size_t errlen) {
         echo_positions(r, all, 0, pr->n);
     }
     free(all);
+    free(ends);
     return rc;
 }
 
@@ -529,6 +533,7 @@ int cmd_run(int argc, char **argv) {
     if (o.validate_only) {
         printf("cairn: validated %d tensors\n", m->n_validated);
         model_close(m);
+        free(o.chunks);
         return 0;
     }
     runner r = {.o = &o, .m = m};
@@ -549,5 +554,6 @@ int cmd_run(int argc, char **argv) {
     free(r.top);
     seq_free(r.s);
     model_close(m);
+    free(o.chunks);
     return rc ? 1 : 0;
 }

@@ -138,6 +138,7 @@ def step():
 
 
 def main():
+    log(cmd="START")
     send(b"\x01\x01READY\x01\x01\nCAPS fake=1\nSTAT 0 0.0 0.0 0.01 0 0\n")
     while True:
         if not read_more(0.005 if active else 0.2):

@@ -23,6 +23,10 @@ from conftest import ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 import st  # noqa: E402
+import tiny_deepseek_v4  # noqa: E402
+
+sys.path.insert(0, os.path.join(ROOT, "tools", "ref"))
+import deepseek_v4 as ref  # noqa: E402
 
 # 26 ids: BOS + varied ids; the window (8) wraps three times, CSA emits 6 entries (indexer picks
 # 2 of up to 6), HCA emits 3, and generation continues across further boundaries.
@@ -78,6 +82,18 @@ def test_prefill_split_is_bit_identical(cairn, tiny_dsv4, tmp_path, baseline, na
     out = traced(cairn, tiny_dsv4, PROMPT, "--prefill-chunks", chunks, "--dump-state", dump)
     assert out == baseline[0]
     assert dump.read_bytes() == baseline[1], "state after prefill differs from the one-chunk prefill"
+
+
+def test_long_prompt_across_internal_passes(cairn, tiny_dsv4, tmp_path):
+    """90 tokens: the engine cuts a forward call into passes of 64 tokens and the run into chunks;
+    one call, token by token and a split straddling 64 must still agree bit for bit."""
+    ids = [0] + [(97 * i + 11) % 1021 + 2 for i in range(1, 90)]
+    dumps = [tmp_path / f"{i}.state" for i in range(3)]
+    outs = [traced(cairn, tiny_dsv4, ids, "--dump-state", dumps[0]),
+            traced(cairn, tiny_dsv4, ids, "--dump-state", dumps[1], "--prefill-chunks", ids_arg([1] * 89)),
+            traced(cairn, tiny_dsv4, ids, "--dump-state", dumps[2], "--prefill-chunks", "63,3,20")]
+    assert outs[1] == outs[0] and outs[2] == outs[0]
+    assert dumps[1].read_bytes() == dumps[0].read_bytes() == dumps[2].read_bytes()
 
 
 def test_state_dump_depends_on_the_prompt(cairn, tiny_dsv4, tmp_path, baseline):
@@ -163,6 +179,36 @@ def rejected(cairn, model, name):
     assert p.returncode != 0 and name in p.stderr
 
 
+def with_config(model, dst, edit):
+    shutil.copytree(model, dst)
+    path = os.path.join(dst, "config.json")
+    with open(path) as f:
+        cfg = json.load(f)
+    edit(cfg)
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    return str(dst)
+
+
+@pytest.mark.parametrize("edit,word", [
+    (lambda c: c.pop("hc_mult"), "hc_mult"),
+    (lambda c: c.pop("compress_rope_theta"), "compress_rope_theta"),
+    (lambda c: c.update(compress_ratios=c["compress_ratios"][:4]), "compress_ratios"),
+    (lambda c: c.update(num_attention_heads="two"), "num_attention_heads"),
+    (lambda c: c.update(scoring_func="softmax"), "scoring_func"),
+    (lambda c: c.update(hidden_size=256), "embed.weight"),
+])
+def test_bad_config_is_named(cairn, tiny_dsv4, tmp_path, edit, word):
+    p = run(cairn, with_config(tiny_dsv4, tmp_path / "m", edit), "--validate-only", ok=False)
+    assert p.returncode != 0 and word in p.stderr, p.stderr
+
+
+def test_longer_compress_ratios_are_accepted(cairn, tiny_dsv4, tmp_path):
+    """0731-style checkpoints list extra (draft-stage) ratios after layers + MTP."""
+    model = with_config(tiny_dsv4, tmp_path / "m", lambda c: c.update(compress_ratios=c["compress_ratios"] + [0, 0, 0]))
+    assert traced(cairn, model, PROMPT[:12]) == traced(cairn, tiny_dsv4, PROMPT[:12])
+
+
 def test_validate_only_counts_every_tensor(cairn, tiny_dsv4):
     with open(os.path.join(tiny_dsv4, "model.safetensors.index.json")) as f:
         n = len(json.load(f)["weight_map"])
@@ -200,3 +246,49 @@ def test_out_of_range_hash_expert_is_named(cairn, tiny_dsv4, tmp_path):
         dt, shape, raw = t[name]
         t[name] = (dt, shape, (99).to_bytes(8, "little") + raw[8:])
     rejected(cairn, rewrite(tiny_dsv4, tmp_path / "m", name, corrupt), name)
+
+
+def test_nan_weights_fail_instead_of_emitting(cairn, tiny_dsv4, tmp_path):
+    """A NaN block scale (E8M0 0xff) poisons the logits: the run must fail, naming the position."""
+    name = "layers.2.attn.wo_b.scale"
+
+    def poison(t):
+        dt, shape, raw = t[name]
+        t[name] = (dt, shape, b"\xff" + raw[1:])
+    model = rewrite(tiny_dsv4, tmp_path / "m", name, poison)
+    p = run(cairn, model, "--prompt-ids", "0,5,9", "-n", 2, ok=False)
+    assert p.returncode != 0 and "non-finite logit" in p.stderr, p.stderr
+
+
+# ---- a variant the tiny model does not cover ----------------------------------------------------
+
+# hc_mult 2 with 3 Sinkhorn iterations, one output group, HCA ratio 16, no hash layers, 3 experts
+# per token, and a 0731-style compress_ratios list longer than layers + MTP.
+VARIANT = {"hc_mult": 2, "hc_sinkhorn_iters": 3, "num_hidden_layers": 3, "compress_ratios": [4, 16, 0, 0, 0, 0],
+           "num_hash_layers": 0, "o_groups": 1, "num_attention_heads": 4, "index_topk": 3, "index_n_heads": 3,
+           "sliding_window": 5, "num_experts_per_tok": 3, "n_routed_experts": 6}
+
+
+@pytest.fixture(scope="module")
+def variant_model(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("dsv4_variant"))
+    base = tiny_deepseek_v4.config_for
+    tiny_deepseek_v4.config_for = lambda size: dict(base(size), **VARIANT)
+    try:
+        tiny_deepseek_v4.make(out, "tiny", 77)
+    finally:
+        tiny_deepseek_v4.config_for = base
+    return out
+
+
+def test_variant_matches_reference_and_is_chunking_invariant(cairn, variant_model):
+    ids = [0] + [(37 * i) % 1000 + 2 for i in range(1, 36)]
+    one = traced(cairn, variant_model, ids, "--numerics", "exact")
+    assert traced(cairn, variant_model, ids, "--numerics", "exact", "--prefill-chunks", "3,5,1,7") == one
+    assert traced(cairn, variant_model, ids, "--numerics", "exact", "--snapshot-at", 17) == one
+    echo = [json.loads(line) for line in one.splitlines()][: len(ids)]
+    want = ref.run(variant_model, ids, "exact", top=1024)
+    for got, w in zip(echo, want):
+        dist = {e["id"]: e["logprob"] for e in w["top"]}
+        assert got["top"][0]["id"] == w["top"][0]["id"], got["pos"]
+        assert max(abs(e["logprob"] - dist[e["id"]]) for e in got["top"]) < 2e-3, got["pos"]

@@ -110,7 +110,9 @@ def test_edit_last_user_message_restores_the_turn_boundary(spawn, cairn, tiny_ds
     p1 = chat(special, words(6, 9)) + [special["assistant"]]
     r1 = e.generate(p1, 5)
     history = p1 + r1.ids
-    boundary = len(history)                       # position of the new user marker
+    # the turn boundary is the new user marker at len(history); one token past the start of that
+    # turn's feed (len(history) - 1, the unfed last reply token), so the checkpoint is taken there
+    boundary = len(history) - 1
     p2 = history + [special["user"]] + words(7, 8) + [special["assistant"]]
     e.generate(p2, 5)
     edited = history + [special["user"]] + words(8, 11) + [special["assistant"]]

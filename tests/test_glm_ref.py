@@ -110,17 +110,76 @@ def test_bad_token_id_is_refused(cairn, tiny_glm):
     assert r.returncode != 0 and "99999" in r.stderr
 
 
-def test_broken_checkpoint_is_refused(cairn, tiny_glm, tmp_path):
-    """A tensor with the wrong shape is named in the error; nothing crashes."""
+def copy_checkpoint(src, dst, tensors=None, config=None):
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    import st
+    if tensors is None:
+        with open(os.path.join(src, "model.safetensors"), "rb") as a, open(os.path.join(dst, "model.safetensors"), "wb") as b:
+            b.write(a.read())
+    else:
+        st.write_file(os.path.join(dst, "model.safetensors"), tensors)
+    cfg = json.load(open(os.path.join(src, "config.json")))
+    cfg.update(config or {})
+    cfg = {k: v for k, v in cfg.items() if v is not None}
+    json.dump(cfg, open(os.path.join(dst, "config.json"), "w"))
+    with open(os.path.join(src, "tokenizer.json"), "rb") as a, open(os.path.join(dst, "tokenizer.json"), "wb") as b:
+        b.write(a.read())
+
+
+@pytest.mark.parametrize("name", ["model.layers.1.self_attn.kv_b_proj.weight", "model.layers.4.eh_proj.weight"])
+def test_broken_tensor_is_refused_by_name(cairn, tiny_glm, tmp_path, name):
+    """A tensor with the wrong shape (also in the MTP layer, which is validated) is named; nothing crashes."""
     sys.path.insert(0, os.path.join(ROOT, "tools"))
     import st
     tensors = st.read_file(os.path.join(tiny_glm, "model.safetensors"))
-    name = "model.layers.1.self_attn.kv_b_proj.weight"
     dt, shape, raw = tensors[name]
     tensors[name] = (dt, [shape[0] // 2, shape[1]], raw[: len(raw) // 2])
-    st.write_file(os.path.join(tmp_path, "model.safetensors"), tensors)
-    for f in ("config.json", "tokenizer.json"):
-        with open(os.path.join(tiny_glm, f), "rb") as src, open(os.path.join(tmp_path, f), "wb") as dst:
-            dst.write(src.read())
+    copy_checkpoint(tiny_glm, tmp_path, tensors)
     r = subprocess.run([cairn, "run", "-m", str(tmp_path), "--validate-only"], capture_output=True, text=True)
     assert r.returncode != 0 and name in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("change, key", [({"n_group": 8}, "n_group"), ({"kv_lora_rank": None}, "kv_lora_rank"),
+                                         ({"indexer_types": ["full", "sometimes", "full", "shared"]}, "indexer_types[1]"),
+                                         ({"qk_rope_head_dim": 7}, "qk_rope_head_dim"),
+                                         ({"rope_parameters": {"rope_type": "yarn"}}, "rope_type")])
+def test_bad_config_is_refused_by_key(cairn, tiny_glm, tmp_path, change, key):
+    copy_checkpoint(tiny_glm, tmp_path, config=change)
+    r = subprocess.run([cairn, "run", "-m", str(tmp_path), "--validate-only"], capture_output=True, text=True)
+    assert r.returncode != 0 and key in r.stderr, r.stderr
+
+
+@pytest.fixture(scope="module")
+def tiny_glm_fp8():
+    """The GLM-5-FP8 layout: F8_E4M3 matrices with F32 `_scale_inv` block scales."""
+    out = os.path.join(ROOT, "build", "models", "glm-tiny-fp8-1234")
+    gen = os.path.join(ROOT, "tools", "tiny_glm.py")
+    stamp = os.path.join(out, "config.json")
+    if not os.path.exists(stamp) or os.path.getmtime(stamp) < os.path.getmtime(gen):
+        sys.path.insert(0, os.path.join(ROOT, "tools"))
+        import tiny_glm
+        tiny_glm.make(out, "tiny", 1234, fp8=True)
+    return out
+
+
+def test_fp8_checkpoint_matches_reference(cairn, tiny_glm_fp8):
+    cfg = json.load(open(os.path.join(tiny_glm_fp8, "config.json")))
+    assert cfg["quantization_config"]["weight_block_size"] == [128, 128]
+    ids = PROMPTS["dsa"]
+    got, _ = echo(cairn, tiny_glm_fp8, ids)
+    lp = ref_logprobs(ref.load(tiny_glm_fp8), ids)
+    for pos, (row, want) in enumerate(zip(got, lp)):
+        assert row[0][0] == ref.top_indices(want, 1)[0], f"pos {pos}"
+        assert max(abs(v - want[t]) for t, v in row) <= 0.002, f"pos {pos}"
+
+
+def test_fp8_scale_that_is_not_a_power_of_two_is_refused(cairn, tiny_glm_fp8, tmp_path):
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    import st
+    tensors = st.read_file(os.path.join(tiny_glm_fp8, "model.safetensors"))
+    name = "model.layers.2.self_attn.o_proj.weight_scale_inv"
+    dt, shape, raw = tensors[name]
+    tensors[name] = np.frombuffer(raw, dtype=np.float32).reshape(shape) * np.float32(1.5)
+    copy_checkpoint(tiny_glm_fp8, tmp_path, tensors)
+    r = subprocess.run([cairn, "run", "-m", str(tmp_path), "--validate-only"], capture_output=True, text=True)
+    assert r.returncode != 0 and name in r.stderr and "power of two" in r.stderr, r.stderr

@@ -4,7 +4,6 @@ truncation to the common prefix (an edited earlier message), an identical prompt
 from another slot, and a state persisted with --kv-dir across a kill -9. Persisted files that are
 truncated, corrupt or from another model are ignored with a log line, and output stays correct."""
 import os
-import select
 import signal
 import subprocess
 
@@ -63,13 +62,21 @@ class Engine:
             if f[0] == "DATA":
                 self._payload(int(f[2]))
                 frames.append(" ".join(f[2:]))
-                k = int(f[4])
-                pairs = f[5:5 + 2 * k]
-                out.append(int(pairs[max(range(k), key=lambda j: float(pairs[2 * j + 1]))]))
+                if len(f) > 5:   # a token frame (a bare one only flushes held-back text bytes)
+                    k = int(f[4])
+                    pairs = f[5:5 + 2 * k]
+                    out.append(int(pairs[max(range(k), key=lambda j: float(pairs[2 * j + 1]))]))
             elif f[0] == "DONE":
                 return frames, out, int(f[9])
             elif f[0] == "ERROR":
                 raise AssertionError("engine error: " + " ".join(f[2:]))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.p.poll() is None:
+            self.kill()
 
     def close(self):
         if self.p.poll() is None:
@@ -83,11 +90,8 @@ class Engine:
 
 
 def cold(cairn, model, ids):
-    e = Engine(cairn, model)
-    try:
+    with Engine(cairn, model) as e:
         return e.generate(ids)
-    finally:
-        e.close()
 
 
 @pytest.fixture(scope="module")
@@ -96,8 +100,7 @@ def model(tiny_glm):
 
 
 def test_extension_truncation_and_repeat_are_bitwise_cold(cairn, model):
-    e = Engine(cairn, model)
-    try:
+    with Engine(cairn, model) as e:
         frames1, gen1, reused1 = e.generate(TURN1)
         assert reused1 == 0 and frames1 == cold(cairn, model, TURN1)[0]
         assert len(gen1) == GEN
@@ -115,14 +118,11 @@ def test_extension_truncation_and_repeat_are_bitwise_cold(cairn, model):
         frames4, _, reused4 = e.generate(edited)
         assert reused4 == len(edited) - 1
         assert frames4 == frames3
-    finally:
-        e.close()
 
 
 def test_cross_slot_copy(cairn, model):
-    shared = Engine(cairn, model, "--slots", "2")
-    isolated = Engine(cairn, model, "--slots", "2", "--kv-share", "0")
-    try:
+    with Engine(cairn, model, "--slots", "2") as shared, \
+            Engine(cairn, model, "--slots", "2", "--kv-share", "0") as isolated:
         prompt_b = TURN1[:-2] + [77, 88, BASE + 8, BASE + 21]
         for e in (shared, isolated):
             e.generate(TURN1, slot=0)
@@ -131,32 +131,27 @@ def test_cross_slot_copy(cairn, model):
         assert frames == cold(cairn, model, prompt_b)[0]
         frames_iso, _, reused_iso = isolated.generate(prompt_b, slot=1)
         assert reused_iso == 0 and frames_iso == frames
-    finally:
-        shared.close()
-        isolated.close()
-
-
-def wait_for_file(path, engine):
-    """The slot file is renamed into place after DONE; wait for it (no time limit: the engine is alive)."""
-    while not os.path.exists(path):
-        assert engine.p.poll() is None, "engine died before saving"
-        select.select([], [], [], 0.05)
 
 
 def persisted_turn(cairn, model, kv_dir):
-    e = Engine(cairn, model, "--kv-dir", kv_dir)
-    _, gen1, _ = e.generate(TURN1)
+    """One turn on slot 0 of an engine with --kv-dir, then kill -9. The engine saves a slot right
+    after its DONE and before reading the next command, so a finished request on slot 1 proves
+    slot 0's file is complete before the kill."""
+    os.makedirs(kv_dir, exist_ok=True)
+    with Engine(cairn, model, "--slots", "2", "--kv-dir", kv_dir) as e:
+        _, gen1, _ = e.generate(TURN1)
+        e.generate([BASE + 2, BASE + 4, 9], slot=1, max_tokens=1)
+        e.kill()
     path = os.path.join(kv_dir, "slot-0.cairnkv")
-    wait_for_file(path, e)
-    e.kill()
+    assert os.path.exists(path)
     return path, TURN1 + gen1 + [BASE + 7, 12, 34, BASE + 8, BASE + 21]
 
 
 def test_restart_resumes_persisted_rows(cairn, model, tmp_path):
     path, turn2 = persisted_turn(cairn, model, str(tmp_path))
-    e = Engine(cairn, model, "--kv-dir", str(tmp_path))
-    frames, _, reused = e.generate(turn2)
-    log = e.close()
+    with Engine(cairn, model, "--slots", "2", "--kv-dir", str(tmp_path)) as e:
+        frames, _, reused = e.generate(turn2)
+        log = e.close()
     assert "resumed" in log, log
     assert reused == len(TURN1) + GEN - 1
     assert frames == cold(cairn, model, turn2)[0]
@@ -184,9 +179,22 @@ def test_bad_persisted_file_is_ignored(cairn, model, tmp_path, damage):
     other_model = make_model("glm", seed=99)
     other_path, _ = persisted_turn(cairn, other_model, str(tmp_path / "b"))
     damage(path, other_path)
-    e = Engine(cairn, model, "--kv-dir", str(tmp_path / "a"))
-    frames, _, reused = e.generate(turn2)
-    log = e.close()
+    with Engine(cairn, model, "--slots", "2", "--kv-dir", str(tmp_path / "a")) as e:
+        frames, _, reused = e.generate(turn2)
+        log = e.close()
     assert "ignoring" in log, log
     assert reused == 0
     assert frames == cold(cairn, model, turn2)[0]
+
+
+@pytest.mark.parametrize("at", [3, 8, 20])
+def test_snapshot_restore_mid_prompt_is_exact(cairn, model, at):
+    """A snapshot taken after `at` prompt tokens (before, at and past index_topk), serialized and
+    restored into a fresh sequence, continues exactly like an uninterrupted run."""
+    def run(*extra):
+        r = subprocess.run([cairn, "run", "-m", model, "--prompt-ids", ",".join(map(str, TURN1)), "-n", "6",
+                            "--temperature", "0", "--format", "jsonl", "--top-logprobs", "5", *extra],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+    assert run("--snapshot-at", str(at)) == run()

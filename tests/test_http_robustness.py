@@ -185,6 +185,13 @@ def test_body_header_and_connection_bounds(servers, tiny_dsv4):
     s = servers(tiny_dsv4, ["--max-body", "4096", "--max-connections-per-ip", "4"], fake=True)
     st, _, b = s.json("POST", "/v1/chat/completions", chat_body("x" * 10000))
     assert_openai_error(b, 413, st)
+    # Chunked: no Content-Length to refuse up front, the bound applies as the body arrives.
+    c = s.conn()
+    c.request("POST", "/v1/chat/completions", body=iter([b'{"messages": "', b"y" * 9000, b'"}']),
+              headers={"Content-Type": "application/json"}, encode_chunked=True)
+    r = c.getresponse()
+    assert_openai_error(json.loads(r.read()), 413, r.status)
+    c.close()
     # A header block larger than the per-connection memory bound is refused by the HTTP layer.
     st, _, _ = s.request("GET", "/health", headers={"X-Big": "y" * 100000})
     assert st in (413, 431), st
@@ -431,3 +438,38 @@ def test_engine_frames_read_as_the_spec_says(servers, tiny_dsv4):
     assert b["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     assert b["choices"][0]["finish_reason"] == "stop"
     assert s.health()["engine"]["restarts"] == 0
+
+
+def test_busy_port_fails_before_the_engine_starts(tiny_dsv4, tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        log = tmp_path / "fake.jsonl"
+        r = subprocess.run([CAIRN, "serve", "-m", tiny_dsv4, "--port", str(port), "--engine", FAKE],
+                           capture_output=True, text=True, timeout=30, env=dict(os.environ, FAKE_LOG=str(log)))
+    assert r.returncode == 1 and "cannot listen" in r.stderr, r.stderr
+    assert not log.exists(), "the engine was started although the port was busy"
+
+
+def test_cache_slot_and_user_pin_the_engine_slot(servers, tiny_dsv4):
+    s = servers(tiny_dsv4, ["--slots", "3"], fake=True)
+    for slot in (2, 0, 1, 2):
+        st, _, b = s.json("POST", "/v1/chat/completions", chat_body(f"pinned {slot}", cache_slot=slot))
+        assert st == 200, b
+        assert [f for f in s.fake_frames() if f["cmd"] == "SUBMIT"][-1]["slot"] == slot
+    st, _, b = s.json("POST", "/v1/chat/completions", chat_body("x", cache_slot=3))
+    assert_openai_error(b, 400, st)
+    assert b["error"]["param"] == "cache_slot"
+    # The same user always lands on the same slot, whatever the conversation.
+    used = set()
+    for text in ("first talk", "something else entirely", "a third one"):
+        s.json("POST", "/v1/chat/completions", chat_body(text, user="alice"))
+        used.add([f for f in s.fake_frames() if f["cmd"] == "SUBMIT"][-1]["slot"])
+    assert len(used) == 1, used
+
+
+def test_engine_that_cannot_start_stops_the_server(tiny_dsv4):
+    r = subprocess.run([CAIRN, "serve", "-m", tiny_dsv4, "--port", str(free_port()), "--engine", "/bin/false"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "engine failed to start" in r.stderr, r.stderr

@@ -12,6 +12,11 @@ Sizes:
 
 Weights are random but scaled so that activations keep unit size through the layers and the logits
 spread over several nats (a near-uniform output would make agreement tests meaningless).
+
+make(..., fp8=True) writes the GLM-5-FP8 layout instead: attention, indexer wq_b/wk, dense MLP and
+expert matrices as F8_E4M3 with a `<name>_scale_inv` F32 scale per 128x128 block; embeddings, lm_head,
+norms, router, eh_proj and indexer weights_proj stay BF16. (The scales generated here are powers of
+two, the form cairn's FP8 kernels take.)
 """
 import json
 import os
@@ -67,16 +72,27 @@ def config_for(size):
     return c
 
 
-class Weights:
-    """Collects tensors in file order; matrices are written as BF16 like the official checkpoint."""
+# Matrices GLM-5-FP8 keeps in BF16 (matched on the name's end).
+FP8_KEEP_BF16 = ("embed_tokens.weight", "lm_head.weight", "mlp.gate.weight", "eh_proj.weight",
+                 "indexer.weights_proj.weight")
 
-    def __init__(self, seed):
+
+class Weights:
+    """Collects tensors in file order; matrices are BF16 (or block FP8) like the official checkpoints."""
+
+    def __init__(self, seed, fp8=False):
         self.rng = np.random.default_rng(seed)
+        self.fp8 = fp8
         self.t = {}
 
     def mat(self, name, rows, cols, gain=1.0):
         w = self.rng.standard_normal((rows, cols)) * (gain / np.sqrt(cols))
-        self.t[name] = ("BF16", [rows, cols], st.bf16_bytes(w))
+        if self.fp8 and not name.endswith(FP8_KEEP_BF16):
+            q, e8m0 = st.fp8_quantize_weight(w)
+            self.t[name] = ("F8_E4M3", [rows, cols], q.tobytes())
+            self.t[name + "_scale_inv"] = (2.0 ** (e8m0.astype(np.float64) - 127)).astype(np.float32)
+        else:
+            self.t[name] = ("BF16", [rows, cols], st.bf16_bytes(w))
 
     def vec(self, name, n, mean=1.0, spread=0.1, dtype="BF16"):
         v = mean + spread * self.rng.standard_normal(n)
@@ -128,8 +144,8 @@ def decoder_layer(w, i, c, full_indexer, sparse):
         mlp(w, p + "mlp.", c["hidden_size"], c["intermediate_size"])
 
 
-def weights_for(c, seed):
-    w = Weights(seed)
+def weights_for(c, seed, fp8):
+    w = Weights(seed, fp8)
     d, v, n = c["hidden_size"], c["vocab_size"], c["num_hidden_layers"]
     w.t["model.embed_tokens.weight"] = ("BF16", [v, d], st.bf16_bytes(w.rng.standard_normal((v, d))))
     for i in range(n):
@@ -146,10 +162,13 @@ def weights_for(c, seed):
     return w.t
 
 
-def make(outdir, size="tiny", seed=1234):
+def make(outdir, size="tiny", seed=1234, fp8=False):
     c = config_for(size)
+    if fp8:
+        c["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                    "weight_block_size": [128, 128]}
     os.makedirs(outdir, exist_ok=True)
-    st.write_file(os.path.join(outdir, "model.safetensors"), weights_for(c, seed), {"format": "pt"})
+    st.write_file(os.path.join(outdir, "model.safetensors"), weights_for(c, seed, fp8), {"format": "pt"})
     base = special_base(c["vocab_size"])
     tokjson.build(os.path.join(outdir, "tokenizer.json"), c["vocab_size"],
                   [(base + i, s) for i, s in enumerate(GLM_SPECIALS)], "glm", seed)

@@ -6,6 +6,7 @@
 #include "kernels.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -80,16 +81,20 @@ static _Thread_local float *scratch;
 static _Thread_local size_t scratch_len;
 
 /* Out of memory here is as fatal as in xmalloc (util.h): kernels have no error path. */
+static void *scratch_alloc(size_t bytes) {
+    void *p = aligned_alloc(64, ceil_div(bytes, 64) * 64);
+    if (!p) {
+        fprintf(stderr, "cairn: out of memory allocating %zu bytes of kernel scratch\n", bytes);
+        abort();
+    }
+    return p;
+}
+
 float *kernel_scratch(size_t n) {
     if (n > scratch_len) {
         free(scratch);
         scratch_len = n + 64;
-        scratch = aligned_alloc(64, ceil_div(scratch_len * sizeof(float), 64) * 64);
-        if (!scratch) {
-            fprintf(stderr, "cairn: out of memory allocating %zu bytes of kernel scratch\n",
-                    scratch_len * sizeof(float));
-            abort();
-        }
+        scratch = scratch_alloc(scratch_len * sizeof(float));
     }
     return scratch;
 }
@@ -100,7 +105,7 @@ float kernel_weight(const qmat *w, int r, int c) {
     switch (w->fmt) {
     case WF_F32: return ((const float *)w->data)[(size_t)r * cols + c];
     case WF_BF16: return bf16_to_f32(((const uint16_t *)w->data)[(size_t)r * cols + c]);
-    case WF_FP8: return kernel_fp8_lut[((const uint8_t *)w->data)[(size_t)r * cols + c]] * kernel_fp8_scale(w, r, c);
+    case WF_FP8: return kernel_fp8_lut[((const uint8_t *)w->data)[(size_t)r * cols + c]];
     case WF_FP4: {
         uint8_t byte = ((const uint8_t *)w->data)[(size_t)r * kernel_fp4_row_bytes(w) + (size_t)c / 2];
         return kernel_fp4_lut[c & 1 ? byte >> 4 : byte & 15] * kernel_fp4_scale(w, r, c);
@@ -109,11 +114,41 @@ float kernel_weight(const qmat *w, int r, int c) {
     return 0.0f;
 }
 
-static void dequant_row(const qmat *w, int r, float *out) {
+static void weight_row(const qmat *w, int r, float *out) {
     for (int c = 0; c < w->cols; c++) out[c] = kernel_weight(w, r, c);
 }
 
-/* The canonical order over dequantized weights: 16 lanes by column, zero-padded to 16. */
+/* The scaled FP8 input of rule 1 for the scale block of row r: n rows of x, each column times
+ * its block's scale * 2^8. Kept per thread for the current call (`call` numbers every
+ * qmat_mul_rows), since a thread's contiguous rows mostly share one block. */
+static const float *fp8_scaled_x(const qmat *w, int r, const float *x, int n, unsigned long long call) {
+    static _Thread_local float *buf;
+    static _Thread_local size_t cap;
+    static _Thread_local unsigned long long cached_call;
+    static _Thread_local int cached_block = -1;
+    size_t len = (size_t)n * (size_t)w->cols;
+    if (cached_call == call && cached_block == r / 128) return buf;
+    if (len > cap) {
+        free(buf);
+        cap = len;
+        buf = scratch_alloc(sizeof(float) * cap);
+    }
+    const uint8_t *srow = w->scale + (size_t)(r / 128) * kernel_scale_row_len(w);
+    for (int j = 0; j < n; j++) {
+        const float *xr = x + (size_t)j * w->cols;
+        float *out = buf + (size_t)j * w->cols;
+        for (int c0 = 0; c0 < w->cols; c0 += 128) {
+            float scale = kernel_fp8_scale_lut[srow[c0 / 128]];
+            int c1 = MIN(c0 + 128, w->cols);
+            for (int c = c0; c < c1; c++) out[c] = xr[c] * scale;
+        }
+    }
+    cached_call = call;
+    cached_block = r / 128;
+    return buf;
+}
+
+/* The canonical order over weight and input factors: 16 lanes by column, zero-padded to 16. */
 static float dot_canonical(const float *wrow, const float *x, int cols) {
     float acc[16] = {0};
     int padded = (int)ceil_div((size_t)cols, 16) * 16;
@@ -127,7 +162,7 @@ static float dot_canonical(const float *wrow, const float *x, int cols) {
 static void scalar_rows_vec(const qmat *w, int r0, int r1, const float *x, float *y) {
     float *wrow = kernel_scratch((size_t)w->cols);
     for (int r = r0; r < r1; r++) {
-        dequant_row(w, r, wrow);
+        weight_row(w, r, wrow);
         y[r - r0] = dot_canonical(wrow, x, w->cols);
     }
 }
@@ -135,7 +170,7 @@ static void scalar_rows_vec(const qmat *w, int r0, int r1, const float *x, float
 static void scalar_rows_mul(const qmat *w, int r0, int r1, const float *x, int n, float *y, int ldy) {
     float *wrow = kernel_scratch((size_t)w->cols);
     for (int r = r0; r < r1; r++) {
-        dequant_row(w, r, wrow);
+        weight_row(w, r, wrow);
         for (int j = 0; j < n; j++)
             y[(size_t)j * ldy + (r - r0)] = dot_canonical(wrow, x + (size_t)j * w->cols, w->cols);
     }
@@ -166,25 +201,43 @@ typedef struct {
     int r0, r1, n;
     const float *x;
     float *y;
+    unsigned long long call;
 } mul_job;
+
+/* Rows [lo, hi) of a job, cut at FP8 scale-block boundaries so each piece has one scaled input. */
+static void job_rows(const mul_job *job, int lo, int hi) {
+    const qmat *w = job->w;
+    int ldy = job->r1 - job->r0;
+    while (lo < hi) {
+        int end = hi;
+        const float *x = job->x;
+        if (w->fmt == WF_FP8) {
+            end = MIN(hi, (lo / 128 + 1) * 128);
+            x = fp8_scaled_x(w, lo, job->x, job->n, job->call);
+        }
+        float *y = job->y + (lo - job->r0);
+        if (job->n == 1) job->path->rows_vec(w, lo, end, x, y);
+        else job->path->rows_mul(w, lo, end, x, job->n, y, ldy);
+        lo = end;
+    }
+}
 
 static void vec_task(void *ctx, int i) {
     const mul_job *job = ctx;
     int lo = job->r0 + i * VEC_ROWS_PER_TASK;
-    int hi = MIN(lo + VEC_ROWS_PER_TASK, job->r1);
-    job->path->rows_vec(job->w, lo, hi, job->x, job->y + (lo - job->r0));
+    job_rows(job, lo, MIN(lo + VEC_ROWS_PER_TASK, job->r1));
 }
 
 static void mul_task(void *ctx, int i) {
     const mul_job *job = ctx;
     int lo = job->r0 + i * MUL_ROWS_PER_TASK;
-    int hi = MIN(lo + MUL_ROWS_PER_TASK, job->r1);
-    job->path->rows_mul(job->w, lo, hi, job->x, job->n, job->y + (lo - job->r0), job->r1 - job->r0);
+    job_rows(job, lo, MIN(lo + MUL_ROWS_PER_TASK, job->r1));
 }
 
 void qmat_mul_rows(const qmat *w, int r0, int r1, const float *x, int n, float *y) {
+    static atomic_ullong calls;
     if (r1 <= r0 || n <= 0) return;
-    mul_job job = {active_path(), w, r0, r1, n, x, y};
+    mul_job job = {active_path(), w, r0, r1, n, x, y, atomic_fetch_add(&calls, 1) + 1};
     if (n == 1) pool_run((r1 - r0 + VEC_ROWS_PER_TASK - 1) / VEC_ROWS_PER_TASK, vec_task, &job);
     else pool_run((r1 - r0 + MUL_ROWS_PER_TASK - 1) / MUL_ROWS_PER_TASK, mul_task, &job);
 }
@@ -193,4 +246,9 @@ void qmat_mul(const qmat *w, const float *x, int n, float *y) { qmat_mul_rows(w,
 
 void qmat_vec(const qmat *w, const float *x, float *y) { qmat_mul_rows(w, 0, w->rows, x, 1, y); }
 
-void qmat_row(const qmat *w, int r, float *out) { dequant_row(w, r, out); }
+/* Exact dequantization (quant.h semantics); for FP8 the block scale rule 1 puts on the input. */
+void qmat_row(const qmat *w, int r, float *out) {
+    weight_row(w, r, out);
+    if (w->fmt == WF_FP8)
+        for (int c = 0; c < w->cols; c++) out[c] *= kernel_fp8_scale(w, r, c);
+}

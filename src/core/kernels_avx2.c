@@ -3,7 +3,7 @@
  * The 16 canonical lanes of one output live in two ymm registers (lanes 0..7 and 8..15), so a
  * group of 16 columns is two FMAs. Two FMA chains cannot hide the FMA latency, so matvec walks
  * four rows at once (eight independent chains), decoding each weight in registers just before
- * its FMA. Batched calls dequantize a few rows into an f32 buffer once, then run a 3x3 register
+ * its FMA. Batched calls decode a few rows into an f32 buffer once, then run a 3x3 register
  * tile (3 weight rows x 3 input rows) over it, one lane half at a time, which uses 15 of the 16
  * ymm registers and loads 6 vectors per 9 FMAs (see avx2_rows_mul for the cache blocking). */
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -22,14 +22,14 @@ INLINE __m256i tail_mask(int c, int cols) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(cols - c), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
-/* E4M3 bytes -> f16 bit pattern (value * 2^-8) -> f32, times the block scale * 2^8. With the
- * byte in the high half of a 16-bit word, an arithmetic shift right by one puts exponent and
- * mantissa where f16 has them; the copy of the sign it leaves in bit 14 is masked off. */
-INLINE void dec16_fp8(const uint8_t *p, __m256 scale, __m256 v[2]) {
+/* E4M3 bytes -> f16 bit pattern (value * 2^-8) -> f32, the unscaled FP8 weight factor. With
+ * the byte in the high half of a 16-bit word, an arithmetic shift right by one puts exponent
+ * and mantissa where f16 has them; the copy of the sign it leaves in bit 14 is masked off. */
+INLINE void dec16_fp8(const uint8_t *p, __m256 v[2]) {
     __m256i b = _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p)), 8);
     __m256i h = _mm256_and_si256(_mm256_srai_epi16(b, 1), _mm256_set1_epi16((short)0xbfff));
-    v[0] = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), scale);
-    v[1] = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), scale);
+    v[0] = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+    v[1] = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
 }
 
 /* 16 bytes = 32 E2M1 codes, low nibble first. For each 8 columns, their 4 bytes are broadcast
@@ -65,23 +65,16 @@ INLINE void dec16_bf16(const uint16_t *p, __m256 v[2]) {
 /* Columns per decode step: one 32-column scale block for FP4, one 16-column group otherwise. */
 INLINE int step_cols(wformat f) { return f == WF_FP4 ? 32 : 16; }
 
-/* Scale operand of decode_step at column c (changes every 128 columns for FP8, 32 for FP4):
- * FP8 the broadcast factor, FP4 the scaled magnitude table of dec32_fp4. */
-INLINE __m256 scale_at(wformat f, const uint8_t *srow, int c) {
-    if (f == WF_FP8) return _mm256_set1_ps(kernel_fp8_scale_lut[srow[c / 128]]);
-    if (f == WF_FP4) return fp4_table(kernel_fp4_scale_lut[srow[c / 32]]);
-    return _mm256_setzero_ps();
-}
-
-INLINE void decode_step(wformat f, const uint8_t *row, int c, __m256 scale, __m256 v[4]) {
+/* Weight factors of columns [c, c + step_cols); `table` is FP4's fp4_table, else unused. */
+INLINE void decode_step(wformat f, const uint8_t *row, int c, __m256 table, __m256 v[4]) {
     switch (f) {
     case WF_F32:
         v[0] = _mm256_loadu_ps((const float *)row + c);
         v[1] = _mm256_loadu_ps((const float *)row + c + 8);
         break;
     case WF_BF16: dec16_bf16((const uint16_t *)row + c, v); break;
-    case WF_FP8: dec16_fp8(row + c, scale, v); break;
-    case WF_FP4: dec32_fp4(row + c / 2, scale, v); break;
+    case WF_FP8: dec16_fp8(row + c, v); break;
+    case WF_FP4: dec32_fp4(row + c / 2, table, v); break;
     }
 }
 
@@ -115,10 +108,10 @@ INLINE float tree16(__m256 lo, __m256 hi) {
  * hardware prefetchers to ramp up, so each row prefetches the same offset of the row VEC_ROWS
  * further on: the rows this thread reads next. */
 INLINE void dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, float *y) {
-    const int S = step_cols(f), full = w->cols / S * S, block = f == WF_FP8 ? 128 : S;
+    const int S = step_cols(f), full = w->cols / S * S;
     const size_t ahead = (size_t)(kernel_row_ptr(w, VEC_ROWS) - kernel_row_ptr(w, 0));
     const uint8_t *row[VEC_ROWS], *srow[VEC_ROWS];
-    __m256 acc[VEC_ROWS][2], scale[VEC_ROWS] = {_mm256_setzero_ps()};
+    __m256 acc[VEC_ROWS][2], table[VEC_ROWS] = {_mm256_setzero_ps()};
     #pragma GCC unroll 4
     for (int i = 0; i < NR; i++) {
         row[i] = kernel_row_ptr(w, r + i);
@@ -126,9 +119,9 @@ INLINE void dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, fl
         acc[i][0] = acc[i][1] = _mm256_setzero_ps();
     }
     for (int c = 0; c < full; c += S) {
-        if (c % block == 0) {
+        if (f == WF_FP4) {    /* a new scale block every step; FP8's scale is on the input */
             #pragma GCC unroll 4
-            for (int i = 0; i < NR; i++) scale[i] = scale_at(f, srow[i], c);
+            for (int i = 0; i < NR; i++) table[i] = fp4_table(kernel_fp4_scale_lut[srow[i][c / 32]]);
         }
         if (kernel_col_bytes(f, c) % 64 == 0) {
             #pragma GCC unroll 4
@@ -138,7 +131,7 @@ INLINE void dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, fl
         #pragma GCC unroll 4
         for (int i = 0; i < NR; i++) {
             __m256 v[4];
-            decode_step(f, row[i], c, scale[i], v);
+            decode_step(f, row[i], c, table[i], v);
             #pragma GCC unroll 4
             for (int g = 0; g < S; g += 16) {
                 acc[i][0] = _mm256_fmadd_ps(v[g / 8], _mm256_loadu_ps(x + c + g), acc[i][0]);
@@ -153,14 +146,14 @@ INLINE void dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, fl
     }
 }
 
-/* Row r dequantized into out[ldw] (zero-padded to a multiple of 16). */
+/* Row r's weight factors (rule 1) into out, zero-padded to a multiple of 16. */
 INLINE void decode_row(const qmat *w, wformat f, int r, float *out) {
-    const int S = step_cols(f), full = w->cols / S * S, block = f == WF_FP8 ? 128 : S;
+    const int S = step_cols(f), full = w->cols / S * S;
     const uint8_t *row = kernel_row_ptr(w, r), *srow = kernel_scale_row(w, r);
-    __m256 scale = _mm256_setzero_ps(), v[4];
+    __m256 table = _mm256_setzero_ps(), v[4];
     for (int c = 0; c < full; c += S) {
-        if (c % block == 0) scale = scale_at(f, srow, c);
-        decode_step(f, row, c, scale, v);
+        if (f == WF_FP4) table = fp4_table(kernel_fp4_scale_lut[srow[c / 32]]);
+        decode_step(f, row, c, table, v);
         #pragma GCC unroll 4
         for (int g = 0; g < S / 8; g++) _mm256_store_ps(out + c + 8 * g, v[g]);
     }
@@ -197,7 +190,11 @@ INLINE void tile_half(const float *wb, int ldw, const float *x, int cols, int c0
         #pragma GCC unroll 4
         for (int i = 0; i < NR; i++) wv[i] = _mm256_load_ps(wb + (size_t)i * ldw + c);
         #pragma GCC unroll 4
-        for (int j = 0; j < NX; j++) xv[j] = _mm256_loadu_ps(x + (size_t)j * cols + c);
+        for (int j = 0; j < NX; j++) {
+            xv[j] = _mm256_loadu_ps(x + (size_t)j * cols + c);
+            /* Keep the input in a register: folded into each FMA it would be loaded NR times. */
+            __asm__("" : "+x"(xv[j]));
+        }
         #pragma GCC unroll 4
         for (int i = 0; i < NR; i++)
             #pragma GCC unroll 4

@@ -2,8 +2,8 @@
  *
  * One zmm holds all 16 canonical lanes of an output, so a group of 16 columns is one FMA and
  * the tree starts by adding the two 256-bit halves (lanes i and i+8), exactly as the other paths
- * do. FP4 decodes with a 16-entry permute (sign included) of the scaled code table; FP8 and BF16
- * as in the AVX2 path, 16 columns at a time. Matvec interleaves four rows for independent FMA
+ * do. FP4 decodes with a 16-entry permute (sign included) of the scaled code table; FP8 (unscaled)
+ * and BF16 as in the AVX2 path, 16 columns at a time. Matvec interleaves four rows for independent FMA
  * chains; batched calls run a 3x4 register tile (3 weight rows x 4 input rows) over dequantized
  * rows in column chunks that stay in L1. */
 #if defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -26,11 +26,11 @@ INLINE __mmask16 tail_mask(int c, int cols) {
     return left >= 16 ? (__mmask16)0xffff : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1);
 }
 
-/* E4M3 bytes -> f16 pattern (value * 2^-8, see the AVX2 path) -> f32, times scale * 2^8. */
-INLINE __m512 dec16_fp8(const uint8_t *p, __m512 scale) {
+/* E4M3 bytes -> f16 pattern (value * 2^-8, see the AVX2 path) -> f32, unscaled. */
+INLINE __m512 dec16_fp8(const uint8_t *p) {
     __m256i b = _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p)), 8);
     __m256i h = _mm256_and_si256(_mm256_srai_epi16(b, 1), _mm256_set1_epi16((short)0xbfff));
-    return _mm512_mul_ps(_mm512_cvtph_ps(h), scale);
+    return _mm512_cvtph_ps(h);
 }
 
 /* 16 bytes = 32 E2M1 codes: each byte in its own lane; the permute reads only the low 4 bits, so
@@ -53,20 +53,18 @@ INLINE __m512 dec16_bf16(const uint16_t *p) {
 
 INLINE int step_cols(wformat f) { return f == WF_FP4 ? 32 : 16; }
 
-/* FP8: the broadcast scale factor; FP4: the 16 code values times the block's scale factor. */
-INLINE __m512 scale_at(wformat f, const uint8_t *srow, int c) {
-    if (f == WF_FP8) return _mm512_set1_ps(kernel_fp8_scale_lut[srow[c / 128]]);
-    if (f == WF_FP4)
-        return _mm512_mul_ps(_mm512_loadu_ps(kernel_fp4_lut), _mm512_set1_ps(kernel_fp4_scale_lut[srow[c / 32]]));
-    return _mm512_setzero_ps();
+/* FP4: the 16 code values times a block's scale factor (FP8's scale is on the input). */
+INLINE __m512 fp4_table(float scale) {
+    return _mm512_mul_ps(_mm512_loadu_ps(kernel_fp4_lut), _mm512_set1_ps(scale));
 }
 
-INLINE void decode_step(wformat f, const uint8_t *row, int c, __m512 scale, __m512 v[2]) {
+/* Weight factors of columns [c, c + step_cols); `table` is FP4's fp4_table, else unused. */
+INLINE void decode_step(wformat f, const uint8_t *row, int c, __m512 table, __m512 v[2]) {
     switch (f) {
     case WF_F32: v[0] = _mm512_loadu_ps((const float *)row + c); break;
     case WF_BF16: v[0] = dec16_bf16((const uint16_t *)row + c); break;
-    case WF_FP8: v[0] = dec16_fp8(row + c, scale); break;
-    case WF_FP4: dec32_fp4(row + c / 2, scale, v); break;
+    case WF_FP8: v[0] = dec16_fp8(row + c); break;
+    case WF_FP4: dec32_fp4(row + c / 2, table, v); break;
     }
 }
 
@@ -93,10 +91,10 @@ INLINE float tree16(__m512 a) {
 
 /* y[i] = dot(row r + i, x) for i < NR; prefetching one row group ahead as the AVX2 path does. */
 INLINE void dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, float *y) {
-    const int S = step_cols(f), full = w->cols / S * S, block = f == WF_FP8 ? 128 : S;
+    const int S = step_cols(f), full = w->cols / S * S;
     const size_t ahead = (size_t)(kernel_row_ptr(w, VEC_ROWS) - kernel_row_ptr(w, 0));
     const uint8_t *row[VEC_ROWS], *srow[VEC_ROWS];
-    __m512 acc[VEC_ROWS], scale[VEC_ROWS] = {_mm512_setzero_ps()};
+    __m512 acc[VEC_ROWS], table[VEC_ROWS] = {_mm512_setzero_ps()};
     #pragma GCC unroll 4
     for (int i = 0; i < NR; i++) {
         row[i] = kernel_row_ptr(w, r + i);
@@ -104,9 +102,9 @@ INLINE void dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, fl
         acc[i] = _mm512_setzero_ps();
     }
     for (int c = 0; c < full; c += S) {
-        if (c % block == 0) {
+        if (f == WF_FP4) {
             #pragma GCC unroll 4
-            for (int i = 0; i < NR; i++) scale[i] = scale_at(f, srow[i], c);
+            for (int i = 0; i < NR; i++) table[i] = fp4_table(kernel_fp4_scale_lut[srow[i][c / 32]]);
         }
         if (kernel_col_bytes(f, c) % 64 == 0) {
             #pragma GCC unroll 4
@@ -116,7 +114,7 @@ INLINE void dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, fl
         #pragma GCC unroll 4
         for (int i = 0; i < NR; i++) {
             __m512 v[2];
-            decode_step(f, row[i], c, scale[i], v);
+            decode_step(f, row[i], c, table[i], v);
             #pragma GCC unroll 2
             for (int g = 0; g < S; g += 16) acc[i] = _mm512_fmadd_ps(v[g / 16], _mm512_loadu_ps(x + c + g), acc[i]);
         }
@@ -128,12 +126,12 @@ INLINE void dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, fl
 }
 
 INLINE void decode_row(const qmat *w, wformat f, int r, float *out) {
-    const int S = step_cols(f), full = w->cols / S * S, block = f == WF_FP8 ? 128 : S;
+    const int S = step_cols(f), full = w->cols / S * S;
     const uint8_t *row = kernel_row_ptr(w, r), *srow = kernel_scale_row(w, r);
-    __m512 scale = _mm512_setzero_ps(), v[2];
+    __m512 table = _mm512_setzero_ps(), v[2];
     for (int c = 0; c < full; c += S) {
-        if (c % block == 0) scale = scale_at(f, srow, c);
-        decode_step(f, row, c, scale, v);
+        if (f == WF_FP4) table = fp4_table(kernel_fp4_scale_lut[srow[c / 32]]);
+        decode_step(f, row, c, table, v);
         #pragma GCC unroll 2
         for (int g = 0; g < S / 16; g++) _mm512_store_ps(out + c + 16 * g, v[g]);
     }

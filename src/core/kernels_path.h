@@ -3,16 +3,20 @@
  *
  * THE CANONICAL REDUCTION ORDER, which every path implements exactly so that all paths give
  * bit-identical results (scalar == AVX2 == AVX-512):
- *  1. Each weight is dequantized exactly as (code value) * (block scale) in one f32 multiply,
- *     with the factors split as in kernel_fp8_lut / kernel_fp4_lut below (FP8: the E4M3 code
- *     read as f16 = value * 2^-8, times scale * 2^8; FP4: twice the E2M1 magnitude, times scale / 2,
- *     then the code's sign). For finite codes both products equal value * scale rounded once.
- *     (The canonical order pins the AVX-512 path too; it is compiled but could not be run here.)
+ *  1. Each term is one FMA of a weight factor and an input factor (kernel_weight):
+ *     - F32, BF16: the weight and x[c].
+ *     - FP4: the weight dequantized in one f32 multiply, twice the E2M1 magnitude times scale / 2,
+ *       then the code's sign (equal to code value * scale rounded once), and x[c].
+ *     - FP8: the E4M3 code read as f16 (value * 2^-8, exact, unscaled), and x[c] times its
+ *       block's scale * 2^8, rounded once (fp8_scaled_x in kernels.c). The product is code value *
+ *       scale * x[c]; putting the scale on the input saves a multiply per weight, and the
+ *       scaled input is shared by the 128 rows of a scale block.
  *  2. Columns are padded with zeros to a multiple of 16. Lane l (0..15) accumulates, in column
  *     order, acc[l] = fma(w[c], x[c], acc[l]) over every c with c % 16 == l, starting from +0.
  *  3. The 16 lanes are summed by kernel_tree16: a[i] + a[i+8], then + 4 apart, + 2 apart, + 1.
  * Consequently a result depends only on the row's weights, x and cols: never on batching,
- * position in a batch, thread count or which path computed it.
+ * position in a batch, thread count or which path computed it. (The AVX-512 path is held to
+ * the same order; it is compiled but could not be run on the machine it was written on.)
  */
 #ifndef CAIRN_KERNELS_PATH_H
 #define CAIRN_KERNELS_PATH_H
@@ -21,7 +25,8 @@
 
 typedef struct {
     const char *name;
-    /* y[r - r0] = canonical dot product of row r of w with x, for r in [r0, r1). */
+    /* y[r - r0] = canonical dot product of row r of w with x, for r in [r0, r1). x holds the
+     * input factors of rule 1 (for FP8 the scaled input, and then all rows share a scale block). */
     void (*rows_vec)(const qmat *w, int r0, int r1, const float *x, float *y);
     /* y[j * ldy + (r - r0)] = that dot product with x + j * cols, for r in [r0, r1), j in [0, n). */
     void (*rows_mul)(const qmat *w, int r0, int r1, const float *x, int n, float *y, int ldy);
@@ -38,7 +43,7 @@ extern float kernel_fp8_lut[256];
  * as the SIMD paths produce it by flipping the sign bit of the magnitude). */
 extern const float kernel_fp4_lut[16];
 
-/* E8M0 byte -> scale * 2^8 (FP8) and scale / 2 (FP4): the scale factors of rule 1. */
+/* E8M0 byte -> scale * 2^8 (FP8, applied to the input) and scale / 2 (FP4): rule 1's factors. */
 extern float kernel_fp8_scale_lut[256];
 extern float kernel_fp4_scale_lut[256];
 
@@ -48,7 +53,7 @@ float kernel_fp4_scale(const qmat *w, int r, int c);
 size_t kernel_fp4_row_bytes(const qmat *w);
 size_t kernel_scale_row_len(const qmat *w);    /* E8M0 bytes per scale row (FP8: per 128 rows) */
 
-/* Dequantized weight (r, c) by rule 1 above; 0 for c >= cols (the zero padding). */
+/* Weight factor (r, c) of rule 1 (FP8: unscaled); 0 for c >= cols (the zero padding). */
 float kernel_weight(const qmat *w, int r, int c);
 
 float kernel_tree16(const float acc[16]);

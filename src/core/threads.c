@@ -130,6 +130,10 @@ int pool_threads(void) {
 
 void pool_set_threads(int n) {
     n = n < 1 ? 1 : n > POOL_MAX_THREADS ? POOL_MAX_THREADS : n;
+    if (in_task) {   /* the running job holds run_lock: resizing now would deadlock */
+        fprintf(stderr, "cairn: pool_set_threads(%d) inside a pool task ignored\n", n);
+        return;
+    }
     if (!pool.started) { pool.active = n; return; }
     pthread_mutex_lock(&pool.run_lock);
     grow_to(n);

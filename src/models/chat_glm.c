@@ -15,7 +15,7 @@
  * (the OpenAI shape) are parsed into the object the template iterates.
  *
  * Parsing a reply: text before </think> is reasoning (when the cue opened <think>), the rest is
- * content; <tool_call> blocks become OpenAI tool_calls whose argument values are JSON when they
+ * content, both untrimmed; <tool_call> blocks become OpenAI tool_calls whose argument values are JSON when they
  * parse as JSON and strings otherwise (no schema is available here). */
 #include <math.h>
 #include <stdio.h>
@@ -271,6 +271,13 @@ static char *glm_render(const cJSON *messages, const cJSON *tools, const chat_op
 
 /* ---- parsing a reply -------------------------------------------------------------------- */
 
+static char *dup_span(const char *s, size_t n) {
+    char *out = xmalloc(n + 1);
+    memcpy(out, s, n);
+    out[n] = 0;
+    return out;
+}
+
 static char *dup_stripped(const char *s, size_t n) {
     size_t a, len;
     strip(s, n, &a, &len);
@@ -339,28 +346,30 @@ static size_t trim_stop_markers(const char *s, size_t n) {
     return n;
 }
 
+/* Reasoning and content are returned exactly as generated (no trimming), so a non-streamed reply
+ * equals the concatenation of the streamed deltas. */
 static void glm_parse(const char *text, size_t n, int thinking, chat_reply *out) {
     memset(out, 0, sizeof *out);
     n = trim_stop_markers(text, n);
     const char *body = text, *end = text + n, *close = find_in(text, n, "</think>");
-    if (thinking && !close) { out->reasoning = dup_stripped(text, n); return; }
+    if (thinking && !close) { out->reasoning = dup_span(text, n); return; }
     if (close) {
         const char *r = text, *open = find_in(text, (size_t)(close - text), "<think>");
         if (open) r = open + 7;
-        char *reason = dup_stripped(r, (size_t)(close - r));
-        if (*reason) out->reasoning = reason;
-        else free(reason);
+        if (close > r) out->reasoning = dup_span(r, (size_t)(close - r));
         body = close + 8;
     }
     const char *first_call = find_in(body, (size_t)(end - body), "<tool_call>");
-    out->content = dup_stripped(body, (size_t)((first_call ? first_call : end) - body));
+    out->content = dup_span(body, (size_t)((first_call ? first_call : end) - body));
     if (!first_call) return;
     out->tool_calls = cJSON_CreateArray();
     const char *p = first_call, *v;
     size_t vn;
     for (int k = 0; take_tag(&p, end, "<tool_call>", "</tool_call>", &v, &vn); k++)
         cJSON_AddItemToArray(out->tool_calls, parse_call(v, v + vn, text, n, k));
-    if (!*out->content) { free(out->content); out->content = NULL; }
+    size_t a, len;
+    strip(out->content, strlen(out->content), &a, &len);
+    if (!len) { free(out->content); out->content = NULL; }
 }
 
 /* The system part of a prompt: everything before the first user turn, when a system turn exists. */

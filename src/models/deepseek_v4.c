@@ -108,6 +108,7 @@ static int parse_config(const cJSON *j, dsv4_config *c, char *err, size_t errlen
  * err keeps the first message (which names the tensor). */
 typedef struct {
     const st_file *st;
+    dsv4_model *d;             /* owns the small-vector copies */
     char *err;
     size_t errlen;
     int failed, count;
@@ -128,6 +129,16 @@ static const void *tensor(loader *ld, dtype type, int64_t d0, int64_t d1, const 
     if (!t) { ld->failed = 1; return NULL; }
     ld->count++;
     return t->data;
+}
+
+/* Small vectors (norm weights, biases, sinks, mixing parameters, ape) are copied out of the
+ * mapping: safetensors does not align tensor data and these are read element by element. */
+static const void *own(loader *ld, const void *src, size_t bytes) {
+    if (!src) return NULL;
+    void *p = memcpy(xmalloc(bytes), src, bytes);
+    ld->d->owned = xrealloc(ld->d->owned, sizeof(void *) * (ld->d->n_owned + 1));
+    ld->d->owned[ld->d->n_owned++] = p;
+    return p;
 }
 
 static qmat plain_mat(loader *ld, wformat f, int rows, int cols, const char *name) {
@@ -167,8 +178,9 @@ static dsv4_hc load_hc(loader *ld, const dsv4_config *c, int nmix, const char *p
     dsv4_hc h;
     snprintf(name, sizeof name, "%s%sfn", prefix, sep);
     h.fn = plain_mat(ld, WF_F32, nmix, c->hc * c->dim, name);
-    h.base = tensor(ld, DT_F32, nmix, -1, "%s%sbase", prefix, sep);
-    h.scale = tensor(ld, DT_F32, nmix == c->hc ? 1 : 3, -1, "%s%sscale", prefix, sep);
+    h.base = own(ld, tensor(ld, DT_F32, nmix, -1, "%s%sbase", prefix, sep), nmix * 4);
+    int nscale = nmix == c->hc ? 1 : 3;
+    h.scale = own(ld, tensor(ld, DT_F32, nscale, -1, "%s%sscale", prefix, sep), nscale * 4);
     return h;
 }
 
@@ -179,18 +191,18 @@ static dsv4_compressor load_compressor(loader *ld, const dsv4_config *c, int rat
     cp.wkv = plain_mat(ld, WF_BF16, cp.coff * width, c->dim, name);
     snprintf(name, sizeof name, "%s.wgate.weight", prefix);
     cp.wgate = plain_mat(ld, WF_BF16, cp.coff * width, c->dim, name);
-    cp.ape = tensor(ld, DT_F32, ratio, cp.coff * width, "%s.ape", prefix);
-    cp.norm = tensor(ld, DT_BF16, width, -1, "%s.norm.weight", prefix);
+    cp.ape = own(ld, tensor(ld, DT_F32, ratio, cp.coff * width, "%s.ape", prefix), (size_t)ratio * cp.coff * width * 4);
+    cp.norm = own(ld, tensor(ld, DT_BF16, width, -1, "%s.norm.weight", prefix), width * 2);
     return cp;
 }
 
 static void load_attention(loader *ld, const dsv4_config *c, dsv4_layer *L, const char *p) {
     char name[256];
     int qw = c->n_heads * c->head_dim;
-    L->attn_norm = tensor(ld, DT_BF16, c->dim, -1, "%sattn_norm.weight", p);
-    L->sink = tensor(ld, DT_F32, c->n_heads, -1, "%sattn.attn_sink", p);
-    L->q_norm = tensor(ld, DT_BF16, c->q_lora, -1, "%sattn.q_norm.weight", p);
-    L->kv_norm = tensor(ld, DT_BF16, c->head_dim, -1, "%sattn.kv_norm.weight", p);
+    L->attn_norm = own(ld, tensor(ld, DT_BF16, c->dim, -1, "%sattn_norm.weight", p), c->dim * 2);
+    L->sink = own(ld, tensor(ld, DT_F32, c->n_heads, -1, "%sattn.attn_sink", p), c->n_heads * 4);
+    L->q_norm = own(ld, tensor(ld, DT_BF16, c->q_lora, -1, "%sattn.q_norm.weight", p), c->q_lora * 2);
+    L->kv_norm = own(ld, tensor(ld, DT_BF16, c->head_dim, -1, "%sattn.kv_norm.weight", p), c->head_dim * 2);
     L->wq_a = fp8_at(ld, p, "attn.wq_a", c->q_lora, c->dim);
     L->wq_b = fp8_at(ld, p, "attn.wq_b", qw, c->q_lora);
     L->wkv = fp8_at(ld, p, "attn.wkv", c->head_dim, c->dim);
@@ -226,14 +238,14 @@ static void check_tid2eid(loader *ld, const dsv4_config *c, const int64_t *t, co
 
 static void load_moe(loader *ld, const dsv4_config *c, dsv4_layer *L, const char *p) {
     char name[256];
-    L->ffn_norm = tensor(ld, DT_BF16, c->dim, -1, "%sffn_norm.weight", p);
+    L->ffn_norm = own(ld, tensor(ld, DT_BF16, c->dim, -1, "%sffn_norm.weight", p), c->dim * 2);
     snprintf(name, sizeof name, "%sffn.gate.weight", p);
     L->gate = plain_mat(ld, WF_BF16, c->n_experts, c->dim, name);
     if (L->hash) {
         L->tid2eid = tensor(ld, DT_I64, c->vocab, c->n_active, "%sffn.gate.tid2eid", p);
         check_tid2eid(ld, c, L->tid2eid, p);
     } else {
-        L->gate_bias = tensor(ld, DT_F32, c->n_experts, -1, "%sffn.gate.bias", p);
+        L->gate_bias = own(ld, tensor(ld, DT_F32, c->n_experts, -1, "%sffn.gate.bias", p), c->n_experts * 4);
     }
     L->w1 = xcalloc(c->n_experts, sizeof(qmat));
     L->w2 = xcalloc(c->n_experts, sizeof(qmat));
@@ -304,6 +316,8 @@ static void dsv4_free(model *m) {
             free(d->layers[l].w3);
         }
     free(d->layers);
+    for (int i = 0; i < d->n_owned; i++) free(d->owned[i]);
+    free(d->owned);
     free(d);
     m->priv = NULL;
 }
@@ -316,10 +330,10 @@ static int dsv4_load(model *m, char *err, size_t errlen) {
     d->qat = m->num == NUMERICS_QAT;
     m->vocab_size = c->vocab;
     init_ropes(d);
-    loader ld = {m->st, err, errlen, 0, 0};
+    loader ld = {m->st, d, err, errlen, 0, 0};
     d->embed = plain_mat(&ld, WF_BF16, c->vocab, c->dim, "embed.weight");
     d->head = plain_mat(&ld, WF_BF16, c->vocab, c->dim, "head.weight");
-    d->norm = tensor(&ld, DT_BF16, c->dim, -1, "norm.weight");
+    d->norm = own(&ld, tensor(&ld, DT_BF16, c->dim, -1, "norm.weight"), c->dim * 2);
     d->hc_head = load_hc(&ld, c, c->hc, "", "hc_head_");
     d->layers = xcalloc(c->n_layers + c->n_mtp, sizeof(dsv4_layer));
     for (int l = 0; l < c->n_layers + c->n_mtp && !ld.failed; l++) load_layer(&ld, d, l);

@@ -6,7 +6,8 @@
  * deepseek_v4_moe.c (routing and experts). The math follows /work/shared/spec/deepseek_v4.md.
  *
  * INVARIANTS
- *  - Weights are qmat views into the checkpoint's mapping: never copied, never written.
+ *  - Weight matrices are qmat views into the checkpoint's mapping: never copied, never written.
+ *    Only small vectors (norms, biases, sinks, mixing parameters, ape) are copied, for alignment.
  *  - Everything a sequence carries between forward calls lives in its state parts (window ring,
  *    compressor/indexer partials, compressed lists). dsv4_seq's other buffers are scratch that
  *    is fully rewritten before it is read within one call, so a reset or restore of the parts
@@ -85,6 +86,8 @@ typedef struct {
     const uint16_t *norm;
     dsv4_hc hc_head;
     dsv4_layer *layers;        /* n_layers + n_mtp (MTP validated, not run) */
+    void **owned;              /* aligned copies of the small vectors the layers point to */
+    int n_owned;
 } dsv4_model;
 
 /* Per-layer pointers into the sequence's state parts (NULL where the layer has none). */
@@ -101,6 +104,10 @@ typedef struct {
     dsv4_layer_state *ls;
     void *scratch;             /* one block holding every buffer below, sized for DSV4_CHUNK tokens */
     float *h, *mix, *post, *comb;                /* streams [C][hc*dim] and their mixing */
+    /* per-token activations [C][..]: x sub-layer input (normed), xq its E4M3 QDQ copy; qr/qrq the
+     * query latent and its QDQ copy; q query heads; kv window row; ca/cs and ia/is the main and
+     * indexer compressors' kv/score inputs; iq/iw indexer queries and head weights; o attention
+     * output; g one output group's slice, ug its wo_a rows, u all groups; f sub-layer output */
     float *x, *xq, *qr, *qrq, *q, *kv, *ca, *cs, *ia, *is, *iq, *iw, *o, *g, *ug, *u, *f;
     float *tmp_hc;             /* [hc*dim] one token's residual copy */
     float *moe_logit;          /* [C][n_experts] gate logits */
@@ -130,7 +137,8 @@ static inline void dsv4_act_qdq(const dsv4_model *d, float *x, size_t n) {
 int dsv4_forward(model *m, void *fam_seq, const int *ids, int pos0, int n, float *logits, float *all_logits,
                  char *err, size_t errlen);
 
-/* deepseek_v4_attn.c: x[n][dim] are attn_norm outputs of tokens pos0..pos0+n-1; out[n][dim]. */
+/* deepseek_v4_attn.c: s->x[n][dim] holds the attn_norm outputs of tokens pos0..pos0+n-1;
+ * writes the attention sub-layer output to out[n][dim] and advances the layer's state. */
 void dsv4_attention(const dsv4_model *d, const dsv4_layer *L, dsv4_layer_state *ls, dsv4_seq *s, int pos0, int n,
                     float *out);
 

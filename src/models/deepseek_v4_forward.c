@@ -132,6 +132,14 @@ static void forward_pass(const dsv4_model *d, dsv4_seq *s, const int *ids, int p
     for (int l = 0; l < c->n_layers; l++) run_block(d, &d->layers[l], &s->ls[l], s, ids, pos0, n);
 }
 
+/* A NaN/inf logit means broken weights (e.g. a NaN scale byte): fail, so the state is tainted. */
+static int check_finite(const float *logits, int vocab, int pos, char *err, size_t errlen) {
+    for (int i = 0; i < vocab; i++)
+        if (!isfinite(logits[i]))
+            return errf(err, errlen, "deepseek_v4: non-finite logit for id %d at position %d (corrupt weights?)", i, pos);
+    return 0;
+}
+
 int dsv4_forward(model *m, void *fam_seq, const int *ids, int pos0, int n, float *logits, float *all_logits,
                  char *err, size_t errlen) {
     const dsv4_model *d = m->priv;
@@ -147,12 +155,16 @@ int dsv4_forward(model *m, void *fam_seq, const int *ids, int pos0, int n, float
     for (int done = 0; done < n;) {
         int k = MIN(DSV4_CHUNK, n - done);
         forward_pass(d, s, ids + done, pos0 + done, k);
-        if (all_logits)
-            for (int t = 0; t < k; t++) head_logits(d, s, t, all_logits + (size_t)(done + t) * d->c.vocab);
+        for (int t = 0; all_logits && t < k; t++) {
+            float *row = all_logits + (size_t)(done + t) * d->c.vocab;
+            head_logits(d, s, t, row);
+            if (check_finite(row, d->c.vocab, pos0 + done + t, err, errlen)) return -1;
+        }
         done += k;
         if (logits && done == n) {
             if (all_logits) memcpy(logits, all_logits + (size_t)(n - 1) * d->c.vocab, sizeof(float) * d->c.vocab);
             else head_logits(d, s, k - 1, logits);
+            if (check_finite(logits, d->c.vocab, pos0 + n - 1, err, errlen)) return -1;
         }
     }
     return 0;

@@ -36,13 +36,14 @@ static int read_dims(glm_model *g, const cJSON *c, char *err, size_t errlen) {
     return 0;
 }
 
+/* Absent optional keys take Hugging Face GlmMoeDsaConfig's defaults. */
 static int read_routing(glm_model *g, const cJSON *c, char *err, size_t errlen) {
     int n_group;
     double scale, eps;
     if (config_int_or(c, "n_shared_experts", 1, &g->n_shared, err, errlen) ||
         config_int_or(c, "n_group", 1, &n_group, err, errlen) ||
         config_bool_or(c, "norm_topk_prob", 1, &g->norm_topk, err, errlen) ||
-        config_double_or(c, "routed_scaling_factor", 1.0, &scale, err, errlen) ||
+        config_double_or(c, "routed_scaling_factor", 2.5, &scale, err, errlen) ||
         config_double_or(c, "rms_norm_eps", 1e-5, &eps, err, errlen))
         return -1;
     /* GLM-5 ships n_group 1; group-limited routing (DeepSeek-V3 n_group 8) is another model. */
@@ -142,8 +143,43 @@ static const char *tname(char *buf, const char *fmt, ...) {
     return buf;
 }
 
-/* A weight matrix as the checkpoint stores it: BF16 or F32, or F8_E4M3 with an E8M0 block scale
- * `<name>_scale_inv`. GLM-5-FP8's F32 block scales are refused by name (the kernels take E8M0). */
+static void own(glm_model *g, void *p, size_t bytes) {
+    if (g->n_owned == g->cap_owned) {
+        g->cap_owned = g->cap_owned ? 2 * g->cap_owned : 64;
+        g->owned = xrealloc(g->owned, (size_t)g->cap_owned * sizeof *g->owned);
+        g->owned_bytes = xrealloc(g->owned_bytes, (size_t)g->cap_owned * sizeof *g->owned_bytes);
+    }
+    g->owned_bytes[g->n_owned] = bytes;
+    g->owned[g->n_owned++] = p;
+}
+
+/* GLM-5-FP8 stores F32 block scales. The FP8 kernels take E8M0 (power-of-two) scales, so an F32
+ * scale grid is converted when every entry is an exact power of two, and refused by name otherwise. */
+static const uint8_t *e8m0_scales(glm_model *g, const st_tensor *s, char *err, size_t errlen) {
+    if (s->type == DT_F8_E8M0) return s->data;
+    if (s->type != DT_F32) {
+        errf(err, errlen, "tensor %s in %s: block scales must be F32 or F8_E8M0, found %s", s->name, s->file,
+             dtype_name(s->type));
+        return NULL;
+    }
+    size_t n = (size_t)(s->shape[0] * s->shape[1]);
+    uint8_t *out = xmalloc(n);
+    own(g, out, n);
+    for (size_t i = 0; i < n; i++) {
+        float v = ((const float *)s->data)[i];
+        int e;
+        if (!(v > 0) || frexpf(v, &e) != 0.5f || e - 1 < -127 || e - 1 > 127) {
+            errf(err, errlen, "tensor %s in %s: block scale %g at %zu is not a power of two (cairn's FP8 kernels "
+                 "take E8M0 scales)", s->name, s->file, v, i);
+            return NULL;
+        }
+        out[i] = (uint8_t)(e - 1 + 127);
+    }
+    return out;
+}
+
+/* A weight matrix as the checkpoint stores it: BF16 or F32, or F8_E4M3 with a block scale grid
+ * `<name>_scale_inv` [ceil(rows/128), ceil(cols/128)] (GLM-5-FP8 naming). */
 static int get_mat(glm_model *g, const st_file *f, qmat *out, const char *name, int rows, int cols, char *err,
                    size_t errlen) {
     const st_tensor *t = st_find(f, name);
@@ -151,26 +187,18 @@ static int get_mat(glm_model *g, const st_file *f, qmat *out, const char *name, 
     if (t->ndim != 2 || t->shape[0] != rows || t->shape[1] != cols)
         return errf(err, errlen, "tensor %s in %s: expected shape [%d,%d], found %d dims [%lld,...]", name, t->file,
                     rows, cols, t->ndim, (long long)t->shape[0]);
-    out->rows = rows;
-    out->cols = cols;
-    out->data = t->data;
-    out->scale = NULL;
+    *out = (qmat){.rows = rows, .cols = cols, .data = t->data};
     if (t->type == DT_BF16) out->fmt = WF_BF16;
     else if (t->type == DT_F32) out->fmt = WF_F32;
     else if (t->type == DT_F8_E4M3) {
         char sname[NAME_MAX_LEN];
-        tname(sname, "%s_scale_inv", name);
-        const st_tensor *s = st_find(f, sname);
+        const st_tensor *s = st_find(f, tname(sname, "%s_scale_inv", name));
         if (!s) return errf(err, errlen, "tensor %s is F8_E4M3 but %s is missing", name, sname);
-        if (s->type != DT_F8_E8M0)
-            return errf(err, errlen, "tensor %s in %s: %s block scales are not supported (need F8_E8M0)", sname,
-                        s->file, dtype_name(s->type));
-        int64_t want[2] = {(rows + 127) / 128, (cols + 127) / 128};
-        if (s->ndim != 2 || s->shape[0] != want[0] || s->shape[1] != want[1])
-            return errf(err, errlen, "tensor %s in %s: expected shape [%lld,%lld]", sname, s->file,
-                        (long long)want[0], (long long)want[1]);
+        if (s->ndim != 2 || s->shape[0] != (rows + 127) / 128 || s->shape[1] != (cols + 127) / 128)
+            return errf(err, errlen, "tensor %s in %s: expected shape [%d,%d]", sname, s->file, (rows + 127) / 128,
+                        (cols + 127) / 128);
+        if (!(out->scale = e8m0_scales(g, s, err, errlen))) return -1;
         out->fmt = WF_FP8;
-        out->scale = s->data;
         g->n_validated++;
     } else
         return errf(err, errlen, "tensor %s in %s: dtype %s is not supported (BF16, F32 or F8_E4M3)", name, t->file,
@@ -191,11 +219,7 @@ static float *get_vec(glm_model *g, const st_file *f, const char *name, int n, c
     float *v = xmalloc((size_t)n * sizeof *v);
     for (int i = 0; i < n; i++)
         v[i] = t->type == DT_F32 ? ((const float *)t->data)[i] : bf16_to_f32(((const uint16_t *)t->data)[i]);
-    if (g->n_owned == g->cap_owned) {
-        g->cap_owned = g->cap_owned ? 2 * g->cap_owned : 64;
-        g->owned = xrealloc(g->owned, (size_t)g->cap_owned * sizeof *g->owned);
-    }
-    g->owned[g->n_owned++] = v;
+    own(g, v, (size_t)n * sizeof *v);
     g->n_validated++;
     return v;
 }
@@ -257,20 +281,19 @@ static int load_layer(glm_model *g, const st_file *f, glm_layer *l, int i, char 
     return load_swiglu(g, f, &l->gate, &l->up, &l->down, g->inter, name, err, errlen);
 }
 
-/* The MTP layer (index n_layers) is optional in a checkpoint; when present it must be well formed. */
+/* The MTP layer (index n_layers) is optional in a checkpoint; when present it must be well formed.
+ * It is validated only: plain generation never runs it (no speculative decoding yet). */
 static int load_mtp(glm_model *g, const st_file *f, const cJSON *c, char *err, size_t errlen) {
     char name[NAME_MAX_LEN];
     int n_mtp;
     qmat eh;
     float *norm;
     if (config_int_or(c, "num_nextn_predict_layers", 0, &n_mtp, err, errlen)) return -1;
-    tname(name, "model.layers.%d.eh_proj.weight", g->n_layers);
-    if (n_mtp < 1 || !st_find(f, name)) return 0;
+    if (n_mtp < 1 || !st_find(f, tname(name, "model.layers.%d.eh_proj.weight", g->n_layers))) return 0;
     g->mtp.sparse = 1;
-    tname(name, "model.layers.%d.self_attn.indexer.wq_b.weight", g->n_layers);
-    g->mtp.full_indexer = st_find(f, name) != NULL;
-    tname(name, "model.layers.%d.eh_proj.weight", g->n_layers);
-    if (load_layer(g, f, &g->mtp, g->n_layers, err, errlen) || MAT(&eh, g->dim, 2 * g->dim, "model.layers.%d.eh_proj.weight", g->n_layers) ||
+    g->mtp.full_indexer = st_find(f, tname(name, "model.layers.%d.self_attn.indexer.wq_b.weight", g->n_layers)) != NULL;
+    if (load_layer(g, f, &g->mtp, g->n_layers, err, errlen) ||
+        MAT(&eh, g->dim, 2 * g->dim, "model.layers.%d.eh_proj.weight", g->n_layers) ||
         VEC(norm, g->dim, "model.layers.%d.enorm.weight", g->n_layers) ||
         VEC(norm, g->dim, "model.layers.%d.hnorm.weight", g->n_layers) ||
         VEC(norm, g->dim, "model.layers.%d.shared_head.norm.weight", g->n_layers))
@@ -292,9 +315,22 @@ static void glm_free(model *m) {
     free_layer(&g->mtp);
     for (int i = 0; i < g->n_owned; i++) free(g->owned[i]);
     free(g->owned);
+    free(g->owned_bytes);
     free(g->layers);
     free(g);
     m->priv = NULL;
+}
+
+/* The checkpoint fingerprint covers config and tensor headers, which a fine-tune or a re-seeded model
+ * shares; persisted rows from such a model would be trusted and silently wrong. Mixing in the first
+ * bytes of the embedding and head, every norm vector and every FP8 scale grid tells them apart for a
+ * few pages of reads. */
+static uint64_t weights_fingerprint(const glm_model *g, uint64_t h) {
+    size_t sample = MIN((size_t)4096, (size_t)g->dim * 2);
+    h = fnv64(h, g->embed.data, sample);
+    h = fnv64(h, g->head.data, sample);
+    for (int i = 0; i < g->n_owned; i++) h = fnv64(h, g->owned[i], g->owned_bytes[i]);
+    return h;
 }
 
 static int glm_load(model *m, char *err, size_t errlen) {
@@ -314,6 +350,7 @@ static int glm_load(model *m, char *err, size_t errlen) {
         return -1;
     m->vocab_size = g->vocab;
     m->n_validated = g->n_validated;
+    m->fingerprint = weights_fingerprint(g, m->fingerprint);
     return 0;
 }
 

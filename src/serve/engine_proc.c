@@ -59,6 +59,7 @@ struct eng {
     pid_t pid;
     int in_fd, out_fd;            /* our ends: engine stdin (write), engine stdout (read) */
     int ready, stopping, restarts;
+    int ever_ready, start_failed;     /* a first start that fails is fatal, not retried */
     unsigned long long next_id;
     gen **live;                   /* in-flight generations, each holding one reference */
     int nlive, live_cap;
@@ -386,7 +387,7 @@ static void *dispatcher_main(void *arg) {
         r->fd = e->out_fd;
         if (reader_wait_ready(r, e->cfg.ready_timeout) == 0) {
             pthread_mutex_lock(&e->mu);
-            e->ready = 1;
+            e->ready = e->ever_ready = 1;
             pthread_cond_broadcast(&e->cv);
             pthread_mutex_unlock(&e->mu);
             fprintf(stderr, "cairn serve: engine ready (pid %d)\n", (int)e->pid);
@@ -397,6 +398,14 @@ static void *dispatcher_main(void *arg) {
         free(r);
         reap(e);
         fail_all_live(e, "engine exited");
+        if (!e->ever_ready) {
+            /* A model that cannot load will not load on the next try either. */
+            pthread_mutex_lock(&e->mu);
+            e->start_failed = 1;
+            pthread_mutex_unlock(&e->mu);
+            if (e->cfg.on_start_failed) e->cfg.on_start_failed(e->cfg.user);
+            break;
+        }
         pthread_mutex_lock(&e->mu);
         stopping = e->stopping;
         e->restarts += !stopping;
@@ -458,6 +467,13 @@ int eng_ready(eng *e) {
 int eng_restarts(eng *e) {
     pthread_mutex_lock(&e->mu);
     int r = e->restarts;
+    pthread_mutex_unlock(&e->mu);
+    return r;
+}
+
+int eng_start_failed(eng *e) {
+    pthread_mutex_lock(&e->mu);
+    int r = e->start_failed;
     pthread_mutex_unlock(&e->mu);
     return r;
 }

@@ -5,7 +5,8 @@
  * INVARIANTS
  *  - The server talks to the engine only through the pipes, so an engine crash never takes the
  *    server down: on EOF every in-flight generation fails with a clean error, the child is
- *    reaped and a new one is started (with back-off if it keeps dying).
+ *    reaped and a new one is started (with back-off if it keeps dying). Only an engine that
+ *    never once became ready (a model that does not load) is not restarted.
  *  - Every generation handed to eng_submit() reaches exactly one terminal state (DONE, ERROR or
  *    "engine exited"), and the on_finish callback runs exactly once for it, from the dispatcher,
  *    AFTER the engine has acknowledged (or died). Whoever owns the slot releases it there, so a
@@ -70,6 +71,7 @@ typedef struct {
     char **argv;                  /* its argv, NULL-terminated (argv[0] included) */
     double ready_timeout;         /* seconds to wait for READY at each start */
     void (*on_restart)(void *user); /* called from the dispatcher after the engine died (state lost) */
+    void (*on_start_failed)(void *user); /* the first start never reached READY: nothing is retried */
     void *user;
 } eng_config;
 
@@ -82,6 +84,7 @@ void eng_stop(eng *e, double grace);
 
 int eng_ready(eng *e);
 int eng_restarts(eng *e);
+int eng_start_failed(eng *e);
 pid_t eng_pid(eng *e);
 
 /* Send SUBMIT for g (id is assigned here). head_extra is appended to the header (e.g. " 0 12"

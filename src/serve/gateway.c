@@ -14,6 +14,7 @@
  */
 #include <arpa/inet.h>
 #include <ctype.h>
+#include <errno.h>
 #include <libgen.h>
 #include <netdb.h>
 #include <signal.h>
@@ -48,12 +49,13 @@ typedef struct {
     serve_opts *o;
     serve_ctx sc;
     int inflight;                 /* requests begun and not yet completed (atomic) */
+    char *model_dir_copy;         /* basename() may modify its argument */
 } server;
 
 /* Per-request state across libmicrohttpd's calls of the access handler. */
 typedef struct {
     sbuf body;
-    int too_large;
+    size_t too_large;             /* bytes of an oversized body dropped so far */
     req_info *ri;
     const char *endpoint;         /* label for the log and /metrics */
     char method[8];
@@ -312,8 +314,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return MHD_YES;
     }
     if (*upload_size) {
-        if (rc->body.len + *upload_size > (size_t)s->o->max_body) rc->too_large = 1;
-        else sbuf_put(&rc->body, upload, *upload_size);
+        /* A body that outgrows the bound (chunked, or longer than announced) is dropped; it is
+         * read on to its end only while that stays cheap, so the client can still get its 413,
+         * and the connection is cut beyond that. */
+        if (rc->too_large || rc->body.len + *upload_size > (size_t)s->o->max_body) {
+            rc->too_large += *upload_size;
+            *upload_size = 0;
+            return rc->too_large > 4 * (size_t)s->o->max_body ? MHD_NO : MHD_YES;
+        }
+        sbuf_put(&rc->body, upload, *upload_size);
         *upload_size = 0;
         return MHD_YES;
     }
@@ -333,9 +342,9 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     req_info *ri = rc->ri;
     int status = ri->status ? ri->status : 499;
     if (why != MHD_REQUEST_TERMINATED_COMPLETED_OK && status == 200) status = 499;   /* client left mid-reply */
-    fprintf(stderr, "cairn serve: %s %s %d %.1fms prompt=%d cached=%d completion=%d slot=%d\n", rc->method, rc->path,
-            status, (now_seconds() - ri->t0) * 1e3, ri->prompt_tokens, ri->cached_tokens, ri->completion_tokens,
-            ri->slot);
+    fprintf(stderr, "cairn serve: %s %s %d %.1fms prompt=%d cached=%d completion=%d slot=%d %.1ftok/s\n", rc->method,
+            rc->path, status, (now_seconds() - ri->t0) * 1e3, ri->prompt_tokens, ri->cached_tokens,
+            ri->completion_tokens, ri->slot, ri->tok_s);
     metrics_request(s->sc.mx, rc->endpoint, status);
     req_info_unref(ri);
     sbuf_free(&rc->body);
@@ -346,15 +355,28 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
 
 /* ---- start-up and shutdown ----------------------------------------------------------------- */
 
-static int bind_address(const char *host, long port, struct sockaddr_storage *ss, char *err, size_t errlen) {
+/* Bind and listen on --host:--port. Done before the engine starts, so a busy port fails at
+ * once; connections wait in the backlog until the HTTP daemon takes the socket over. */
+static int listen_on(const char *host, long port, int *bound_port, char *err, size_t errlen) {
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV}, *res;
     char ps[8];
     snprintf(ps, sizeof ps, "%ld", port);
     int rc = getaddrinfo(host, ps, &hints, &res);
     if (rc) return errf(err, errlen, "cannot resolve --host %s: %s", host, gai_strerror(rc));
-    memcpy(ss, res->ai_addr, res->ai_addrlen);
+    int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
+    if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (fd < 0 || bind(fd, res->ai_addr, res->ai_addrlen) || listen(fd, 128)) {
+        freeaddrinfo(res);
+        if (fd >= 0) close(fd);
+        return errf(err, errlen, "cannot listen on %s:%ld: %s", host, port, strerror(errno));
+    }
     freeaddrinfo(res);
-    return 0;
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof ss;
+    getsockname(fd, (struct sockaddr *)&ss, &len);
+    *bound_port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                                 : ((struct sockaddr_in *)&ss)->sin_port);
+    return fd;
 }
 
 static char *model_type_of(const char *dir, char *err, size_t errlen) {
@@ -371,7 +393,13 @@ static char *model_type_of(const char *dir, char *err, size_t errlen) {
     return r;
 }
 
-static void forget_records(void *user) { slots_forget_all(user); }
+static void forget_records(void *user) { slots_forget_all(((serve_ctx *)user)->sl); }
+
+/* The engine could not start at all: stop the server the same way a SIGTERM would. */
+static void engine_start_failed(void *user) {
+    (void)user;
+    kill(getpid(), SIGTERM);
+}
 
 static char **engine_argv(const serve_opts *o, const char *exe) {
     char **argv = xcalloc(12 + (size_t)o->n_engine_args, sizeof *argv);
@@ -411,36 +439,47 @@ static void drain(server *s, double grace) {
     }
 }
 
-static struct MHD_Daemon *start_http(server *s, char *err, size_t errlen) {
-    struct sockaddr_storage ss;
-    if (bind_address(s->o->host, s->o->port, &ss, err, errlen)) return NULL;
+static struct MHD_Daemon *start_http(server *s, int listen_fd) {
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC;
-    if (ss.ss_family == AF_INET6) flags |= MHD_USE_IPv6;
-    struct MHD_Daemon *d = MHD_start_daemon(
-        flags, (uint16_t)s->o->port, NULL, NULL, on_request, s,
-        MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
+    return MHD_start_daemon(
+        flags, 0, NULL, NULL, on_request, s,
+        MHD_OPTION_LISTEN_SOCKET, listen_fd,
         MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->o->max_conn,
         MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)s->o->max_conn_ip,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->o->read_timeout,
         MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)s->o->max_header,
         MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
         MHD_OPTION_END);
-    if (!d) errf(err, errlen, "cannot listen on %s:%ld (in use, or not an address of this machine)", s->o->host, s->o->port);
-    return d;
+}
+
+/* Everything cmd_serve sets up, torn down in one place whatever step failed. */
+static void teardown(server *s, struct MHD_Daemon *d, char **eargv, int lfd) {
+    serve_ctx *sc = &s->sc;
+    if (sc->sl) slots_close(sc->sl);
+    if (sc->engine) eng_stop(sc->engine, 5.0);
+    if (d) MHD_stop_daemon(d);
+    else if (lfd >= 0) close(lfd);
+    if (eargv) free_argv(eargv);
+    if (sc->sl) slots_free(sc->sl);
+    if (sc->mx) metrics_free(sc->mx);
+    if (sc->tok) tok_free(sc->tok);
+    free((char *)sc->model_type);
+    free(s->model_dir_copy);
 }
 
 int cmd_serve(int argc, char **argv) {
     serve_opts o;
     if (parse_flags(argc, argv, &o)) return 2;
     char err[512];
-    char *model_type = model_type_of(o.model_dir, err, sizeof err);
-    if (!model_type) { fprintf(stderr, "cairn serve: %s\n", err); return 1; }
-    char *dir_copy = xstrdup(o.model_dir);
     server s = {.o = &o};
     serve_ctx *sc = &s.sc;
-    sc->model_id = o.model_id ? o.model_id : basename(dir_copy);
-    sc->model_type = model_type;
-    sc->tpl = chat_find(model_type);
+    struct MHD_Daemon *d = NULL;
+    char **eargv = NULL;
+    int lfd = -1, port = 0;
+    if (!(sc->model_type = model_type_of(o.model_dir, err, sizeof err))) goto fail;
+    s.model_dir_copy = xstrdup(o.model_dir);
+    sc->model_id = o.model_id ? o.model_id : basename(s.model_dir_copy);
+    sc->tpl = chat_find(sc->model_type);
     sc->nslots = (int)o.slots;
     sc->max_tokens = (int)o.max_tokens;
     sc->queue_timeout = o.queue_timeout;
@@ -448,7 +487,8 @@ int cmd_serve(int argc, char **argv) {
     char tok_path[4096];
     snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", o.model_dir);
     sc->tok = access(tok_path, R_OK) == 0 ? tok_load(tok_path, err, sizeof err) : NULL;
-    if (!sc->tpl) fprintf(stderr, "cairn serve: model type %s has no chat template: only /v1/completions works\n", model_type);
+    if (!sc->tpl)
+        fprintf(stderr, "cairn serve: model type %s has no chat template: only /v1/completions works\n", sc->model_type);
 
     /* Signals are taken by sigwait below; every thread inherits the blocked mask. */
     sigset_t sigs;
@@ -460,32 +500,35 @@ int cmd_serve(int argc, char **argv) {
 
     sc->sl = slots_new(sc->nslots, (int)o.max_queue);
     sc->mx = metrics_new();
-    struct MHD_Daemon *d = start_http(&s, err, sizeof err);
-    if (!d) { fprintf(stderr, "cairn serve: %s\n", err); return 1; }
-    const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
-    fprintf(stderr, "cairn serve: listening on http://%s:%u (model %s, %ld slots)\n", o.host,
-            di ? di->port : (unsigned)o.port, sc->model_id, o.slots);
-
-    char **eargv = engine_argv(&o, o.engine_exe ? o.engine_exe : "/proc/self/exe");
-    eng_config ec = {.exe = eargv[0], .argv = eargv, .ready_timeout = 600, .on_restart = forget_records, .user = sc->sl};
-    sc->engine = eng_start(&ec, err, sizeof err);
-    if (!sc->engine) { fprintf(stderr, "cairn serve: %s\n", err); MHD_stop_daemon(d); return 1; }
+    if ((lfd = listen_on(o.host, o.port, &port, err, sizeof err)) < 0) goto fail;
+    eargv = engine_argv(&o, o.engine_exe ? o.engine_exe : "/proc/self/exe");
+    eng_config ec = {.exe = eargv[0], .argv = eargv, .ready_timeout = 600, .on_restart = forget_records,
+                     .on_start_failed = engine_start_failed, .user = sc};
+    if (!(sc->engine = eng_start(&ec, err, sizeof err))) goto fail;
+    if (!(d = start_http(&s, lfd))) {
+        snprintf(err, sizeof err, "cannot start the HTTP server on %s:%d", o.host, port);
+        goto fail;
+    }
+    fprintf(stderr, "cairn serve: listening on http://%s:%d (model %s, %ld slots)\n", o.host, port, sc->model_id, o.slots);
 
     int sig = 0;
     sigwait(&sigs, &sig);
-    fprintf(stderr, "cairn serve: %s: finishing requests in flight, then stopping\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    if (!eng_start_failed(sc->engine))
+        fprintf(stderr, "cairn serve: %s: finishing requests in flight, then stopping\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
     MHD_socket lsock = MHD_quiesce_daemon(d);
     if (lsock != MHD_INVALID_SOCKET) close(lsock);
-    drain(&s, o.grace);
-    slots_close(sc->sl);
-    eng_stop(sc->engine, 5.0);
-    MHD_stop_daemon(d);
+    int engine_failed = eng_start_failed(sc->engine);
+    if (engine_failed) snprintf(err, sizeof err, "the engine failed to start (its messages are above)");
+    else drain(&s, o.grace);
+    teardown(&s, d, eargv, -1);
+    if (engine_failed) {
+        fprintf(stderr, "cairn serve: %s\n", err);
+        return 1;
+    }
     fprintf(stderr, "cairn serve: stopped\n");
-    free_argv(eargv);
-    slots_free(sc->sl);
-    metrics_free(sc->mx);
-    if (sc->tok) tok_free(sc->tok);
-    free(model_type);
-    free(dir_copy);
     return 0;
+fail:
+    fprintf(stderr, "cairn serve: %s\n", err);
+    teardown(&s, d, eargv, lfd);
+    return 1;
 }

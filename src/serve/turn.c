@@ -285,4 +285,5 @@ void turn_summarize(const turn *t, req_info *ri) {
     ri->cached_tokens = t->reused;
     ri->completion_tokens = t->completion_tokens;
     ri->slot = t->g ? t->g->slot : -1;
+    ri->tok_s = t->g ? t->g->tok_s : 0;
 }

@@ -107,6 +107,7 @@ typedef struct {
     double t0;
     int status;                   /* HTTP status sent */
     int prompt_tokens, cached_tokens, completion_tokens, slot;
+    double tok_s;                 /* engine-reported decode speed */
 } req_info;
 
 req_info *req_info_new(double t0);

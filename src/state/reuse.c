@@ -71,18 +71,30 @@ static int is_marker(int id, const int *markers, int nmarkers) {
     return 0;
 }
 
+/* A split costs one more forward call (all dense weights streamed once more), so a turn-boundary
+ * point only a few tokens past the previous split is moved back onto it: the checkpoint then
+ * covers a few tokens less, which a restore re-prefills for far less than the split costs. The
+ * n - 1 and system-prompt points stay exact: a re-ask and the gateway hint must hit in full. */
+enum { SPLIT_MIN = 4 };
+
+static int add_point(reuse_prefill *p, int pos, int prev) {
+    if (pos - prev < SPLIT_MIN) pos = prev;
+    if (pos > 0) p->points[p->npoints++] = pos;
+    return pos;
+}
+
 void reuse_prefill_init(reuse_prefill *p, seq *sq, store *cs, int slot, const int *ids, int n, int sys_end,
                         const int *markers, int nmarkers) {
     memset(p, 0, sizeof *p);
     p->sq = sq, p->cs = cs, p->slot = slot, p->ids = ids, p->n = n;
     p->rows_point = -1;
     if (!cs) return;
-    int from = sq->st.len;
-    p->points = xmalloc((size_t)(n + 1) * sizeof *p->points);
+    int from = sq->st.len, prev = from;
+    p->points = xmalloc((size_t)(n + 2) * sizeof *p->points);
     for (int i = 1; i < n - 1; i++) {
         if (!is_marker(ids[i], markers, nmarkers)) continue;
         if (sys_end <= 0) sys_end = i;
-        if (i > from) p->points[p->npoints++] = i;
+        if (i >= from) prev = add_point(p, i, prev);
     }
     if (n - 1 > from) p->points[p->npoints++] = n - 1;
     /* a system prompt of one token (a BOS) is not worth a copy of its rows */
@@ -107,14 +119,14 @@ static void checkpoint_here(reuse_prefill *p) {
 
 int reuse_prefill_step(reuse_prefill *p, float *logits, char *err, size_t errlen) {
     state *st = &p->sq->st;
-    while (p->next < p->npoints && p->points[p->next] <= st->len) p->next++;
-    int stop = p->next < p->npoints ? p->points[p->next] : p->n;
-    int k = MIN(p->sq->chunk > 0 ? p->sq->chunk : 64, stop - st->len);
-    if (k > 0 && seq_feed(p->sq, p->ids + st->len, k, st->len + k == p->n ? logits : NULL, err, errlen)) return -1;
-    if (p->next < p->npoints && st->len == p->points[p->next]) {
+    while (p->next < p->npoints && p->points[p->next] < st->len) p->next++;
+    if (p->next < p->npoints && p->points[p->next] == st->len) {
         checkpoint_here(p);
         p->next++;
     }
+    int stop = p->next < p->npoints ? p->points[p->next] : p->n;
+    int k = MIN(p->sq->chunk > 0 ? p->sq->chunk : 64, stop - st->len);
+    if (seq_feed(p->sq, p->ids + st->len, k, st->len + k == p->n ? logits : NULL, err, errlen)) return -1;
     if (st->len < p->n) return 1;
     if (p->cs) store_drop_stale(p->cs, p->slot, st);
     return 0;

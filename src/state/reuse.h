@@ -16,7 +16,8 @@
  * points to snapshot: the end of the system prompt (taken with rows, so other slots and
  * conversations can start from it), the position of every role-marker token (a turn boundary),
  * and n - 1 (an identical re-ask or a re-rendered last answer diverges no earlier). Splitting
- * the prefill there changes nothing numerically (chunking invariance, model.h). Snapshots are
+ * the prefill there changes nothing numerically (chunking invariance, model.h), but each split
+ * costs a forward call, so a boundary just past the start of the feed is taken at the start. Snapshots are
  * light (no rows) except the system one: a light checkpoint is restorable while its slot's
  * record still holds its ids, which is exactly the regenerate / edit-last-message case.
  * A snapshot that cannot be allocated is skipped: a failed optimisation, never a failed request.
@@ -56,7 +57,8 @@ typedef struct {
  * used); markers: role-marker token ids (turn boundaries). */
 void reuse_prefill_init(reuse_prefill *p, seq *sq, store *cs, int slot, const int *ids, int n, int sys_end,
                         const int *markers, int nmarkers);
-/* Feed the next chunk, snapshotting at a checkpoint point it ends on. Returns 1 while prompt
+/* Snapshot if the state sits at a checkpoint point, then feed up to the next point (at most one
+ * chunk). Returns 1 while prompt
  * tokens remain, 0 once all are fed (then logits holds the last token's logits), -1 on a
  * forward failure (the state is tainted, err says why). */
 int reuse_prefill_step(reuse_prefill *p, float *logits, char *err, size_t errlen);

@@ -88,8 +88,8 @@ static void test_parse(void) {
     chat_reply r;
     const char *t = "  plan it \n</think>\nThe answer.<|user|>";
     glm_chat.parse(t, strlen(t), 1, &r);
-    CHECK(r.reasoning && !strcmp(r.reasoning, "plan it"), "reasoning %s", show(r.reasoning));
-    CHECK(r.content && !strcmp(r.content, "The answer."), "content %s", show(r.content));
+    CHECK(r.reasoning && !strcmp(r.reasoning, "  plan it \n"), "reasoning %s", show(r.reasoning));
+    CHECK(r.content && !strcmp(r.content, "\nThe answer."), "content %s", show(r.content));
     CHECK(!r.tool_calls, "no tool calls");
     chat_reply_free(&r);
 

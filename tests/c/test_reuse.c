@@ -22,6 +22,8 @@ typedef struct {
     int window;
 } fake_seq;
 
+static int forward_calls;   /* counts splits: each forward call streams the weights once */
+
 static void *fake_seq_new(model *m, state *st, int ctx, char *err, size_t errlen) {
     int extend_only = *(int *)m->priv;
     fake_seq *f = xcalloc(1, sizeof *f);
@@ -38,6 +40,7 @@ static void fake_seq_free(model *m, void *fam) { free(fam); }
 static int fake_forward(model *m, void *fam, const int *ids, int pos0, int n, float *logits, float *all_logits,
                         char *err, size_t errlen) {
     fake_seq *f = fam;
+    forward_calls++;
     for (int i = 0; i < n; i++) {
         int pos = pos0 + i;
         if (ids[i] == BAD_ID) return errf(err, errlen, "fake forward: poisoned id at %d", pos);
@@ -242,6 +245,34 @@ static void test_system_checkpoint_with_rows(void) {
     seq_free(b);
 }
 
+/* A turn boundary one token past the start of the feed is checkpointed at the start instead
+ * of costing a split; the n - 1 point still splits. */
+static void test_boundary_near_start_costs_no_split(void) {
+    int flag = 1;
+    model m = make_model(&flag);
+    char err[128];
+    seq *sq = seq_new(&m, CTX, err, sizeof err);
+    sq->chunk = 64;
+    store *cs = store_new(1 << 20);
+    int ids[80];
+    float logits[VOCAB];
+    for (int i = 0; i < 80; i++) ids[i] = 10 + i % 30;
+    ids[5] = MARK;                  /* the system prompt ends here */
+    ids[21] = MARK;                 /* boundary one past the end of the first prompt's record (20) */
+    run_prompt(sq, 0, cs, 1, NULL, 0, ids, 20, 0, logits, NULL);
+    forward_calls = 0;
+    int taken;
+    reuse_result r = run_prompt(sq, 0, cs, 1, NULL, 0, ids, 40, 0, logits, &taken);
+    CHECK(r.kind == REUSE_EXTEND && r.reused == 20, "extend (%s %d)", reuse_kind_name(r.kind), r.reused);
+    CHECK(forward_calls == 2, "one split only (n - 1): %d forward calls", forward_calls);
+    CHECK(store_has(cs, ids, 20, 0) && !store_has(cs, ids, 21, 0) && store_has(cs, ids, 39, 0),
+          "boundary checkpoint moved to the start of the feed");
+    CHECK(taken == 2, "taken %d", taken);
+    CHECK(same_as_cold(&m, sq, ids, 40, logits), "== cold");
+    store_free(cs);
+    seq_free(sq);
+}
+
 static void test_store_budget(void) {
     int flag = 1;
     model m = make_model(&flag);
@@ -280,6 +311,7 @@ int main(void) {
     test_kv_share(0);
     test_kv_share(1);
     test_system_checkpoint_with_rows();
+    test_boundary_near_start_costs_no_split();
     test_store_budget();
     return TEST_END();
 }

@@ -124,7 +124,7 @@ def moe(cfg, w, p, x):
         wt = s[t, idx]
         if cfg.get("norm_topk_prob", True):
             wt = wt / (wt.sum() + 1e-20)
-        wt = wt * cfg.get("routed_scaling_factor", 1.0)
+        wt = wt * cfg.get("routed_scaling_factor", 2.5)
         for e, we in zip(idx, wt):
             out[t] += we * swiglu(w, f"{p}experts.{e}.", x[t: t + 1])[0]
     return out

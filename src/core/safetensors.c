@@ -350,6 +350,13 @@ static int check_weight_map(const st_file *f, const cJSON *idx, char *err, size_
     return 0;
 }
 
+/* Config and headers alone do not tell a fine-tune (or a re-seeded test model) from its base: same
+ * names, same shapes. So the fingerprint also hashes the bytes of every small tensor — norms, biases,
+ * sinks, block-scale grids, which training changes — up to a fixed budget. That reads a few hundred
+ * pages, not the weights, so it stays cheap even for a 1.5 TB checkpoint. */
+#define FINGERPRINT_SMALL_TENSOR (64 * 1024)
+#define FINGERPRINT_BUDGET (32u << 20)
+
 static uint64_t fingerprint(const st_file *f) {
     uint64_t h = FNV64_INIT;
     char *cfg_path = path_join(f->dir, "config.json");
@@ -359,6 +366,13 @@ static uint64_t fingerprint(const st_file *f) {
     if (cfg) h = fnv64(h, cfg, len);
     free(cfg);
     for (int i = 0; i < f->nshards; i++) h = fnv64(h, f->shards[i].map + 8, f->shards[i].header_len);
+    size_t budget = FINGERPRINT_BUDGET;
+    for (int i = 0; i < f->ntensors; i++) {
+        const st_tensor *t = &f->tensors[i];
+        if (t->nbytes > FINGERPRINT_SMALL_TENSOR || t->nbytes > budget) continue;
+        h = fnv64(h, t->data, t->nbytes);
+        budget -= t->nbytes;
+    }
     return h;
 }
 

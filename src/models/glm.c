@@ -321,18 +321,6 @@ static void glm_free(model *m) {
     m->priv = NULL;
 }
 
-/* The checkpoint fingerprint covers config and tensor headers, which a fine-tune or a re-seeded model
- * shares; persisted rows from such a model would be trusted and silently wrong. Mixing in the first
- * bytes of the embedding and head, every norm vector and every FP8 scale grid tells them apart for a
- * few pages of reads. */
-static uint64_t weights_fingerprint(const glm_model *g, uint64_t h) {
-    size_t sample = MIN((size_t)4096, (size_t)g->dim * 2);
-    h = fnv64(h, g->embed.data, sample);
-    h = fnv64(h, g->head.data, sample);
-    for (int i = 0; i < g->n_owned; i++) h = fnv64(h, g->owned[i], g->owned_bytes[i]);
-    return h;
-}
-
 static int glm_load(model *m, char *err, size_t errlen) {
     glm_model *g = xcalloc(1, sizeof *g);
     m->priv = g;
@@ -350,7 +338,6 @@ static int glm_load(model *m, char *err, size_t errlen) {
         return -1;
     m->vocab_size = g->vocab;
     m->n_validated = g->n_validated;
-    m->fingerprint = weights_fingerprint(g, m->fingerprint);
     return 0;
 }
 

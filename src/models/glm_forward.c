@@ -8,8 +8,8 @@
  *
  * ATTENTION uses the absorbed MLA form for every token (prefill and decode alike, so a chunk's
  * split never changes the arithmetic): per head, q_abs = W_uk^T q_nope over the latent,
- * score_t = (q_abs . latent_t + q_rope . rope_t) / sqrt(qk_head_dim), then the softmax-weighted
- * latent goes through W_uv. The positions attended are all t <= pos until there are more than
+ * score_t = [q_abs | q_rope] . [latent_t | rope_t] / sqrt(qk_head_dim) (one kernel call over the
+ * attended rows), then the softmax-weighted latent goes through W_uv. The positions attended are all t <= pos until there are more than
  * index_topk of them; from then on the DSA indexer's top-k (ascending positions). */
 #include <math.h>
 #include <stdlib.h>
@@ -70,41 +70,32 @@ typedef struct {
 
 /* ---- DSA indexer ------------------------------------------------------------------------ */
 
-typedef struct {
-    const glm_model *g;
-    const float *keys;       /* indexer key rows of this layer */
-    const float *q;          /* [n][heads * idx_dim], roped */
-    const float *w;          /* [n][heads], already scaled by heads^-0.5 */
-    int pos0;
-    selection *sel;
-} index_job;
-
 static int cmp_int(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
 
+/* Rows [0, count) of a state part as an f32 matrix, so one kernel call scores a query against all
+ * of them (each score's reduction order depends only on the row width: chunking invariant). */
+static qmat rows_matrix(const float *rows, int count, int width) {
+    return (qmat){.fmt = WF_F32, .rows = count, .cols = width, .data = rows};
+}
+
 /* score_t = sum_h w_h * ReLU(q_h . k_t / sqrt(idx_dim)) over t <= pos; keep the best index_topk
- * (ties to the lower position), then sort them by position so attention sums in position order. */
-static void index_token(void *ctx, int i) {
-    index_job *j = ctx;
-    const glm_model *g = j->g;
-    int pos = j->pos0 + i, k = g->idx_topk;
-    if (pos + 1 <= k) { j->sel->nsel[i] = -1; return; }
-    float *score = xmalloc((size_t)(pos + 1) * sizeof *score);
+ * (ties to the lower position), then sort them by position so attention sums in position order.
+ * dots: scratch [heads][pos + 1]. */
+static void index_token(const glm_model *g, const float *keys, const float *q, const float *w, int pos, int *out,
+                        float *dots) {
+    qmat k = rows_matrix(keys, pos + 1, g->idx_dim);
+    qmat_mul(&k, q, g->idx_heads, dots);
     float inv = 1.0f / sqrtf((float)g->idx_dim);
-    const float *q = j->q + (size_t)i * g->idx_heads * g->idx_dim, *w = j->w + (size_t)i * g->idx_heads;
     for (int t = 0; t <= pos; t++) {
-        const float *key = j->keys + (size_t)t * g->idx_dim;
         float acc = 0.0f;
         for (int h = 0; h < g->idx_heads; h++) {
-            float d = dot_f32(q + (size_t)h * g->idx_dim, key, g->idx_dim) * inv;
+            float d = dots[(size_t)h * (pos + 1) + t] * inv;
             if (d > 0.0f) acc += w[h] * d;
         }
-        score[t] = acc;
+        dots[t] = acc;     /* row 0 is consumed in order, so scores can overwrite it */
     }
-    int *out = j->sel->sel + (size_t)i * j->sel->cap;
-    topk(score, pos + 1, k, out);
-    qsort(out, (size_t)k, sizeof *out, cmp_int);
-    j->sel->nsel[i] = k;
-    free(score);
+    topk(dots, pos + 1, g->idx_topk, out);
+    qsort(out, (size_t)g->idx_topk, sizeof *out, cmp_int);
 }
 
 /* Computes this layer's indexer keys into the state and the selection of every token. */
@@ -126,8 +117,13 @@ static void run_indexer(const model *m, const glm_layer *l, float *keys, const f
         act_round(m, row, (size_t)hd);
         rope_rotate(g, row, pos0 + i, g->idx_rope_interleave);
     }
-    index_job job = {g, keys, q, w, pos0, sel};
-    pool_run(n, index_token, &job);
+    float *dots = scratch_floats(sc, (size_t)nh * (pos0 + n));
+    for (int i = 0; i < n; i++) {
+        int pos = pos0 + i;
+        sel->nsel[i] = pos + 1 > g->idx_topk ? g->idx_topk : -1;
+        if (sel->nsel[i] > 0)
+            index_token(g, keys, q + (size_t)i * nh * hd, w + (size_t)i * nh, pos, sel->sel + (size_t)i * sel->cap, dots);
+    }
 }
 
 /* ---- MLA attention ---------------------------------------------------------------------- */
@@ -135,51 +131,72 @@ static void run_indexer(const model *m, const glm_layer *l, float *keys, const f
 typedef struct {
     const glm_model *g;
     const glm_layer *l;
-    const float *rows;       /* latent + rope rows of this layer */
-    const float *q;          /* [n][heads][nope + rope], roped */
-    const selection *sel;
-    int pos0, n;
-    float *out;              /* [n][heads * v_dim] */
+    float *w;                /* [heads][nope + v_dim][kv_lora]: kv_b_proj dequantized per head */
+    const float *q;          /* this token's [heads][nope + rope], roped */
+    const float *rows;       /* the attended latent + rope rows, contiguous */
+    int cnt;
+    float *work;             /* [heads][row_len + kv_lora + cnt_max] */
+    size_t work_stride;
+    float *out;              /* this token's [heads * v_dim] */
 } attn_job;
 
-static void attend_token(const attn_job *j, int h, int i, const float *w_uk, const float *w_uv, float *q_abs,
-                         float *c_lat, float *score) {
-    const glm_model *g = j->g;
-    int kvl = g->kv_lora, row_len = g->kv_lora + g->rope, pos = j->pos0 + i;
-    const float *qn = j->q + ((size_t)i * g->n_heads + h) * (g->nope + g->rope), *qr = qn + g->nope;
-    memset(q_abs, 0, (size_t)kvl * sizeof *q_abs);
-    for (int d = 0; d < g->nope; d++)
-        for (int c = 0; c < kvl; c++) q_abs[c] += qn[d] * w_uk[(size_t)d * kvl + c];
-    int dense = j->sel->nsel[i] < 0, cnt = dense ? pos + 1 : j->sel->nsel[i];
-    const int *picked = j->sel->sel + (size_t)i * j->sel->cap;
-    float scale = 1.0f / sqrtf((float)(g->nope + g->rope));
-    for (int k = 0; k < cnt; k++) {
-        const float *row = j->rows + (size_t)(dense ? k : picked[k]) * row_len;
-        score[k] = (dot_f32(q_abs, row, kvl) + dot_f32(qr, row + kvl, g->rope)) * scale;
-    }
-    softmax(score, cnt);
-    memset(c_lat, 0, (size_t)kvl * sizeof *c_lat);
-    for (int k = 0; k < cnt; k++) {
-        const float *row = j->rows + (size_t)(dense ? k : picked[k]) * row_len;
-        for (int c = 0; c < kvl; c++) c_lat[c] += score[k] * row[c];
-    }
-    float *o = j->out + (size_t)i * g->n_heads * g->v_dim + (size_t)h * g->v_dim;
-    for (int d = 0; d < g->v_dim; d++) o[d] = dot_f32(w_uv + (size_t)d * kvl, c_lat, kvl);
+static void dequant_head(void *ctx, int h) {
+    attn_job *j = ctx;
+    int kvl = j->g->kv_lora, per_head = j->g->nope + j->g->v_dim;
+    for (int r = 0; r < per_head; r++) qmat_row(&j->l->kv_b, h * per_head + r, j->w + ((size_t)h * per_head + r) * kvl);
 }
 
+/* One head of one token: qcat = [W_uk^T q_nope | q_rope] scores every attended row in one kernel
+ * call (latent . q_abs + rope . q_rope as a single dot), then the softmax-weighted latent goes
+ * through W_uv. */
 static void attend_head(void *ctx, int h) {
     attn_job *j = ctx;
     const glm_model *g = j->g;
-    int kvl = g->kv_lora, per_head = g->nope + g->v_dim;
-    float *w = xmalloc((size_t)per_head * kvl * sizeof *w);
-    float *q_abs = xmalloc((size_t)kvl * sizeof *q_abs), *c_lat = xmalloc((size_t)kvl * sizeof *c_lat);
-    float *score = xmalloc((size_t)(j->pos0 + j->n) * sizeof *score);
-    for (int r = 0; r < per_head; r++) qmat_row(&j->l->kv_b, h * per_head + r, w + (size_t)r * kvl);
-    for (int i = 0; i < j->n; i++) attend_token(j, h, i, w, w + (size_t)g->nope * kvl, q_abs, c_lat, score);
-    free(w);
-    free(q_abs);
-    free(c_lat);
-    free(score);
+    int kvl = g->kv_lora, row_len = kvl + g->rope;
+    const float *w_uk = j->w + (size_t)h * (g->nope + g->v_dim) * kvl, *w_uv = w_uk + (size_t)g->nope * kvl;
+    const float *qn = j->q + (size_t)h * (g->nope + g->rope);
+    float *qcat = j->work + (size_t)h * j->work_stride, *c_lat = qcat + row_len, *score = c_lat + kvl;
+    memset(qcat, 0, (size_t)kvl * sizeof *qcat);
+    for (int d = 0; d < g->nope; d++)
+        for (int c = 0; c < kvl; c++) qcat[c] += qn[d] * w_uk[(size_t)d * kvl + c];
+    memcpy(qcat + kvl, qn + g->nope, (size_t)g->rope * sizeof *qcat);
+    qmat rows = rows_matrix(j->rows, j->cnt, row_len);
+    qmat_vec(&rows, qcat, score);
+    float scale = 1.0f / sqrtf((float)(g->nope + g->rope));
+    for (int k = 0; k < j->cnt; k++) score[k] *= scale;
+    softmax(score, j->cnt);
+    memset(c_lat, 0, (size_t)kvl * sizeof *c_lat);
+    for (int k = 0; k < j->cnt; k++)
+        for (int c = 0; c < kvl; c++) c_lat[c] += score[k] * j->rows[(size_t)k * row_len + c];
+    for (int d = 0; d < g->v_dim; d++) j->out[(size_t)h * g->v_dim + d] = dot_f32(w_uv + (size_t)d * kvl, c_lat, kvl);
+}
+
+/* Every token in position order: the attended rows are all t <= pos (already contiguous in the
+ * state) or the indexer's selection gathered into one buffer, then heads run in parallel. */
+static void attend(const glm_model *g, const glm_layer *l, const float *state_rows, const float *q,
+                   const selection *sel, int pos0, int n, float *out, scratch *sc) {
+    int row_len = g->kv_lora + g->rope, qk = g->nope + g->rope, cnt_max = pos0 + n;
+    attn_job j = {.g = g, .l = l, .work_stride = (size_t)row_len + g->kv_lora + cnt_max};
+    j.w = scratch_floats(sc, (size_t)g->n_heads * (g->nope + g->v_dim) * g->kv_lora);
+    j.work = scratch_floats(sc, (size_t)g->n_heads * j.work_stride);
+    float *gathered = sel->cap > 1 ? scratch_floats(sc, (size_t)sel->cap * row_len) : NULL;
+    pool_run(g->n_heads, dequant_head, &j);
+    for (int i = 0; i < n; i++) {
+        int k = sel->nsel[i];
+        if (k < 0) {
+            j.rows = state_rows;
+            j.cnt = pos0 + i + 1;
+        } else {
+            const int *picked = sel->sel + (size_t)i * sel->cap;
+            for (int r = 0; r < k; r++)
+                memcpy(gathered + (size_t)r * row_len, state_rows + (size_t)picked[r] * row_len, (size_t)row_len * sizeof(float));
+            j.rows = gathered;
+            j.cnt = k;
+        }
+        j.q = q + (size_t)i * g->n_heads * qk;
+        j.out = out + (size_t)i * g->n_heads * g->v_dim;
+        pool_run(g->n_heads, attend_head, &j);
+    }
 }
 
 /* out[n][dim] = o_proj(attention(hn)); writes this layer's rows at pos0..pos0+n-1. */
@@ -204,8 +221,7 @@ static void attention(const model *m, const glm_layer *l, int li, glm_seq *s, co
         rope_rotate(g, row + g->kv_lora, pos0 + i, g->rope_interleave);
     }
     if (g->has_indexer && l->full_indexer) run_indexer(m, l, s->ik[li], hn, qa, pos0, n, sel, sc);
-    attn_job job = {g, l, s->kv[li], q, sel, pos0, n, heads};
-    pool_run(g->n_heads, attend_head, &job);
+    attend(g, l, s->kv[li], q, sel, pos0, n, heads, sc);
     act_round(m, heads, (size_t)n * g->n_heads * g->v_dim);
     project(m, &l->o, heads, n, out);
 }

@@ -284,6 +284,11 @@ void turn_summarize(const turn *t, req_info *ri) {
     ri->prompt_tokens = t->prompt_tokens;
     ri->cached_tokens = t->reused;
     ri->completion_tokens = t->completion_tokens;
-    ri->slot = t->g ? t->g->slot : -1;
-    ri->tok_s = t->g ? t->g->tok_s : 0;
+    ri->slot = -1;
+    ri->tok_s = 0;
+    if (!t->g) return;
+    pthread_mutex_lock(&t->g->mu);
+    ri->slot = t->g->slot;
+    ri->tok_s = t->g->tok_s;
+    pthread_mutex_unlock(&t->g->mu);
 }

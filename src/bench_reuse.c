@@ -38,8 +38,8 @@ static void usage(FILE *f) {
             "\n"
             "A conversation of N turns (default 10): a system prompt of --system ids (default 64), then per turn\n"
             "a user message of --user ids (default 32) and a greedy reply of --reply tokens (default 16).\n"
-            "Per turn: warm TTFT / cold TTFT and warm TTFT / time to prefill only the new tail; each time is\n"
-            "the fastest of --repeat runs (default 3) from the same state, as the machine may be shared.\n"
+            "Per turn: warm TTFT / cold TTFT and warm TTFT / time to prefill only the new tail; warm and tail\n"
+            "times are the fastest of --repeat alternating runs (default 3), as the machine may be shared.\n"
             "--json prints {\"turns\":[{\"prompt_tokens\",\"reused\",\"warm_over_cold\",\"warm_over_tail\",\"exact\"},...]}.\n");
 }
 
@@ -119,8 +119,10 @@ static int argmax(const float *x, int n) {
 
 /* ---- one turn ------------------------------------------------------------------------------ */
 
-/* The engine's path: decide, prefill with checkpoints, first token. Returns the first token. */
-static int warm_once(seq *sq, store *cs, const conversation *c, float *logits, turn_result *t, char *err, size_t errlen) {
+/* The engine's path: decide, prefill with checkpoints, first token. Returns the first token;
+ * *reused gets the reuse count, t->warm the fastest time so far. */
+static int warm_once(seq *sq, store *cs, const conversation *c, float *logits, int *reused, turn_result *t, char *err,
+                     size_t errlen) {
     const int markers[2] = {c->user, c->assistant};
     double t0 = now_seconds();
     reuse_result r = reuse_prepare(&sq->st, 0, cs, 1, NULL, 0, c->ids, c->n);
@@ -132,53 +134,48 @@ static int warm_once(seq *sq, store *cs, const conversation *c, float *logits, t
     if (rc < 0) return -1;
     int first = argmax(logits, sq->m->vocab_size);
     t->warm = MIN(t->warm, now_seconds() - t0);
-    t->reused = r.reused;
+    *reused = r.reused;
     return first;
 }
 
-/* The warm turn, repeated from the same starting state. Repeats after the first checkpoint into
- * a scratch store, so each pays the same snapshot cost instead of finding the first run's
- * checkpoints already kept; the conversation's own store sees only the first run. */
-static int warm_turn(seq *sq, store *cs, size_t budget, const conversation *c, long repeat, float *logits,
-                     turn_result *t, char *err, size_t errlen) {
-    snapshot *start = repeat > 1 ? state_snapshot(&sq->st, 1) : NULL;
-    if (repeat > 1 && !start) return errf(err, errlen, "out of memory snapshotting the conversation");
-    int first = -1;
-    t->warm = 1e30;
-    for (long i = 0; i < repeat; i++) {
-        if (i && state_restore(&sq->st, start) != STATE_OK) { first = errf(err, errlen, "cannot restore the turn's start"); break; }
-        store *scratch = i && cs ? store_new(budget) : NULL;
-        int f = warm_once(sq, i ? scratch : cs, c, logits, t, err, errlen);
-        store_free(scratch);
-        if (f < 0 || (i && f != first)) { first = f < 0 ? -1 : errf(err, errlen, "a repeated warm turn differs"); break; }
-        first = f;
-    }
-    snapshot_free(start);
-    return first;
-}
-
-/* Cold references on a second sequence: the reused prefix then the tail, timed separately (the
- * split is free of numerical effect by chunking invariance). The tail is repeated from a
- * snapshot of the prefix. Returns the first token. */
-static int cold_turn(seq *sq, const conversation *c, int reused, long repeat, float *logits, turn_result *t, char *err,
-                     size_t errlen) {
-    state_reset(&sq->st);
+static int tail_once(seq *sq, const conversation *c, int reused, float *logits, turn_result *t, char *err, size_t errlen) {
     double t0 = now_seconds();
-    if (reused && seq_feed(sq, c->ids, reused, NULL, err, errlen)) return -1;
+    if (seq_feed(sq, c->ids + reused, c->n - reused, logits, err, errlen)) return -1;
+    int first = argmax(logits, sq->m->vocab_size);
+    t->tail = MIN(t->tail, now_seconds() - t0);
+    return first;
+}
+
+/* One turn: the real warm run on the conversation's state, then the cold references on a second
+ * sequence: the reused prefix once, then the tail (the split is free of numerical effect by
+ * chunking invariance). Warm and tail are repeated alternately from snapshots of their starting
+ * states and the fastest run of each kept, since the machine may be shared; warm repeats
+ * checkpoint into a scratch store so each pays the snapshot cost the real run paid. Every run's
+ * first token must be the same. Returns it, or -1 with err. */
+static int measure_turn(seq *warm, seq *cold, store *cs, size_t budget, const conversation *c, long repeat,
+                        float *logits, turn_result *t, char *err, size_t errlen) {
+    t->warm = t->tail = 1e30;
+    snapshot *wstart = state_snapshot(&warm->st, 1), *cstart = NULL;
+    int first = wstart ? warm_once(warm, cs, c, logits, &t->reused, t, err, errlen) : errf(err, errlen, "out of memory");
+    state_reset(&cold->st);
+    double t0 = now_seconds();
+    if (first >= 0 && t->reused && seq_feed(cold, c->ids, t->reused, NULL, err, errlen)) first = -1;
     double prefix = now_seconds() - t0;
-    snapshot *start = state_snapshot(&sq->st, 1);
-    if (!start) return errf(err, errlen, "out of memory snapshotting the cold prefix");
-    int first = -1;
-    t->tail = 1e30;
-    for (long i = 0; i < repeat; i++) {
-        if (state_restore(&sq->st, start) != STATE_OK) { first = errf(err, errlen, "cannot restore the cold prefix"); break; }
-        double t1 = now_seconds();
-        if (seq_feed(sq, c->ids + reused, c->n - reused, logits, err, errlen)) { first = -1; break; }
-        first = argmax(logits, sq->m->vocab_size);
-        t->tail = MIN(t->tail, now_seconds() - t1);
+    if (first >= 0 && !(cstart = state_snapshot(&cold->st, 1))) first = errf(err, errlen, "out of memory");
+    for (long i = 0; first >= 0 && i < repeat; i++) {
+        int f = state_restore(&cold->st, cstart) == STATE_OK ? tail_once(cold, c, t->reused, logits, t, err, errlen) : -1;
+        t->exact = f == first;
+        if (f < 0 || i + 1 == repeat) break;
+        store *scratch = cs ? store_new(budget) : NULL;
+        int reused = -1;
+        f = state_restore(&warm->st, wstart) == STATE_OK ? warm_once(warm, scratch, c, logits, &reused, t, err, errlen) : -1;
+        store_free(scratch);
+        if (f < 0) first = -1;
+        else if (f != first || reused != t->reused) first = errf(err, errlen, "a repeated warm turn took another path");
     }
-    snapshot_free(start);
     t->cold = prefix + t->tail;
+    snapshot_free(wstart);
+    snapshot_free(cstart);
     return first;
 }
 
@@ -210,11 +207,8 @@ static int run_turns(model *m, const reuse_opts *o, turn_result *res, char *err,
         push(&c, c.assistant);
         turn_result *t = &res[k];
         t->prompt_tokens = c.n;
-        int w = warm_turn(warm, cs, (size_t)o->ckpt_mb << 20, &c, o->repeat, logits, t, err, errlen);
-        int r = w < 0 ? -1 : cold_turn(cold, &c, t->reused, o->repeat, logits, t, err, errlen);
-        if (w < 0 || r < 0) { rc = -1; break; }
-        t->exact = w == r;
-        rc = reply(warm, &c, w, o->reply, logits, err, errlen);
+        int w = measure_turn(warm, cold, cs, (size_t)o->ckpt_mb << 20, &c, o->repeat, logits, t, err, errlen);
+        rc = w < 0 ? -1 : reply(warm, &c, w, o->reply, logits, err, errlen);
     }
     free(logits);
     store_free(cs);

@@ -7,6 +7,7 @@ reuse is asserted by its exact DONE count, so an optimisation that silently neve
 import json
 import os
 import random
+import subprocess
 
 import pytest
 
@@ -183,6 +184,9 @@ def test_every_error_code(spawn):
     e.send(b"SUBMIT bs 5 2 1 0 1\nhi\n")            # slot out of range
     f, _ = e.pump()
     assert f[:3] == ["ERROR", "bs", "BAD_REQUEST"]
+    e.send(b"SUBMIT gr 0 2 1 0 1 4\nhiroot\n")     # a grammar payload this engine cannot honour
+    f, _ = e.pump()
+    assert f[:3] == ["ERROR", "gr", "BAD_REQUEST"]
     e.send(b"SUBMIT em 0 0 1 0 1\n\n")
     f, _ = e.pump()
     assert f == ["ERROR", "em", "EMPTY_PROMPT"]
@@ -325,3 +329,18 @@ def test_kv_dir_resumes_and_refuses_bad_files(spawn, cairn, tiny_dsv4, tmp_path)
     assert t3.reuse == 0 and t3.ids == t2.ids
     assert c.close() == 0
     assert "ignoring" in c.read_stderr() and "checksum" in c.read_stderr()
+
+
+def test_bench_reuse_json(cairn, tiny_dsv4):
+    """`cairn bench reuse` drives the same reuse path: every turn from the second reuses the previous
+    prompt and the fed reply, and every warm first token equals the cold one (ratios are only shape-checked:
+    timings on a shared machine are not asserted)."""
+    r = subprocess.run([cairn, "bench", "reuse", "-m", tiny_dsv4, "--turns", "4", "--system", "10", "--user", "6",
+                        "--reply", "5", "--repeat", "1", "--json"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    turns = json.loads(r.stdout)["turns"]
+    assert len(turns) == 4 and turns[0]["reused"] == 0
+    for prev, cur in zip(turns, turns[1:]):
+        assert cur["reused"] == prev["prompt_tokens"] + 5 - 1
+        assert cur["prompt_tokens"] == prev["prompt_tokens"] + 5 + 6 + 2
+    assert all(t["exact"] and t["warm_over_cold"] > 0 and t["warm_over_tail"] > 0 for t in turns)

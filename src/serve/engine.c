@@ -11,6 +11,7 @@
  * slot only (its next request resets); other slots are never touched.
  */
 #include <errno.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -138,6 +139,8 @@ static void emit_token(engine *e, request *r, int t) {
  * generation continues (so the record never claims a token the state does not hold). */
 static void sample_next(engine *e, request *r) {
     int t = sampler_pick(&r->smp, e->logits);
+    /* the sampler skips non-finite logits; a chosen one means they all were: the state is suspect */
+    if (!isfinite(e->logits[t])) return fail(e, r, "ENGINE_ERROR", "the model produced non-finite logits");
     if (r->generated == 0) r->t_first = now_seconds();
     if (model_is_eos(e->m, t)) return finish(e, r, 0);
     emit_token(e, r, t);
@@ -261,6 +264,7 @@ static void on_submit(engine *e, const wire_frame *f) {
         e->image_id[0] = 0;
         return put_error(f->id, "BAD_REQUEST", "this model takes no images");
     }
+    if (f->ext_len) return put_error(f->id, "BAD_REQUEST", "extension payloads (grammar, audio) are not supported");
     if (f->payload_len == 0) return put_error(f->id, "EMPTY_PROMPT", NULL);
     request *r = xcalloc(1, sizeof *r);
     snprintf(r->id, sizeof r->id, "%s", f->id);

@@ -22,6 +22,8 @@ typedef struct {
     sse_sent sent;
     double last_write;
     int role_sent;
+    int lp_sent;                  /* scored tokens whose logprobs were sent */
+    size_t lp_offset;             /* completions: text offset of the next one */
 } oa_call;
 
 /* ---- request validation -------------------------------------------------------------------- */
@@ -244,8 +246,6 @@ static int parse_chat(serve_ctx *sc, const cJSON *body, oa_call *k, http_err *e)
     if (param_int(body, "top_logprobs", 0, 20, &top, NULL, e)) return -1;
     if (top && !logprobs)
         return http_err_set(e, 400, "invalid_request_error", "invalid_value", "top_logprobs", "'top_logprobs' needs 'logprobs': true");
-    if (logprobs && k->stream)
-        return http_err_set(e, 400, "invalid_request_error", "invalid_value", "logprobs", "logprobs are not supported with stream");
     k->rq.logprobs = logprobs;
     k->rq.top_logprobs = (int)top;
     const cJSON *tools = cJSON_GetObjectItemCaseSensitive(body, "tools");
@@ -309,8 +309,6 @@ static int parse_completion(serve_ctx *sc, const cJSON *body, oa_call *k, http_e
     int has_lp = 0;
     if (param_int(body, "best_of", 1, 1, &best_of, NULL, e)) return -1;
     if (param_int(body, "logprobs", 0, ENG_TOPK_MAX, &lp, &has_lp, e)) return -1;
-    if (has_lp && k->stream)
-        return http_err_set(e, 400, "invalid_request_error", "invalid_value", "logprobs", "logprobs are not supported with stream");
     k->rq.logprobs = has_lp;
     k->rq.top_logprobs = (int)lp;
     k->top_n = (int)lp;
@@ -338,14 +336,13 @@ typedef struct {
     size_t off, len;
 } scored_token;
 
-/* The scored tokens of the reply (after a stop string, only those up to the cut). Heap array. */
+/* The scored tokens of the reply so far (after a stop string, only those up to the cut). Heap array. */
 static int scored_tokens(const turn *t, scored_token **out) {
-    const gen *g = t->g;
-    scored_token *v = xcalloc((size_t)g->ntoks + 1, sizeof *v);
+    scored_token *v = xcalloc((size_t)t->ntoks + 1, sizeof *v);
     int n = 0;
     size_t cum = 0;
-    for (int i = 0; i < g->ntoks && (!t->out.stopped || cum < t->out.len); i++) {
-        const eng_token *k = &g->toks[i];
+    for (int i = 0; i < t->ntoks && (!t->out.stopped || cum < t->out.len); i++) {
+        const eng_token *k = &t->toks[i];
         if (k->has_lp || n == 0) v[n++] = (scored_token){k, k->off, k->len};
         else v[n - 1].len += k->len;
         cum += k->len;
@@ -355,7 +352,7 @@ static int scored_tokens(const turn *t, scored_token **out) {
 }
 
 static char *token_string(const turn *t, const scored_token *st) {
-    return utf8_clean(t->g->data + st->off, st->len, NULL);
+    return utf8_clean(t->raw.p + st->off, st->len, NULL);
 }
 
 static int by_logprob_desc(const void *a, const void *b) {
@@ -376,11 +373,10 @@ static cJSON *bytes_json(const char *s) {
     return a;
 }
 
-static cJSON *chat_logprobs(const turn *t) {
+/* Chat logprobs {content:[...]} of scored tokens [from, to). */
+static cJSON *chat_logprobs(const turn *t, const scored_token *toks, int from, int to) {
     cJSON *lp = cJSON_CreateObject(), *content = cJSON_AddArrayToObject(lp, "content");
-    scored_token *toks;
-    int n = scored_tokens(t, &toks);
-    for (int i = 0; i < n; i++) {
+    for (int i = from; i < to; i++) {
         const eng_token *k = toks[i].k;
         cJSON *e = cJSON_CreateObject();
         char *s = token_string(t, &toks[i]);
@@ -402,24 +398,23 @@ static cJSON *chat_logprobs(const turn *t) {
         }
         cJSON_AddItemToArray(content, e);
     }
-    free(toks);
     return lp;
 }
 
-static cJSON *completion_logprobs(const turn *t, int top_n) {
+/* Completions logprobs {tokens, token_logprobs, top_logprobs, text_offset} of scored tokens
+ * [from, to); *offset is the text offset of token `from` and is advanced past `to`. */
+static cJSON *completion_logprobs(const turn *t, const scored_token *toks, int from, int to, int top_n,
+                                  size_t *offset) {
     cJSON *lp = cJSON_CreateObject();
     cJSON *tokens = cJSON_AddArrayToObject(lp, "tokens"), *lps = cJSON_AddArrayToObject(lp, "token_logprobs");
     cJSON *tops = cJSON_AddArrayToObject(lp, "top_logprobs"), *offs = cJSON_AddArrayToObject(lp, "text_offset");
-    scored_token *toks;
-    int n = scored_tokens(t, &toks);
-    size_t off = 0;
-    for (int i = 0; i < n; i++) {
+    for (int i = from; i < to; i++) {
         const eng_token *k = toks[i].k;
         char *s = token_string(t, &toks[i]);
         cJSON_AddItemToArray(tokens, cJSON_CreateString(s));
         cJSON_AddItemToArray(lps, cJSON_CreateNumber(k->has_lp ? k->lp : 0));
-        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off));
-        off += strlen(s);
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)*offset));
+        *offset += strlen(s);
         free(s);
         cJSON *top = cJSON_CreateObject();
         float pairs[ENG_TOPK_MAX][2];
@@ -430,6 +425,23 @@ static cJSON *completion_logprobs(const turn *t, int top_n) {
             free(a);
         }
         cJSON_AddItemToArray(tops, top);
+    }
+    return lp;
+}
+
+/* The logprobs of the scored tokens not sent yet, in the endpoint's shape; NULL when none are
+ * asked for or none are new. keep_last holds the last one back: while generating, frames that
+ * come later may still add bytes to it. */
+static cJSON *logprobs_since(oa_call *k, int keep_last) {
+    if (!k->rq.logprobs) return NULL;
+    scored_token *toks;
+    int n = scored_tokens(&k->t, &toks);
+    int upto = keep_last ? n - 1 : n;
+    cJSON *lp = NULL;
+    if (upto > k->lp_sent || (upto == 0 && !k->stream)) {
+        lp = k->chat ? chat_logprobs(&k->t, toks, k->lp_sent, upto)
+                     : completion_logprobs(&k->t, toks, k->lp_sent, upto, k->top_n, &k->lp_offset);
+        k->lp_sent = upto;
     }
     free(toks);
     return lp;
@@ -457,7 +469,8 @@ static cJSON *chat_response(oa_call *k) {
     else cJSON_AddStringToObject(msg, "content", cr.content ? cr.content : "");
     if (cr.reasoning && *cr.reasoning) cJSON_AddStringToObject(msg, "reasoning_content", cr.reasoning);
     if (ncalls) cJSON_AddItemToObject(msg, "tool_calls", cJSON_Duplicate(cr.tool_calls, 1));
-    if (k->rq.logprobs) cJSON_AddItemToObject(ch, "logprobs", chat_logprobs(&k->t));
+    cJSON *lp = logprobs_since(k, 0);
+    if (lp) cJSON_AddItemToObject(ch, "logprobs", lp);
     else cJSON_AddNullToObject(ch, "logprobs");
     cJSON_AddStringToObject(ch, "finish_reason", turn_finish_reason(&k->t, ncalls > 0));
     cJSON_AddItemToArray(choices, ch);
@@ -470,7 +483,8 @@ static cJSON *completion_response(oa_call *k) {
     cJSON *r = envelope(k), *choices = cJSON_AddArrayToObject(r, "choices"), *ch = cJSON_CreateObject();
     cJSON_AddNumberToObject(ch, "index", 0);
     cJSON_AddStringToObject(ch, "text", k->t.out.text);
-    if (k->rq.logprobs) cJSON_AddItemToObject(ch, "logprobs", completion_logprobs(&k->t, k->top_n));
+    cJSON *lp = logprobs_since(k, 0);
+    if (lp) cJSON_AddItemToObject(ch, "logprobs", lp);
     else cJSON_AddNullToObject(ch, "logprobs");
     cJSON_AddStringToObject(ch, "finish_reason", turn_finish_reason(&k->t, 0));
     cJSON_AddItemToArray(choices, ch);
@@ -492,6 +506,16 @@ static cJSON *chunk(const oa_call *k, cJSON *delta, const char *text, const char
     cJSON_AddItemToArray(choices, ch);
     if (k->include_usage) cJSON_AddNullToObject(r, "usage");
     return r;
+}
+
+/* A chunk carrying only the logprobs of tokens generated since the last one. */
+static void emit_logprobs(oa_call *k, sbuf *out, int final) {
+    cJSON *lp = logprobs_since(k, !final);
+    if (!lp) return;
+    cJSON *c = chunk(k, NULL, NULL, NULL);
+    cJSON_ReplaceItemInObjectCaseSensitive(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(c, "choices"), 0),
+                                           "logprobs", lp);
+    sse_data(out, c);
 }
 
 static void emit_text(oa_call *k, sbuf *out, const char *reasoning, const char *content) {
@@ -566,6 +590,7 @@ static int stream_pump(void *ctx, sbuf *out) {
     chat_reply cr;
     sse_deltas(&k->t, &k->sent, &reasoning, &content, &cr);
     emit_text(k, out, reasoning, content);
+    emit_logprobs(k, out, r == TURN_DONE);
     if (*reasoning || *content) k->last_write = now_seconds();
     free(reasoning);
     free(content);

@@ -124,12 +124,25 @@ int turn_begin(turn *t, serve_ctx *sc, turn_req *rq, struct MHD_Connection *conn
     return 0;
 }
 
+/* Keep a frame's logprobs and bytes for the logprob tables. */
+static void keep_token(turn *t, const eng_token *k, const char *bytes) {
+    if (t->ntoks == t->toks_cap) {
+        t->toks_cap = t->toks_cap ? 2 * t->toks_cap : 64;
+        t->toks = xrealloc(t->toks, sizeof *t->toks * (size_t)t->toks_cap);
+    }
+    eng_token *c = &t->toks[t->ntoks++];
+    *c = *k;
+    c->off = t->raw.len;
+    sbuf_put(&t->raw, bytes, k->len);
+}
+
 /* Move new DATA frames into the reply. Called with g->mu held. */
 static int absorb(turn *t) {
     gen *g = t->g;
     int grew = t->ntoks_seen < g->ntoks;
     for (; t->ntoks_seen < g->ntoks; t->ntoks_seen++) {
         eng_token *k = &g->toks[t->ntoks_seen];
+        if (t->rq->logprobs) keep_token(t, k, g->data + k->off);
         if (reply_feed(&t->out, g->data + k->off, k->len)) {
             pthread_mutex_unlock(&g->mu);
             eng_stop_gen(t->sc->engine, g);
@@ -199,6 +212,9 @@ void turn_end(turn *t) {
         t->g = NULL;
     }
     reply_free(&t->out);
+    free(t->toks);
+    t->toks = NULL;
+    sbuf_free(&t->raw);
 }
 
 void turn_error(const turn *t, http_err *e) {

@@ -68,6 +68,9 @@ typedef struct {
     struct MHD_Connection *conn;  /* for noticing a client that left */
     reply out;
     int ntoks_seen;               /* DATA frames already fed into out */
+    eng_token *toks;              /* with logprobs: a copy of those frames, offsets into raw, */
+    int ntoks, toks_cap;          /* owned by the turn so a stream can read them without locks */
+    sbuf raw;
     double t0, t_first;
     int status;                   /* gen_status once finished, else -1 */
     int prompt_tokens, completion_tokens, reused, length_limited;

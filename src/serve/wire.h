@@ -30,8 +30,7 @@ enum {
     WIRE_LOGPROBS_MAX = 32,
     WIRE_PROMPT_MAX = 16 << 20,   /* prompt payload bytes */
     WIRE_EXT_BYTES_MAX = 1 << 20, /* extension payload bytes (grammar, audio) */
-    WIRE_IMAGE_MAX = 64 << 20,    /* IMAGE payload bytes */
-    WIRE_DATA_MAX = 65536         /* bytes in one DATA frame */
+    WIRE_IMAGE_MAX = 64 << 20     /* IMAGE payload bytes */
 };
 
 typedef enum { WIRE_NONE, WIRE_IGNORED, WIRE_SUBMIT, WIRE_STOP, WIRE_CANCEL, WIRE_IMAGE, WIRE_ERROR } wire_kind;

@@ -72,5 +72,21 @@ test('streamed completion equals the non-streamed one and ends with usage', asyn
   }
   assert.equal(text, plain.choices[0].text);
   assert.equal(usage.completion_tokens, plain.usage.completion_tokens);
+
+  const withLp = await c.completions.create({ ...params, logprobs: 2 });
+  const lpStream = await c.completions.create({ ...params, logprobs: 2, stream: true });
+  const tokens = [];
+  const lps = [];
+  const offsets = [];
+  for await (const chunk of lpStream) {
+    for (const ch of chunk.choices) {
+      tokens.push(...(ch.logprobs?.tokens ?? []));
+      lps.push(...(ch.logprobs?.token_logprobs ?? []));
+      offsets.push(...(ch.logprobs?.text_offset ?? []));
+    }
+  }
+  assert.deepEqual(tokens, withLp.choices[0].logprobs.tokens);
+  assert.deepEqual(lps, withLp.choices[0].logprobs.token_logprobs);
+  assert.deepEqual(offsets, withLp.choices[0].logprobs.text_offset);
   assert.equal(typeof usage.prompt_tokens_details.cached_tokens, 'number');
 });

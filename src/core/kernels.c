@@ -25,7 +25,7 @@ float kernel_fp8_lut[256];
 float kernel_fp8_scale_lut[256];
 float kernel_fp4_scale_lut[256];
 
-const float kernel_fp4_lut[16] = {0, 1, 2, 3, 4, 6, 8, 12, -0.0f, -1, -2, -3, -4, -6, -8, -12};
+const float kernel_fp4_lut[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
 __attribute__((constructor)) static void kernel_luts_init(void) {
     for (int b = 0; b < 256; b++) {
@@ -108,7 +108,7 @@ float kernel_weight(const qmat *w, int r, int c) {
     case WF_FP8: return kernel_fp8_lut[((const uint8_t *)w->data)[(size_t)r * cols + c]];
     case WF_FP4: {
         uint8_t byte = ((const uint8_t *)w->data)[(size_t)r * kernel_fp4_row_bytes(w) + (size_t)c / 2];
-        return kernel_fp4_lut[c & 1 ? byte >> 4 : byte & 15] * kernel_fp4_scale(w, r, c);
+        return kernel_fp4_lut[c & 1 ? byte >> 4 : byte & 15];
     }
     }
     return 0.0f;
@@ -118,25 +118,33 @@ static void weight_row(const qmat *w, int r, float *out) {
     for (int c = 0; c < w->cols; c++) out[c] = kernel_weight(w, r, c);
 }
 
-/* The scaled FP8 input of rule 1 for the scale block of row r: n rows of x, each column times
- * its block's scale * 2^8. Kept per thread for the current call (`call` numbers every
- * qmat_mul_rows), since a thread's contiguous rows mostly share one block. */
-static const float *fp8_scaled_x(const qmat *w, int r, const float *x, int n, unsigned long long call) {
+/* The input rows a path reads for rows from r on: x itself, FP8's scaled input of rule 1 for the
+ * scale block of r (each column times its block's scale * 2^8), or FP4's permuted input.
+ * Kept per thread for the current call (`call` numbers every qmat_mul_rows), since a thread's
+ * contiguous rows mostly share one FP8 block and every FP4 row shares one input order. */
+static const float *prepared_x(const kernel_path *path, const qmat *w, int r, const float *x, int n,
+                               unsigned long long call) {
     static _Thread_local float *buf;
     static _Thread_local size_t cap;
     static _Thread_local unsigned long long cached_call;
     static _Thread_local int cached_block = -1;
+    int fp8 = w->fmt == WF_FP8, block = fp8 ? r / 128 : 0;
+    if (!fp8 && !(w->fmt == WF_FP4 && path->fp4_permuted)) return x;
     size_t len = (size_t)n * (size_t)w->cols;
-    if (cached_call == call && cached_block == r / 128) return buf;
+    if (cached_call == call && cached_block == block) return buf;
     if (len > cap) {
         free(buf);
         cap = len;
         buf = scratch_alloc(sizeof(float) * cap);
     }
-    const uint8_t *srow = w->scale + (size_t)(r / 128) * kernel_scale_row_len(w);
+    const uint8_t *srow = fp8 ? kernel_scale_row(w, r) : NULL;
     for (int j = 0; j < n; j++) {
         const float *xr = x + (size_t)j * w->cols;
         float *out = buf + (size_t)j * w->cols;
+        if (!fp8) {
+            kernel_fp4_permute_x(xr, w->cols, out);
+            continue;
+        }
         for (int c0 = 0; c0 < w->cols; c0 += 128) {
             float scale = kernel_fp8_scale_lut[srow[c0 / 128]];
             int c1 = MIN(c0 + 128, w->cols);
@@ -144,8 +152,33 @@ static const float *fp8_scaled_x(const qmat *w, int r, const float *x, int n, un
         }
     }
     cached_call = call;
-    cached_block = r / 128;
+    cached_block = block;
     return buf;
+}
+
+void kernel_fp4_permute_x(const float *x, int cols, float *out) {
+    int full = cols / 64 * 64;
+    for (int c0 = 0; c0 < full; c0 += 64)
+        for (int v = 0; v < 8; v++)
+            for (int h = 0; h < 2; h++)
+                for (int j = 0; j < 4; j++) out[c0 + 8 * v + 4 * h + j] = x[c0 + 32 * h + 16 * (v / 4) + 4 * j + v % 4];
+    for (int c = full; c < cols; c++) out[c] = x[c];
+}
+
+void kernel_fp4_blocks(const qmat *w, int r, int b0, const float *x, float acc[16]) {
+    const uint8_t *srow = kernel_scale_row(w, r);
+    int blocks = (int)kernel_scale_row_len(w);
+    for (int b = b0; b < blocks; b++) {
+        float scale = kernel_fp4_scale_lut[srow[b]];
+        for (int g = 0; g < 8; g++) {
+            int c = 32 * b + 4 * g;
+            float p = kernel_weight(w, r, c) * (c < w->cols ? x[c] : 0.0f);
+            for (int t = 1; t < 4; t++)
+                p = fmaf(kernel_weight(w, r, c + t), c + t < w->cols ? x[c + t] : 0.0f, p);
+            int lane = 8 * (g / 4) + 4 * (b % 2) + g % 4;
+            acc[lane] = fmaf(p, scale, acc[lane]);
+        }
+    }
 }
 
 /* The canonical order over weight and input factors: 16 lanes by column, zero-padded to 16. */
@@ -159,24 +192,28 @@ static float dot_canonical(const float *wrow, const float *x, int cols) {
     return kernel_tree16(acc);
 }
 
-static void scalar_rows_vec(const qmat *w, int r0, int r1, const float *x, float *y) {
-    float *wrow = kernel_scratch((size_t)w->cols);
-    for (int r = r0; r < r1; r++) {
-        weight_row(w, r, wrow);
-        y[r - r0] = dot_canonical(wrow, x, w->cols);
-    }
+static float fp4_dot(const qmat *w, int r, const float *x) {
+    float acc[16] = {0};
+    kernel_fp4_blocks(w, r, 0, x, acc);
+    return kernel_tree16(acc);
 }
 
 static void scalar_rows_mul(const qmat *w, int r0, int r1, const float *x, int n, float *y, int ldy) {
     float *wrow = kernel_scratch((size_t)w->cols);
     for (int r = r0; r < r1; r++) {
-        weight_row(w, r, wrow);
-        for (int j = 0; j < n; j++)
-            y[(size_t)j * ldy + (r - r0)] = dot_canonical(wrow, x + (size_t)j * w->cols, w->cols);
+        if (w->fmt != WF_FP4) weight_row(w, r, wrow);
+        for (int j = 0; j < n; j++) {
+            const float *xj = x + (size_t)j * w->cols;
+            y[(size_t)j * ldy + (r - r0)] = w->fmt == WF_FP4 ? fp4_dot(w, r, xj) : dot_canonical(wrow, xj, w->cols);
+        }
     }
 }
 
-const kernel_path kernel_path_scalar = {"scalar", scalar_rows_vec, scalar_rows_mul};
+static void scalar_rows_vec(const qmat *w, int r0, int r1, const float *x, float *y) {
+    scalar_rows_mul(w, r0, r1, x, 1, y, r1 - r0);
+}
+
+const kernel_path kernel_path_scalar = {"scalar", scalar_rows_vec, scalar_rows_mul, 0};
 
 static int force_scalar;
 
@@ -210,11 +247,8 @@ static void job_rows(const mul_job *job, int lo, int hi) {
     int ldy = job->r1 - job->r0;
     while (lo < hi) {
         int end = hi;
-        const float *x = job->x;
-        if (w->fmt == WF_FP8) {
-            end = MIN(hi, (lo / 128 + 1) * 128);
-            x = fp8_scaled_x(w, lo, job->x, job->n, job->call);
-        }
+        if (w->fmt == WF_FP8) end = MIN(hi, (lo / 128 + 1) * 128);
+        const float *x = prepared_x(job->path, w, lo, job->x, job->n, job->call);
         float *y = job->y + (lo - job->r0);
         if (job->n == 1) job->path->rows_vec(w, lo, end, x, y);
         else job->path->rows_mul(w, lo, end, x, job->n, y, ldy);
@@ -246,9 +280,12 @@ void qmat_mul(const qmat *w, const float *x, int n, float *y) { qmat_mul_rows(w,
 
 void qmat_vec(const qmat *w, const float *x, float *y) { qmat_mul_rows(w, 0, w->rows, x, 1, y); }
 
-/* Exact dequantization (quant.h semantics); for FP8 the block scale rule 1 puts on the input. */
+/* Exact dequantization (quant.h semantics): the weight factors times the block scale that rule 1
+ * (FP8) or rule 4 (FP4) applies elsewhere. */
 void qmat_row(const qmat *w, int r, float *out) {
     weight_row(w, r, out);
     if (w->fmt == WF_FP8)
         for (int c = 0; c < w->cols; c++) out[c] *= kernel_fp8_scale(w, r, c);
+    if (w->fmt == WF_FP4)
+        for (int c = 0; c < w->cols; c++) out[c] *= kernel_fp4_scale(w, r, c);
 }

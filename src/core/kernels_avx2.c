@@ -5,7 +5,9 @@
  * four rows at once (eight independent chains), decoding each weight in registers just before
  * its FMA. Batched calls decode a few rows into an f32 buffer once, then run a 3x3 register
  * tile (3 weight rows x 3 input rows) over it, one lane half at a time, which uses 15 of the 16
- * ymm registers and loads 6 vectors per 9 FMAs (see avx2_rows_mul for the cache blocking). */
+ * ymm registers and loads 6 vectors per 9 FMAs (see avx2_rows_mul for the cache blocking).
+ * FP4 follows its own rule 4: 64 columns (two scale blocks) decode with byte shuffles into eight
+ * vectors laid out as kernel_fp4_permute_x orders the input, so no shuffles touch x or acc. */
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 
 #include <immintrin.h>
@@ -16,6 +18,9 @@
 
 #define INLINE static inline __attribute__((always_inline))
 #define VEC_ROWS 4
+#ifndef PF_ROWS
+#define PF_ROWS 4
+#endif
 
 /* Lane mask for columns [c, c + 8) that are < cols. */
 INLINE __m256i tail_mask(int c, int cols) {
@@ -32,28 +37,51 @@ INLINE void dec16_fp8(const uint8_t *p, __m256 v[2]) {
     v[1] = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
 }
 
-/* 16 bytes = 32 E2M1 codes, low nibble first. For each 8 columns, their 4 bytes are broadcast
- * and shifted so lane j holds code j in its low bits; a permute picks the magnitude (it reads
- * bits 0..2) from `table`, and XOR with the code shifted to bits 28..31 sets the sign (bit 3 ->
- * bit 31). The table entries are stored with their own index pre-XORed into bits 28..30, so
- * that XOR restores them exactly (see fp4_table). */
-INLINE void dec32_fp4(const uint8_t *p, __m256 table, __m256 v[4]) {
-    const __m256i to_low = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
-    #pragma GCC unroll 4
-    for (int k = 0; k < 4; k++) {
-        int32_t word;
-        memcpy(&word, p + 4 * k, 4);
-        __m256i codes = _mm256_srlv_epi32(_mm256_set1_epi32(word), to_low);
-        __m256 mag = _mm256_permutevar8x32_ps(table, codes);
-        v[k] = _mm256_xor_ps(mag, _mm256_castsi256_ps(_mm256_slli_epi32(codes, 28)));
+/* 32 bytes = 64 E2M1 codes = scale blocks b (128-bit half 0) and b + 1 (half 1). Each nibble
+ * indexes two 16-byte tables, the low and the high byte of bf16(kernel_fp4_lut[code]) (exact:
+ * small integers); interleaving the two lookups makes bf16 words, in which byte k of a half
+ * (columns 2k, 2k + 1) gives word k of the even-column and of the odd-column vector. A dword's
+ * low word becomes f32 by a shift, its high word by a mask. Result v[t] (t < 4), half h, lane
+ * j is column 4j + t of block b + h, and v[4 + t] is column 16 + 4j + t: rule 4's lanes. */
+INLINE void dec64_fp4(const uint8_t *p, __m256 v[8]) {
+    const __m256i lo_bytes = _mm256_setr_epi8(0, -128, 0, 0x40, -128, -64, 0, 0x40, 0, -128, 0, 0x40, -128, -64, 0, 0x40,
+                                              0, -128, 0, 0x40, -128, -64, 0, 0x40, 0, -128, 0, 0x40, -128, -64, 0, 0x40);
+    const __m256i hi_bytes = _mm256_setr_epi8(0, 0x3f, 0x40, 0x40, 0x40, 0x40, 0x41, 0x41, 0, -65, -64, -64, -64, -64,
+                                              -63, -63, 0, 0x3f, 0x40, 0x40, 0x40, 0x40, 0x41, 0x41, 0, -65, -64, -64,
+                                              -64, -64, -63, -63);
+    const __m256i nibble = _mm256_set1_epi8(0x0f), high_word = _mm256_set1_epi32((int)0xffff0000u);
+    __m256i b = _mm256_loadu_si256((const __m256i *)p);
+    __m256i even = _mm256_and_si256(b, nibble), odd = _mm256_and_si256(_mm256_srli_epi16(b, 4), nibble);
+    __m256i even_lo = _mm256_shuffle_epi8(lo_bytes, even), even_hi = _mm256_shuffle_epi8(hi_bytes, even);
+    __m256i odd_lo = _mm256_shuffle_epi8(lo_bytes, odd), odd_hi = _mm256_shuffle_epi8(hi_bytes, odd);
+    __m256i words[4] = {_mm256_unpacklo_epi8(even_lo, even_hi), _mm256_unpacklo_epi8(odd_lo, odd_hi),
+                        _mm256_unpackhi_epi8(even_lo, even_hi), _mm256_unpackhi_epi8(odd_lo, odd_hi)};
+    #pragma GCC unroll 2
+    for (int k = 0; k < 2; k++) {
+        __m256i e = words[2 * k], o = words[2 * k + 1];
+        v[4 * k + 0] = _mm256_castsi256_ps(_mm256_slli_epi32(e, 16));
+        v[4 * k + 1] = _mm256_castsi256_ps(_mm256_slli_epi32(o, 16));
+        v[4 * k + 2] = _mm256_castsi256_ps(_mm256_and_si256(e, high_word));
+        v[4 * k + 3] = _mm256_castsi256_ps(_mm256_and_si256(o, high_word));
     }
 }
 
-/* The 8 E2M1 magnitudes times the block's scale factor, entry m XORed with m << 28. */
-INLINE __m256 fp4_table(float scale) {
-    __m256 mags = _mm256_mul_ps(_mm256_loadu_ps(kernel_fp4_lut), _mm256_set1_ps(scale));
-    return _mm256_xor_ps(mags, _mm256_castsi256_ps(_mm256_setr_epi32(0, 1 << 28, 2 << 28, 3 << 28, 4 << 28, 5 << 28,
-                                                                      6 << 28, 7 << 28)));
+/* Rule 4's scale factors for blocks b (half 0) and b + 1 (half 1). */
+INLINE __m256 fp4_scales(const uint8_t *srow, int b) {
+    return _mm256_setr_m128(_mm_set1_ps(kernel_fp4_scale_lut[srow[b]]), _mm_set1_ps(kernel_fp4_scale_lut[srow[b + 1]]));
+}
+
+/* One 64-column chunk of rule 4: each lane's 4-term partial, then acc = fma(p, scale, acc).
+ * x is in kernel_fp4_permute_x order. */
+INLINE void fp4_chunk(const __m256 v[8], const float *x, __m256 scale, __m256 acc[2]) {
+    __m256 p0 = _mm256_mul_ps(v[0], _mm256_loadu_ps(x)), p1 = _mm256_mul_ps(v[4], _mm256_loadu_ps(x + 32));
+    #pragma GCC unroll 3
+    for (int t = 1; t < 4; t++) {
+        p0 = _mm256_fmadd_ps(v[t], _mm256_loadu_ps(x + 8 * t), p0);
+        p1 = _mm256_fmadd_ps(v[4 + t], _mm256_loadu_ps(x + 32 + 8 * t), p1);
+    }
+    acc[0] = _mm256_fmadd_ps(p0, scale, acc[0]);
+    acc[1] = _mm256_fmadd_ps(p1, scale, acc[1]);
 }
 
 INLINE void dec16_bf16(const uint16_t *p, __m256 v[2]) {
@@ -62,19 +90,15 @@ INLINE void dec16_bf16(const uint16_t *p, __m256 v[2]) {
     v[1] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(u, 1)), 16));
 }
 
-/* Columns per decode step: one 32-column scale block for FP4, one 16-column group otherwise. */
-INLINE int step_cols(wformat f) { return f == WF_FP4 ? 32 : 16; }
-
-/* Weight factors of columns [c, c + step_cols); `table` is FP4's fp4_table, else unused. */
-INLINE void decode_step(wformat f, const uint8_t *row, int c, __m256 table, __m256 v[4]) {
-    switch (f) {
-    case WF_F32:
+/* Weight factors of columns [c, c + 16) for F32, BF16 and FP8 (FP4 has its own functions). */
+INLINE void decode_step(wformat f, const uint8_t *row, int c, __m256 v[2]) {
+    if (f == WF_F32) {
         v[0] = _mm256_loadu_ps((const float *)row + c);
         v[1] = _mm256_loadu_ps((const float *)row + c + 8);
-        break;
-    case WF_BF16: dec16_bf16((const uint16_t *)row + c, v); break;
-    case WF_FP8: dec16_fp8(row + c, v); break;
-    case WF_FP4: dec32_fp4(row + c / 2, table, v); break;
+    } else if (f == WF_BF16) {
+        dec16_bf16((const uint16_t *)row + c, v);
+    } else {
+        dec16_fp8(row + c, v);
     }
 }
 
@@ -103,26 +127,21 @@ INLINE float tree16(__m256 lo, __m256 hi) {
     return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
 }
 
-/* y[i] = dot(row r + i, x) for i < NR, the rows interleaved column step by column step.
- * These are VEC_ROWS short streams (2 KiB per FP4 row of 4096 columns), too short for the
+/* y[i] = dot(row r + i, x) for i < NR, the rows interleaved 16 columns at a time.
+ * These are VEC_ROWS short streams (4 KiB per FP8 row of 4096 columns), too short for the
  * hardware prefetchers to ramp up, so each row prefetches the same offset of the row VEC_ROWS
  * further on: the rows this thread reads next. */
 INLINE void dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, float *y) {
-    const int S = step_cols(f), full = w->cols / S * S;
-    const size_t ahead = (size_t)(kernel_row_ptr(w, VEC_ROWS) - kernel_row_ptr(w, 0));
-    const uint8_t *row[VEC_ROWS], *srow[VEC_ROWS];
-    __m256 acc[VEC_ROWS][2], table[VEC_ROWS] = {_mm256_setzero_ps()};
+    const int full = w->cols / 16 * 16;
+    const size_t ahead = (size_t)(kernel_row_ptr(w, PF_ROWS) - kernel_row_ptr(w, 0));
+    const uint8_t *row[VEC_ROWS];
+    __m256 acc[VEC_ROWS][2];
     #pragma GCC unroll 4
     for (int i = 0; i < NR; i++) {
         row[i] = kernel_row_ptr(w, r + i);
-        srow[i] = kernel_scale_row(w, r + i);
         acc[i][0] = acc[i][1] = _mm256_setzero_ps();
     }
-    for (int c = 0; c < full; c += S) {
-        if (f == WF_FP4) {    /* a new scale block every step; FP8's scale is on the input */
-            #pragma GCC unroll 4
-            for (int i = 0; i < NR; i++) table[i] = fp4_table(kernel_fp4_scale_lut[srow[i][c / 32]]);
-        }
+    for (int c = 0; c < full; c += 16) {
         if (kernel_col_bytes(f, c) % 64 == 0) {
             #pragma GCC unroll 4
             for (int i = 0; i < NR; i++)
@@ -130,13 +149,10 @@ INLINE void dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, fl
         }
         #pragma GCC unroll 4
         for (int i = 0; i < NR; i++) {
-            __m256 v[4];
-            decode_step(f, row[i], c, table[i], v);
-            #pragma GCC unroll 4
-            for (int g = 0; g < S; g += 16) {
-                acc[i][0] = _mm256_fmadd_ps(v[g / 8], _mm256_loadu_ps(x + c + g), acc[i][0]);
-                acc[i][1] = _mm256_fmadd_ps(v[g / 8 + 1], _mm256_loadu_ps(x + c + g + 8), acc[i][1]);
-            }
+            __m256 v[2];
+            decode_step(f, row[i], c, v);
+            acc[i][0] = _mm256_fmadd_ps(v[0], _mm256_loadu_ps(x + c), acc[i][0]);
+            acc[i][1] = _mm256_fmadd_ps(v[1], _mm256_loadu_ps(x + c + 8), acc[i][1]);
         }
     }
     #pragma GCC unroll 4
@@ -146,16 +162,53 @@ INLINE void dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, fl
     }
 }
 
+/* Rule 4 for the blocks past the last full 64-column chunk, then the tree. */
+static float fp4_finish(const qmat *w, int r, int full, const float *x, const __m256 acc[2]) {
+    if (full == w->cols) return tree16(acc[0], acc[1]);
+    float a[16] __attribute__((aligned(32)));
+    _mm256_store_ps(a, acc[0]);
+    _mm256_store_ps(a + 8, acc[1]);
+    kernel_fp4_blocks(w, r, full / 32, x, a);
+    return kernel_tree16(a);
+}
+
+/* FP4 matvec (rule 4) of NR interleaved rows, x in kernel_fp4_permute_x order; prefetching as
+ * dot_rows does (2 KiB per row of 4096 columns). */
+INLINE void fp4_dot_rows(const qmat *w, int r, int NR, const float *x, float *y) {
+    const int full = w->cols / 64 * 64;
+    const size_t ahead = (size_t)(kernel_row_ptr(w, PF_ROWS) - kernel_row_ptr(w, 0));
+    const uint8_t *row[VEC_ROWS], *srow[VEC_ROWS];
+    __m256 acc[VEC_ROWS][2];
+    #pragma GCC unroll 4
+    for (int i = 0; i < NR; i++) {
+        row[i] = kernel_row_ptr(w, r + i);
+        srow[i] = kernel_scale_row(w, r + i);
+        acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    }
+    for (int c = 0; c < full; c += 64) {
+        if (c % 128 == 0) {
+            #pragma GCC unroll 4
+            for (int i = 0; i < NR; i++) _mm_prefetch((const char *)row[i] + c / 2 + ahead, _MM_HINT_T0);
+        }
+        #pragma GCC unroll 4
+        for (int i = 0; i < NR; i++) {
+            __m256 v[8];
+            dec64_fp4(row[i] + c / 2, v);
+            fp4_chunk(v, x + c, fp4_scales(srow[i], c / 32), acc[i]);
+        }
+    }
+    for (int i = 0; i < NR; i++) y[i] = fp4_finish(w, r + i, full, x, acc[i]);
+}
+
 /* Row r's weight factors (rule 1) into out, zero-padded to a multiple of 16. */
 INLINE void decode_row(const qmat *w, wformat f, int r, float *out) {
-    const int S = step_cols(f), full = w->cols / S * S;
-    const uint8_t *row = kernel_row_ptr(w, r), *srow = kernel_scale_row(w, r);
-    __m256 table = _mm256_setzero_ps(), v[4];
-    for (int c = 0; c < full; c += S) {
-        if (f == WF_FP4) table = fp4_table(kernel_fp4_scale_lut[srow[c / 32]]);
-        decode_step(f, row, c, table, v);
-        #pragma GCC unroll 4
-        for (int g = 0; g < S / 8; g++) _mm256_store_ps(out + c + 8 * g, v[g]);
+    const int full = w->cols / 16 * 16;
+    const uint8_t *row = kernel_row_ptr(w, r);
+    __m256 v[2];
+    for (int c = 0; c < full; c += 16) {
+        decode_step(f, row, c, v);
+        _mm256_store_ps(out + c, v[0]);
+        _mm256_store_ps(out + c + 8, v[1]);
     }
     if (full < w->cols) tail_groups(w, r, full, NULL, NULL, out);
 }
@@ -163,8 +216,60 @@ INLINE void decode_row(const qmat *w, wformat f, int r, float *out) {
 static void avx2_rows_vec(const qmat *w, int r0, int r1, const float *x, float *y) {
     int r = r0;
     for (; r + VEC_ROWS <= r1; r += VEC_ROWS)
-        KERNEL_FOR_EACH_FORMAT(w->fmt, dot_rows(w, F, r, VEC_ROWS, x, y + (r - r0)))
-    for (; r < r1; r++) KERNEL_FOR_EACH_FORMAT(w->fmt, dot_rows(w, F, r, 1, x, y + (r - r0)))
+        KERNEL_FOR_EACH_FORMAT(w->fmt, dot_rows(w, F, r, VEC_ROWS, x, y + (r - r0)),
+                               fp4_dot_rows(w, r, VEC_ROWS, x, y + (r - r0)))
+    for (; r < r1; r++)
+        KERNEL_FOR_EACH_FORMAT(w->fmt, dot_rows(w, F, r, 1, x, y + (r - r0)), fp4_dot_rows(w, r, 1, x, y + (r - r0)))
+}
+
+/* FP4 batched multiply: each weight row is decoded once into rule 4's vector order, then up to
+ * FP4_XROWS input rows at a time run over it, sharing each weight vector load. */
+#define FP4_XROWS 3
+
+INLINE void fp4_rows_x(const float *wb, const qmat *w, int r, const float *x, int NX, float *y, int ldy) {
+    const int cols = w->cols, full = cols / 64 * 64;
+    const uint8_t *srow = kernel_scale_row(w, r);
+    __m256 acc[FP4_XROWS][2];
+    #pragma GCC unroll 3
+    for (int j = 0; j < NX; j++) acc[j][0] = acc[j][1] = _mm256_setzero_ps();
+    for (int c = 0; c < full; c += 64) {
+        __m256 p[FP4_XROWS][2], scale = fp4_scales(srow, c / 32);
+        #pragma GCC unroll 4
+        for (int t = 0; t < 4; t++) {
+            __m256 w0 = _mm256_load_ps(wb + c + 8 * t), w1 = _mm256_load_ps(wb + c + 32 + 8 * t);
+            #pragma GCC unroll 3
+            for (int j = 0; j < NX; j++) {
+                const float *xj = x + (size_t)j * cols + c;
+                __m256 x0 = _mm256_loadu_ps(xj + 8 * t), x1 = _mm256_loadu_ps(xj + 32 + 8 * t);
+                p[j][0] = t ? _mm256_fmadd_ps(w0, x0, p[j][0]) : _mm256_mul_ps(w0, x0);
+                p[j][1] = t ? _mm256_fmadd_ps(w1, x1, p[j][1]) : _mm256_mul_ps(w1, x1);
+            }
+        }
+        #pragma GCC unroll 3
+        for (int j = 0; j < NX; j++) {
+            acc[j][0] = _mm256_fmadd_ps(p[j][0], scale, acc[j][0]);
+            acc[j][1] = _mm256_fmadd_ps(p[j][1], scale, acc[j][1]);
+        }
+    }
+    for (int j = 0; j < NX; j++) y[(size_t)j * ldy] = fp4_finish(w, r, full, x + (size_t)j * cols, acc[j]);
+}
+
+static void fp4_rows_mul(const qmat *w, int r0, int r1, const float *x, int n, float *y, int ldy) {
+    const int full = w->cols / 64 * 64;
+    float *wb = kernel_scratch((size_t)full);
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *row = kernel_row_ptr(w, r);
+        for (int c = 0; c < full; c += 64) {
+            __m256 v[8];
+            dec64_fp4(row + c / 2, v);
+            #pragma GCC unroll 8
+            for (int t = 0; t < 8; t++) _mm256_store_ps(wb + c + 8 * t, v[t]);
+        }
+        int j = 0;
+        for (; j + FP4_XROWS <= n; j += FP4_XROWS)
+            fp4_rows_x(wb, w, r, x + (size_t)j * w->cols, FP4_XROWS, y + (size_t)j * ldy + (r - r0), ldy);
+        for (; j < n; j++) fp4_rows_x(wb, w, r, x + (size_t)j * w->cols, 1, y + (size_t)j * ldy + (r - r0), ldy);
+    }
 }
 
 /* Batched multiply. Lane halves and column chunks keep the working set in L1: for each chunk of
@@ -236,7 +341,12 @@ static void avx2_rows_mul(const qmat *w, int r0, int r1, const float *x, int n, 
     const int cols = w->cols, ldw = (cols + 15) & ~15, nr = r1 - r0;
     float *wb = kernel_scratch((size_t)nr * ldw + (size_t)MUL_XROWS * nr * 16);
     float *acc = wb + (size_t)nr * ldw;
-    for (int r = r0; r < r1; r++) KERNEL_FOR_EACH_FORMAT(w->fmt, decode_row(w, F, r, wb + (size_t)(r - r0) * ldw))
+    if (w->fmt == WF_FP4) {
+        fp4_rows_mul(w, r0, r1, x, n, y, ldy);
+        return;
+    }
+    for (int r = r0; r < r1; r++)
+        KERNEL_FOR_EACH_FORMAT(w->fmt, decode_row(w, F, r, wb + (size_t)(r - r0) * ldw), (void)0)
     for (int j0 = 0; j0 < n; j0 += MUL_XROWS) {
         int nx_all = n - j0 < MUL_XROWS ? n - j0 : MUL_XROWS;
         const float *xg = x + (size_t)j0 * cols;
@@ -256,6 +366,6 @@ static void avx2_rows_mul(const qmat *w, int r0, int r1, const float *x, int n, 
     }
 }
 
-const kernel_path kernel_path_avx2 = {"avx2", avx2_rows_vec, avx2_rows_mul};
+const kernel_path kernel_path_avx2 = {"avx2", avx2_rows_vec, avx2_rows_mul, 1};
 
 #endif

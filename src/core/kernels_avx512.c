@@ -2,10 +2,10 @@
  *
  * One zmm holds all 16 canonical lanes of an output, so a group of 16 columns is one FMA and
  * the tree starts by adding the two 256-bit halves (lanes i and i+8), exactly as the other paths
- * do. FP4 decodes with a 16-entry permute (sign included) of the scaled code table; FP8 (unscaled)
- * and BF16 as in the AVX2 path, 16 columns at a time. Matvec interleaves four rows for independent FMA
- * chains; batched calls run a 3x4 register tile (3 weight rows x 4 input rows) over dequantized
- * rows in column chunks that stay in L1. */
+ * do. FP8 (unscaled) and BF16 decode as in the AVX2 path, 16 columns at a time. Matvec interleaves
+ * four rows for independent FMA chains; batched calls run a 3x4 register tile (3 weight rows x 4
+ * input rows) over dequantized rows in column chunks that stay in L1. FP4 (rule 4) runs the AVX2
+ * code, which AVX-512 machines execute natively: one implementation of that order, not two. */
 #if defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 
 #include <immintrin.h>
@@ -33,42 +33,19 @@ INLINE __m512 dec16_fp8(const uint8_t *p) {
     return _mm512_cvtph_ps(h);
 }
 
-/* 16 bytes = 32 E2M1 codes: each byte in its own lane; the permute reads only the low 4 bits, so
- * the low nibbles (even columns) index the scaled table directly and the high nibbles (odd
- * columns) after a shift; two two-source permutes put them back in column order. */
-INLINE void dec32_fp4(const uint8_t *p, __m512 table, __m512 v[2]) {
-    const __m512i first = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-    const __m512i second = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
-    __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
-    __m512 even = _mm512_permutexvar_ps(bytes, table);
-    __m512 odd = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table);
-    v[0] = _mm512_permutex2var_ps(even, first, odd);
-    v[1] = _mm512_permutex2var_ps(even, second, odd);
-}
-
 INLINE __m512 dec16_bf16(const uint16_t *p) {
     __m512i u = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
 }
 
-INLINE int step_cols(wformat f) { return f == WF_FP4 ? 32 : 16; }
-
-/* FP4: the 16 code values times a block's scale factor (FP8's scale is on the input). */
-INLINE __m512 fp4_table(float scale) {
-    return _mm512_mul_ps(_mm512_loadu_ps(kernel_fp4_lut), _mm512_set1_ps(scale));
+/* Weight factors of columns [c, c + 16) for F32, BF16 and FP8. */
+INLINE __m512 decode_step(wformat f, const uint8_t *row, int c) {
+    if (f == WF_F32) return _mm512_loadu_ps((const float *)row + c);
+    if (f == WF_BF16) return dec16_bf16((const uint16_t *)row + c);
+    return dec16_fp8(row + c);
 }
 
-/* Weight factors of columns [c, c + step_cols); `table` is FP4's fp4_table, else unused. */
-INLINE void decode_step(wformat f, const uint8_t *row, int c, __m512 table, __m512 v[2]) {
-    switch (f) {
-    case WF_F32: v[0] = _mm512_loadu_ps((const float *)row + c); break;
-    case WF_BF16: v[0] = dec16_bf16((const uint16_t *)row + c); break;
-    case WF_FP8: v[0] = dec16_fp8(row + c); break;
-    case WF_FP4: dec32_fp4(row + c / 2, table, v); break;
-    }
-}
-
-/* Columns [c, cols), fewer than one step, via the scalar dequantizer (zero-padded to 16). */
+/* Columns [c, cols), fewer than 16, via the scalar dequantizer (zero-padded to 16). */
 static __m512 tail_groups(const qmat *w, int r, int c, const float *x, __m512 acc, float *out) {
     for (; c < w->cols; c += 16) {
         float wt[16] __attribute__((aligned(64)));
@@ -91,33 +68,23 @@ INLINE float tree16(__m512 a) {
 
 /* y[i] = dot(row r + i, x) for i < NR; prefetching one row group ahead as the AVX2 path does. */
 INLINE void dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, float *y) {
-    const int S = step_cols(f), full = w->cols / S * S;
+    const int full = w->cols / 16 * 16;
     const size_t ahead = (size_t)(kernel_row_ptr(w, VEC_ROWS) - kernel_row_ptr(w, 0));
-    const uint8_t *row[VEC_ROWS], *srow[VEC_ROWS];
-    __m512 acc[VEC_ROWS], table[VEC_ROWS] = {_mm512_setzero_ps()};
+    const uint8_t *row[VEC_ROWS];
+    __m512 acc[VEC_ROWS];
     #pragma GCC unroll 4
     for (int i = 0; i < NR; i++) {
         row[i] = kernel_row_ptr(w, r + i);
-        srow[i] = kernel_scale_row(w, r + i);
         acc[i] = _mm512_setzero_ps();
     }
-    for (int c = 0; c < full; c += S) {
-        if (f == WF_FP4) {
-            #pragma GCC unroll 4
-            for (int i = 0; i < NR; i++) table[i] = fp4_table(kernel_fp4_scale_lut[srow[i][c / 32]]);
-        }
+    for (int c = 0; c < full; c += 16) {
         if (kernel_col_bytes(f, c) % 64 == 0) {
             #pragma GCC unroll 4
             for (int i = 0; i < NR; i++)
                 _mm_prefetch((const char *)row[i] + kernel_col_bytes(f, c) + ahead, _MM_HINT_T0);
         }
         #pragma GCC unroll 4
-        for (int i = 0; i < NR; i++) {
-            __m512 v[2];
-            decode_step(f, row[i], c, table[i], v);
-            #pragma GCC unroll 2
-            for (int g = 0; g < S; g += 16) acc[i] = _mm512_fmadd_ps(v[g / 16], _mm512_loadu_ps(x + c + g), acc[i]);
-        }
+        for (int i = 0; i < NR; i++) acc[i] = _mm512_fmadd_ps(decode_step(f, row[i], c), _mm512_loadu_ps(x + c), acc[i]);
     }
     for (int i = 0; i < NR; i++) {
         if (full < w->cols) acc[i] = tail_groups(w, r + i, full, x, acc[i], NULL);
@@ -126,23 +93,21 @@ INLINE void dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, fl
 }
 
 INLINE void decode_row(const qmat *w, wformat f, int r, float *out) {
-    const int S = step_cols(f), full = w->cols / S * S;
-    const uint8_t *row = kernel_row_ptr(w, r), *srow = kernel_scale_row(w, r);
-    __m512 table = _mm512_setzero_ps(), v[2];
-    for (int c = 0; c < full; c += S) {
-        if (f == WF_FP4) table = fp4_table(kernel_fp4_scale_lut[srow[c / 32]]);
-        decode_step(f, row, c, table, v);
-        #pragma GCC unroll 2
-        for (int g = 0; g < S / 16; g++) _mm512_store_ps(out + c + 16 * g, v[g]);
-    }
+    const int full = w->cols / 16 * 16;
+    const uint8_t *row = kernel_row_ptr(w, r);
+    for (int c = 0; c < full; c += 16) _mm512_store_ps(out + c, decode_step(f, row, c));
     if (full < w->cols) tail_groups(w, r, full, NULL, _mm512_setzero_ps(), out);
 }
 
 static void avx512_rows_vec(const qmat *w, int r0, int r1, const float *x, float *y) {
+    if (w->fmt == WF_FP4) {
+        kernel_path_avx2.rows_vec(w, r0, r1, x, y);
+        return;
+    }
     int r = r0;
     for (; r + VEC_ROWS <= r1; r += VEC_ROWS)
-        KERNEL_FOR_EACH_FORMAT(w->fmt, dot_rows(w, F, r, VEC_ROWS, x, y + (r - r0)))
-    for (; r < r1; r++) KERNEL_FOR_EACH_FORMAT(w->fmt, dot_rows(w, F, r, 1, x, y + (r - r0)))
+        KERNEL_FOR_EACH_FORMAT(w->fmt, dot_rows(w, F, r, VEC_ROWS, x, y + (r - r0)), (void)0)
+    for (; r < r1; r++) KERNEL_FOR_EACH_FORMAT(w->fmt, dot_rows(w, F, r, 1, x, y + (r - r0)), (void)0)
 }
 
 /* NR x NX tile over columns [c0, c1); partial lanes in acc[input row][weight row][16]. */
@@ -197,7 +162,12 @@ static void avx512_rows_mul(const qmat *w, int r0, int r1, const float *x, int n
     const int cols = w->cols, ldw = (cols + 15) & ~15, nr = r1 - r0;
     float *wb = kernel_scratch((size_t)nr * ldw + (size_t)MUL_XROWS * nr * 16);
     float *acc = wb + (size_t)nr * ldw;
-    for (int r = r0; r < r1; r++) KERNEL_FOR_EACH_FORMAT(w->fmt, decode_row(w, F, r, wb + (size_t)(r - r0) * ldw))
+    if (w->fmt == WF_FP4) {
+        kernel_path_avx2.rows_mul(w, r0, r1, x, n, y, ldy);
+        return;
+    }
+    for (int r = r0; r < r1; r++)
+        KERNEL_FOR_EACH_FORMAT(w->fmt, decode_row(w, F, r, wb + (size_t)(r - r0) * ldw), (void)0)
     for (int j0 = 0; j0 < n; j0 += MUL_XROWS) {
         int nx_all = n - j0 < MUL_XROWS ? n - j0 : MUL_XROWS;
         const float *xg = x + (size_t)j0 * cols;
@@ -216,6 +186,6 @@ static void avx512_rows_mul(const qmat *w, int r0, int r1, const float *x, int n
     }
 }
 
-const kernel_path kernel_path_avx512 = {"avx512", avx512_rows_vec, avx512_rows_mul};
+const kernel_path kernel_path_avx512 = {"avx512", avx512_rows_vec, avx512_rows_mul, 1};
 
 #endif

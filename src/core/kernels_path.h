@@ -5,15 +5,21 @@
  * bit-identical results (scalar == AVX2 == AVX-512):
  *  1. Each term is one FMA of a weight factor and an input factor (kernel_weight):
  *     - F32, BF16: the weight and x[c].
- *     - FP4: the weight dequantized in one f32 multiply, twice the E2M1 magnitude times scale / 2,
- *       then the code's sign (equal to code value * scale rounded once), and x[c].
  *     - FP8: the E4M3 code read as f16 (value * 2^-8, exact, unscaled), and x[c] times its
- *       block's scale * 2^8, rounded once (fp8_scaled_x in kernels.c). The product is code value *
+ *       block's scale * 2^8, rounded once (prepared_x in kernels.c). The product is code value *
  *       scale * x[c]; putting the scale on the input saves a multiply per weight, and the
  *       scaled input is shared by the 128 rows of a scale block.
+ *     - FP4: twice the E2M1 value (an integer in -12..12, exact, unscaled) and x[c]; the
+ *       block's scale / 2 multiplies partial sums instead (rule 4).
  *  2. Columns are padded with zeros to a multiple of 16. Lane l (0..15) accumulates, in column
  *     order, acc[l] = fma(w[c], x[c], acc[l]) over every c with c % 16 == l, starting from +0.
  *  3. The 16 lanes are summed by kernel_tree16: a[i] + a[i+8], then + 4 apart, + 2 apart, + 1.
+ *  4. FP4 replaces rule 2 (kernel_fp4_blocks): columns are zero-padded to 32-column scale blocks.
+ *     In block b, each group of 4 columns 4g..4g+3 (g = 0..7) forms a partial p = w*x of its
+ *     first column, then p = fma(w, x, p) over the other three in order; it is added as
+ *     acc[l] = fma(p, scale_b / 2, acc[l]) to lane l = 8 * (g / 4) + 4 * (b % 2) + g % 4.
+ *     The scale is a power of two, so this equals scaling each weight (barring over/underflow),
+ *     and it lets SIMD code decode codes with a constant table and take the scale per block.
  * Consequently a result depends only on the row's weights, x and cols: never on batching,
  * position in a batch, thread count or which path computed it. (The AVX-512 path is held to
  * the same order; it is compiled but could not be run on the machine it was written on.)
@@ -30,6 +36,8 @@ typedef struct {
     void (*rows_vec)(const qmat *w, int r0, int r1, const float *x, float *y);
     /* y[j * ldy + (r - r0)] = that dot product with x + j * cols, for r in [r0, r1), j in [0, n). */
     void (*rows_mul)(const qmat *w, int r0, int r1, const float *x, int n, float *y, int ldy);
+    /* Nonzero if FP4 input rows must arrive in kernel_fp4_permute_x order (the SIMD decode order). */
+    int fp4_permuted;
 } kernel_path;
 
 extern const kernel_path kernel_path_scalar;
@@ -39,8 +47,8 @@ extern const kernel_path kernel_path_avx512;   /* defined only when compiled wit
 /* 256-entry table: E4M3 byte read as an f16 bit pattern ((b&0x7f)<<7 | (b&0x80)<<8), i.e. the
  * E4M3 value times 2^-8 (the NaN codes read as +-480 * 2^-8; checkpoints do not contain them). */
 extern float kernel_fp8_lut[256];
-/* 16-entry table: twice the E2M1 value of each code (0, 1, 2, 3, 4, 6, 8, 12, signed; code 8 is -0,
- * as the SIMD paths produce it by flipping the sign bit of the magnitude). */
+/* 16-entry table: twice the E2M1 value of each code (0, 1, 2, 3, 4, 6, 8, 12, signed; code 8, -0,
+ * is +0: a zero weight's sign cannot reach a sum that starts from +0). */
 extern const float kernel_fp4_lut[16];
 
 /* E8M0 byte -> scale * 2^8 (FP8, applied to the input) and scale / 2 (FP4): rule 1's factors. */
@@ -53,22 +61,32 @@ float kernel_fp4_scale(const qmat *w, int r, int c);
 size_t kernel_fp4_row_bytes(const qmat *w);
 size_t kernel_scale_row_len(const qmat *w);    /* E8M0 bytes per scale row (FP8: per 128 rows) */
 
-/* Weight factor (r, c) of rule 1 (FP8: unscaled); 0 for c >= cols (the zero padding). */
+/* Weight factor (r, c) of rule 1 (FP8, FP4: unscaled); 0 for c >= cols (the zero padding). */
 float kernel_weight(const qmat *w, int r, int c);
+
+/* Rule 4 for FP4 row r over scale blocks [b0, end): adds into acc[16]. x holds the input for
+ * those columns at their own positions (kernel_fp4_permute_x leaves the tail in place). */
+void kernel_fp4_blocks(const qmat *w, int r, int b0, const float *x, float acc[16]);
+
+/* FP4 SIMD input order: within each full 64-column chunk, out[8 * v + 4 * h + j] =
+ * x[32 * h + 16 * (v / 4) + 4 * j + v % 4] (v = 0..7, h = 0..1, j = 0..3): vector v then
+ * holds the inputs of the 8 lanes' v-th term. Columns past the last full chunk are copied. */
+void kernel_fp4_permute_x(const float *x, int cols, float *out);
 
 float kernel_tree16(const float acc[16]);
 
 /* Thread-local scratch of at least n floats, 64-byte aligned; grows, never shrinks. */
 float *kernel_scratch(size_t n);
 
-/* Run `call` with the constant F set to format f, so always-inline SIMD code is specialised per
- * format and the format switch leaves the inner loops. */
-#define KERNEL_FOR_EACH_FORMAT(f, call)                           \
+/* Run `call` with the constant F set to format f for the rule-2 formats, so always-inline SIMD
+ * code is specialised per format and the format switch leaves the inner loops; FP4 (rule 4)
+ * runs `fp4_call`. */
+#define KERNEL_FOR_EACH_FORMAT(f, call, fp4_call)                 \
     switch (f) {                                                  \
     case WF_F32: { const wformat F = WF_F32; call; } break;       \
     case WF_BF16: { const wformat F = WF_BF16; call; } break;     \
     case WF_FP8: { const wformat F = WF_FP8; call; } break;       \
-    case WF_FP4: { const wformat F = WF_FP4; call; } break;       \
+    case WF_FP4: fp4_call; break;                                 \
     }
 
 /* Byte offset of column c within a row (FP4: c even). */

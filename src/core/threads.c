@@ -1,39 +1,48 @@
 /* threads.c — the process-global worker pool (see threads.h).
  *
- * One job at a time: pool_run publishes (n, fn, ctx) with a new generation number, every worker
- * and the caller run their own contiguous index range, and the caller waits until all workers
- * have reported. Workers spin briefly before sleeping because decode issues thousands of small
- * jobs per token and a condition-variable wake-up costs as much as a small matvec.
+ * One job at a time: pool_run publishes (n, fn, ctx) under a new generation number, and the
+ * caller and every worker then claim runs of `grain` indices from a shared counter until none
+ * are left; the caller returns when all n calls have finished. Claiming instead of a fixed
+ * split matters on a shared machine: a worker that the OS has descheduled, or that wakes up
+ * late, leaves its share to the others instead of holding the whole job up. The generation and
+ * the next index live in one 64-bit word, so a claim by a worker that woke for an old job fails
+ * instead of running an index of a new one; and before the caller writes a new job's n, fn and
+ * ctx it closes the old one (a generation of its own with no index left), so a claim against the
+ * old job cannot succeed with the new n. Workers spin briefly before sleeping because decode
+ * issues thousands of small jobs per token and a condition-variable wake-up costs as much as a
+ * small matvec.
  *
- * The split uses `active` parts; workers started earlier beyond that count take an empty range,
- * so pool_set_threads can lower or raise the count between jobs (tests compare thread counts). */
+ * Only workers with part < `active` claim, so pool_set_threads can lower or raise the count
+ * between jobs (tests compare thread counts). */
 #include "threads.h"
 
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
 
 #define POOL_MAX_THREADS 256
 #define POOL_SPIN_ROUNDS 4000     /* polls before sleeping: half with a pause hint, half yielding */
+#define POOL_RUNS_PER_THREAD 16   /* claims per thread in an even job: balance vs counter traffic */
 
 static struct {
-    int active;                   /* parts a job is split into, including the calling thread */
+    atomic_int active;            /* threads that work on a job, including the calling thread */
     int created;                  /* threads running worker_main, plus the caller */
     int started;
     pthread_mutex_t run_lock;     /* serialises pool_run callers from different threads */
     pthread_mutex_t lock;
     pthread_cond_t wake;
-    pthread_cond_t done;
-    atomic_uint generation;       /* bumped once per job */
-    atomic_int pending;           /* workers that have not finished the current job */
-    int n;
+    pthread_cond_t done_cond;
+    _Atomic uint64_t claim;       /* generation << 32 | next unclaimed index of the current job */
+    atomic_int done;              /* calls of the current job that have returned */
+    atomic_int n, grain;          /* atomic: a late worker may read them as the next job sets them */
     pool_task fn;
     void *ctx;
 } pool = {.run_lock = PTHREAD_MUTEX_INITIALIZER, .lock = PTHREAD_MUTEX_INITIALIZER,
-          .wake = PTHREAD_COND_INITIALIZER, .done = PTHREAD_COND_INITIALIZER};
+          .wake = PTHREAD_COND_INITIALIZER, .done_cond = PTHREAD_COND_INITIALIZER};
 
 static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
 static _Thread_local int in_task;   /* set while this thread runs pool work: nested calls go serial */
@@ -46,31 +55,52 @@ static void cpu_relax(int spin) {
     if (spin > POOL_SPIN_ROUNDS / 2) sched_yield();
 }
 
-static void run_range(int part) {
-    if (part >= pool.active) return;
-    int lo = (int)((long)pool.n * part / pool.active);
-    int hi = (int)((long)pool.n * (part + 1) / pool.active);
+static unsigned claim_generation(uint64_t c) { return (unsigned)(c >> 32); }
+
+/* Claim and run index runs of job `gen` until none are left. The job's n, fn and ctx are read
+ * only after a successful claim: the job cannot finish, and so cannot be replaced, before the
+ * claimed calls return. n is read before claiming: if it is already the next job's, the acquire
+ * load also shows that job's close, so the claim fails. */
+static void run_claims(unsigned gen) {
     in_task = 1;
-    for (int i = lo; i < hi; i++) pool.fn(pool.ctx, i);
+    for (;;) {
+        uint64_t c = atomic_load_explicit(&pool.claim, memory_order_acquire);
+        int next = (int)(uint32_t)c, n = atomic_load_explicit(&pool.n, memory_order_acquire);
+        if (claim_generation(c) != gen || next >= n) break;
+        int grain = atomic_load_explicit(&pool.grain, memory_order_relaxed);
+        int hi = n - next > grain ? next + grain : n;
+        if (!atomic_compare_exchange_weak_explicit(&pool.claim, &c, (uint64_t)gen << 32 | (uint32_t)hi,
+                                                   memory_order_acq_rel, memory_order_relaxed))
+            continue;
+        for (int i = next; i < hi; i++) pool.fn(pool.ctx, i);
+        if (atomic_fetch_add_explicit(&pool.done, hi - next, memory_order_acq_rel) + (hi - next) == n) {
+            pthread_mutex_lock(&pool.lock);
+            pthread_cond_signal(&pool.done_cond);
+            pthread_mutex_unlock(&pool.lock);
+        }
+    }
     in_task = 0;
+}
+
+static unsigned current_generation(void) {
+    return claim_generation(atomic_load_explicit(&pool.claim, memory_order_acquire));
 }
 
 static unsigned wait_new_generation(unsigned seen) {
     for (int spin = 0; spin < POOL_SPIN_ROUNDS; spin++) {
-        unsigned g = atomic_load_explicit(&pool.generation, memory_order_acquire);
+        unsigned g = current_generation();
         if (g != seen) return g;
         cpu_relax(spin);
     }
     pthread_mutex_lock(&pool.lock);
     unsigned g;
-    while ((g = atomic_load_explicit(&pool.generation, memory_order_acquire)) == seen)
-        pthread_cond_wait(&pool.wake, &pool.lock);
+    while ((g = current_generation()) == seen) pthread_cond_wait(&pool.wake, &pool.lock);
     pthread_mutex_unlock(&pool.lock);
     return g;
 }
 
 /* Generation current when each worker was created: a worker started after earlier jobs must
- * wait for the next one, not re-run the last. */
+ * wait for the next one, not look at the last. */
 static unsigned start_generation[POOL_MAX_THREADS];
 
 static void *worker_main(void *arg) {
@@ -78,12 +108,7 @@ static void *worker_main(void *arg) {
     unsigned seen = start_generation[part];
     for (;;) {
         seen = wait_new_generation(seen);
-        run_range(part);
-        if (atomic_fetch_sub_explicit(&pool.pending, 1, memory_order_acq_rel) == 1) {
-            pthread_mutex_lock(&pool.lock);
-            pthread_cond_signal(&pool.done);
-            pthread_mutex_unlock(&pool.lock);
-        }
+        if (part < pool.active) run_claims(seen);
     }
     return NULL;
 }
@@ -106,7 +131,7 @@ static void grow_to(int want) {
     if (pool.created == 0) pool.created = 1;
     while (pool.created < want) {
         pthread_t th;
-        start_generation[pool.created] = atomic_load(&pool.generation);
+        start_generation[pool.created] = current_generation();
         if (pthread_create(&th, NULL, worker_main, (void *)(long)pool.created) != 0) {
             fprintf(stderr, "cairn: could not start worker thread %d; using %d threads\n", pool.created,
                     pool.created);
@@ -150,21 +175,25 @@ void pool_run(int n, pool_task fn, void *ctx) {
         return;
     }
     pthread_mutex_lock(&pool.run_lock);
-    pool.n = n;
+    unsigned gen = current_generation() + 2;   /* gen - 1 closes the last job */
+    atomic_store_explicit(&pool.claim, (uint64_t)(gen - 1) << 32 | INT32_MAX, memory_order_relaxed);
+    int grain = n / (pool.active * POOL_RUNS_PER_THREAD);
+    atomic_store_explicit(&pool.n, n, memory_order_release);   /* a worker that sees it sees the close */
+    atomic_store_explicit(&pool.grain, grain < 1 ? 1 : grain, memory_order_relaxed);
     pool.fn = fn;
     pool.ctx = ctx;
-    atomic_store_explicit(&pool.pending, pool.created - 1, memory_order_relaxed);
+    atomic_store_explicit(&pool.done, 0, memory_order_relaxed);
     pthread_mutex_lock(&pool.lock);
-    atomic_fetch_add_explicit(&pool.generation, 1, memory_order_release);
+    atomic_store_explicit(&pool.claim, (uint64_t)gen << 32, memory_order_release);
     pthread_cond_broadcast(&pool.wake);
     pthread_mutex_unlock(&pool.lock);
 
-    run_range(0);
+    run_claims(gen);
 
-    for (int spin = 0; spin < POOL_SPIN_ROUNDS && atomic_load_explicit(&pool.pending, memory_order_acquire); spin++)
+    for (int spin = 0; spin < POOL_SPIN_ROUNDS && atomic_load_explicit(&pool.done, memory_order_acquire) < n; spin++)
         cpu_relax(spin);
     pthread_mutex_lock(&pool.lock);
-    while (atomic_load_explicit(&pool.pending, memory_order_acquire) > 0) pthread_cond_wait(&pool.done, &pool.lock);
+    while (atomic_load_explicit(&pool.done, memory_order_acquire) < n) pthread_cond_wait(&pool.done_cond, &pool.lock);
     pthread_mutex_unlock(&pool.lock);
     pthread_mutex_unlock(&pool.run_lock);
 }

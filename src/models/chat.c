@@ -1,15 +1,16 @@
 /* chat.c — the registry of chat templates, keyed by config.json model_type.
  *
- * Each family's template lives in its own file (chat_deepseek_v4.c, chat_glm.c). They are
- * referenced weakly so the binary still links while a family's template is being written; a
- * missing one simply is not found, and the caller reports the model as having no template. */
+ * Each family's template lives in its own file (chat_deepseek_v4.c, chat_glm.c); this file also
+ * holds what the templates share (the Python-style JSON writer). */
 #include "chat.h"
 
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-extern const chat_template deepseek_v4_chat __attribute__((weak));
-extern const chat_template glm_chat __attribute__((weak));
+extern const chat_template deepseek_v4_chat;
+extern const chat_template glm_chat;
 
 /* GLM-5 checkpoints declare model_type glm_moe_dsa; the template is the same for every GLM. */
 static const struct {
@@ -24,7 +25,7 @@ static const struct {
 const chat_template *chat_find(const char *model_type) {
     if (!model_type) return NULL;
     for (size_t i = 0; i < sizeof chat_registry / sizeof chat_registry[0]; i++)
-        if (chat_registry[i].tpl && !strcmp(chat_registry[i].model_type, model_type)) return chat_registry[i].tpl;
+        if (!strcmp(chat_registry[i].model_type, model_type)) return chat_registry[i].tpl;
     return NULL;
 }
 
@@ -34,4 +35,57 @@ void chat_reply_free(chat_reply *r) {
     free(r->content);
     cJSON_Delete(r->tool_calls);
     memset(r, 0, sizeof *r);
+}
+
+void chat_json_py_string(sbuf *b, const char *s) {
+    sbuf_put(b, "\"", 1);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        const char *esc = NULL;
+        switch (*p) {
+        case '"': esc = "\\\""; break;
+        case '\\': esc = "\\\\"; break;
+        case '\n': esc = "\\n"; break;
+        case '\r': esc = "\\r"; break;
+        case '\t': esc = "\\t"; break;
+        case '\b': esc = "\\b"; break;
+        case '\f': esc = "\\f"; break;
+        }
+        if (esc) sbuf_puts(b, esc);
+        else if (*p < 0x20) sbuf_printf(b, "\\u%04x", *p);
+        else sbuf_put(b, (const char *)p, 1);
+    }
+    sbuf_put(b, "\"", 1);
+}
+
+/* cJSON keeps only a double: integral values print as integers, others in the shortest form
+ * that reads back exactly (what Python's float repr prints). */
+static void json_py_number(sbuf *b, double v) {
+    char buf[40];
+    if (v == floor(v) && fabs(v) < 1e15) snprintf(buf, sizeof buf, "%.0f", v);
+    else
+        for (int prec = 1; prec <= 17; prec++) {
+            snprintf(buf, sizeof buf, "%.*g", prec, v);
+            if (strtod(buf, NULL) == v) break;
+        }
+    sbuf_puts(b, buf);
+}
+
+void chat_json_py(sbuf *b, const cJSON *v) {
+    if (cJSON_IsString(v)) chat_json_py_string(b, v->valuestring);
+    else if (cJSON_IsNumber(v)) json_py_number(b, v->valuedouble);
+    else if (cJSON_IsTrue(v)) sbuf_puts(b, "true");
+    else if (cJSON_IsFalse(v)) sbuf_puts(b, "false");
+    else if (cJSON_IsArray(v) || cJSON_IsObject(v)) {
+        int obj = cJSON_IsObject(v);
+        sbuf_puts(b, obj ? "{" : "[");
+        for (const cJSON *e = v->child; e; e = e->next) {
+            if (obj) {
+                chat_json_py_string(b, e->string);
+                sbuf_puts(b, ": ");
+            }
+            chat_json_py(b, e);
+            if (e->next) sbuf_puts(b, ", ");
+        }
+        sbuf_puts(b, obj ? "}" : "]");
+    } else sbuf_puts(b, "null");
 }

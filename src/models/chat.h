@@ -15,6 +15,8 @@
 #include <cjson/cJSON.h>
 #include <stddef.h>
 
+#include "../core/sbuf.h"
+
 typedef struct {
     int thinking;                 /* 1 = thinking mode generation cue */
     const char *effort;           /* reasoning effort or NULL */
@@ -38,6 +40,12 @@ typedef struct {
 } chat_template;
 
 const chat_template *chat_find(const char *model_type);
+
+/* JSON exactly as Python's json.dumps(ensure_ascii=False) writes it (", " and ": " separators,
+ * non-ASCII kept): the official templates embed tool schemas and arguments that way, and a byte
+ * of difference would change the prompt. */
+void chat_json_py(sbuf *b, const cJSON *v);
+void chat_json_py_string(sbuf *b, const char *s);
 void chat_reply_free(chat_reply *r);
 
 #endif

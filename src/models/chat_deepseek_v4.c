@@ -38,6 +38,7 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include "../core/sbuf.h"
 #include "../core/util.h"
 #include "chat.h"
 
@@ -78,83 +79,6 @@ static const char tools_head[] =
 
 static const char tools_tail[] =
     "\n\nYou MUST strictly follow the above defined tool name and parameter schemas to invoke tool calls.\n";
-
-/* ---- growing string ------------------------------------------------------------------------ */
-
-typedef struct {
-    char *s;
-    size_t len, cap;
-} sbuf;
-
-static void sb_put(sbuf *b, const char *s, size_t n) {
-    if (b->len + n + 1 > b->cap) {
-        b->cap = (b->len + n + 1) * 2;
-        b->s = xrealloc(b->s, b->cap);
-    }
-    memcpy(b->s + b->len, s, n);
-    b->len += n;
-    b->s[b->len] = 0;
-}
-
-static void sb_str(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
-
-static char *sb_take(sbuf *b) { return b->s ? b->s : xstrdup(""); }
-
-/* ---- JSON exactly as Python's json.dumps(ensure_ascii=False) writes it (the encoder's to_json) */
-
-static void py_json_string(sbuf *b, const char *s) {
-    sb_str(b, "\"");
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        char esc[8] = {0};
-        switch (*p) {
-        case '"': strcpy(esc, "\\\""); break;
-        case '\\': strcpy(esc, "\\\\"); break;
-        case '\n': strcpy(esc, "\\n"); break;
-        case '\r': strcpy(esc, "\\r"); break;
-        case '\t': strcpy(esc, "\\t"); break;
-        case '\b': strcpy(esc, "\\b"); break;
-        case '\f': strcpy(esc, "\\f"); break;
-        default:
-            if (*p < 0x20) snprintf(esc, sizeof esc, "\\u%04x", *p);
-        }
-        if (esc[0]) sb_str(b, esc);
-        else sb_put(b, (const char *)p, 1);
-    }
-    sb_str(b, "\"");
-}
-
-/* cJSON keeps only a double: integral values print as integers, others in the shortest
- * form that reads back exactly (what Python's float repr prints). */
-static void py_json_number(sbuf *b, double v) {
-    char buf[40];
-    if (v == floor(v) && fabs(v) < 1e15) snprintf(buf, sizeof buf, "%.0f", v);
-    else
-        for (int prec = 1; prec <= 17; prec++) {
-            snprintf(buf, sizeof buf, "%.*g", prec, v);
-            if (strtod(buf, NULL) == v) break;
-        }
-    sb_str(b, buf);
-}
-
-static void py_json(sbuf *b, const cJSON *v) {
-    if (cJSON_IsString(v)) py_json_string(b, v->valuestring);
-    else if (cJSON_IsNumber(v)) py_json_number(b, v->valuedouble);
-    else if (cJSON_IsTrue(v)) sb_str(b, "true");
-    else if (cJSON_IsFalse(v)) sb_str(b, "false");
-    else if (cJSON_IsArray(v) || cJSON_IsObject(v)) {
-        int obj = cJSON_IsObject(v);
-        sb_str(b, obj ? "{" : "[");
-        for (const cJSON *e = v->child; e; e = e->next) {
-            if (obj) {
-                py_json_string(b, e->string);
-                sb_str(b, ": ");
-            }
-            py_json(b, e);
-            if (e->next) sb_str(b, ", ");
-        }
-        sb_str(b, obj ? "}" : "]");
-    } else sb_str(b, "null");
-}
 
 /* ---- conversation model: messages merged into turns ---------------------------------------- */
 
@@ -204,7 +128,7 @@ static int content_text(const cJSON *msg, sbuf *out, const char *sep, int idx, c
     const cJSON *content = cJSON_GetObjectItemCaseSensitive(msg, "content");
     if (!content || cJSON_IsNull(content)) return 0;
     if (cJSON_IsString(content)) {
-        sb_str(out, content->valuestring);
+        sbuf_puts(out, content->valuestring);
         return 0;
     }
     if (!cJSON_IsArray(content))
@@ -216,8 +140,8 @@ static int content_text(const cJSON *msg, sbuf *out, const char *sep, int idx, c
         const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
         if (!cJSON_IsString(type) || strcmp(type->valuestring, "text") || !cJSON_IsString(text))
             return errf(err, errlen, "messages[%d].content[%d]: only text parts are supported", idx, k);
-        if (k) sb_str(out, sep);
-        sb_str(out, text->valuestring);
+        if (k) sbuf_puts(out, sep);
+        sbuf_puts(out, text->valuestring);
         k++;
     }
     return 0;
@@ -225,17 +149,17 @@ static int content_text(const cJSON *msg, sbuf *out, const char *sep, int idx, c
 
 static int add_block(conversation *c, const cJSON *msg, int is_result, int idx, char *err, size_t errlen) {
     sbuf text = {0};
-    if (is_result) sb_str(&text, "<tool_result>");
+    if (is_result) sbuf_puts(&text, "<tool_result>");
     /* the encoder joins the text parts of a tool result with blank lines */
     if (content_text(msg, &text, is_result ? "\n\n" : "", idx, err, errlen)) {
-        free(text.s);
+        free(text.p);
         return -1;
     }
-    if (is_result) sb_str(&text, "</tool_result>");
+    if (is_result) sbuf_puts(&text, "</tool_result>");
     turn *t = c->n && c->t[c->n - 1].kind == TURN_USER ? &c->t[c->n - 1] : add_turn(c, TURN_USER, NULL, idx);
     t->blocks = xrealloc(t->blocks, (size_t)(t->n_blocks + 1) * sizeof *t->blocks);
     const cJSON *id = cJSON_GetObjectItemCaseSensitive(msg, "tool_call_id");
-    t->blocks[t->n_blocks++] = (block){sb_take(&text), cJSON_IsString(id) ? id->valuestring : "", is_result};
+    t->blocks[t->n_blocks++] = (block){sbuf_take(&text), cJSON_IsString(id) ? id->valuestring : "", is_result};
     return 0;
 }
 
@@ -319,23 +243,23 @@ static int last_user_turn(const conversation *c) {
 /* ---- rendering ----------------------------------------------------------------------------- */
 
 static int render_tools(sbuf *b, const cJSON *tools, const char *tool_choice, char *err, size_t errlen) {
-    sb_str(b, tools_head);
+    sbuf_puts(b, tools_head);
     int k = 0;
     const cJSON *tool;
     cJSON_ArrayForEach(tool, tools) {
         const cJSON *fn = cJSON_GetObjectItemCaseSensitive(tool, "function");
         if (!cJSON_IsObject(fn)) return errf(err, errlen, "tools[%d].function must be an object", k);
-        if (k) sb_str(b, "\n");
-        py_json(b, fn);
+        if (k) sbuf_puts(b, "\n");
+        chat_json_py(b, fn);
         k++;
     }
-    sb_str(b, tools_tail);
+    sbuf_puts(b, tools_tail);
     if (tool_choice && !strcmp(tool_choice, "required"))
-        sb_str(b, "\nYou must call at least one tool in this reply.\n");
+        sbuf_puts(b, "\nYou must call at least one tool in this reply.\n");
     else if (tool_choice && strcmp(tool_choice, "auto")) {
-        sb_str(b, "\nYou must call the tool \"");
-        sb_str(b, tool_choice);
-        sb_str(b, "\" in this reply.\n");
+        sbuf_puts(b, "\nYou must call the tool \"");
+        sbuf_puts(b, tool_choice);
+        sbuf_puts(b, "\" in this reply.\n");
     }
     return 0;
 }
@@ -353,19 +277,19 @@ static int render_call(sbuf *b, const cJSON *call, int idx, int k, char *err, si
         parsed = cJSON_CreateObject();
         if (cJSON_IsString(args)) cJSON_AddStringToObject(parsed, "arguments", args->valuestring);
     }
-    sb_str(b, INVOKE_OPEN);
-    sb_str(b, name->valuestring);
-    sb_str(b, "\">\n");
+    sbuf_puts(b, INVOKE_OPEN);
+    sbuf_puts(b, name->valuestring);
+    sbuf_puts(b, "\">\n");
     for (const cJSON *a = parsed->child; a; a = a->next) {
-        sb_str(b, PARAM_OPEN);
-        sb_str(b, a->string);
-        sb_str(b, cJSON_IsString(a) ? "\" string=\"true\">" : "\" string=\"false\">");
-        if (cJSON_IsString(a)) sb_str(b, a->valuestring);
-        else py_json(b, a);
-        sb_str(b, PARAM_CLOSE);
-        if (a->next) sb_str(b, "\n");
+        sbuf_puts(b, PARAM_OPEN);
+        sbuf_puts(b, a->string);
+        sbuf_puts(b, cJSON_IsString(a) ? "\" string=\"true\">" : "\" string=\"false\">");
+        if (cJSON_IsString(a)) sbuf_puts(b, a->valuestring);
+        else chat_json_py(b, a);
+        sbuf_puts(b, PARAM_CLOSE);
+        if (a->next) sbuf_puts(b, "\n");
     }
-    sb_str(b, "\n" INVOKE_CLOSE);
+    sbuf_puts(b, "\n" INVOKE_CLOSE);
     cJSON_Delete(parsed);
     return 0;
 }
@@ -374,23 +298,23 @@ static int render_assistant(sbuf *b, const cJSON *msg, int idx, int with_reasoni
     if (with_reasoning) {
         const cJSON *r = cJSON_GetObjectItemCaseSensitive(msg, "reasoning_content");
         if (!cJSON_IsString(r)) r = cJSON_GetObjectItemCaseSensitive(msg, "reasoning");
-        if (cJSON_IsString(r)) sb_str(b, r->valuestring);
-        sb_str(b, THINK_END);
+        if (cJSON_IsString(r)) sbuf_puts(b, r->valuestring);
+        sbuf_puts(b, THINK_END);
     }
     if (content_text(msg, b, "", idx, err, errlen)) return -1;
     const cJSON *calls = cJSON_GetObjectItemCaseSensitive(msg, "tool_calls");
     if (cJSON_IsArray(calls) && cJSON_GetArraySize(calls) > 0) {
-        sb_str(b, "\n\n" CALLS_OPEN "\n");
+        sbuf_puts(b, "\n\n" CALLS_OPEN "\n");
         int k = 0;
         const cJSON *call;
         cJSON_ArrayForEach(call, calls) {
-            if (k) sb_str(b, "\n");
+            if (k) sbuf_puts(b, "\n");
             if (render_call(b, call, idx, k, err, errlen)) return -1;
             k++;
         }
-        sb_str(b, "\n" CALLS_CLOSE);
+        sbuf_puts(b, "\n" CALLS_CLOSE);
     }
-    sb_str(b, EOS);
+    sbuf_puts(b, EOS);
     return 0;
 }
 
@@ -432,18 +356,18 @@ static int render_turn(sbuf *b, const conversation *c, int i, const render_ctx *
     case TURN_ASSISTANT:
         return render_assistant(b, t->msg, idx, x->thinking && (!x->drop || i > x->last_user), err, errlen);
     case TURN_USER:
-        sb_str(b, USER);
+        sbuf_puts(b, USER);
         for (int j = 0; j < t->n_blocks; j++) {
-            if (j) sb_str(b, "\n\n");
-            sb_str(b, t->blocks[j].text);
+            if (j) sbuf_puts(b, "\n\n");
+            sbuf_puts(b, t->blocks[j].text);
         }
         break;
     case TURN_DEVELOPER:
     case TURN_SYSTEM:
-        if (t->kind == TURN_DEVELOPER) sb_str(b, USER);
+        if (t->kind == TURN_DEVELOPER) sbuf_puts(b, USER);
         if (t->msg && content_text(t->msg, b, "", idx, err, errlen)) return -1;
         if (t->has_tools) {
-            sb_str(b, "\n\n");
+            sbuf_puts(b, "\n\n");
             if (render_tools(b, x->tools, x->tool_choice, err, errlen)) return -1;
         }
         break;
@@ -453,31 +377,31 @@ static int render_turn(sbuf *b, const conversation *c, int i, const render_ctx *
 
 static char *render_turns(conversation *c, const render_ctx *x, effort_kind effort, char *err, size_t errlen) {
     sbuf b = {0};
-    sb_str(&b, BOS);
+    sbuf_puts(&b, BOS);
     int first = 1, last = -1;
     for (int i = 0; i < c->n; i++)
         if (!c->t[i].dropped) last = i;
     for (int i = 0; i < c->n; i++) {
         const turn *t = &c->t[i];
         if (t->dropped) continue;
-        if (first && x->thinking && effort == EFFORT_MAX) sb_str(&b, effort_max_text);
+        if (first && x->thinking && effort == EFFORT_MAX) sbuf_puts(&b, effort_max_text);
         first = 0;
         if (render_turn(&b, c, i, x, err, errlen)) goto fail;
         int next = i + 1;
         while (next < c->n && c->t[next].dropped) next++;
         int asks = t->kind == TURN_USER || t->kind == TURN_DEVELOPER;
         if (asks && (next >= c->n || c->t[next].kind == TURN_ASSISTANT)) {
-            sb_str(&b, ASSISTANT);
-            sb_str(&b, x->thinking && (!x->drop || i >= x->last_user) ? THINK : THINK_END);
+            sbuf_puts(&b, ASSISTANT);
+            sbuf_puts(&b, x->thinking && (!x->drop || i >= x->last_user) ? THINK : THINK_END);
         }
     }
     if (last < 0 || (c->t[last].kind != TURN_USER && c->t[last].kind != TURN_DEVELOPER)) {
         errf(err, errlen, "the conversation must end with a user, developer or tool message");
         goto fail;
     }
-    return b.s;
+    return b.p;
 fail:
-    free(b.s);
+    free(b.p);
     return NULL;
 }
 
@@ -536,13 +460,13 @@ static char *clean_text(const char *s, const char *e) {
             if ((size_t)(e - s) >= strlen(markers[k]) && !memcmp(s, markers[k], strlen(markers[k])))
                 skip = strlen(markers[k]);
         if (skip) s += skip;
-        else sb_put(&b, s++, 1);
+        else sbuf_put(&b, s++, 1);
     }
     if (!b.len) {
-        free(b.s);
+        free(b.p);
         return NULL;
     }
-    return b.s;
+    return b.p;
 }
 
 /* Length of text once a trailing, cut-off start of the DSML block ("<｜DSML｜tool_c...") and the
@@ -571,7 +495,7 @@ static void random_call_id(char out[32]) {
 /* Parameters of one invoke body as the encoder's argument JSON: {"k": v, ...}. */
 static char *invoke_arguments(const char *p, const char *end) {
     sbuf b = {0};
-    sb_str(&b, "{");
+    sbuf_puts(&b, "{");
     int n = 0;
     const char *q;
     while ((q = find_in(p, end, PARAM_OPEN))) {
@@ -585,18 +509,18 @@ static char *invoke_arguments(const char *p, const char *end) {
         int is_string = find_in(attr, val, "string=\"true\"") != NULL;
         char *key = strndup(name, (size_t)(name_end - name)), *raw = strndup(val, (size_t)(val_end - val));
         cJSON *json = is_string ? NULL : cJSON_ParseWithOpts(raw, NULL, 1);
-        if (n++) sb_str(&b, ", ");
-        py_json_string(&b, key);
-        sb_str(&b, ": ");
-        if (json) sb_str(&b, raw);
-        else py_json_string(&b, raw);
+        if (n++) sbuf_puts(&b, ", ");
+        chat_json_py_string(&b, key);
+        sbuf_puts(&b, ": ");
+        if (json) sbuf_puts(&b, raw);
+        else chat_json_py_string(&b, raw);
         cJSON_Delete(json);
         free(key);
         free(raw);
         p = val_end + strlen(PARAM_CLOSE);
     }
-    sb_str(&b, "}");
-    return b.s;
+    sbuf_puts(&b, "}");
+    return b.p;
 }
 
 /* Complete invokes between p and end as OpenAI tool calls; a cut-off invoke is ignored. */

@@ -22,96 +22,25 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../core/sbuf.h"
 #include "../core/util.h"
 #include "chat.h"
-
-typedef struct {
-    char *s;
-    size_t len, cap;
-} sbuf;
-
-static void sb_put(sbuf *b, const char *s, size_t n) {
-    if (b->len + n + 1 > b->cap) {
-        b->cap = (b->len + n + 1) * 2;
-        b->s = xrealloc(b->s, b->cap);
-    }
-    memcpy(b->s + b->len, s, n);
-    b->len += n;
-    b->s[b->len] = 0;
-}
-
-static void sb_str(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
-
-/* ---- JSON as Python's json.dumps(ensure_ascii=False) writes it ---------------------------- */
-
-static void json_string(sbuf *b, const char *s) {
-    sb_put(b, "\"", 1);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        char esc[8] = {0};
-        switch (*p) {
-        case '"': strcpy(esc, "\\\""); break;
-        case '\\': strcpy(esc, "\\\\"); break;
-        case '\n': strcpy(esc, "\\n"); break;
-        case '\r': strcpy(esc, "\\r"); break;
-        case '\t': strcpy(esc, "\\t"); break;
-        case '\b': strcpy(esc, "\\b"); break;
-        case '\f': strcpy(esc, "\\f"); break;
-        default:
-            if (*p < 0x20) snprintf(esc, sizeof esc, "\\u%04x", *p);
-        }
-        if (esc[0]) sb_str(b, esc);
-        else sb_put(b, (const char *)p, 1);
-    }
-    sb_put(b, "\"", 1);
-}
-
-/* Integers print as integers; other numbers in the shortest form that reads back exactly. */
-static void json_number(sbuf *b, double v) {
-    char buf[40];
-    if (v == floor(v) && fabs(v) < 1e15) snprintf(buf, sizeof buf, "%.0f", v);
-    else
-        for (int prec = 1; prec <= 17; prec++) {
-            snprintf(buf, sizeof buf, "%.*g", prec, v);
-            if (strtod(buf, NULL) == v) break;
-        }
-    sb_str(b, buf);
-}
-
-static void json_write(sbuf *b, const cJSON *v) {
-    if (cJSON_IsString(v)) json_string(b, v->valuestring);
-    else if (cJSON_IsNumber(v)) json_number(b, v->valuedouble);
-    else if (cJSON_IsTrue(v)) sb_str(b, "true");
-    else if (cJSON_IsFalse(v)) sb_str(b, "false");
-    else if (cJSON_IsArray(v) || cJSON_IsObject(v)) {
-        int obj = cJSON_IsObject(v);
-        sb_str(b, obj ? "{" : "[");
-        for (const cJSON *e = v->child; e; e = e->next) {
-            if (obj) {
-                json_string(b, e->string);
-                sb_str(b, ": ");
-            }
-            json_write(b, e);
-            if (e->next) sb_str(b, ", ");
-        }
-        sb_str(b, obj ? "}" : "]");
-    } else sb_str(b, "null");
-}
 
 /* ---- rendering -------------------------------------------------------------------------- */
 
 /* The template's visible_text(): a string, or the text parts of an array; null is empty. */
 static int visible_text(const cJSON *content, sbuf *out, int idx, char *err, size_t errlen) {
     if (!content || cJSON_IsNull(content)) return 0;
-    if (cJSON_IsString(content)) { sb_str(out, content->valuestring); return 0; }
+    if (cJSON_IsString(content)) { sbuf_puts(out, content->valuestring); return 0; }
     if (!cJSON_IsArray(content))
         return errf(err, errlen, "messages[%d].content must be a string or an array of content parts", idx);
     const cJSON *part;
     cJSON_ArrayForEach(part, content) {
         const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
         const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
-        if (cJSON_IsString(part)) sb_str(out, part->valuestring);
+        if (cJSON_IsString(part)) sbuf_puts(out, part->valuestring);
         else if (cJSON_IsString(type) && !strcmp(type->valuestring, "text") && cJSON_IsString(text))
-            sb_str(out, text->valuestring);
+            sbuf_puts(out, text->valuestring);
     }
     return 0;
 }
@@ -130,18 +59,18 @@ static void strip(const char *s, size_t n, size_t *start, size_t *len) {
 static void put_stripped(sbuf *b, const char *s, size_t n) {
     size_t a, len;
     strip(s, n, &a, &len);
-    sb_put(b, s + a, len);
+    sbuf_put(b, s + a, len);
 }
 
 static void render_tools(sbuf *b, const cJSON *tools) {
-    sb_str(b, "<|system|>\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    sbuf_puts(b, "<|system|>\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
               "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n");
     const cJSON *t;
     cJSON_ArrayForEach(t, tools) {
-        json_write(b, t);
-        sb_str(b, "\n");
+        chat_json_py(b, t);
+        sbuf_puts(b, "\n");
     }
-    sb_str(b, "</tools>\n\nFor each function call, output the function name and arguments within the following "
+    sbuf_puts(b, "</tools>\n\nFor each function call, output the function name and arguments within the following "
               "XML format:\n<tool_call>{function-name}<arg_key>{arg-key-1}</arg_key><arg_value>{arg-value-1}"
               "</arg_value><arg_key>{arg-key-2}</arg_key><arg_value>{arg-value-2}</arg_value>...</tool_call>");
 }
@@ -161,17 +90,17 @@ static int render_tool_calls(sbuf *b, const cJSON *calls, int idx, char *err, si
             cJSON_Delete(parsed);
             return errf(err, errlen, "messages[%d].tool_calls[%d].function.arguments must be a JSON object", idx, k);
         }
-        sb_str(b, "<tool_call>");
-        sb_str(b, name->valuestring);
+        sbuf_puts(b, "<tool_call>");
+        sbuf_puts(b, name->valuestring);
         for (const cJSON *a = obj ? obj->child : NULL; a; a = a->next) {
-            sb_str(b, "<arg_key>");
-            sb_str(b, a->string);
-            sb_str(b, "</arg_key><arg_value>");
-            if (cJSON_IsString(a)) sb_str(b, a->valuestring);
-            else json_write(b, a);
-            sb_str(b, "</arg_value>");
+            sbuf_puts(b, "<arg_key>");
+            sbuf_puts(b, a->string);
+            sbuf_puts(b, "</arg_key><arg_value>");
+            if (cJSON_IsString(a)) sbuf_puts(b, a->valuestring);
+            else chat_json_py(b, a);
+            sbuf_puts(b, "</arg_value>");
         }
-        sb_str(b, "</tool_call>");
+        sbuf_puts(b, "</tool_call>");
         cJSON_Delete(parsed);
         k++;
     }
@@ -195,10 +124,10 @@ static const char *rfind_in(const char *s, size_t n, const char *needle) {
 static int render_assistant(sbuf *b, const cJSON *msg, int idx, int after_last_user, char *err, size_t errlen) {
     sbuf text = {0}, reason = {0};
     if (visible_text(cJSON_GetObjectItemCaseSensitive(msg, "content"), &text, idx, err, errlen)) return -1;
-    const char *content = text.s ? text.s : "";
+    const char *content = text.p ? text.p : "";
     size_t clen = text.len;
     const cJSON *rc = cJSON_GetObjectItemCaseSensitive(msg, "reasoning_content");
-    if (cJSON_IsString(rc)) sb_str(&reason, rc->valuestring);
+    if (cJSON_IsString(rc)) sbuf_puts(&reason, rc->valuestring);
     else if (find_in(content, clen, "</think>")) {
         /* reasoning = before first </think>, rstrip \n, after last <think>, lstrip \n */
         const char *end = find_in(content, clen, "</think>"), *start = content;
@@ -206,23 +135,23 @@ static int render_assistant(sbuf *b, const cJSON *msg, int idx, int after_last_u
         while (end > content && end[-1] == '\n') end--;
         if (open && open + 7 <= end) start = open + 7;
         while (start < end && *start == '\n') start++;
-        if (end > start) sb_put(&reason, start, (size_t)(end - start));
+        if (end > start) sbuf_put(&reason, start, (size_t)(end - start));
         const char *after = rfind_in(content, clen, "</think>") + 8;
         while (*after == '\n') after++;
         clen -= (size_t)(after - content);
         content = after;
     }
-    sb_str(b, "<|assistant|>");
+    sbuf_puts(b, "<|assistant|>");
     size_t ra, rl;
-    strip(reason.s ? reason.s : "", reason.len, &ra, &rl);
+    strip(reason.p ? reason.p : "", reason.len, &ra, &rl);
     if (after_last_user && rl) {
-        sb_str(b, "<think>");
-        sb_put(b, reason.s + ra, rl);
-        sb_str(b, "</think>");
-    } else sb_str(b, "</think>");
+        sbuf_puts(b, "<think>");
+        sbuf_put(b, reason.p + ra, rl);
+        sbuf_puts(b, "</think>");
+    } else sbuf_puts(b, "</think>");
     put_stripped(b, content, clen);
-    free(text.s);
-    free(reason.s);
+    free(text.p);
+    free(reason.p);
     const cJSON *calls = cJSON_GetObjectItemCaseSensitive(msg, "tool_calls");
     return cJSON_IsArray(calls) ? render_tool_calls(b, calls, idx, err, errlen) : 0;
 }
@@ -234,20 +163,20 @@ static int render_message(sbuf *b, const cJSON *messages, int i, int last_user, 
     if (!cJSON_IsObject(msg) || !cJSON_IsString(role)) return errf(err, errlen, "messages[%d].role must be a string", i);
     const char *r = role->valuestring;
     if (!strcmp(r, "user")) {
-        sb_str(b, "<|user|>");
+        sbuf_puts(b, "<|user|>");
         return visible_text(content, b, i, err, errlen);
     }
     if (!strcmp(r, "system") || !strcmp(r, "developer")) {
-        sb_str(b, "<|system|>");
+        sbuf_puts(b, "<|system|>");
         return visible_text(content, b, i, err, errlen);
     }
     if (!strcmp(r, "assistant")) return render_assistant(b, msg, i, i > last_user, err, errlen);
     if (!strcmp(r, "tool")) {
         const cJSON *prev = i > 0 ? cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(messages, i - 1), "role") : NULL;
-        if (!cJSON_IsString(prev) || strcmp(prev->valuestring, "tool")) sb_str(b, "<|observation|>");
-        sb_str(b, "<tool_response>");
+        if (!cJSON_IsString(prev) || strcmp(prev->valuestring, "tool")) sbuf_puts(b, "<|observation|>");
+        sbuf_puts(b, "<tool_response>");
         if (visible_text(content, b, i, err, errlen)) return -1;
-        sb_str(b, "</tool_response>");
+        sbuf_puts(b, "</tool_response>");
         return 0;
     }
     return errf(err, errlen, "messages[%d].role '%s' is not one of system, developer, user, assistant, tool", i, r);
@@ -256,7 +185,7 @@ static int render_message(sbuf *b, const cJSON *messages, int i, int last_user, 
 static char *glm_render(const cJSON *messages, const cJSON *tools, const chat_opts *o, char *err, size_t errlen) {
     if (!cJSON_IsArray(messages)) { errf(err, errlen, "messages must be an array"); return NULL; }
     sbuf b = {0};
-    sb_str(&b, "[gMASK]<sop>");
+    sbuf_puts(&b, "[gMASK]<sop>");
     if (cJSON_IsArray(tools) && cJSON_GetArraySize(tools) > 0) render_tools(&b, tools);
     int n = cJSON_GetArraySize(messages), last_user = -1;
     for (int i = 0; i < n; i++) {
@@ -264,9 +193,9 @@ static char *glm_render(const cJSON *messages, const cJSON *tools, const chat_op
         if (cJSON_IsString(role) && !strcmp(role->valuestring, "user")) last_user = i;
     }
     for (int i = 0; i < n; i++)
-        if (render_message(&b, messages, i, last_user, err, errlen)) { free(b.s); return NULL; }
-    sb_str(&b, o && !o->thinking ? "<|assistant|></think>" : "<|assistant|><think>");
-    return b.s;
+        if (render_message(&b, messages, i, last_user, err, errlen)) { free(b.p); return NULL; }
+    sbuf_puts(&b, o && !o->thinking ? "<|assistant|></think>" : "<|assistant|><think>");
+    return b.p;
 }
 
 /* ---- parsing a reply -------------------------------------------------------------------- */

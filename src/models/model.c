@@ -6,14 +6,14 @@
 #include "../core/config.h"
 #include "../core/util.h"
 
-/* Families register here. Weak until every family file exists in the tree. */
-extern const family_ops deepseek_v4_ops __attribute__((weak));
-extern const family_ops glm_ops __attribute__((weak));
+/* Families register here: one ops table per family file. */
+extern const family_ops deepseek_v4_ops;
+extern const family_ops glm_ops;
 
 const family_ops *family_find(const char *model_type) {
     const family_ops *all[] = {&deepseek_v4_ops, &glm_ops};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
-        if (all[i] && strcmp(all[i]->model_type, model_type) == 0) return all[i];
+        if (strcmp(all[i]->model_type, model_type) == 0) return all[i];
     return NULL;
 }
 

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/select.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "../cli.h"
@@ -441,6 +442,8 @@ static int engine_open(engine *e, char *err, size_t errlen) {
     e->top_ids = xmalloc(WIRE_LOGPROBS_MAX * sizeof *e->top_ids);
     e->top_lps = xmalloc(WIRE_LOGPROBS_MAX * sizeof *e->top_lps);
     resolve_markers(e);
+    if (e->o.kv_dir && mkdir(e->o.kv_dir, 0755) && errno != EEXIST)
+        return errf(err, errlen, "--kv-dir %s: %s", e->o.kv_dir, strerror(errno));
     if (e->o.kv_dir) load_slots(e);
     const char *log = getenv("CAIRN_PREFIX_LOG");
     e->log_prefix = log && !strcmp(log, "1");

@@ -9,39 +9,6 @@
 
 #include "../core/util.h"
 
-void sbuf_put(sbuf *b, const char *s, size_t n) {
-    if (b->len + n + 1 > b->cap) {
-        b->cap = MAX(b->cap * 2, b->len + n + 256);
-        b->p = xrealloc(b->p, b->cap);
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
-}
-
-void sbuf_puts(sbuf *b, const char *s) { sbuf_put(b, s, strlen(s)); }
-
-void sbuf_printf(sbuf *b, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
-    if (n <= 0) return;
-    if (b->len + (size_t)n + 1 > b->cap) {
-        b->cap = MAX(b->cap * 2, b->len + (size_t)n + 256);
-        b->p = xrealloc(b->p, b->cap);
-    }
-    va_start(ap, fmt);
-    vsnprintf(b->p + b->len, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    b->len += (size_t)n;
-}
-
-void sbuf_free(sbuf *b) {
-    free(b->p);
-    memset(b, 0, sizeof *b);
-}
-
 int http_err_set(http_err *e, int status, const char *type, const char *code, const char *param,
                  const char *fmt, ...) {
     e->status = status;
@@ -125,24 +92,25 @@ typedef struct {
     stream_done_fn done;
     void *ctx;
     sbuf out;
+    size_t out_sent;              /* bytes of out already handed to MHD */
     int finished;                 /* pump returned END or ABORT */
     int aborted;
 } stream;
 
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     stream *s = cls;
-    while (s->out.off == s->out.len) {
+    while (s->out_sent == s->out.len) {
         if (s->finished) return s->aborted ? MHD_CONTENT_READER_END_WITH_ERROR : MHD_CONTENT_READER_END_OF_STREAM;
-        s->out.len = s->out.off = 0;
+        s->out.len = s->out_sent = 0;
         int rc = s->pump(s->ctx, &s->out);
         if (rc != STREAM_MORE) {
             s->finished = 1;
             s->aborted = rc == STREAM_ABORT;
         }
     }
-    size_t n = MIN(max, s->out.len - s->out.off);
-    memcpy(buf, s->out.p + s->out.off, n);
-    s->out.off += n;
+    size_t n = MIN(max, s->out.len - s->out_sent);
+    memcpy(buf, s->out.p + s->out_sent, n);
+    s->out_sent += n;
     return (ssize_t)n;
 }
 

@@ -18,15 +18,8 @@
 #include <microhttpd.h>
 #include <stddef.h>
 
-typedef struct {
-    char *p;
-    size_t len, cap, off;         /* off: bytes already handed out */
-} sbuf;
+#include "../core/sbuf.h"
 
-void sbuf_put(sbuf *b, const char *s, size_t n);
-void sbuf_puts(sbuf *b, const char *s);
-void sbuf_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void sbuf_free(sbuf *b);
 
 typedef enum { API_OPENAI, API_ANTHROPIC } api_flavor;
 

@@ -18,27 +18,29 @@ enum { MAX_FIELDS = 64 };
 typedef struct {
     const char *s[MAX_FIELDS];
     int len[MAX_FIELDS];
-    int n;            /* all fields */
+    int n;            /* fields kept (the first MAX_FIELDS) */
+    int dropped;      /* fields beyond those: the header is refused, but its sizes still count */
     int positional;   /* fields before the first key=value */
 } fields;
 
-/* Split on spaces/tabs. -1 if there are more than MAX_FIELDS fields. */
-static int split(const char *h, size_t n, fields *f) {
-    f->n = 0;
+/* Split on spaces/tabs. */
+static void split(const char *h, size_t n, fields *f) {
+    f->n = f->dropped = 0;
     for (size_t i = 0; i < n;) {
         while (i < n && (h[i] == ' ' || h[i] == '\t')) i++;
         if (i == n) break;
         size_t j = i;
         while (j < n && h[j] != ' ' && h[j] != '\t') j++;
-        if (f->n == MAX_FIELDS) return -1;
-        f->s[f->n] = h + i;
-        f->len[f->n++] = (int)(j - i);
+        if (f->n == MAX_FIELDS) f->dropped++;
+        else {
+            f->s[f->n] = h + i;
+            f->len[f->n++] = (int)(j - i);
+        }
         i = j;
     }
     f->positional = f->n;
     for (int i = 0; i < f->n; i++)
         if (memchr(f->s[i], '=', (size_t)f->len[i])) { f->positional = i; break; }
-    return 0;
 }
 
 static int field_is(const fields *f, int i, const char *word) {
@@ -174,15 +176,15 @@ static void parse_header(const char *h, size_t n, wire_frame *fr, int64_t *paylo
     memset(fr, 0, sizeof *fr);
     strcpy(fr->id, "0");
     if (!header_printable(h, n)) return fail(fr, "BAD_REQUEST", "%s", "control or non-ASCII byte in header");
-    if (split(h, n, &f)) return fail(fr, "BAD_REQUEST", "%s", "too many fields in header");
+    split(h, n, &f);
     if (f.n == 0) { fr->kind = WIRE_IGNORED; return; }
     int submit = field_is(&f, 0, "SUBMIT"), image = field_is(&f, 0, "IMAGE");
     if (!submit && !image && !field_is(&f, 0, "STOP") && !field_is(&f, 0, "CANCEL")) { fr->kind = WIRE_IGNORED; return; }
-    if (f.positional > WIRE_FIELDS_MAX) return fail(fr, "BAD_REQUEST", "more than %s positional fields", "10");
     uint64_t bytes = 0, ext = 0;
     if (submit) *payload = submit_sizes(&f, &bytes, &ext);
     if (image && f.n >= 3 && !parse_u64(&f, 2, WIRE_IMAGE_MAX, &bytes)) *payload = (int64_t)bytes;
     if (take_id(&f, fr)) return fail(fr, "BAD_REQUEST", "%s missing or longer than 63 bytes", "id");
+    if (f.positional > WIRE_FIELDS_MAX || f.dropped) return fail(fr, "BAD_REQUEST", "more than %s fields", "10 positional");
     if (submit && *payload < 0) return fail(fr, "BAD_REQUEST", "bad %s", "bytes or ext_bytes (limits 16 MiB / 1 MiB)");
     if (image && *payload < 0) return fail(fr, "BAD_REQUEST", "bad %s", "IMAGE bytes");
     if (submit) {

@@ -138,6 +138,15 @@ static void test_sync_after_errors(void) {
               "long header drained (bytewise=%d, n=%d)", bytewise, fr.n);
     }
     free(in);
+    /* too many fields: refused, but the announced payload is still consumed */
+    char many[1024];
+    int w = snprintf(many, sizeof many, "SUBMIT m 0 2 1 0 1 0");
+    for (int i = 0; i < 100; i++) w += snprintf(many + w, sizeof many - (size_t)w, " k%d=1", i % 10);
+    snprintf(many + w, sizeof many - (size_t)w, "\nhi\nSTOP g\n");
+    parse(many);
+    CHECK(fr.n == 2 && is_error(0, "m", "BAD_REQUEST") && fr.f[1].kind == WIRE_STOP, "many fields (n=%d)", fr.n);
+    parse("SUBMIT a 0 2 1 0 1 0 0 9 9\nhi\nSTOP g\n");
+    CHECK(fr.n == 2 && is_error(0, "a", "BAD_REQUEST") && fr.f[1].kind == WIRE_STOP, "11 positional fields");
     /* sizes over the limit are not waited for */
     parse("SUBMIT a 0 99999999999 1 0 1\nSTOP e\n");
     CHECK(fr.n == 2 && is_error(0, "a", "BAD_REQUEST") && fr.f[1].kind == WIRE_STOP, "huge size: header only");

@@ -90,13 +90,15 @@ void reuse_prefill_init(reuse_prefill *p, seq *sq, store *cs, int slot, const in
     p->rows_point = -1;
     if (!cs) return;
     int from = sq->st.len, prev = from;
+    /* Light checkpoints only stand in for a truncation the state cannot do. */
+    int light = !state_always_truncatable(&sq->st);
     p->points = xmalloc((size_t)(n + 2) * sizeof *p->points);
     for (int i = 1; i < n - 1; i++) {
         if (!is_marker(ids[i], markers, nmarkers)) continue;
         if (sys_end <= 0) sys_end = i;
-        if (i >= from) prev = add_point(p, i, prev);
+        if (light && i >= from) prev = add_point(p, i, prev);
     }
-    if (n - 1 > from) p->points[p->npoints++] = n - 1;
+    if (light && n - 1 > from) p->points[p->npoints++] = n - 1;
     /* a system prompt of one token (a BOS) is not worth a copy of its rows */
     if (sys_end > 1 && sys_end < n) {
         p->rows_point = sys_end;

@@ -105,6 +105,15 @@ int state_can_truncate(const state *s, int p) {
     return 1;
 }
 
+int state_always_truncatable(const state *s) {
+    for (int i = 0; i < s->nparts; i++) {
+        const state_part *pt = &s->parts[i];
+        /* a ring as long as the context never wraps, so it truncates like rows */
+        if (pt->kind == PART_RECUR || (pt->kind == PART_RING && pt->rows < s->cap)) return 0;
+    }
+    return 1;
+}
+
 int state_truncate(state *s, int p) {
     if (!state_can_truncate(s, p)) return STATE_EUNSUPPORTED;
     s->len = p;

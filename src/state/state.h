@@ -83,6 +83,9 @@ int state_common_prefix(const state *s, const int *ids, int n);
 
 /* Can every part drop positions >= p (p <= len)? */
 int state_can_truncate(const state *s, int p);
+/* Can this state truncate to any p <= len whatever len is (only ROWS parts, and rings as long as
+ * the context)? Such a state needs no light checkpoints: truncation does their work for free. */
+int state_always_truncatable(const state *s);
 /* Drop positions >= p. STATE_EUNSUPPORTED (and nothing changes) if some part cannot. */
 int state_truncate(state *s, int p);
 

@@ -273,6 +273,32 @@ static void test_boundary_near_start_costs_no_split(void) {
     seq_free(sq);
 }
 
+/* A state that can always truncate takes no light checkpoints (no extra forward calls): only
+ * the system-prompt one with rows, which other slots copy from. Re-asks still truncate. */
+static void test_truncatable_takes_no_light_checkpoints(void) {
+    int flag = 0;
+    model m = make_model(&flag);
+    char err[128];
+    seq *sq = seq_new(&m, CTX, err, sizeof err);
+    sq->chunk = 64;
+    CHECK(state_always_truncatable(&sq->st), "rows family always truncatable");
+    store *cs = store_new(1 << 20);
+    int ids[80];
+    float logits[VOCAB];
+    conv(ids, 80, 7);
+    forward_calls = 0;
+    int taken;
+    run_prompt(sq, 0, cs, 1, NULL, 0, ids, 50, 20, logits, &taken);
+    CHECK(taken == 1 && store_has(cs, ids, 20, 1) && !store_has(cs, ids, 49, 0), "only the rows checkpoint: %d",
+          taken);
+    CHECK(forward_calls == 2, "one split (system end): %d forward calls", forward_calls);
+    reuse_result r = run_prompt(sq, 0, cs, 1, NULL, 0, ids, 50, 20, logits, NULL);
+    CHECK(r.kind == REUSE_TRUNCATE && r.reused == 49, "re-ask truncates (%s %d)", reuse_kind_name(r.kind), r.reused);
+    CHECK(same_as_cold(&m, sq, ids, 50, logits), "== cold");
+    store_free(cs);
+    seq_free(sq);
+}
+
 static void test_store_budget(void) {
     int flag = 1;
     model m = make_model(&flag);
@@ -312,6 +338,7 @@ int main(void) {
     test_kv_share(1);
     test_system_checkpoint_with_rows();
     test_boundary_near_start_costs_no_split();
+    test_truncatable_takes_no_light_checkpoints();
     test_store_budget();
     return TEST_END();
 }

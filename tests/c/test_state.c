@@ -300,7 +300,23 @@ static void test_sizes(void) {
     state_deinit(&f.st);
 }
 
+static void test_always_truncatable(void) {
+    state s;
+    state_init(&s, 32);
+    state_add_part(&s, PART_ROWS, "rows", 8, 32, 1, 0);
+    state_add_part(&s, PART_RING, "long ring", 8, 32, 1, 0);
+    CHECK(state_always_truncatable(&s), "rows + a ring as long as the context");
+    state_add_part(&s, PART_RING, "window", 8, 8, 1, 0);
+    CHECK(!state_always_truncatable(&s), "a ring shorter than the context wraps");
+    state_deinit(&s);
+    state_init(&s, 32);
+    state_add_part(&s, PART_RECUR, "recur", 8, 1, 1, 0);
+    CHECK(!state_always_truncatable(&s), "a recurrence never truncates");
+    state_deinit(&s);
+}
+
 int main(void) {
+    test_always_truncatable();
     test_record_and_taint();
     test_truncate_rules();
     test_snapshot_roundtrip();

@@ -12,11 +12,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <unistd.h>
 
 #include "bench.h"
 #include "cli.h"
 #include "core/threads.h"
 #include "core/util.h"
+#include "state/persist.h"
 #include "state/reuse.h"
 
 typedef struct {
@@ -31,6 +34,12 @@ typedef struct {
     double warm, cold, tail;
 } turn_result;
 
+/* After the conversation: a second slot whose prompt extends the first slot's record (kv-share
+ * copies it), and a restart that reloads the slot from --kv-dir. Each against a cold prefill. */
+typedef struct {
+    turn_result copy, restart;
+} extra_result;
+
 static void usage(FILE *f) {
     fprintf(f,
             "usage: cairn bench reuse -m DIR [--json] [--turns N] [--system N] [--user N] [--reply N]\n"
@@ -40,7 +49,10 @@ static void usage(FILE *f) {
             "a user message of --user ids (default 32) and a greedy reply of --reply tokens (default 16).\n"
             "Per turn: warm TTFT / cold TTFT and warm TTFT / time to prefill only the new tail; warm and tail\n"
             "times are the fastest of --repeat alternating runs (default 3), as the machine may be shared.\n"
-            "--json prints {\"turns\":[{\"prompt_tokens\",\"reused\",\"warm_over_cold\",\"warm_over_tail\",\"exact\"},...]}.\n");
+            "Then the next user message is answered by a second slot that copies the first slot's state\n"
+            "(kv-share) and by a restarted engine that reloads it from a --kv-dir; both against a cold prefill.\n"
+            "--json prints {\"turns\":[{\"prompt_tokens\",\"reused\",\"warm_over_cold\",\"warm_over_tail\",\"exact\"},...],\n"
+            "  \"cross_slot\":{\"reused\",\"copy_over_cold\",...}, \"restart\":{\"reused\",\"restart_over_cold\",...}}.\n");
 }
 
 static int parse(int argc, char **argv, reuse_opts *o) {
@@ -98,7 +110,7 @@ static int marker(const model *m, const char *a, const char *b) {
 
 static void conversation_init(conversation *c, const model *m, const reuse_opts *o) {
     memset(c, 0, sizeof *c);
-    c->cap = (int)(1 + o->system + o->turns * (o->user + o->reply + 2));
+    c->cap = (int)(1 + o->system + o->turns * (o->user + o->reply + 2) + o->user + 2);   /* + the extra turn */
     c->ids = xmalloc((size_t)c->cap * sizeof *c->ids);
     c->user = marker(m, "<｜User｜>", "<|user|>");
     c->assistant = marker(m, "<｜Assistant｜>", "<|assistant|>");
@@ -191,7 +203,67 @@ static int reply(seq *sq, conversation *c, int first, long len, float *logits, c
     return 0;
 }
 
-static int run_turns(model *m, const reuse_opts *o, turn_result *res, char *err, size_t errlen) {
+/* Time `fresh` answering the conversation after `prepare` (copy or reload) and the prefill of
+ * what is left, against a cold prefill of the whole prompt on `cold`. */
+static int time_against_cold(seq *fresh, seq *cold, const conversation *c, reuse_result r, double t0, float *logits,
+                             turn_result *t, char *err, size_t errlen) {
+    if (seq_feed(fresh, c->ids + r.reused, c->n - r.reused, logits, err, errlen)) return -1;
+    int first = argmax(logits, fresh->m->vocab_size);
+    t->warm = now_seconds() - t0;
+    t->reused = r.reused;
+    t->prompt_tokens = c->n;
+    state_reset(&cold->st);
+    t0 = now_seconds();
+    if (seq_feed(cold, c->ids, c->n, logits, err, errlen)) return -1;
+    t->cold = now_seconds() - t0;
+    t->exact = argmax(logits, cold->m->vocab_size) == first;
+    return 0;
+}
+
+static int measure_copy(seq *donor, seq *cold, const conversation *c, float *logits, turn_result *t, char *err,
+                        size_t errlen) {
+    seq *fresh = seq_new(donor->m, donor->st.cap, err, errlen);
+    if (!fresh) return -1;
+    state *donors[1] = {&donor->st};
+    double t0 = now_seconds();
+    reuse_result r = reuse_prepare(&fresh->st, 1, NULL, 1, donors, 1, c->ids, c->n);
+    int rc = time_against_cold(fresh, cold, c, r, t0, logits, t, err, errlen);
+    seq_free(fresh);
+    return rc;
+}
+
+static void remove_dir(const char *dir) {
+    DIR *d = opendir(dir);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        if (e->d_name[0] == '.') continue;
+        char path[512];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        unlink(path);
+    }
+    if (d) closedir(d);
+    rmdir(dir);
+}
+
+static int measure_restart(seq *slot, seq *cold, const conversation *c, float *logits, turn_result *t, char *err,
+                           size_t errlen) {
+    char dir[] = "/tmp/cairn-bench-kv-XXXXXX";
+    if (!mkdtemp(dir)) return errf(err, errlen, "cannot create a temporary --kv-dir");
+    seq *fresh = seq_new(slot->m, slot->st.cap, err, errlen);
+    int rc = fresh ? persist_save(dir, 0, &slot->st, slot->m->fingerprint, err, errlen) : -1;
+    if (rc == 0) {
+        double t0 = now_seconds();
+        if (persist_load(dir, 0, &fresh->st, fresh->m->fingerprint, err, errlen) != 1)
+            rc = errf(err, errlen, "the saved slot did not load back: %s", err);
+        else
+            rc = time_against_cold(fresh, cold, c, reuse_prepare(&fresh->st, 0, NULL, 0, NULL, 0, c->ids, c->n), t0,
+                                   logits, t, err, errlen);
+    }
+    seq_free(fresh);
+    remove_dir(dir);
+    return rc;
+}
+
+static int run_turns(model *m, const reuse_opts *o, turn_result *res, extra_result *x, char *err, size_t errlen) {
     conversation c;
     conversation_init(&c, m, o);
     int ctx = c.cap + 8;
@@ -210,6 +282,12 @@ static int run_turns(model *m, const reuse_opts *o, turn_result *res, char *err,
         int w = measure_turn(warm, cold, cs, (size_t)o->ckpt_mb << 20, &c, o->repeat, logits, t, err, errlen);
         rc = w < 0 ? -1 : reply(warm, &c, w, o->reply, logits, err, errlen);
     }
+    /* the next user message, answered by another slot and by a restarted engine */
+    push(&c, c.user);
+    push_words(&c, o->user);
+    push(&c, c.assistant);
+    if (rc == 0) rc = measure_copy(warm, cold, &c, logits, &x->copy, err, errlen);
+    if (rc == 0) rc = measure_restart(warm, cold, &c, logits, &x->restart, err, errlen);
     free(logits);
     store_free(cs);
     seq_free(warm);
@@ -218,16 +296,21 @@ static int run_turns(model *m, const reuse_opts *o, turn_result *res, char *err,
     return rc;
 }
 
-static void report(const reuse_opts *o, const turn_result *res) {
+static void report(const reuse_opts *o, const turn_result *res, const extra_result *x) {
     double worst = 0;
     for (long k = 1; k < o->turns; k++) worst = MAX(worst, res[k].warm / res[k].tail);
+    const turn_result *cp = &x->copy, *rs = &x->restart;
     if (o->json) {
         printf("{\"turns\":[");
         for (long k = 0; k < o->turns; k++)
             printf("%s{\"prompt_tokens\":%d,\"reused\":%d,\"warm_over_cold\":%.4f,\"warm_over_tail\":%.4f,\"exact\":%s}",
                    k ? "," : "", res[k].prompt_tokens, res[k].reused, res[k].warm / res[k].cold, res[k].warm / res[k].tail,
                    res[k].exact ? "true" : "false");
-        printf("],\"worst_warm_over_tail_from_turn_2\":%.4f}\n", worst);
+        printf("],\"worst_warm_over_tail_from_turn_2\":%.4f", worst);
+        printf(",\"cross_slot\":{\"prompt_tokens\":%d,\"reused\":%d,\"copy_over_cold\":%.4f,\"exact\":%s}",
+               cp->prompt_tokens, cp->reused, cp->warm / cp->cold, cp->exact ? "true" : "false");
+        printf(",\"restart\":{\"prompt_tokens\":%d,\"reused\":%d,\"restart_over_cold\":%.4f,\"exact\":%s}}\n",
+               rs->prompt_tokens, rs->reused, rs->warm / rs->cold, rs->exact ? "true" : "false");
         return;
     }
     printf("turn  prompt  reused  warm_ms  cold_ms  tail_ms  warm/cold  warm/tail  first token\n");
@@ -236,6 +319,10 @@ static void report(const reuse_opts *o, const turn_result *res) {
                res[k].warm * 1e3, res[k].cold * 1e3, res[k].tail * 1e3, res[k].warm / res[k].cold,
                res[k].warm / res[k].tail, res[k].exact ? "same as cold" : "DIFFERS FROM COLD");
     printf("worst warm/tail from turn 2: %.3f (goal <= 1.05)\n", worst);
+    printf("cross-slot copy: prompt %d, reused %d, TTFT copy/cold %.3f, first token %s\n", cp->prompt_tokens,
+           cp->reused, cp->warm / cp->cold, cp->exact ? "same as cold" : "DIFFERS FROM COLD");
+    printf("restart from --kv-dir: prompt %d, reused %d, (load + TTFT)/cold %.3f, first token %s\n",
+           rs->prompt_tokens, rs->reused, rs->warm / rs->cold, rs->exact ? "same as cold" : "DIFFERS FROM COLD");
 }
 
 int bench_reuse(int argc, char **argv) {
@@ -246,10 +333,11 @@ int bench_reuse(int argc, char **argv) {
     model *m = model_open(o.model_dir, o.num, 0, err, sizeof err);
     if (!m) { fprintf(stderr, "cairn bench reuse: %s\n", err); return 1; }
     turn_result *res = xcalloc((size_t)o.turns, sizeof *res);
-    int rc = run_turns(m, &o, res, err, sizeof err);
+    extra_result x = {0};
+    int rc = run_turns(m, &o, res, &x, err, sizeof err);
     if (rc) fprintf(stderr, "cairn bench reuse: %s\n", err);
-    else report(&o, res);
-    int exact = 1;
+    else report(&o, res, &x);
+    int exact = x.copy.exact && x.restart.exact;
     for (long k = 0; k < o.turns; k++) exact &= res[k].exact;
     if (!rc && !exact) fprintf(stderr, "cairn bench reuse: a warm first token differs from the cold one\n");
     free(res);

@@ -18,9 +18,6 @@
 
 #define INLINE static inline __attribute__((always_inline))
 #define VEC_ROWS 4
-#ifndef PF_ROWS
-#define PF_ROWS 4
-#endif
 
 /* Lane mask for columns [c, c + 8) that are < cols. */
 INLINE __m256i tail_mask(int c, int cols) {
@@ -134,7 +131,7 @@ INLINE float tree16(__m256 lo, __m256 hi) {
  * further on: the rows this thread reads next. */
 INLINE void dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, float *y) {
     const int full = w->cols / 16 * 16;
-    const size_t ahead = (size_t)(kernel_row_ptr(w, PF_ROWS) - kernel_row_ptr(w, 0));
+    const size_t ahead = (size_t)(kernel_row_ptr(w, VEC_ROWS) - kernel_row_ptr(w, 0));
     const uint8_t *row[VEC_ROWS];
     __m256 acc[VEC_ROWS][2];
     #pragma GCC unroll 4
@@ -177,7 +174,7 @@ static float fp4_finish(const qmat *w, int r, int full, const float *x, const __
  * dot_rows does (2 KiB per row of 4096 columns). */
 INLINE void fp4_dot_rows(const qmat *w, int r, int NR, const float *x, float *y) {
     const int full = w->cols / 64 * 64;
-    const size_t ahead = (size_t)(kernel_row_ptr(w, PF_ROWS) - kernel_row_ptr(w, 0));
+    const size_t ahead = (size_t)(kernel_row_ptr(w, VEC_ROWS) - kernel_row_ptr(w, 0));
     const uint8_t *row[VEC_ROWS], *srow[VEC_ROWS];
     __m256 acc[VEC_ROWS][2];
     #pragma GCC unroll 4

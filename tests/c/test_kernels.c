@@ -1,7 +1,10 @@
 /* test_kernels.c — qmat kernels for every format: accuracy against a double-precision
  * dequantize-then-dot written from the format definitions, bitwise SIMD == scalar, bitwise
- * invariance to batch size, batch position, row sub-ranges and thread count; and the pool. */
+ * invariance to batch size, batch position, row sub-ranges and thread count, hand-built cases
+ * that only the canonical orders (rule 2, FP4's rule 4) pass; and the pool, including that idle
+ * threads claim the indices of a held-up one. */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -168,6 +171,26 @@ static void check_reduction_order(void) {
     kernels_force_scalar(0);
 }
 
+/* FP4's rule 4 (kernels_path.h), not rule 2: columns 0..3 form one partial before the scale, so
+ * 2^26 + 2 - 2^26 cancels to 0 there (rule 2 would keep the 2 in its own lane and give 1);
+ * columns 16 and 33 land in lanes 8 and 12 of the tree with scales 0.5 and 2. */
+static void check_fp4_rule4(void) {
+    enum { C = 64 };
+    uint8_t codes[C / 2], scales[C / 32] = {127, 129};     /* E8M0: 1.0 and 4.0 */
+    float x[C] = {0}, y;
+    memset(codes, 0x22, sizeof codes);                     /* every code 2: E2M1 1.0 */
+    x[0] = 33554432.0f; x[1] = 1.0f; x[2] = -33554432.0f;  /* group 0 of block 0 */
+    x[16] = 0.25f;                                         /* group 4 of block 0: 0.25 */
+    x[33] = 0.5f;                                          /* group 0 of block 1: 0.5 * 4 = 2 */
+    qmat m = {WF_FP4, 1, C, codes, scales};
+    for (int s = 0; s < 2; s++) {
+        kernels_force_scalar(s);
+        qmat_vec(&m, x, &y);
+        CHECK(y == 2.25f, "%s: FP4 rule 4 gives %.9g, want 2.25", kernels_simd_name(), y);
+    }
+    kernels_force_scalar(0);
+}
+
 static void check_simd_selected(void) {
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
     const char *name = kernels_simd_name();
@@ -218,14 +241,41 @@ static void check_pool(void) {
     pool_set_threads(2);
 }
 
+/* Claiming: while one call of a job is held up, the other thread takes the rest of the indices
+ * (a fixed half-and-half split could finish at most half of them). The held call waits for that,
+ * with a generous deadlock guard instead of hanging if it never happens. */
+typedef struct { atomic_int others_done; int waited_ok; } claim_probe;
+
+static void held_task(void *ctx, int i) {
+    claim_probe *p = ctx;
+    if (i > 0) {
+        atomic_fetch_add(&p->others_done, 1);
+        return;
+    }
+    for (int k = 0; k < 6000 && atomic_load(&p->others_done) < 48; k++)
+        nanosleep(&(struct timespec){0, 10 * 1000 * 1000}, NULL);
+    p->waited_ok = atomic_load(&p->others_done) >= 48;
+}
+
+static void check_pool_claims(void) {
+    pool_set_threads(2);
+    claim_probe p = {0, 0};
+    pool_run(64, held_task, &p);
+    CHECK(p.waited_ok && atomic_load(&p.others_done) == 63, "claiming: %d other indices ran while index 0 was held",
+          atomic_load(&p.others_done));
+}
+
 int main(void) {
     check_simd_selected();
     check_pool();
+    check_pool_claims();
     check_reduction_order();
+    check_fp4_rule4();
     static const struct { wformat fmt; int rows, cols; } cases[] = {
         {WF_F32, 37, 45}, {WF_F32, 20, 256},  {WF_BF16, 29, 77},  {WF_BF16, 16, 512},
         {WF_FP8, 150, 200}, {WF_FP8, 131, 256}, {WF_FP8, 7, 24},   {WF_FP4, 41, 96},
         {WF_FP4, 33, 80},   {WF_FP4, 9, 40},    {WF_FP4, 5, 34},   {WF_FP4, 130, 512},
+        {WF_FP4, 7, 64},    {WF_FP4, 11, 120},  {WF_FP4, 6, 4096},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         check_format(cases[i].fmt, cases[i].rows, cases[i].cols);

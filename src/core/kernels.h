@@ -14,9 +14,9 @@
  * order that depends only on `cols` and the compiled SIMD path.
  *
  * SIMD: the best path for the build machine is compiled in (AVX-512 / AVX2+FMA+F16C), and the
- * scalar path is always available; kernels_force_scalar(1) selects it at run time (tests compare
- * the two). The scalar path and the SIMD path need not be bitwise equal to each other, but each
- * is chunking-invariant on its own.
+ * scalar path is always available; kernels_force_scalar(1) selects it at run time. Every path
+ * implements the same canonical reduction order (kernels_path.h), so scalar, AVX2 and AVX-512
+ * results are bitwise equal: a checkpoint gives the same logits on every machine.
  */
 #ifndef CAIRN_KERNELS_H
 #define CAIRN_KERNELS_H

@@ -464,6 +464,7 @@ static void engine_close(engine *e) {
     free(e->top_ids);
     free(e->top_lps);
     wire_reader_free(&e->rd);
+    persist_forget();
     model_close(e->m);
 }
 

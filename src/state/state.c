@@ -154,6 +154,8 @@ static uint64_t layout_hash(const state *s) {
     return h;
 }
 
+uint64_t state_layout_hash(const state *s) { return layout_hash(s); }
+
 /* Bytes of part p a snapshot of `len` positions carries. ROWS keep the rows that positions
  * 0..len-1 touch (a partially filled compressed row included); a RING keeps the slots written so
  * far (all of them once wrapped); RECUR keeps its whole summary. */

@@ -109,6 +109,10 @@ size_t snapshot_bytes(const snapshot *snap);           /* memory it holds */
 int snapshot_write(const snapshot *snap, uint64_t model_fingerprint, FILE *f, char *err, size_t errlen);
 snapshot *snapshot_read(FILE *f, uint64_t model_fingerprint, char *err, size_t errlen);
 
+/* A hash naming the shape of every part (kind, name, row bytes, rows, span): two states with
+ * the same hash lay out the same bytes. Persisted files carry it to refuse another shape. */
+uint64_t state_layout_hash(const state *s);
+
 /* Bytes of state per position (ROWS parts) and fixed bytes (RING + RECUR), for reports. */
 size_t state_bytes_per_token(const state *s);
 size_t state_fixed_bytes(const state *s);

@@ -11,7 +11,7 @@
  * CHUNKING INVARIANCE (hard requirement, reuse_design.md §6): y[r] for one input row is
  * bit-identical whether computed by qmat_vec, or by qmat_mul inside a batch of any size and any
  * position in that batch, on any number of threads. Each output element is reduced in one fixed
- * order that depends only on `cols` and the compiled SIMD path.
+ * order that depends only on `cols`.
  *
  * SIMD: the best path for the build machine is compiled in (AVX-512 / AVX2+FMA+F16C), and the
  * scalar path is always available; kernels_force_scalar(1) selects it at run time. Every path

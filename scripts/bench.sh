@@ -5,14 +5,14 @@ set -e
 cd "$(dirname "$0")/.."
 PY=/usr/bin/python3
 for fam in deepseek_v4 glm; do
-    dir=build/models/$fam-bench
+    dir=build/models/$fam-bench-1234
     [ -f "$dir/config.json" ] || { echo "bench: generating $dir (once)"; $PY tools/make_tiny.py $fam "$dir" --size bench; }
 done
 echo "== kernels: matvec weight bytes/s / measured read bandwidth"
 build/cairn bench kernels
 for fam in deepseek_v4 glm; do
     echo "== $fam: prefill / decode (decode_efficiency = weight bytes per token x tok/s / read bandwidth)"
-    build/cairn bench -m build/models/$fam-bench
+    build/cairn bench -m build/models/$fam-bench-1234
     echo "== $fam: prefix reuse over a 10-turn conversation (warm/cold and warm/tail TTFT)"
-    build/cairn bench reuse -m build/models/$fam-bench
+    build/cairn bench reuse -m build/models/$fam-bench-1234
 done

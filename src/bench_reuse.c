@@ -260,6 +260,7 @@ static int measure_restart(seq *slot, seq *cold, const conversation *c, float *l
     }
     seq_free(fresh);
     remove_dir(dir);
+    persist_forget();
     return rc;
 }
 

@@ -184,7 +184,7 @@ static int parse_prompt_ids(const char *s, int vocab, prompt **out, int *np, cha
 }
 
 static int encode(const model *m, const char *text, prompt *pr, char *err, size_t errlen) {
-    if (!m->tok) return errf(err, errlen, "the model directory has no tokenizer.json (use --prompt-ids)");
+    if (!m->tok) return errf(err, errlen, "the model has no usable tokenizer.json (use --prompt-ids)");
     size_t len = strlen(text);
     int cap = (int)len + 16;
     pr->ids = xmalloc(sizeof(int) * cap);

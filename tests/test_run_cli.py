@@ -121,3 +121,19 @@ def test_bench_model_json(cairn, tiny_dsv4):
     # efficiency is the ratio the brief defines, computed from the run's own figures
     want = r["decode_bytes_per_token"] * r["decode_tok_s"] / (r["bandwidth_gbs"] * 1e9)
     assert abs(r["decode_efficiency"] - want) <= 1e-3 * want + 1e-4
+
+
+def test_unusable_tokenizer_leaves_token_ids_working(cairn, tiny_dsv4, tmp_path):
+    """A tokenizer.json cairn cannot read must not cost the weights: token-id prompts give the same
+    output as with the tokenizer, and a text prompt is refused with a reason."""
+    import shutil
+    model = tmp_path / "model"
+    shutil.copytree(tiny_dsv4, model)
+    (model / "tokenizer.json").write_text('{"model": {"type": "Unigram", "vocab": []}}')
+    args = ("--prompt-ids", IDS, "-n", 4, "--temperature", 0, "--top-logprobs", 3, "--ignore-eos")
+    want = [r["id"] for r in jsonl(cairn, tiny_dsv4, *args)]
+    p = ok(cairn, "run", "-m", model, "--format", "jsonl", *args)
+    assert [json.loads(x)["id"] for x in p.stdout.decode().splitlines()] == want
+    assert b"tokenizer not usable" in p.stderr
+    t = run(cairn, "run", "-m", model, "-p", "hello", "-n", 1)
+    assert t.returncode != 0 and b"no usable tokenizer" in t.stderr

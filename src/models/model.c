@@ -1,5 +1,6 @@
 #include "model.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -42,7 +43,11 @@ model *model_open(const char *dir, numerics num, int progress, char *err, size_t
     FILE *probe = fopen(path, "rb");
     if (probe) {
         fclose(probe);
-        if (!(m->tok = tok_load(path, err, errlen))) goto fail;
+        /* Weights are usable without text: a tokenizer.json of a kind cairn does not read (or a
+         * broken one) leaves the model serving token-id prompts, and says why. */
+        char tok_err[256];
+        if (!(m->tok = tok_load(path, tok_err, sizeof tok_err)))
+            fprintf(stderr, "cairn: %s: tokenizer not usable, token-id prompts only: %s\n", path, tok_err);
     }
     int bos;
     if (config_int_or(m->config, "bos_token_id", -1, &bos, err, errlen)) goto fail;

@@ -225,7 +225,7 @@ static int tokenize(engine *e, const wire_frame *f, request *r, int *sys_end, ch
     if (f->sub.ids)
         return parse_id_list(f->payload, f->payload_len, e->m->vocab_size, &r->prompt, &r->n, f->sub.prefix_bytes,
                              sys_end, err, errlen);
-    if (!e->m->tok) return errf(err, errlen, "this model has no tokenizer.json: send token ids with ids=1");
+    if (!e->m->tok) return errf(err, errlen, "this model has no usable tokenizer.json: send token ids with ids=1");
     if (encode_text(e->m->tok, f->payload, f->payload_len, &r->prompt, &r->n, err, errlen)) return -1;
     *sys_end = text_sys_end(e->m->tok, f->payload, f->sub.prefix_bytes, r->prompt, r->n);
     return 0;

@@ -3,10 +3,17 @@
  * A qmat describes a weight matrix W [rows, cols] as stored in the checkpoint (no copy):
  *   WF_F32  : float [rows][cols]
  *   WF_BF16 : uint16 [rows][cols]
- *   WF_FP8  : E4M3 bytes [rows][cols] + E8M0 scale [ceil(rows/128)][ceil(cols/128)]
+ *   WF_FP8  : E4M3 bytes [rows][cols] + a scale per 128x128 block [ceil(rows/128)][ceil(cols/128)],
+ *             E8M0 (`scale`) or F32 (`scale_f32`, any value: GLM-5-FP8 / DeepSeek-V3 `_scale_inv`)
  *   WF_FP4  : E2M1 nibbles [rows][cols/2] (low nibble = even column) + E8M0 scale [rows][cols/32]
- * y = W x computes y[r] = sum_c W[r][c] * x[c] with weights dequantized exactly
- * (code value * block scale).
+ * and the colibri integer containers (QT formats 1, 2 and 4), symmetric, scales in `scale_f32`:
+ *   WF_I8_ROW : int8 [rows][cols] + one f32 scale per row
+ *   WF_I4_ROW : nibbles [rows][ceil(cols/2)] (low nibble = even column, value = nibble - 8)
+ *               + one f32 scale per row
+ *   WF_I4_G64 : the same nibbles + one f32 scale per row and group of 64 columns [rows][ceil(cols/64)]
+ * y = W x computes y[r] = sum_c W[r][c] * x[c] with W[r][c] = code value * scale. Power-of-two
+ * scales make that product exact; an f32 scale adds at most one rounding per product or partial
+ * sum (kernels_path.h says where), the same on every path.
  *
  * CHUNKING INVARIANCE (hard requirement, reuse_design.md §6): y[r] for one input row is
  * bit-identical whether computed by qmat_vec, or by qmat_mul inside a batch of any size and any
@@ -24,13 +31,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef enum { WF_F32, WF_BF16, WF_FP8, WF_FP4 } wformat;
+typedef enum { WF_F32, WF_BF16, WF_FP8, WF_FP4, WF_I8_ROW, WF_I4_ROW, WF_I4_G64 } wformat;
 
 typedef struct {
     wformat fmt;
     int rows, cols;
     const void *data;
-    const uint8_t *scale;   /* E8M0 block scales (FP8, FP4), else NULL */
+    const uint8_t *scale;       /* E8M0 block scales (FP8, FP4), else NULL */
+    const float *scale_f32;     /* FP8 block scales when set (then `scale` is unused); the integer
+                                 * formats' row or group scales; else NULL */
 } qmat;
 
 const char *wformat_name(wformat f);

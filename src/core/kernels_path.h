@@ -8,9 +8,12 @@
  *     - FP8: the E4M3 code read as f16 (value * 2^-8, exact, unscaled), and x[c] times its
  *       block's scale * 2^8, rounded once (prepared_x in kernels.c). The product is code value *
  *       scale * x[c]; putting the scale on the input saves a multiply per weight, and the
- *       scaled input is shared by the 128 rows of a scale block.
+ *       scaled input is shared by the 128 rows of a scale block. Scale * 2^8 is exact for E8M0
+ *       and F32 scales alike, so an arbitrary F32 scale costs only that one input rounding.
  *     - FP4: twice the E2M1 value (an integer in -12..12, exact, unscaled) and x[c]; the
  *       block's scale / 2 multiplies partial sums instead (rule 4).
+ *     - I8_ROW, I4_ROW, I4_G64: the integer code value (exact, unscaled) and x[c]; the row
+ *       scale multiplies the finished sum (rule 5), the group scale partial sums (rule 6).
  *  2. Columns are padded with zeros to a multiple of 16. Lane l (0..15) accumulates, in column
  *     order, acc[l] = fma(w[c], x[c], acc[l]) over every c with c % 16 == l, starting from +0.
  *  3. The 16 lanes are summed by kernel_tree16: a[i] + a[i+8], then + 4 apart, + 2 apart, + 1.
@@ -20,6 +23,14 @@
  *     acc[l] = fma(p, scale_b / 2, acc[l]) to lane l = 8 * (g / 4) + 4 * (b % 2) + g % 4.
  *     The scale is a power of two, so this equals scaling each weight (barring over/underflow),
  *     and it lets SIMD code decode codes with a constant table and take the scale per block.
+ *  5. I8_ROW and I4_ROW follow rules 2 and 3 on the integer codes; the tree's result is then
+ *     multiplied once by the row's f32 scale (kernel_row_finish). One multiply per output
+ *     instead of one per weight, and the integer partials are exact far longer than scaled ones.
+ *  6. I4_G64 replaces rule 2 (kernel_g64_groups): columns are zero-padded to 64-column groups.
+ *     In group g, lane l (0..15) forms p = w*x of column 64g + l, then p = fma(w, x, p) over
+ *     columns 64g + l + 16, + 32, + 48 in order, and adds acc[l] = fma(p, scale_g, acc[l]).
+ *     The tree (rule 3) follows. A group is 16 lanes x 4 columns: one vector step per 16
+ *     columns on every path, and the scale is taken once per group and lane.
  * Consequently a result depends only on the row's weights, x and cols: never on batching,
  * position in a batch, thread count or which path computed it. (The AVX-512 path is held to
  * the same order; it is compiled but could not be run on the machine it was written on.)
@@ -55,11 +66,12 @@ extern const float kernel_fp4_lut[16];
 extern float kernel_fp8_scale_lut[256];
 extern float kernel_fp4_scale_lut[256];
 
-/* Scale of weight (r, c): kernel_fp8_scale_lut / kernel_fp4_scale_lut of its block's byte. */
+/* Scale factor of weight (r, c) in rule 1: its block's scale * 2^8 (FP8, E8M0 or F32 grid) and
+ * kernel_fp4_scale_lut of its block's byte (FP4). */
 float kernel_fp8_scale(const qmat *w, int r, int c);
 float kernel_fp4_scale(const qmat *w, int r, int c);
 size_t kernel_fp4_row_bytes(const qmat *w);
-size_t kernel_scale_row_len(const qmat *w);    /* E8M0 bytes per scale row (FP8: per 128 rows) */
+size_t kernel_scale_row_len(const qmat *w);    /* scales per scale row (FP8: per 128 rows; I4_G64: groups) */
 
 /* Weight factor (r, c) of rule 1 (FP8, FP4: unscaled); 0 for c >= cols (the zero padding). */
 float kernel_weight(const qmat *w, int r, int c);
@@ -67,6 +79,9 @@ float kernel_weight(const qmat *w, int r, int c);
 /* Rule 4 for FP4 row r over scale blocks [b0, end): adds into acc[16]. x holds the input for
  * those columns at their own positions (kernel_fp4_permute_x leaves the tail in place). */
 void kernel_fp4_blocks(const qmat *w, int r, int b0, const float *x, float acc[16]);
+
+/* Rule 6 for I4_G64 row r over groups [g0, end): adds into acc[16]; x as given (unpermuted). */
+void kernel_g64_groups(const qmat *w, int r, int g0, const float *x, float acc[16]);
 
 /* FP4 SIMD input order: within each full 64-column chunk, out[8 * v + 4 * h + j] =
  * x[32 * h + 16 * (v / 4) + 4 * j + v % 4] (v = 0..7, h = 0..1, j = 0..3): vector v then
@@ -78,32 +93,46 @@ float kernel_tree16(const float acc[16]);
 /* Thread-local scratch of at least n floats, 64-byte aligned; grows, never shrinks. */
 float *kernel_scratch(size_t n);
 
-/* Run `call` with the constant F set to format f for the rule-2 formats, so always-inline SIMD
- * code is specialised per format and the format switch leaves the inner loops; FP4 (rule 4)
- * runs `fp4_call`. */
-#define KERNEL_FOR_EACH_FORMAT(f, call, fp4_call)                 \
-    switch (f) {                                                  \
-    case WF_F32: { const wformat F = WF_F32; call; } break;       \
-    case WF_BF16: { const wformat F = WF_BF16; call; } break;     \
-    case WF_FP8: { const wformat F = WF_FP8; call; } break;       \
-    case WF_FP4: fp4_call; break;                                 \
+/* Run `call` with the constant F set to format f for the rule-2 formats (rule 5's too), so
+ * always-inline SIMD code is specialised per format and the format switch leaves the inner
+ * loops; FP4 (rule 4) runs `fp4_call`, I4_G64 (rule 6) `g64_call`. */
+#define KERNEL_FOR_EACH_FORMAT(f, call, fp4_call, g64_call)             \
+    switch (f) {                                                        \
+    case WF_F32: { const wformat F = WF_F32; call; } break;             \
+    case WF_BF16: { const wformat F = WF_BF16; call; } break;           \
+    case WF_FP8: { const wformat F = WF_FP8; call; } break;             \
+    case WF_I8_ROW: { const wformat F = WF_I8_ROW; call; } break;       \
+    case WF_I4_ROW: { const wformat F = WF_I4_ROW; call; } break;       \
+    case WF_FP4: fp4_call; break;                                       \
+    case WF_I4_G64: g64_call; break;                                    \
     }
 
-/* Byte offset of column c within a row (FP4: c even). */
+static inline int kernel_is_nibbles(wformat f) { return f == WF_FP4 || f == WF_I4_ROW || f == WF_I4_G64; }
+
+/* Byte offset of column c within a row (nibble formats: c even). */
 static inline size_t kernel_col_bytes(wformat f, int c) {
-    return f == WF_F32 ? (size_t)c * 4 : f == WF_BF16 ? (size_t)c * 2 : f == WF_FP8 ? (size_t)c : (size_t)c / 2;
+    if (kernel_is_nibbles(f)) return (size_t)c / 2;
+    return f == WF_F32 ? (size_t)c * 4 : f == WF_BF16 ? (size_t)c * 2 : (size_t)c;
 }
 
 static inline const uint8_t *kernel_row_ptr(const qmat *w, int r) {
-    size_t row_bytes = w->fmt == WF_FP4 ? kernel_fp4_row_bytes(w) : kernel_col_bytes(w->fmt, w->cols);
+    size_t row_bytes = kernel_is_nibbles(w->fmt) ? kernel_fp4_row_bytes(w) : kernel_col_bytes(w->fmt, w->cols);
     return (const uint8_t *)w->data + (size_t)r * row_bytes;
 }
 
-/* The E8M0 bytes that apply to row r (FP8: its 128-row block's), NULL for unscaled formats. */
+/* The E8M0 bytes that apply to row r (FP4), NULL for other formats. */
 static inline const uint8_t *kernel_scale_row(const qmat *w, int r) {
-    if (w->fmt == WF_FP8) return w->scale + (size_t)(r / 128) * kernel_scale_row_len(w);
-    if (w->fmt == WF_FP4) return w->scale + (size_t)r * kernel_scale_row_len(w);
-    return NULL;
+    return w->fmt == WF_FP4 ? w->scale + (size_t)r * kernel_scale_row_len(w) : NULL;
+}
+
+/* The f32 group scales of I4_G64 row r. */
+static inline const float *kernel_g64_scales(const qmat *w, int r) {
+    return w->scale_f32 + (size_t)r * kernel_scale_row_len(w);
+}
+
+/* Rule 5: a row-scaled format's sum times its row scale; other formats' sums unchanged. */
+static inline float kernel_row_finish(const qmat *w, int r, float sum) {
+    return w->fmt == WF_I8_ROW || w->fmt == WF_I4_ROW ? sum * w->scale_f32[r] : sum;
 }
 
 #endif

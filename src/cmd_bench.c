@@ -27,9 +27,10 @@ static void bench_usage(FILE *f) {
             "       cairn bench reuse -m DIR [options]    (prefix-reuse speed of a model)\n"
             "\n"
             "kernels: measures the read bandwidth of this machine (stream-like sum over 1 GiB on all\n"
-            "  threads), then for each weight format (f32, bf16, fp8, fp4) the matrix-vector\n"
-            "  throughput in weight bytes/s and as a fraction of that bandwidth, and batched\n"
-            "  (n=8, n=32 input rows) GFLOP/s.\n"
+            "  threads), then for each weight layout (f32, bf16, fp8 with E8M0 and with F32 block\n"
+            "  scales, fp4, and the int8-per-row, int4-per-row and int4-g64 containers) the\n"
+            "  matrix-vector throughput in weight bytes/s and as a fraction of that bandwidth, and\n"
+            "  batched (n=8, n=32 input rows) GFLOP/s.\n"
             "  --json   print one JSON object instead of a table\n"
             "  --mb N   weight matrix size per format in MiB (default 256; keep it above the caches)\n"
             "  Threads: CAIRN_THREADS (default: online cores).\n"
@@ -123,18 +124,47 @@ static uint32_t rng_next(void) {
     return (uint32_t)(rng_state >> 16);
 }
 
+/* The benched layouts: every format, and FP8 with both scale encodings (E8M0 as DeepSeek V4
+ * ships it, F32 `_scale_inv` as GLM-5-FP8 does). */
+typedef struct {
+    wformat fmt;
+    int f32_scales;
+    const char *label;
+} bench_layout;
+
+static const bench_layout layouts[] = {
+    {WF_F32, 0, "f32"},       {WF_BF16, 0, "bf16"},     {WF_FP8, 0, "fp8"},       {WF_FP8, 1, "fp8-f32s"},
+    {WF_FP4, 0, "fp4"},       {WF_I8_ROW, 0, "i8-row"}, {WF_I4_ROW, 0, "i4-row"}, {WF_I4_G64, 0, "i4-g64"},
+};
+#define N_LAYOUTS (int)(sizeof layouts / sizeof layouts[0])
+
+static size_t scale_count(wformat fmt, size_t rows) {
+    switch (fmt) {
+    case WF_F32:
+    case WF_BF16: return 0;
+    case WF_FP8: return rows / 128 * (BENCH_COLS / 128);
+    case WF_FP4: return rows * (BENCH_COLS / 32);
+    case WF_I8_ROW:
+    case WF_I4_ROW: return rows;
+    case WF_I4_G64: return rows * (BENCH_COLS / 64);
+    }
+    return 0;
+}
+
 /* Random codes of the format (no NaN codes), scales near 1, as a checkpoint would hold. */
-static int make_matrix(qmat *w, wformat fmt, size_t mb, char *err, size_t errlen) {
+static int make_matrix(qmat *w, const bench_layout *lay, size_t mb, char *err, size_t errlen) {
+    wformat fmt = lay->fmt;
     size_t bytes_per_row = fmt == WF_F32 ? BENCH_COLS * 4 : fmt == WF_BF16 ? BENCH_COLS * 2
-                         : fmt == WF_FP8 ? BENCH_COLS : BENCH_COLS / 2;
+                         : fmt == WF_FP8 || fmt == WF_I8_ROW ? BENCH_COLS : BENCH_COLS / 2;
     size_t rows = (mb * MIB / bytes_per_row + 127) / 128 * 128;
-    size_t scale_len = fmt == WF_FP8 ? rows / 128 * (BENCH_COLS / 128) : fmt == WF_FP4 ? rows * (BENCH_COLS / 32) : 0;
+    size_t scale_len = scale_count(fmt, rows);
+    int f32_scales = lay->f32_scales || fmt >= WF_I8_ROW;
     uint8_t *data = malloc(rows * bytes_per_row);
-    uint8_t *scale = scale_len ? malloc(scale_len) : NULL;
-    if (!data || (scale_len && !scale)) {
+    uint8_t *scale = scale_len && !f32_scales ? malloc(scale_len) : NULL;
+    float *fscale = scale_len && f32_scales ? malloc(scale_len * sizeof(float)) : NULL;
+    if (!data || (scale_len && !scale && !fscale)) {
         free(data);
-        free(scale);
-        return errf(err, errlen, "cannot allocate a %zu MiB %s matrix", mb, wformat_name(fmt));
+        return errf(err, errlen, "cannot allocate a %zu MiB %s matrix", mb, lay->label);
     }
     if (fmt == WF_F32 || fmt == WF_BF16) {   /* real values: random bytes would include NaN and inf */
         for (size_t i = 0; i < rows * BENCH_COLS; i++) {
@@ -149,8 +179,9 @@ static int make_matrix(qmat *w, wformat fmt, size_t mb, char *err, size_t errlen
             data[i] = fmt == WF_FP8 && (b & 0x7f) == 0x7f ? b - 1 : b;
         }
     }
-    for (size_t i = 0; i < scale_len; i++) scale[i] = (uint8_t)(120 + rng_next() % 8);
-    *w = (qmat){fmt, (int)rows, BENCH_COLS, data, scale};
+    for (size_t i = 0; scale && i < scale_len; i++) scale[i] = (uint8_t)(120 + rng_next() % 8);
+    for (size_t i = 0; fscale && i < scale_len; i++) fscale[i] = 0.01f + (float)(rng_next() % 1000) * 1e-4f;
+    *w = (qmat){.fmt = fmt, .rows = (int)rows, .cols = BENCH_COLS, .data = data, .scale = scale, .scale_f32 = fscale};
     return 0;
 }
 
@@ -202,27 +233,27 @@ int bench_kernels(int argc, char **argv) {
     }
     double bw = bench_read_bandwidth(GIB);
     if (bw <= 0) return 1;
-    static const wformat formats[] = {WF_F32, WF_BF16, WF_FP8, WF_FP4};
-    kernel_result res[4];
-    qmat mats[4];
-    for (int f = 0; f < 4; f++) {
+    kernel_result res[N_LAYOUTS];
+    qmat mats[N_LAYOUTS];
+    for (int f = 0; f < N_LAYOUTS; f++) {
         char err[256];
-        if (make_matrix(&mats[f], formats[f], (size_t)mb, err, sizeof err)) {
+        if (make_matrix(&mats[f], &layouts[f], (size_t)mb, err, sizeof err)) {
             fprintf(stderr, "cairn bench kernels: %s\n", err);
             return 1;
         }
         bench_format(&mats[f], &res[f]);
         free((void *)mats[f].data);
         free((void *)mats[f].scale);
+        free((void *)mats[f].scale_f32);
     }
     if (json) {
         printf("{\"simd\":\"%s\",\"threads\":%d,\"read_bandwidth_bytes_per_s\":%.0f,\"formats\":{", kernels_simd_name(),
                pool_threads(), bw);
-        for (int f = 0; f < 4; f++)
+        for (int f = 0; f < N_LAYOUTS; f++)
             printf("%s\"%s\":{\"rows\":%d,\"cols\":%d,\"bytes\":%zu,\"matvec_bytes_per_s\":%.0f,"
                    "\"matvec_vs_bandwidth\":%.3f,\"mul8_gflops\":%.2f,\"mul32_gflops\":%.2f,"
                    "\"mul8_per_row_speedup\":%.2f}",
-                   f ? "," : "", wformat_name(formats[f]), mats[f].rows, mats[f].cols, qmat_bytes(&mats[f]),
+                   f ? "," : "", layouts[f].label, mats[f].rows, mats[f].cols, qmat_bytes(&mats[f]),
                    res[f].vec_bytes_per_s, res[f].vec_bytes_per_s / bw, res[f].mul8_gflops, res[f].mul32_gflops,
                    res[f].mul8_row_speedup);
         printf("}}\n");
@@ -230,12 +261,12 @@ int bench_kernels(int argc, char **argv) {
     }
     printf("cairn bench kernels: simd %s, %d threads, read bandwidth %.2f GB/s\n", kernels_simd_name(), pool_threads(),
            bw * 1e-9);
-    printf("%-6s %12s %9s %12s %10s %12s %12s %14s\n", "format", "matrix", "MiB", "matvec GB/s", "of bw",
+    printf("%-8s %12s %9s %12s %10s %12s %12s %14s\n", "format", "matrix", "MiB", "matvec GB/s", "of bw",
            "n=8 GFLOP/s", "n=32 GFLOP/s", "n=8 row speedup");
-    for (int f = 0; f < 4; f++) {
+    for (int f = 0; f < N_LAYOUTS; f++) {
         char shape[32];
         snprintf(shape, sizeof shape, "%dx%d", mats[f].rows, mats[f].cols);
-        printf("%-6s %12s %9.0f %12.2f %10.3f %12.2f %12.2f %14.2f\n", wformat_name(formats[f]), shape,
+        printf("%-8s %12s %9.0f %12.2f %10.3f %12.2f %12.2f %14.2f\n", layouts[f].label, shape,
                qmat_bytes(&mats[f]) / (double)MIB, res[f].vec_bytes_per_s * 1e-9, res[f].vec_bytes_per_s / bw,
                res[f].mul8_gflops, res[f].mul32_gflops, res[f].mul8_row_speedup);
     }

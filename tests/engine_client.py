@@ -9,6 +9,7 @@ There is no performance time limit anywhere: reads block until the engine answer
 stdout. HANG_GUARD only turns a deadlocked engine into a failure instead of a stuck CI run.
 """
 import os
+import re
 import select
 import subprocess
 
@@ -176,6 +177,16 @@ class Engine:
             self.p.kill()
             self.p.wait()
 
+    def prefix_log(self):
+        """After close(), with CAIRN_PREFIX_LOG=1: the engine's reuse decisions, one per request in
+        order, as (slot, reused, prompt tokens, kind)."""
+        out = []
+        for line in self.read_stderr().splitlines():
+            m = re.fullmatch(r"prefix: slot (\d+) reused (\d+)/(\d+) \((\w+)\)", line)
+            if m:
+                out.append((int(m[1]), int(m[2]), int(m[3]), m[4]))
+        return out
+
 
 def cold(cairn, model, ids=None, max_tokens=8, text=None, args=(), **kw):
     """The reference for every warm result: a freshly started engine."""
@@ -184,3 +195,23 @@ def cold(cairn, model, ids=None, max_tokens=8, text=None, args=(), **kw):
         return e.generate(ids=ids, text=text, max_tokens=max_tokens, **kw)
     finally:
         e.close()
+
+
+def lcp(a, b):
+    n = 0
+    while n < len(a) and n < len(b) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def expected_reuse(family, record, prompt, checkpoints=()):
+    """The reuse decision of src/state/reuse.h for one slot without donors: (reused, kind).
+    record: the ids the slot's state holds; checkpoints: positions along that record where a
+    checkpoint was taken (only an extend-only family ever needs one here)."""
+    u = min(lcp(record, prompt), len(prompt) - 1)
+    if u > 0 and u == len(record):
+        return u, "extend"
+    if u > 0 and not family.extend_only:
+        return u, "truncate"
+    c = max([c for c in checkpoints if 0 < c <= u], default=0)
+    return (c, "checkpoint") if c else (0, "reset")

@@ -1,6 +1,8 @@
 """Garbage on the engine's stdin never crashes it: random bytes, over-long headers, negative and
 absurd sizes, mutated frames and payloads cut short by EOF. The engine answers what it can with
-well-formed ERROR frames, keeps serving, and exits 0 at EOF."""
+well-formed ERROR frames, keeps serving, and exits 0 at EOF. Every case runs on the tiny model of
+each family (fixture family_model): the frame reader is shared, but what a family does with the
+prompts that get through (and with the state they leave) is not."""
 import random
 
 import pytest
@@ -13,8 +15,8 @@ KINDS = {"ACCEPT", "DATA", "DONE", "ERROR"}
 
 
 @pytest.fixture
-def engine(cairn, tiny_dsv4):
-    e = Engine(cairn, tiny_dsv4, "--ctx", "128")
+def engine(cairn, family_model):
+    e = Engine(cairn, family_model.model, "--ctx", "128")
     yield e
     e.kill()
 

@@ -1,7 +1,9 @@
 """GLM-5 forward pass (src/models/glm*.c) against the independent float64 reference tools/ref/glm.py
 on the tiny checkpoint: exact numerics agree on every prompt position (top-1 equal, top-5 log-probs
 within 0.002), the DSA top-k selection demonstrably shapes the result, default numerics round
-activations to BF16, and how a prompt is split into forward calls never changes a bit."""
+activations to BF16, and how a prompt is split into forward calls never changes a bit. The same
+agreement holds for the quantized layouts: GLM-5-FP8 (F32 block scales of any value) and colibri's
+int4 container (int4-g64 routed experts, int8 or int4 per-row dense matrices, U8 + `.qs`)."""
 import json
 import os
 import subprocess
@@ -149,37 +151,132 @@ def test_bad_config_is_refused_by_key(cairn, tiny_glm, tmp_path, change, key):
     assert r.returncode != 0 and key in r.stderr, r.stderr
 
 
-@pytest.fixture(scope="module")
-def tiny_glm_fp8():
-    """The GLM-5-FP8 layout: F8_E4M3 matrices with F32 `_scale_inv` block scales."""
-    out = os.path.join(ROOT, "build", "models", "glm-tiny-fp8-1234")
+def generated(dirname, **kwargs):
+    """A tiny_glm variant under build/models, regenerated when tools/tiny_glm.py is newer."""
+    out = os.path.join(ROOT, "build", "models", dirname)
     gen = os.path.join(ROOT, "tools", "tiny_glm.py")
     stamp = os.path.join(out, "config.json")
     if not os.path.exists(stamp) or os.path.getmtime(stamp) < os.path.getmtime(gen):
         sys.path.insert(0, os.path.join(ROOT, "tools"))
         import tiny_glm
-        tiny_glm.make(out, "tiny", 1234, fp8=True)
+        tiny_glm.make(out, seed=1234, **kwargs)
     return out
 
 
-def test_fp8_checkpoint_matches_reference(cairn, tiny_glm_fp8):
-    cfg = json.load(open(os.path.join(tiny_glm_fp8, "config.json")))
-    assert cfg["quantization_config"]["weight_block_size"] == [128, 128]
-    ids = PROMPTS["dsa"]
-    got, _ = echo(cairn, tiny_glm_fp8, ids)
-    lp = ref_logprobs(ref.load(tiny_glm_fp8), ids)
+@pytest.fixture(scope="module")
+def tiny_glm_fp8():
+    """The GLM-5-FP8 layout: F8_E4M3 matrices with F32 `_scale_inv` block scales."""
+    return generated("glm-tiny-fp8-1234", size="tiny", fp8=True)
+
+
+@pytest.fixture(scope="module", params=[8, 4], ids=["dense-int8", "dense-int4"])
+def tiny_glm_int4(request):
+    """colibri's int4 container: routed experts int4-g64, dense/resident matrices int8 (or int4) per row."""
+    bits = request.param
+    name = "glm-tiny-int4-1234" if bits == 8 else "glm-tiny-int4-dense4-1234"
+    return generated(name, size="tiny-wide", quant="int4", dense_bits=bits)
+
+
+def assert_matches_reference(cairn, model, ids, tensors_dir=None):
+    got, _ = echo(cairn, model, ids)
+    lp = ref_logprobs(ref.load(tensors_dir or model), ids)
     for pos, (row, want) in enumerate(zip(got, lp)):
         assert row[0][0] == ref.top_indices(want, 1)[0], f"pos {pos}"
         assert max(abs(v - want[t]) for t, v in row) <= 0.002, f"pos {pos}"
 
 
-def test_fp8_scale_that_is_not_a_power_of_two_is_refused(cairn, tiny_glm_fp8, tmp_path):
+def test_fp8_checkpoint_matches_reference(cairn, tiny_glm_fp8):
+    cfg = json.load(open(os.path.join(tiny_glm_fp8, "config.json")))
+    assert cfg["quantization_config"]["weight_block_size"] == [128, 128]
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    import st
+    tensors = st.read_file(os.path.join(tiny_glm_fp8, "model.safetensors"))
+    scales = np.concatenate([np.frombuffer(raw, dtype=np.float32) for n, (dt, _, raw) in tensors.items()
+                             if n.endswith("_scale_inv")])
+    mant, _ = np.frexp(scales)
+    assert len(scales) > 50 and np.mean(mant != 0.5) > 0.9, "block scales are powers of two: test would be blind"
+    assert_matches_reference(cairn, tiny_glm_fp8, PROMPTS["dsa"])
+
+
+def test_fp8_scaled_block_follows_the_scale(cairn, tiny_glm_fp8, tmp_path):
+    """Multiplying one block's scale by 1.37 changes the output, and cairn follows the reference."""
     sys.path.insert(0, os.path.join(ROOT, "tools"))
     import st
     tensors = st.read_file(os.path.join(tiny_glm_fp8, "model.safetensors"))
     name = "model.layers.2.self_attn.o_proj.weight_scale_inv"
     dt, shape, raw = tensors[name]
-    tensors[name] = np.frombuffer(raw, dtype=np.float32).reshape(shape) * np.float32(1.5)
+    tensors[name] = np.frombuffer(raw, dtype=np.float32).reshape(shape) * np.float32(1.37)
+    copy_checkpoint(tiny_glm_fp8, tmp_path, tensors)
+    ids = PROMPTS["short"]
+    before, after = ref_logprobs(ref.load(tiny_glm_fp8), ids), ref_logprobs(ref.load(str(tmp_path)), ids)
+    assert np.abs(before - after).max() > 0.01, "scale change invisible: test would be blind"
+    assert_matches_reference(cairn, str(tmp_path), ids)
+
+
+def test_fp8_bad_scale_is_refused(cairn, tiny_glm_fp8, tmp_path):
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    import st
+    tensors = st.read_file(os.path.join(tiny_glm_fp8, "model.safetensors"))
+    name = "model.layers.2.self_attn.o_proj.weight_scale_inv"
+    dt, shape, raw = tensors[name]
+    bad = np.frombuffer(raw, dtype=np.float32).reshape(shape).copy()
+    bad.flat[0] = np.nan
+    tensors[name] = bad
     copy_checkpoint(tiny_glm_fp8, tmp_path, tensors)
     r = subprocess.run([cairn, "run", "-m", str(tmp_path), "--validate-only"], capture_output=True, text=True)
-    assert r.returncode != 0 and name in r.stderr and "power of two" in r.stderr, r.stderr
+    assert r.returncode != 0 and name in r.stderr and "not finite" in r.stderr, r.stderr
+
+
+def test_int4_container_layout(tiny_glm_int4):
+    """The container holds what §2.7 describes: U8 + F32 `.qs` pairs, experts in 64-input groups
+    (two per row here), dense rows with one scale each, norms/router/bias F32, nothing BF16."""
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    import st
+    cfg = json.load(open(os.path.join(tiny_glm_int4, "config.json")))
+    tensors = st.read_file(os.path.join(tiny_glm_int4, "model.safetensors"))
+    assert not [n for n, (dt, _, _) in tensors.items() if dt not in ("U8", "F32")]
+    d, e_inter = cfg["hidden_size"], cfg["moe_intermediate_size"]
+    up = "model.layers.1.mlp.experts.3.up_proj.weight"
+    assert tensors[up][0] == "U8" and tensors[up][1] == [e_inter, d // 2]
+    assert tensors[up + ".qs"][1] == [e_inter * (d // 64)] and d // 64 == 2
+    down = "model.layers.1.mlp.experts.3.down_proj.weight"
+    assert tensors[down + ".qs"][1] == [d * -(-e_inter // 64)] and e_inter % 64 != 0
+    o = "model.layers.0.self_attn.o_proj.weight"
+    assert tensors[o + ".qs"][1] == [d]
+    for name in ("model.layers.1.mlp.gate.weight", "model.layers.1.mlp.gate.e_score_correction_bias",
+                 "model.norm.weight", "model.layers.0.self_attn.indexer.k_norm.bias"):
+        assert tensors[name][0] == "F32", name
+
+
+def test_int4_container_matches_reference(cairn, tiny_glm_int4):
+    assert_matches_reference(cairn, tiny_glm_int4, PROMPTS["long"])
+
+
+def test_int4_container_prompt_split_is_bit_exact(cairn, tiny_glm_int4):
+    ids = PROMPTS["long"]
+    _, whole = echo(cairn, tiny_glm_int4, ids)
+    for chunks in ("1", "3,5", "7,1,2"):
+        _, split = echo(cairn, tiny_glm_int4, ids, "exact", ["--prefill-chunks", chunks])
+        assert split == whole, f"--prefill-chunks {chunks} changed the output"
+
+
+@pytest.mark.parametrize("damage", ["short", "scales", "no-scales"])
+def test_int4_container_mismatch_is_refused_by_name(cairn, tmp_path, damage):
+    """Codes and scales that fit no layout of the matrix, or a missing `.qs`, are named at load."""
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    import st
+    model = generated("glm-tiny-int4-1234", size="tiny-wide", quant="int4")
+    tensors = st.read_file(os.path.join(model, "model.safetensors"))
+    name = "model.layers.2.mlp.experts.5.down_proj.weight"
+    dt, shape, raw = tensors[name]
+    if damage == "short":
+        tensors[name] = (dt, [shape[0] - 1, shape[1]], raw[: -shape[1]])
+    elif damage == "scales":
+        qs = np.frombuffer(tensors[name + ".qs"][2], dtype=np.float32)
+        tensors[name + ".qs"] = qs[:-3].copy()
+    else:
+        del tensors[name + ".qs"]
+    copy_checkpoint(model, tmp_path, tensors)
+    r = subprocess.run([cairn, "run", "-m", str(tmp_path), "--validate-only"], capture_output=True, text=True)
+    assert r.returncode != 0 and name in r.stderr, r.stderr
+    assert ("missing" if damage == "no-scales" else "match no quantized layout") in r.stderr, r.stderr

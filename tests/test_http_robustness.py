@@ -2,7 +2,9 @@
 crashes, bad input, API key, Host guard, SSE keep-alive, graceful SIGTERM, a bounded load run.
 
 Behaviour that needs a slow or misbehaving engine uses tests/fake_engine.py (a scripted engine
-speaking the same line protocol); everything else runs the real engine on the tiny model."""
+speaking the same line protocol) on the tiny DeepSeek V4 model's template and tokenizer: those tests
+are about the gateway, which treats every family alike. The tests that run the real engine run on
+the tiny model of every family (fixture family_model)."""
 import http.client
 import json
 import os
@@ -289,8 +291,8 @@ def test_engine_crash_gives_clean_errors_and_restarts(servers, tiny_dsv4):
     assert st == 200 and b["choices"][0]["message"]["content"], b
 
 
-def test_real_engine_killed_mid_request_recovers(servers, tiny_dsv4):
-    s = servers(tiny_dsv4, ["--ctx", "1024"])
+def test_real_engine_killed_mid_request_recovers(servers, family_model):
+    s = servers(family_model.model, ["--ctx", "1024"])
     first = s.json("POST", "/v1/chat/completions", chat_body("warm up", max_tokens=4))
     assert first[0] == 200, first
     pid = s.health()["engine"]["pid"]
@@ -379,8 +381,8 @@ def test_graceful_sigterm_finishes_in_flight(servers, tiny_dsv4):
         socket.create_connection(("127.0.0.1", s.port), timeout=2)
 
 
-def test_autocannon_load_no_errors_no_leaks_reuse_exact(servers, tiny_dsv4, tmp_path):
-    s = servers(tiny_dsv4, ["--slots", "2", "--max-queue", "4", "--max-tokens", "4"])
+def test_autocannon_load_no_errors_no_leaks_reuse_exact(servers, family_model, tmp_path):
+    s = servers(family_model.model, ["--slots", "2", "--max-queue", "4", "--max-tokens", "4"])
     body = json.dumps(chat_body("load test", max_tokens=4))
     r = subprocess.run(["node", os.path.join(NODE_MODULES, "autocannon", "autocannon.js"), "-a", "200", "-c", "8",
                         "-m", "POST", "-H", "content-type=application/json", "-b", body, "-t", "60", "-j",
@@ -401,7 +403,7 @@ def test_autocannon_load_no_errors_no_leaks_reuse_exact(servers, tiny_dsv4, tmp_
               {"role": "user", "content": "and more"}]
     st, _, warm = s.json("POST", "/v1/chat/completions", {"messages": convo, "max_tokens": 6, "temperature": 0})
     assert st == 200 and warm["usage"]["prompt_tokens_details"]["cached_tokens"] > 0, warm
-    cold_server = servers(tiny_dsv4, ["--slots", "1", "--max-tokens", "4"])
+    cold_server = servers(family_model.model, ["--slots", "1", "--max-tokens", "4"])
     st, _, cold = cold_server.json("POST", "/v1/chat/completions", {"messages": convo, "max_tokens": 6, "temperature": 0})
     assert cold["usage"]["prompt_tokens_details"]["cached_tokens"] == 0, cold
     assert warm["choices"][0]["message"]["content"] == cold["choices"][0]["message"]["content"]

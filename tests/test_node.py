@@ -1,6 +1,7 @@
 """Runs the node tests (tests/node/*.test.mjs: the official `openai` and `@anthropic-ai/sdk`
 clients against live `cairn serve` processes on the tiny model) under `node --test`, one pytest
-case per file, and fails with node's own output when node reports a failure."""
+case per file and family (fixture family_model; the files read the family from the model's
+config.json), and fails with node's own output when node reports a failure."""
 import glob
 import os
 import re
@@ -15,8 +16,8 @@ FILES = sorted(os.path.basename(p) for p in glob.glob(os.path.join(NODE_DIR, "*.
 
 
 @pytest.mark.parametrize("name", FILES)
-def test_node_file(name, cairn, tiny_dsv4):
-    env = dict(os.environ, CAIRN=CAIRN, CAIRN_MODEL=tiny_dsv4, FAKE_ENGINE=os.path.join(ROOT, "tests", "fake_engine.py"))
+def test_node_file(name, cairn, family_model):
+    env = dict(os.environ, CAIRN=CAIRN, CAIRN_MODEL=family_model.model, FAKE_ENGINE=os.path.join(ROOT, "tests", "fake_engine.py"))
     r = subprocess.run(["node", "--test", "--test-reporter=spec", name], cwd=NODE_DIR, env=env,
                        capture_output=True, text=True, timeout=900)
     out = r.stdout + r.stderr

@@ -14,9 +14,21 @@ Weights are random but scaled so that activations keep unit size through the lay
 spread over several nats (a near-uniform output would make agreement tests meaningless).
 
 make(..., fp8=True) writes the GLM-5-FP8 layout instead: attention, indexer wq_b/wk, dense MLP and
-expert matrices as F8_E4M3 with a `<name>_scale_inv` F32 scale per 128x128 block; embeddings, lm_head,
-norms, router, eh_proj and indexer weights_proj stay BF16. (The scales generated here are powers of
-two, the form cairn's FP8 kernels take.)
+expert matrices as F8_E4M3 with a `<name>_scale_inv` F32 scale per 128x128 block (amax / 448, so
+arbitrary values, as the official checkpoint has); embeddings, lm_head, norms, router, eh_proj and
+indexer weights_proj stay BF16.
+
+make(..., quant="int4") writes colibri's GLM-5.2 int4 container (spec glm_kimi_inkling.md §1.3, §2.7):
+each quantized matrix is a U8 tensor `<name>` [rows, bytes per row] of symmetric codes plus an F32
+tensor `<name>.qs` of scales.
+  - routed experts: int4 in groups of 64 inputs (QT format 4; value = nibble - 8, low nibble = even
+    column, scale = group amax / 7);
+  - every other matrix ("dense/resident": attention, indexer projections, dense MLP, shared expert,
+    eh_proj, and also the embedding and lm_head, which §2.7 does not exempt and the engine keeps
+    resident): int8 per row (format 1, amax / 127) or, with dense_bits=4, int4 per row (format 2);
+  - norms, the router (mlp.gate.weight) and biases: F32, as §2.7 says.
+Use size "tiny-wide" with it: "tiny" rows are at most 64 inputs, one group, where int4-g64 and
+int4-per-row are the same layout, so only wider rows exercise the grouped format.
 """
 import json
 import os
@@ -44,6 +56,13 @@ SIZES = {
                  qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=8,
                  num_experts_per_tok=2, moe_intermediate_size=32, index_n_heads=2, index_head_dim=16,
                  index_topk=8, indexer_types=["full", "shared", "full", "shared"]),
+    # tiny with 128 inputs per expert gate/up row (two int4 groups) and 96 per down row (one full,
+    # one partial group).
+    "tiny-wide": dict(vocab_size=1024, hidden_size=128, num_hidden_layers=4, first_k_dense_replace=1,
+                      intermediate_size=96, num_attention_heads=4, q_lora_rank=32, kv_lora_rank=16,
+                      qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=8,
+                      num_experts_per_tok=2, moe_intermediate_size=96, index_n_heads=2, index_head_dim=16,
+                      index_topk=8, indexer_types=["full", "shared", "full", "shared"]),
     "bench": dict(vocab_size=4096, hidden_size=1024, num_hidden_layers=6, first_k_dense_replace=1,
                   intermediate_size=2048, num_attention_heads=8, q_lora_rank=256, kv_lora_rank=128,
                   qk_nope_head_dim=64, qk_rope_head_dim=32, v_head_dim=64, n_routed_experts=32,
@@ -75,27 +94,80 @@ def config_for(size):
 # Matrices GLM-5-FP8 keeps in BF16 (matched on the name's end).
 FP8_KEEP_BF16 = ("embed_tokens.weight", "lm_head.weight", "mlp.gate.weight", "eh_proj.weight",
                  "indexer.weights_proj.weight")
+ROUTER = "mlp.gate.weight"
+
+
+def fp8_blocks(w):
+    """[out, in] -> (E4M3 codes, F32 scale per 128x128 block = block amax / 448)."""
+    rows, cols = w.shape
+    scale = np.zeros((-(-rows // 128), -(-cols // 128)), dtype=np.float32)
+    q = np.zeros(w.shape, dtype=np.uint8)
+    for i in range(scale.shape[0]):
+        for j in range(scale.shape[1]):
+            blk = w[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128]
+            scale[i, j] = max(float(np.abs(blk).max()), 1e-12) / 448.0
+            q[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128] = st.e4m3_encode(blk / float(scale[i, j]))
+    return q, scale
+
+
+def int_codes(w, bits, group):
+    """Symmetric codes of [out, in] with one F32 scale per row (group None) or per `group` inputs:
+    int8 in [-127, 127] (amax / 127), int4 in [-8, 7] (amax / 7). Returns (codes, scales [out, n])."""
+    rows, cols = w.shape
+    width = group or cols
+    n = -(-cols // width)
+    padded = np.zeros((rows, n * width))
+    padded[:, :cols] = w
+    g = padded.reshape(rows, n, width)
+    top = 127 if bits == 8 else 7
+    scale = (np.maximum(np.abs(g).max(axis=2), 1e-12) / top).astype(np.float32)
+    q = np.clip(np.rint(g / scale[..., None].astype(np.float64)), -top - (bits == 4), top)
+    return q.reshape(rows, n * width)[:, :cols].astype(np.int64), scale
+
+
+def int_container(w, bits, group=None):
+    """colibri U8 bytes [out, bytes per row] and the `.qs` scales (flattened per row)."""
+    q, scale = int_codes(w, bits, group)
+    if bits == 8:
+        return q.astype(np.int8).view(np.uint8), scale.reshape(-1)
+    nib = (q + 8).astype(np.uint8)
+    if nib.shape[1] % 2:
+        nib = np.concatenate([nib, np.full((nib.shape[0], 1), 8, dtype=np.uint8)], axis=1)
+    return (nib[:, 0::2] | (nib[:, 1::2] << 4)).astype(np.uint8), scale.reshape(-1)
 
 
 class Weights:
-    """Collects tensors in file order; matrices are BF16 (or block FP8) like the official checkpoints."""
+    """Collects tensors in file order; matrices are BF16 (or block FP8, or colibri int containers)
+    like the official and quantized checkpoints."""
 
-    def __init__(self, seed, fp8=False):
+    def __init__(self, seed, fp8=False, quant=None, dense_bits=8):
         self.rng = np.random.default_rng(seed)
-        self.fp8 = fp8
+        self.fp8, self.quant, self.dense_bits = fp8, quant, dense_bits
         self.t = {}
 
     def mat(self, name, rows, cols, gain=1.0):
-        w = self.rng.standard_normal((rows, cols)) * (gain / np.sqrt(cols))
+        self.put(name, self.rng.standard_normal((rows, cols)) * (gain / np.sqrt(cols)))
+
+    def put(self, name, w):
+        rows, cols = w.shape
         if self.fp8 and not name.endswith(FP8_KEEP_BF16):
-            q, e8m0 = st.fp8_quantize_weight(w)
+            q, scale = fp8_blocks(w)
             self.t[name] = ("F8_E4M3", [rows, cols], q.tobytes())
-            self.t[name + "_scale_inv"] = (2.0 ** (e8m0.astype(np.float64) - 127)).astype(np.float32)
+            self.t[name + "_scale_inv"] = scale
+        elif self.quant and name.endswith(ROUTER):
+            self.t[name] = w.astype(np.float32)
+        elif self.quant:
+            routed = ".mlp.experts." in name
+            codes, scale = int_container(w, 4 if routed else self.dense_bits, 64 if routed else None)
+            self.t[name] = codes
+            self.t[name + ".qs"] = scale
         else:
             self.t[name] = ("BF16", [rows, cols], st.bf16_bytes(w))
 
     def vec(self, name, n, mean=1.0, spread=0.1, dtype="BF16"):
         v = mean + spread * self.rng.standard_normal(n)
+        if self.quant:
+            dtype = "F32"
         self.t[name] = (dtype, [n], st.bf16_bytes(v) if dtype == "BF16" else v.astype(np.float32).tobytes())
 
 
@@ -144,10 +216,14 @@ def decoder_layer(w, i, c, full_indexer, sparse):
         mlp(w, p + "mlp.", c["hidden_size"], c["intermediate_size"])
 
 
-def weights_for(c, seed, fp8):
-    w = Weights(seed, fp8)
+def weights_for(c, seed, fp8, quant, dense_bits):
+    w = Weights(seed, fp8, quant, dense_bits)
     d, v, n = c["hidden_size"], c["vocab_size"], c["num_hidden_layers"]
-    w.t["model.embed_tokens.weight"] = ("BF16", [v, d], st.bf16_bytes(w.rng.standard_normal((v, d))))
+    embed = w.rng.standard_normal((v, d))
+    if fp8:
+        w.t["model.embed_tokens.weight"] = ("BF16", [v, d], st.bf16_bytes(embed))
+    else:
+        w.put("model.embed_tokens.weight", embed)
     for i in range(n):
         decoder_layer(w, i, c, c["indexer_types"][i] == "full", i >= c["first_k_dense_replace"])
     # The MTP layer sits at index num_hidden_layers (DeepSeek-V3 style), with its own full indexer.
@@ -162,13 +238,16 @@ def weights_for(c, seed, fp8):
     return w.t
 
 
-def make(outdir, size="tiny", seed=1234, fp8=False):
+def make(outdir, size="tiny", seed=1234, fp8=False, quant=None, dense_bits=8):
+    if quant not in (None, "int4") or dense_bits not in (4, 8) or (fp8 and quant):
+        raise ValueError(f"unsupported layout: fp8={fp8} quant={quant} dense_bits={dense_bits}")
     c = config_for(size)
     if fp8:
         c["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
                                     "weight_block_size": [128, 128]}
     os.makedirs(outdir, exist_ok=True)
-    st.write_file(os.path.join(outdir, "model.safetensors"), weights_for(c, seed, fp8), {"format": "pt"})
+    st.write_file(os.path.join(outdir, "model.safetensors"), weights_for(c, seed, fp8, quant, dense_bits),
+                  {"format": "pt"})
     base = special_base(c["vocab_size"])
     tokjson.build(os.path.join(outdir, "tokenizer.json"), c["vocab_size"],
                   [(base + i, s) for i, s in enumerate(GLM_SPECIALS)], "glm", seed)

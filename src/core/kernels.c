@@ -25,13 +25,23 @@ float kernel_fp8_lut[256];
 float kernel_fp8_scale_lut[256];
 float kernel_fp4_scale_lut[256];
 
+uint8_t kernel_nibble_bf16_lo[2][16], kernel_nibble_bf16_hi[2][16];
+
 const float kernel_fp4_lut[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+const float kernel_i4_lut[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
 
 __attribute__((constructor)) static void kernel_luts_init(void) {
     for (int b = 0; b < 256; b++) {
         kernel_fp8_lut[b] = f16_to_f32((uint16_t)((b & 0x7f) << 7 | (b & 0x80) << 8));
         kernel_fp8_scale_lut[b] = e8m0_to_f32((uint8_t)b) * 256.0f;
         kernel_fp4_scale_lut[b] = e8m0_to_f32((uint8_t)b) * 0.5f;
+    }
+    for (int code = 0; code < 16; code++) {
+        uint16_t fp4 = f32_to_bf16(kernel_fp4_lut[code]), i4 = f32_to_bf16(kernel_i4_lut[code]);
+        kernel_nibble_bf16_lo[0][code] = (uint8_t)fp4;
+        kernel_nibble_bf16_hi[0][code] = (uint8_t)(fp4 >> 8);
+        kernel_nibble_bf16_lo[1][code] = (uint8_t)i4;
+        kernel_nibble_bf16_hi[1][code] = (uint8_t)(i4 >> 8);
     }
 }
 
@@ -41,33 +51,38 @@ const char *wformat_name(wformat f) {
     case WF_BF16: return "bf16";
     case WF_FP8: return "fp8";
     case WF_FP4: return "fp4";
+    case WF_I8_ROW: return "i8-row";
+    case WF_I4_ROW: return "i4-row";
+    case WF_I4_G64: return "i4-g64";
     }
     return "unknown";
 }
 
 static size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 
-size_t kernel_fp4_row_bytes(const qmat *w) { return ceil_div((size_t)w->cols, 2); }
+size_t kernel_nibble_row_bytes(const qmat *w) { return ceil_div((size_t)w->cols, 2); }
 
 size_t qmat_bytes(const qmat *w) {
     size_t rows = (size_t)w->rows, cols = (size_t)w->cols;
     switch (w->fmt) {
     case WF_F32: return rows * cols * 4;
     case WF_BF16: return rows * cols * 2;
-    case WF_FP8: return rows * cols + ceil_div(rows, 128) * ceil_div(cols, 128);
-    case WF_FP4: return rows * kernel_fp4_row_bytes(w) + rows * ceil_div(cols, 32);
+    case WF_FP8: return rows * cols + ceil_div(rows, 128) * ceil_div(cols, 128) * (w->scale_f32 ? 4 : 1);
+    case WF_FP4: return rows * kernel_nibble_row_bytes(w) + rows * ceil_div(cols, 32);
+    case WF_I8_ROW: return rows * cols + rows * 4;
+    case WF_I4_ROW: return rows * kernel_nibble_row_bytes(w) + rows * 4;
+    case WF_I4_G64: return rows * kernel_nibble_row_bytes(w) + rows * ceil_div(cols, 64) * 4;
     }
     return 0;
 }
 
-size_t kernel_scale_row_len(const qmat *w) { return ceil_div((size_t)w->cols, w->fmt == WF_FP8 ? 128 : 32); }
-
-float kernel_fp8_scale(const qmat *w, int r, int c) {
-    return kernel_fp8_scale_lut[w->scale[(size_t)(r / 128) * kernel_scale_row_len(w) + (size_t)(c / 128)]];
+size_t kernel_scale_row_len(const qmat *w) {
+    return ceil_div((size_t)w->cols, w->fmt == WF_FP8 ? 128 : w->fmt == WF_I4_G64 ? 64 : 32);
 }
 
-float kernel_fp4_scale(const qmat *w, int r, int c) {
-    return kernel_fp4_scale_lut[w->scale[(size_t)r * kernel_scale_row_len(w) + (size_t)(c / 32)]];
+float kernel_fp8_scale(const qmat *w, int r, int c) {
+    size_t at = (size_t)(r / 128) * kernel_scale_row_len(w) + (size_t)(c / 128);
+    return w->scale_f32 ? w->scale_f32[at] * 256.0f : kernel_fp8_scale_lut[w->scale[at]];
 }
 
 float kernel_tree16(const float acc[16]) {
@@ -106,9 +121,13 @@ float kernel_weight(const qmat *w, int r, int c) {
     case WF_F32: return ((const float *)w->data)[(size_t)r * cols + c];
     case WF_BF16: return bf16_to_f32(((const uint16_t *)w->data)[(size_t)r * cols + c]);
     case WF_FP8: return kernel_fp8_lut[((const uint8_t *)w->data)[(size_t)r * cols + c]];
-    case WF_FP4: {
-        uint8_t byte = ((const uint8_t *)w->data)[(size_t)r * kernel_fp4_row_bytes(w) + (size_t)c / 2];
-        return kernel_fp4_lut[c & 1 ? byte >> 4 : byte & 15];
+    case WF_I8_ROW: return (float)((const int8_t *)w->data)[(size_t)r * cols + c];
+    case WF_FP4:
+    case WF_I4_ROW:
+    case WF_I4_G64: {
+        uint8_t byte = ((const uint8_t *)w->data)[(size_t)r * kernel_nibble_row_bytes(w) + (size_t)c / 2];
+        int code = c & 1 ? byte >> 4 : byte & 15;
+        return w->fmt == WF_FP4 ? kernel_fp4_lut[code] : kernel_i4_lut[code];
     }
     }
     return 0.0f;
@@ -119,9 +138,9 @@ static void weight_row(const qmat *w, int r, float *out) {
 }
 
 /* The input rows a path reads for rows from r on: x itself, FP8's scaled input of rule 1 for the
- * scale block of r (each column times its block's scale * 2^8), or FP4's permuted input.
- * Kept per thread for the current call (`call` numbers every qmat_mul_rows), since a thread's
- * contiguous rows mostly share one FP8 block and every FP4 row shares one input order. */
+ * scale block of r (each column times its block's scale * 2^8), or the nibble formats' permuted
+ * input. Kept per thread for the current call (`call` numbers every qmat_mul_rows), since a
+ * thread's contiguous rows mostly share one FP8 block and every nibble row one input order. */
 static const float *prepared_x(const kernel_path *path, const qmat *w, int r, const float *x, int n,
                                unsigned long long call) {
     static _Thread_local float *buf;
@@ -129,7 +148,7 @@ static const float *prepared_x(const kernel_path *path, const qmat *w, int r, co
     static _Thread_local unsigned long long cached_call;
     static _Thread_local int cached_block = -1;
     int fp8 = w->fmt == WF_FP8, block = fp8 ? r / 128 : 0;
-    if (!fp8 && !(w->fmt == WF_FP4 && path->fp4_permuted)) return x;
+    if (!fp8 && !(kernel_is_nibbles(w->fmt) && path->nibble_permuted)) return x;
     size_t len = (size_t)n * (size_t)w->cols;
     if (cached_call == call && cached_block == block) return buf;
     if (len > cap) {
@@ -137,16 +156,15 @@ static const float *prepared_x(const kernel_path *path, const qmat *w, int r, co
         cap = len;
         buf = scratch_alloc(sizeof(float) * cap);
     }
-    const uint8_t *srow = fp8 ? kernel_scale_row(w, r) : NULL;
     for (int j = 0; j < n; j++) {
         const float *xr = x + (size_t)j * w->cols;
         float *out = buf + (size_t)j * w->cols;
         if (!fp8) {
-            kernel_fp4_permute_x(xr, w->cols, out);
+            kernel_nibble_permute_x(xr, w->cols, out);
             continue;
         }
         for (int c0 = 0; c0 < w->cols; c0 += 128) {
-            float scale = kernel_fp8_scale_lut[srow[c0 / 128]];
+            float scale = kernel_fp8_scale(w, r, c0);
             int c1 = MIN(c0 + 128, w->cols);
             for (int c = c0; c < c1; c++) out[c] = xr[c] * scale;
         }
@@ -156,7 +174,7 @@ static const float *prepared_x(const kernel_path *path, const qmat *w, int r, co
     return buf;
 }
 
-void kernel_fp4_permute_x(const float *x, int cols, float *out) {
+void kernel_nibble_permute_x(const float *x, int cols, float *out) {
     int full = cols / 64 * 64;
     for (int c0 = 0; c0 < full; c0 += 64)
         for (int v = 0; v < 8; v++)
@@ -165,11 +183,11 @@ void kernel_fp4_permute_x(const float *x, int cols, float *out) {
     for (int c = full; c < cols; c++) out[c] = x[c];
 }
 
-void kernel_fp4_blocks(const qmat *w, int r, int b0, const float *x, float acc[16]) {
-    const uint8_t *srow = kernel_scale_row(w, r);
-    int blocks = (int)kernel_scale_row_len(w);
+void kernel_nibble_blocks(const qmat *w, int r, int b0, const float *x, float acc[16]) {
+    const void *srow = kernel_nibble_scale_row(w, r);
+    int blocks = (w->cols + 31) / 32;
     for (int b = b0; b < blocks; b++) {
-        float scale = kernel_fp4_scale_lut[srow[b]];
+        float scale = kernel_nibble_scale(w->fmt, srow, b);
         for (int g = 0; g < 8; g++) {
             int c = 32 * b + 4 * g;
             float p = kernel_weight(w, r, c) * (c < w->cols ? x[c] : 0.0f);
@@ -192,19 +210,21 @@ static float dot_canonical(const float *wrow, const float *x, int cols) {
     return kernel_tree16(acc);
 }
 
-static float fp4_dot(const qmat *w, int r, const float *x) {
+static float nibble_dot(const qmat *w, int r, const float *x) {
     float acc[16] = {0};
-    kernel_fp4_blocks(w, r, 0, x, acc);
+    kernel_nibble_blocks(w, r, 0, x, acc);
     return kernel_tree16(acc);
 }
 
 static void scalar_rows_mul(const qmat *w, int r0, int r1, const float *x, int n, float *y, int ldy) {
     float *wrow = kernel_scratch((size_t)w->cols);
+    int nibbles = kernel_is_nibbles(w->fmt);
     for (int r = r0; r < r1; r++) {
-        if (w->fmt != WF_FP4) weight_row(w, r, wrow);
+        if (!nibbles) weight_row(w, r, wrow);
         for (int j = 0; j < n; j++) {
             const float *xj = x + (size_t)j * w->cols;
-            y[(size_t)j * ldy + (r - r0)] = w->fmt == WF_FP4 ? fp4_dot(w, r, xj) : dot_canonical(wrow, xj, w->cols);
+            y[(size_t)j * ldy + (r - r0)] =
+                nibbles ? nibble_dot(w, r, xj) : kernel_row_finish(w, r, dot_canonical(wrow, xj, w->cols));
         }
     }
 }
@@ -280,12 +300,16 @@ void qmat_mul(const qmat *w, const float *x, int n, float *y) { qmat_mul_rows(w,
 
 void qmat_vec(const qmat *w, const float *x, float *y) { qmat_mul_rows(w, 0, w->rows, x, 1, y); }
 
-/* Exact dequantization (quant.h semantics): the weight factors times the block scale that rule 1
- * (FP8) or rule 4 (FP4) applies elsewhere. */
+/* Dequantization: the weight factors times the scale that rules 1, 4 or 5 apply elsewhere, one
+ * f32 product (exact for power-of-two scales). */
 void qmat_row(const qmat *w, int r, float *out) {
     weight_row(w, r, out);
     if (w->fmt == WF_FP8)
         for (int c = 0; c < w->cols; c++) out[c] *= kernel_fp8_scale(w, r, c);
-    if (w->fmt == WF_FP4)
-        for (int c = 0; c < w->cols; c++) out[c] *= kernel_fp4_scale(w, r, c);
+    if (w->fmt == WF_I8_ROW)
+        for (int c = 0; c < w->cols; c++) out[c] *= w->scale_f32[r];
+    if (kernel_is_nibbles(w->fmt)) {
+        const void *srow = kernel_nibble_scale_row(w, r);
+        for (int c = 0; c < w->cols; c++) out[c] *= kernel_nibble_scale(w->fmt, srow, c / 32);
+    }
 }

@@ -6,8 +6,10 @@
  * its FMA. Batched calls decode a few rows into an f32 buffer once, then run a 3x3 register
  * tile (3 weight rows x 3 input rows) over it, one lane half at a time, which uses 15 of the 16
  * ymm registers and loads 6 vectors per 9 FMAs (see avx2_rows_mul for the cache blocking).
- * FP4 follows its own rule 4: 64 columns (two scale blocks) decode with byte shuffles into eight
- * vectors laid out as kernel_fp4_permute_x orders the input, so no shuffles touch x or acc. */
+ * The nibble formats (FP4, I4_ROW, I4_G64) follow rule 4: 64 columns (two scale blocks) decode
+ * with byte shuffles through the format's table into eight vectors laid out as
+ * kernel_nibble_permute_x orders the input, so no shuffles touch x or acc. I8_ROW is a rule-2
+ * format whose codes widen to f32 exactly; its row scale multiplies the result (rule 5). */
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 
 #include <immintrin.h>
@@ -35,18 +37,20 @@ INLINE void dec16_fp8(const uint8_t *p, __m256 v[2]) {
     v[1] = _mm256_cvtph_ps(_mm_and_si128(_mm_srai_epi16(_mm_unpackhi_epi8(zero, b), 1), keep));
 }
 
-/* 32 bytes = 64 E2M1 codes = scale blocks b (128-bit half 0) and b + 1 (half 1). Each nibble
- * indexes two 16-byte tables, the low and the high byte of bf16(kernel_fp4_lut[code]) (exact:
- * small integers); interleaving the two lookups makes bf16 words, in which byte k of a half
- * (columns 2k, 2k + 1) gives word k of the even-column and of the odd-column vector. A dword's
- * low word becomes f32 by a shift, its high word by a mask. Result v[t] (t < 4), half h, lane
- * j is column 4j + t of block b + h, and v[4 + t] is column 16 + 4j + t: rule 4's lanes. */
-INLINE void dec64_fp4(const uint8_t *p, __m256 v[8]) {
-    const __m256i lo_bytes = _mm256_setr_epi8(0, -128, 0, 0x40, -128, -64, 0, 0x40, 0, -128, 0, 0x40, -128, -64, 0, 0x40,
-                                              0, -128, 0, 0x40, -128, -64, 0, 0x40, 0, -128, 0, 0x40, -128, -64, 0, 0x40);
-    const __m256i hi_bytes = _mm256_setr_epi8(0, 0x3f, 0x40, 0x40, 0x40, 0x40, 0x41, 0x41, 0, -65, -64, -64, -64, -64,
-                                              -63, -63, 0, 0x3f, 0x40, 0x40, 0x40, 0x40, 0x41, 0x41, 0, -65, -64, -64,
-                                              -64, -64, -63, -63);
+/* The two byte tables of a nibble format (kernel_nibble_bf16_lo/hi), in both 128-bit halves. */
+INLINE void nibble_tables(wformat f, __m256i *lo_bytes, __m256i *hi_bytes) {
+    int t = f == WF_FP4 ? 0 : 1;
+    *lo_bytes = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kernel_nibble_bf16_lo[t]));
+    *hi_bytes = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kernel_nibble_bf16_hi[t]));
+}
+
+/* 32 bytes = 64 codes = scale blocks b (128-bit half 0) and b + 1 (half 1). Each nibble indexes
+ * two 16-byte tables, the low and the high byte of bf16(weight factor of the code) (exact: small
+ * integers); interleaving the two lookups makes bf16 words, in which byte k of a half (columns
+ * 2k, 2k + 1) gives word k of the even-column and of the odd-column vector. A dword's low word
+ * becomes f32 by a shift, its high word by a mask. Result v[t] (t < 4), half h, lane j is
+ * column 4j + t of block b + h, and v[4 + t] is column 16 + 4j + t: rule 4's lanes. */
+INLINE void dec64_nibbles(const uint8_t *p, __m256i lo_bytes, __m256i hi_bytes, __m256 v[8]) {
     const __m256i nibble = _mm256_set1_epi8(0x0f), high_word = _mm256_set1_epi32((int)0xffff0000u);
     __m256i b = _mm256_loadu_si256((const __m256i *)p);
     __m256i even = _mm256_and_si256(b, nibble), odd = _mm256_and_si256(_mm256_srli_epi16(b, 4), nibble);
@@ -64,14 +68,17 @@ INLINE void dec64_fp4(const uint8_t *p, __m256 v[8]) {
     }
 }
 
-/* Rule 4's scale factors for blocks b (half 0) and b + 1 (half 1). */
-INLINE __m256 fp4_scales(const uint8_t *srow, int b) {
-    return _mm256_setr_m128(_mm_set1_ps(kernel_fp4_scale_lut[srow[b]]), _mm_set1_ps(kernel_fp4_scale_lut[srow[b + 1]]));
+/* Rule 4's scale factors for blocks b (half 0) and b + 1 (half 1); b is even, so both blocks
+ * of I4_G64 lie in one group and I4_ROW has one scale. */
+INLINE __m256 nibble_scales(wformat f, const void *srow, int b) {
+    if (f != WF_FP4) return _mm256_set1_ps(kernel_nibble_scale(f, srow, b));
+    return _mm256_setr_m128(_mm_set1_ps(kernel_nibble_scale(f, srow, b)),
+                            _mm_set1_ps(kernel_nibble_scale(f, srow, b + 1)));
 }
 
 /* One 64-column chunk of rule 4: each lane's 4-term partial, then acc = fma(p, scale, acc).
- * x is in kernel_fp4_permute_x order. */
-INLINE void fp4_chunk(const __m256 v[8], const float *x, __m256 scale, __m256 acc[2]) {
+ * x is in kernel_nibble_permute_x order. */
+INLINE void nibble_chunk(const __m256 v[8], const float *x, __m256 scale, __m256 acc[2]) {
     __m256 p0 = _mm256_mul_ps(v[0], _mm256_loadu_ps(x)), p1 = _mm256_mul_ps(v[4], _mm256_loadu_ps(x + 32));
     #pragma GCC unroll 3
     for (int t = 1; t < 4; t++) {
@@ -88,15 +95,25 @@ INLINE void dec16_bf16(const uint16_t *p, __m256 v[2]) {
     v[1] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(u, 1)), 16));
 }
 
-/* Weight factors of columns [c, c + 16) for F32, BF16 and FP8 (FP4 has its own functions). */
+/* 16 int8 codes -> f32 (exact). */
+INLINE void dec16_i8(const uint8_t *p, __m256 v[2]) {
+    __m128i b = _mm_loadu_si128((const __m128i *)p);
+    v[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+    v[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)));
+}
+
+/* Weight factors of columns [c, c + 16) for the rule-2 formats (the nibble formats have their own
+ * functions). */
 INLINE void decode_step(wformat f, const uint8_t *row, int c, __m256 v[2]) {
     if (f == WF_F32) {
         v[0] = _mm256_loadu_ps((const float *)row + c);
         v[1] = _mm256_loadu_ps((const float *)row + c + 8);
     } else if (f == WF_BF16) {
         dec16_bf16((const uint16_t *)row + c, v);
-    } else {
+    } else if (f == WF_FP8) {
         dec16_fp8(row + c, v);
+    } else {
+        dec16_i8(row + c, v);
     }
 }
 
@@ -156,31 +173,34 @@ INLINE void dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, fl
     #pragma GCC unroll 4
     for (int i = 0; i < NR; i++) {
         if (full < w->cols) tail_groups(w, r + i, full, x, acc[i], NULL);
-        y[i] = tree16(acc[i][0], acc[i][1]);
+        y[i] = kernel_row_finish(w, r + i, tree16(acc[i][0], acc[i][1]));
     }
 }
 
 /* Rule 4 for the blocks past the last full 64-column chunk, then the tree. */
-static float fp4_finish(const qmat *w, int r, int full, const float *x, const __m256 acc[2]) {
+static float nibble_finish(const qmat *w, int r, int full, const float *x, const __m256 acc[2]) {
     if (full == w->cols) return tree16(acc[0], acc[1]);
     float a[16] __attribute__((aligned(32)));
     _mm256_store_ps(a, acc[0]);
     _mm256_store_ps(a + 8, acc[1]);
-    kernel_fp4_blocks(w, r, full / 32, x, a);
+    kernel_nibble_blocks(w, r, full / 32, x, a);
     return kernel_tree16(a);
 }
 
-/* FP4 matvec (rule 4) of NR interleaved rows, x in kernel_fp4_permute_x order; prefetching as
- * dot_rows does (2 KiB per row of 4096 columns). */
-INLINE void fp4_dot_rows(const qmat *w, int r, int NR, const float *x, float *y) {
+/* Nibble-format matvec (rule 4) of NR interleaved rows, x in kernel_nibble_permute_x order;
+ * prefetching as dot_rows does (2 KiB per row of 4096 columns). */
+INLINE void nibble_dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, float *y) {
     const int full = w->cols / 64 * 64;
     const size_t ahead = (size_t)(kernel_row_ptr(w, VEC_ROWS) - kernel_row_ptr(w, 0));
-    const uint8_t *row[VEC_ROWS], *srow[VEC_ROWS];
+    const uint8_t *row[VEC_ROWS];
+    const void *srow[VEC_ROWS];
+    __m256i lo_bytes, hi_bytes;
     __m256 acc[VEC_ROWS][2];
+    nibble_tables(f, &lo_bytes, &hi_bytes);
     #pragma GCC unroll 4
     for (int i = 0; i < NR; i++) {
         row[i] = kernel_row_ptr(w, r + i);
-        srow[i] = kernel_scale_row(w, r + i);
+        srow[i] = kernel_nibble_scale_row(w, r + i);
         acc[i][0] = acc[i][1] = _mm256_setzero_ps();
     }
     for (int c = 0; c < full; c += 64) {
@@ -191,11 +211,11 @@ INLINE void fp4_dot_rows(const qmat *w, int r, int NR, const float *x, float *y)
         #pragma GCC unroll 4
         for (int i = 0; i < NR; i++) {
             __m256 v[8];
-            dec64_fp4(row[i] + c / 2, v);
-            fp4_chunk(v, x + c, fp4_scales(srow[i], c / 32), acc[i]);
+            dec64_nibbles(row[i] + c / 2, lo_bytes, hi_bytes, v);
+            nibble_chunk(v, x + c, nibble_scales(f, srow[i], c / 32), acc[i]);
         }
     }
-    for (int i = 0; i < NR; i++) y[i] = fp4_finish(w, r + i, full, x, acc[i]);
+    for (int i = 0; i < NR; i++) y[i] = nibble_finish(w, r + i, full, x, acc[i]);
 }
 
 /* Row r's weight factors (rule 1) into out, zero-padded to a multiple of 16. */
@@ -215,23 +235,25 @@ static void avx2_rows_vec(const qmat *w, int r0, int r1, const float *x, float *
     int r = r0;
     for (; r + VEC_ROWS <= r1; r += VEC_ROWS)
         KERNEL_FOR_EACH_FORMAT(w->fmt, dot_rows(w, F, r, VEC_ROWS, x, y + (r - r0)),
-                               fp4_dot_rows(w, r, VEC_ROWS, x, y + (r - r0)))
+                               nibble_dot_rows(w, F, r, VEC_ROWS, x, y + (r - r0)))
     for (; r < r1; r++)
-        KERNEL_FOR_EACH_FORMAT(w->fmt, dot_rows(w, F, r, 1, x, y + (r - r0)), fp4_dot_rows(w, r, 1, x, y + (r - r0)))
+        KERNEL_FOR_EACH_FORMAT(w->fmt, dot_rows(w, F, r, 1, x, y + (r - r0)),
+                               nibble_dot_rows(w, F, r, 1, x, y + (r - r0)))
 }
 
-/* FP4 batched multiply: each weight row is decoded once into rule 4's vector order, then up to
- * FP4_XROWS input rows at a time run over it, sharing each weight vector load. */
-#define FP4_XROWS 3
+/* Nibble-format batched multiply: each weight row is decoded once into rule 4's vector order,
+ * then up to NIBBLE_XROWS input rows at a time run over it, sharing each weight vector load. */
+#define NIBBLE_XROWS 3
 
-INLINE void fp4_rows_x(const float *wb, const qmat *w, int r, const float *x, int NX, float *y, int ldy) {
+INLINE void nibble_rows_x(const float *wb, const qmat *w, wformat f, int r, const float *x, int NX, float *y,
+                          int ldy) {
     const int cols = w->cols, full = cols / 64 * 64;
-    const uint8_t *srow = kernel_scale_row(w, r);
-    __m256 acc[FP4_XROWS][2];
+    const void *srow = kernel_nibble_scale_row(w, r);
+    __m256 acc[NIBBLE_XROWS][2];
     #pragma GCC unroll 3
     for (int j = 0; j < NX; j++) acc[j][0] = acc[j][1] = _mm256_setzero_ps();
     for (int c = 0; c < full; c += 64) {
-        __m256 p[FP4_XROWS][2], scale = fp4_scales(srow, c / 32);
+        __m256 p[NIBBLE_XROWS][2], scale = nibble_scales(f, srow, c / 32);
         #pragma GCC unroll 4
         for (int t = 0; t < 4; t++) {
             __m256 w0 = _mm256_load_ps(wb + c + 8 * t), w1 = _mm256_load_ps(wb + c + 32 + 8 * t);
@@ -249,24 +271,27 @@ INLINE void fp4_rows_x(const float *wb, const qmat *w, int r, const float *x, in
             acc[j][1] = _mm256_fmadd_ps(p[j][1], scale, acc[j][1]);
         }
     }
-    for (int j = 0; j < NX; j++) y[(size_t)j * ldy] = fp4_finish(w, r, full, x + (size_t)j * cols, acc[j]);
+    for (int j = 0; j < NX; j++) y[(size_t)j * ldy] = nibble_finish(w, r, full, x + (size_t)j * cols, acc[j]);
 }
 
-static void fp4_rows_mul(const qmat *w, int r0, int r1, const float *x, int n, float *y, int ldy) {
+INLINE void nibble_rows_mul(const qmat *w, wformat f, int r0, int r1, const float *x, int n, float *y, int ldy) {
     const int full = w->cols / 64 * 64;
     float *wb = kernel_scratch((size_t)full);
+    __m256i lo_bytes, hi_bytes;
+    nibble_tables(f, &lo_bytes, &hi_bytes);
     for (int r = r0; r < r1; r++) {
         const uint8_t *row = kernel_row_ptr(w, r);
         for (int c = 0; c < full; c += 64) {
             __m256 v[8];
-            dec64_fp4(row + c / 2, v);
+            dec64_nibbles(row + c / 2, lo_bytes, hi_bytes, v);
             #pragma GCC unroll 8
             for (int t = 0; t < 8; t++) _mm256_store_ps(wb + c + 8 * t, v[t]);
         }
+        float *yr = y + (r - r0);
         int j = 0;
-        for (; j + FP4_XROWS <= n; j += FP4_XROWS)
-            fp4_rows_x(wb, w, r, x + (size_t)j * w->cols, FP4_XROWS, y + (size_t)j * ldy + (r - r0), ldy);
-        for (; j < n; j++) fp4_rows_x(wb, w, r, x + (size_t)j * w->cols, 1, y + (size_t)j * ldy + (r - r0), ldy);
+        for (; j + NIBBLE_XROWS <= n; j += NIBBLE_XROWS)
+            nibble_rows_x(wb, w, f, r, x + (size_t)j * w->cols, NIBBLE_XROWS, yr + (size_t)j * ldy, ldy);
+        for (; j < n; j++) nibble_rows_x(wb, w, f, r, x + (size_t)j * w->cols, 1, yr + (size_t)j * ldy, ldy);
     }
 }
 
@@ -339,8 +364,8 @@ static void avx2_rows_mul(const qmat *w, int r0, int r1, const float *x, int n, 
     const int cols = w->cols, ldw = (cols + 15) & ~15, nr = r1 - r0;
     float *wb = kernel_scratch((size_t)nr * ldw + (size_t)MUL_XROWS * nr * 16);
     float *acc = wb + (size_t)nr * ldw;
-    if (w->fmt == WF_FP4) {
-        fp4_rows_mul(w, r0, r1, x, n, y, ldy);
+    if (kernel_is_nibbles(w->fmt)) {
+        KERNEL_FOR_EACH_FORMAT(w->fmt, (void)0, nibble_rows_mul(w, F, r0, r1, x, n, y, ldy))
         return;
     }
     for (int r = r0; r < r1; r++)
@@ -359,7 +384,8 @@ static void avx2_rows_mul(const qmat *w, int r0, int r1, const float *x, int n, 
         for (int j = 0; j < nx_all; j++)
             for (int i = 0; i < nr; i++) {
                 const float *a = acc + ((size_t)j * nr + i) * 16;
-                y[(size_t)(j0 + j) * ldy + i] = tree16(_mm256_load_ps(a), _mm256_load_ps(a + 8));
+                float sum = tree16(_mm256_load_ps(a), _mm256_load_ps(a + 8));
+                y[(size_t)(j0 + j) * ldy + i] = kernel_row_finish(w, r0 + i, sum);
             }
     }
 }

@@ -4,8 +4,10 @@
  * the tree starts by adding the two 256-bit halves (lanes i and i+8), exactly as the other paths
  * do. FP8 (unscaled) and BF16 decode as in the AVX2 path, 16 columns at a time. Matvec interleaves
  * four rows for independent FMA chains; batched calls run a 3x4 register tile (3 weight rows x 4
- * input rows) over dequantized rows in column chunks that stay in L1. FP4 (rule 4) runs the AVX2
- * code, which AVX-512 machines execute natively: one implementation of that order, not two. */
+ * input rows) over dequantized rows in column chunks that stay in L1. I8_ROW widens its codes
+ * and takes the row scale on the result (rule 5). The nibble formats (rule 4: FP4, I4_ROW,
+ * I4_G64) run the AVX2 code, which AVX-512 machines execute natively: one implementation of
+ * that order, not two. */
 #if defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 
 #include <immintrin.h>
@@ -38,11 +40,13 @@ INLINE __m512 dec16_bf16(const uint16_t *p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
 }
 
-/* Weight factors of columns [c, c + 16) for F32, BF16 and FP8. */
+/* Weight factors of columns [c, c + 16) for the rule-2 formats (F32, BF16, FP8, I8_ROW). */
 INLINE __m512 decode_step(wformat f, const uint8_t *row, int c) {
     if (f == WF_F32) return _mm512_loadu_ps((const float *)row + c);
     if (f == WF_BF16) return dec16_bf16((const uint16_t *)row + c);
-    return dec16_fp8(row + c);
+    if (f == WF_FP8) return dec16_fp8(row + c);
+    __m128i codes = _mm_loadu_si128((const __m128i *)(row + c));
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(codes));
 }
 
 /* Columns [c, cols), fewer than 16, via the scalar dequantizer (zero-padded to 16). */
@@ -88,7 +92,7 @@ INLINE void dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, fl
     }
     for (int i = 0; i < NR; i++) {
         if (full < w->cols) acc[i] = tail_groups(w, r + i, full, x, acc[i], NULL);
-        y[i] = tree16(acc[i]);
+        y[i] = kernel_row_finish(w, r + i, tree16(acc[i]));
     }
 }
 
@@ -100,7 +104,7 @@ INLINE void decode_row(const qmat *w, wformat f, int r, float *out) {
 }
 
 static void avx512_rows_vec(const qmat *w, int r0, int r1, const float *x, float *y) {
-    if (w->fmt == WF_FP4) {
+    if (kernel_is_nibbles(w->fmt)) {
         kernel_path_avx2.rows_vec(w, r0, r1, x, y);
         return;
     }
@@ -162,7 +166,7 @@ static void avx512_rows_mul(const qmat *w, int r0, int r1, const float *x, int n
     const int cols = w->cols, ldw = (cols + 15) & ~15, nr = r1 - r0;
     float *wb = kernel_scratch((size_t)nr * ldw + (size_t)MUL_XROWS * nr * 16);
     float *acc = wb + (size_t)nr * ldw;
-    if (w->fmt == WF_FP4) {
+    if (kernel_is_nibbles(w->fmt)) {
         kernel_path_avx2.rows_mul(w, r0, r1, x, n, y, ldy);
         return;
     }
@@ -182,7 +186,8 @@ static void avx512_rows_mul(const qmat *w, int r0, int r1, const float *x, int n
         }
         for (int j = 0; j < nx_all; j++)
             for (int i = 0; i < nr; i++)
-                y[(size_t)(j0 + j) * ldy + i] = tree16(_mm512_load_ps(acc + ((size_t)j * nr + i) * 16));
+                y[(size_t)(j0 + j) * ldy + i] =
+                    kernel_row_finish(w, r0 + i, tree16(_mm512_load_ps(acc + ((size_t)j * nr + i) * 16)));
     }
 }
 

@@ -12,25 +12,24 @@
  *       and F32 scales alike, so an arbitrary F32 scale costs only that one input rounding.
  *     - FP4: twice the E2M1 value (an integer in -12..12, exact, unscaled) and x[c]; the
  *       block's scale / 2 multiplies partial sums instead (rule 4).
- *     - I8_ROW, I4_ROW, I4_G64: the integer code value (exact, unscaled) and x[c]; the row
- *       scale multiplies the finished sum (rule 5), the group scale partial sums (rule 6).
+ *     - I4_ROW, I4_G64: the code value nibble - 8 (exact, unscaled) and x[c]; the row's or
+ *       group's f32 scale multiplies partial sums (rule 4).
+ *     - I8_ROW: the int8 code (exact, unscaled) and x[c]; the row's f32 scale multiplies the
+ *       finished sum (rule 5).
  *  2. Columns are padded with zeros to a multiple of 16. Lane l (0..15) accumulates, in column
  *     order, acc[l] = fma(w[c], x[c], acc[l]) over every c with c % 16 == l, starting from +0.
  *  3. The 16 lanes are summed by kernel_tree16: a[i] + a[i+8], then + 4 apart, + 2 apart, + 1.
- *  4. FP4 replaces rule 2 (kernel_fp4_blocks): columns are zero-padded to 32-column scale blocks.
- *     In block b, each group of 4 columns 4g..4g+3 (g = 0..7) forms a partial p = w*x of its
- *     first column, then p = fma(w, x, p) over the other three in order; it is added as
- *     acc[l] = fma(p, scale_b / 2, acc[l]) to lane l = 8 * (g / 4) + 4 * (b % 2) + g % 4.
- *     The scale is a power of two, so this equals scaling each weight (barring over/underflow),
- *     and it lets SIMD code decode codes with a constant table and take the scale per block.
- *  5. I8_ROW and I4_ROW follow rules 2 and 3 on the integer codes; the tree's result is then
- *     multiplied once by the row's f32 scale (kernel_row_finish). One multiply per output
- *     instead of one per weight, and the integer partials are exact far longer than scaled ones.
- *  6. I4_G64 replaces rule 2 (kernel_g64_groups): columns are zero-padded to 64-column groups.
- *     In group g, lane l (0..15) forms p = w*x of column 64g + l, then p = fma(w, x, p) over
- *     columns 64g + l + 16, + 32, + 48 in order, and adds acc[l] = fma(p, scale_g, acc[l]).
- *     The tree (rule 3) follows. A group is 16 lanes x 4 columns: one vector step per 16
- *     columns on every path, and the scale is taken once per group and lane.
+ *  4. The nibble formats (FP4, I4_ROW, I4_G64) replace rule 2 (kernel_nibble_blocks): columns
+ *     are zero-padded to 32-column blocks. In block b, each group of 4 columns 4g..4g+3
+ *     (g = 0..7) forms a partial p = w*x of its first column, then p = fma(w, x, p) over the
+ *     other three in order; it is added as acc[l] = fma(p, s_b, acc[l]) to lane
+ *     l = 8 * (g / 4) + 4 * (b % 2) + g % 4, where s_b is the block's scale factor
+ *     (kernel_nibble_scale): FP4 its E8M0 scale / 2, I4_G64 the scale of its 64-column group
+ *     (b / 2), I4_ROW the row's scale. FP4's scale is a power of two, so this equals scaling
+ *     each weight (barring over/underflow); an f32 scale rounds once per partial. All three
+ *     decode with a constant table and take the scale per block, in one SIMD implementation.
+ *  5. I8_ROW follows rules 2 and 3 on the int8 codes; the tree's result is then multiplied once
+ *     by the row's f32 scale (kernel_row_finish): one multiply per output, not per weight.
  * Consequently a result depends only on the row's weights, x and cols: never on batching,
  * position in a batch, thread count or which path computed it. (The AVX-512 path is held to
  * the same order; it is compiled but could not be run on the machine it was written on.)
@@ -47,8 +46,9 @@ typedef struct {
     void (*rows_vec)(const qmat *w, int r0, int r1, const float *x, float *y);
     /* y[j * ldy + (r - r0)] = that dot product with x + j * cols, for r in [r0, r1), j in [0, n). */
     void (*rows_mul)(const qmat *w, int r0, int r1, const float *x, int n, float *y, int ldy);
-    /* Nonzero if FP4 input rows must arrive in kernel_fp4_permute_x order (the SIMD decode order). */
-    int fp4_permuted;
+    /* Nonzero if nibble-format input rows must arrive in kernel_nibble_permute_x order (the SIMD
+     * decode order). */
+    int nibble_permuted;
 } kernel_path;
 
 extern const kernel_path kernel_path_scalar;
@@ -58,53 +58,56 @@ extern const kernel_path kernel_path_avx512;   /* defined only when compiled wit
 /* 256-entry table: E4M3 byte read as an f16 bit pattern ((b&0x7f)<<7 | (b&0x80)<<8), i.e. the
  * E4M3 value times 2^-8 (the NaN codes read as +-480 * 2^-8; checkpoints do not contain them). */
 extern float kernel_fp8_lut[256];
-/* 16-entry table: twice the E2M1 value of each code (0, 1, 2, 3, 4, 6, 8, 12, signed; code 8, -0,
- * is +0: a zero weight's sign cannot reach a sum that starts from +0). */
+/* 16-entry tables of nibble weight factors: FP4 twice the E2M1 value (0, 1, 2, 3, 4, 6, 8, 12,
+ * signed; code 8, -0, is +0: a zero weight's sign cannot reach a sum that starts from +0), and
+ * the integer formats' nibble - 8. */
 extern const float kernel_fp4_lut[16];
+extern const float kernel_i4_lut[16];
+/* The low and high bytes of bf16(factor) of each code (all exact in bf16), for SIMD table
+ * lookups: index 0 FP4, 1 the integer nibble formats. */
+extern uint8_t kernel_nibble_bf16_lo[2][16], kernel_nibble_bf16_hi[2][16];
 
 /* E8M0 byte -> scale * 2^8 (FP8, applied to the input) and scale / 2 (FP4): rule 1's factors. */
 extern float kernel_fp8_scale_lut[256];
 extern float kernel_fp4_scale_lut[256];
 
-/* Scale factor of weight (r, c) in rule 1: its block's scale * 2^8 (FP8, E8M0 or F32 grid) and
- * kernel_fp4_scale_lut of its block's byte (FP4). */
+/* Scale factor of FP8 weight (r, c) in rule 1: its block's scale * 2^8 (E8M0 or F32 grid). */
 float kernel_fp8_scale(const qmat *w, int r, int c);
-float kernel_fp4_scale(const qmat *w, int r, int c);
-size_t kernel_fp4_row_bytes(const qmat *w);
-size_t kernel_scale_row_len(const qmat *w);    /* scales per scale row (FP8: per 128 rows; I4_G64: groups) */
+size_t kernel_nibble_row_bytes(const qmat *w);   /* ceil(cols / 2): FP4, I4_ROW, I4_G64 */
+size_t kernel_scale_row_len(const qmat *w);      /* scales per scale row (FP8: per 128 rows; I4_G64: groups) */
 
-/* Weight factor (r, c) of rule 1 (FP8, FP4: unscaled); 0 for c >= cols (the zero padding). */
+/* Weight factor (r, c) of rule 1 (unscaled for the scaled formats); 0 for c >= cols (the zero
+ * padding). */
 float kernel_weight(const qmat *w, int r, int c);
 
-/* Rule 4 for FP4 row r over scale blocks [b0, end): adds into acc[16]. x holds the input for
- * those columns at their own positions (kernel_fp4_permute_x leaves the tail in place). */
-void kernel_fp4_blocks(const qmat *w, int r, int b0, const float *x, float acc[16]);
+/* Rule 4 for nibble-format row r over blocks [b0, end): adds into acc[16]. x holds the input
+ * for those columns at their own positions (kernel_nibble_permute_x leaves the tail in place). */
+void kernel_nibble_blocks(const qmat *w, int r, int b0, const float *x, float acc[16]);
 
-/* Rule 6 for I4_G64 row r over groups [g0, end): adds into acc[16]; x as given (unpermuted). */
-void kernel_g64_groups(const qmat *w, int r, int g0, const float *x, float acc[16]);
-
-/* FP4 SIMD input order: within each full 64-column chunk, out[8 * v + 4 * h + j] =
+/* Nibble SIMD input order: within each full 64-column chunk, out[8 * v + 4 * h + j] =
  * x[32 * h + 16 * (v / 4) + 4 * j + v % 4] (v = 0..7, h = 0..1, j = 0..3): vector v then
  * holds the inputs of the 8 lanes' v-th term. Columns past the last full chunk are copied. */
-void kernel_fp4_permute_x(const float *x, int cols, float *out);
+void kernel_nibble_permute_x(const float *x, int cols, float *out);
 
 float kernel_tree16(const float acc[16]);
 
 /* Thread-local scratch of at least n floats, 64-byte aligned; grows, never shrinks. */
 float *kernel_scratch(size_t n);
 
-/* Run `call` with the constant F set to format f for the rule-2 formats (rule 5's too), so
- * always-inline SIMD code is specialised per format and the format switch leaves the inner
- * loops; FP4 (rule 4) runs `fp4_call`, I4_G64 (rule 6) `g64_call`. */
-#define KERNEL_FOR_EACH_FORMAT(f, call, fp4_call, g64_call)             \
-    switch (f) {                                                        \
-    case WF_F32: { const wformat F = WF_F32; call; } break;             \
-    case WF_BF16: { const wformat F = WF_BF16; call; } break;           \
-    case WF_FP8: { const wformat F = WF_FP8; call; } break;             \
-    case WF_I8_ROW: { const wformat F = WF_I8_ROW; call; } break;       \
-    case WF_I4_ROW: { const wformat F = WF_I4_ROW; call; } break;       \
-    case WF_FP4: fp4_call; break;                                       \
-    case WF_I4_G64: g64_call; break;                                    \
+/* Run `call` with the constant F set to format f for the rule-2 formats (rule 5's too), or
+ * `nibble_call` for the rule-4 formats, so always-inline SIMD code is specialised per format
+ * and the format switch leaves the inner loops. */
+#define KERNEL_FORMAT_CASE(fmt, call) \
+    case fmt: { const wformat F = fmt; (void)F; call; } break;
+#define KERNEL_FOR_EACH_FORMAT(f, call, nibble_call)    \
+    switch (f) {                                        \
+    KERNEL_FORMAT_CASE(WF_F32, call)                    \
+    KERNEL_FORMAT_CASE(WF_BF16, call)                   \
+    KERNEL_FORMAT_CASE(WF_FP8, call)                    \
+    KERNEL_FORMAT_CASE(WF_I8_ROW, call)                 \
+    KERNEL_FORMAT_CASE(WF_FP4, nibble_call)             \
+    KERNEL_FORMAT_CASE(WF_I4_ROW, nibble_call)          \
+    KERNEL_FORMAT_CASE(WF_I4_G64, nibble_call)          \
     }
 
 static inline int kernel_is_nibbles(wformat f) { return f == WF_FP4 || f == WF_I4_ROW || f == WF_I4_G64; }
@@ -116,23 +119,27 @@ static inline size_t kernel_col_bytes(wformat f, int c) {
 }
 
 static inline const uint8_t *kernel_row_ptr(const qmat *w, int r) {
-    size_t row_bytes = kernel_is_nibbles(w->fmt) ? kernel_fp4_row_bytes(w) : kernel_col_bytes(w->fmt, w->cols);
+    size_t row_bytes = kernel_is_nibbles(w->fmt) ? kernel_nibble_row_bytes(w) : kernel_col_bytes(w->fmt, w->cols);
     return (const uint8_t *)w->data + (size_t)r * row_bytes;
 }
 
-/* The E8M0 bytes that apply to row r (FP4), NULL for other formats. */
-static inline const uint8_t *kernel_scale_row(const qmat *w, int r) {
-    return w->fmt == WF_FP4 ? w->scale + (size_t)r * kernel_scale_row_len(w) : NULL;
+/* The scales row r of a nibble format reads, for kernel_nibble_scale: FP4 its E8M0 bytes,
+ * I4_G64 its group scales, I4_ROW its one scale. */
+static inline const void *kernel_nibble_scale_row(const qmat *w, int r) {
+    if (w->fmt == WF_FP4) return w->scale + (size_t)r * kernel_scale_row_len(w);
+    if (w->fmt == WF_I4_G64) return w->scale_f32 + (size_t)r * kernel_scale_row_len(w);
+    return w->scale_f32 + r;
 }
 
-/* The f32 group scales of I4_G64 row r. */
-static inline const float *kernel_g64_scales(const qmat *w, int r) {
-    return w->scale_f32 + (size_t)r * kernel_scale_row_len(w);
+/* Rule 4's scale factor s_b of block b, from kernel_nibble_scale_row. */
+static inline float kernel_nibble_scale(wformat f, const void *srow, int b) {
+    if (f == WF_FP4) return kernel_fp4_scale_lut[((const uint8_t *)srow)[b]];
+    return ((const float *)srow)[f == WF_I4_G64 ? b / 2 : 0];
 }
 
-/* Rule 5: a row-scaled format's sum times its row scale; other formats' sums unchanged. */
+/* Rule 5: I8_ROW's sum times its row scale; other formats' sums unchanged. */
 static inline float kernel_row_finish(const qmat *w, int r, float sum) {
-    return w->fmt == WF_I8_ROW || w->fmt == WF_I4_ROW ? sum * w->scale_f32[r] : sum;
+    return w->fmt == WF_I8_ROW ? sum * w->scale_f32[r] : sum;
 }
 
 #endif

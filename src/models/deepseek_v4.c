@@ -142,14 +142,14 @@ static const void *own(loader *ld, const void *src, size_t bytes) {
 }
 
 static qmat plain_mat(loader *ld, wformat f, int rows, int cols, const char *name) {
-    qmat q = {f, rows, cols, NULL, NULL};
+    qmat q = {.fmt = f, .rows = rows, .cols = cols};
     q.data = tensor(ld, f == WF_F32 ? DT_F32 : DT_BF16, rows, cols, "%s", name);
     return q;
 }
 
 /* FP8 linear: E4M3 weight [out, in] + E8M0 scale per 128x128 block. */
 static qmat fp8_mat(loader *ld, int rows, int cols, const char *prefix) {
-    qmat q = {WF_FP8, rows, cols, NULL, NULL};
+    qmat q = {.fmt = WF_FP8, .rows = rows, .cols = cols};
     q.data = tensor(ld, DT_F8_E4M3, rows, cols, "%s.weight", prefix);
     q.scale = tensor(ld, DT_F8_E8M0, (rows + 127) / 128, (cols + 127) / 128, "%s.scale", prefix);
     return q;
@@ -164,7 +164,7 @@ static qmat fp8_at(loader *ld, const char *prefix, const char *sub, int rows, in
 
 /* Routed expert: packed E2M1 [out, in/2] (I8 officially; U8 accepted) + E8M0 scale per 32 inputs. */
 static qmat fp4_mat(loader *ld, int rows, int cols, const char *prefix) {
-    qmat q = {WF_FP4, rows, cols, NULL, NULL};
+    qmat q = {.fmt = WF_FP4, .rows = rows, .cols = cols};
     char name[256];
     snprintf(name, sizeof name, "%s.weight", prefix);
     const st_tensor *t = ld->failed ? NULL : st_find(ld->st, name);

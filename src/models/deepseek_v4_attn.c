@@ -156,7 +156,7 @@ static void project_indexer(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *
 static int indexer_select(const dsv4_model *d, const dsv4_layer_state *ls, dsv4_seq *s, int t, int nvis) {
     const dsv4_config *c = &d->c;
     const float *iq = s->iq + (size_t)t * c->idx_heads * c->idx_dim, *w = s->iw + (size_t)t * c->idx_heads;
-    qmat keys = {WF_F32, nvis, c->idx_dim, ls->ilist, NULL};
+    qmat keys = {.fmt = WF_F32, .rows = nvis, .cols = c->idx_dim, .data = ls->ilist};
     qmat_mul(&keys, iq, c->idx_heads, s->idx_dots);
     for (int e = 0; e < nvis; e++) {
         float acc = 0;
@@ -207,7 +207,8 @@ static void attend_token(const dsv4_model *d, const dsv4_layer *L, dsv4_layer_st
     const dsv4_config *c = &d->c;
     int hd = c->head_dim, qw = c->n_heads * hd;
     int nc = gather_candidates(d, L, ls, s, t, pos);
-    qmat k = {WF_F32, nc, hd, s->kmat, NULL}, kt = {WF_F32, hd, nc, s->kt, NULL};
+    qmat k = {.fmt = WF_F32, .rows = nc, .cols = hd, .data = s->kmat};
+    qmat kt = {.fmt = WF_F32, .rows = hd, .cols = nc, .data = s->kt};
     qmat_mul(&k, s->q + (size_t)t * qw, c->n_heads, s->att_scores);
     for (int h = 0; h < c->n_heads; h++) sink_softmax(s->att_scores + (size_t)h * nc, nc, 1.0f / sqrtf((float)hd), L->sink[h]);
     float *o = s->o + (size_t)t * qw;

@@ -54,7 +54,7 @@ typedef struct {
     glm_layer *layers;
     glm_layer mtp;                    /* validated only; has_mtp = 0 when the checkpoint has none */
     int has_mtp;
-    void **owned;                     /* f32 vectors and converted scales made at load, freed together */
+    void **owned;                     /* f32 vectors made at load, freed together */
     size_t *owned_bytes;
     int n_owned, cap_owned;
     int n_validated;                  /* tensors looked up and checked (dtype + shape) */

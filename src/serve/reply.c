@@ -37,8 +37,11 @@ static void put(reply *r, const void *p, size_t n) {
     r->text[r->len] = 0;
 }
 
-/* Bytes a character starting with lead b takes, 0 if b cannot start one. */
+/* Bytes a character starting with lead b takes, 0 if b cannot start one. NUL is valid UTF-8 but
+ * cannot start one here: the text is handed on as a C string (cJSON, strlen), where a NUL would
+ * silently end the reply (a byte-level vocabulary has a token for it). */
 static int utf8_lead_len(unsigned char b) {
+    if (b == 0) return 0;
     if (b < 0x80) return 1;
     if (b >= 0xC2 && b <= 0xDF) return 2;
     if (b >= 0xE0 && b <= 0xEF) return 3;

@@ -4,7 +4,8 @@
  * INVARIANTS
  *  - text[0..len) is always valid UTF-8: a multibyte character split across DATA frames is held
  *    back until complete, and bytes that can never form a character become U+FFFD (clients parse
- *    JSON as UTF-8; passing invalid bytes through would corrupt their copy of the reply).
+ *    JSON as UTF-8; passing invalid bytes through would corrupt their copy of the reply). So does
+ *    a NUL byte: text is a C string, and a NUL inside it would cut the reply short.
  *  - A stop string never reaches the client: when one appears the text is cut where it starts,
  *    `stopped` is set and later bytes are ignored.
  *  - text[0..stable) is final: it cannot be cut later by a stop string that is still being

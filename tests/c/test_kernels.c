@@ -1,8 +1,10 @@
 /* test_kernels.c — qmat kernels for every format: accuracy against a double-precision
  * dequantize-then-dot written from the format definitions, bitwise SIMD == scalar, bitwise
  * invariance to batch size, batch position, row sub-ranges and thread count, hand-built cases
- * that only the canonical orders (rule 2, FP4's rule 4) pass; and the pool, including that idle
- * threads claim the indices of a held-up one. */
+ * that only the canonical orders (rule 2, the nibble formats' rule 4, I8_ROW's rule 5) pass;
+ * and the pool, including that idle threads claim the indices of a held-up one. Every format
+ * that takes f32 scales (FP8 `_scale_inv` grids, the int8/int4 containers) gets arbitrary,
+ * non-power-of-two scales. */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -25,16 +27,23 @@ static float rnd_float(void) { return ((int)(rnd() % 20001) - 10000) * 1e-4f; }
 typedef struct {
     qmat w;
     uint8_t *data, *scale;
+    float *fscale;
 } test_matrix;
 
-static test_matrix make(wformat fmt, int rows, int cols) {
-    test_matrix m = {{fmt, rows, cols, NULL, NULL}, NULL, NULL};
+/* Positive scales with full mantissas, over a few octaves: never powers of two. */
+static float rnd_scale(void) { return (0.25f + (float)(rnd() % 100000) * 3.1e-5f) * 1.0000001f; }
+
+static test_matrix make(wformat fmt, int rows, int cols, int f32_scales) {
+    test_matrix m = {{fmt, rows, cols, NULL, NULL, NULL}, NULL, NULL, NULL};
     size_t n = (size_t)rows * cols, scales = 0, bytes = 0;
     switch (fmt) {
     case WF_F32: bytes = n * 4; break;
     case WF_BF16: bytes = n * 2; break;
     case WF_FP8: bytes = n; scales = (size_t)((rows + 127) / 128) * ((cols + 127) / 128); break;
     case WF_FP4: bytes = (size_t)rows * ((cols + 1) / 2); scales = (size_t)rows * ((cols + 31) / 32); break;
+    case WF_I8_ROW: bytes = n; scales = (size_t)rows; break;
+    case WF_I4_ROW: bytes = (size_t)rows * ((cols + 1) / 2); scales = (size_t)rows; break;
+    case WF_I4_G64: bytes = (size_t)rows * ((cols + 1) / 2); scales = (size_t)rows * ((cols + 63) / 64); break;
     }
     m.data = malloc(bytes);
     for (size_t i = 0; i < n && fmt == WF_F32; i++) ((float *)m.data)[i] = rnd_float();
@@ -43,14 +52,23 @@ static test_matrix make(wformat fmt, int rows, int cols) {
         uint8_t b = (uint8_t)rnd();
         m.data[i] = (b & 0x7f) == 0x7f ? 0x7e : b;       /* NaN codes are not weights */
     }
-    for (size_t i = 0; i < bytes && fmt == WF_FP4; i++) m.data[i] = (uint8_t)rnd();
-    if (scales) {
+    for (size_t i = 0; i < bytes && fmt >= WF_FP4; i++) m.data[i] = (uint8_t)rnd();
+    if (scales && (f32_scales || fmt >= WF_I8_ROW)) {
+        m.fscale = malloc(scales * sizeof(float));
+        for (size_t i = 0; i < scales; i++) m.fscale[i] = rnd_scale();
+    } else if (scales) {
         m.scale = malloc(scales);
         for (size_t i = 0; i < scales; i++) m.scale[i] = (uint8_t)(120 + rnd() % 12);
     }
     m.w.data = m.data;
     m.w.scale = m.scale;
+    m.w.scale_f32 = m.fscale;
     return m;
+}
+
+static int nibble(const qmat *w, int r, int c) {
+    uint8_t byte = ((const uint8_t *)w->data)[(size_t)r * ((w->cols + 1) / 2) + c / 2];
+    return c % 2 ? byte >> 4 : byte & 15;
 }
 
 /* Weight (r, c) from the format definitions in quant.h, in double. */
@@ -58,14 +76,17 @@ static double ref_weight(const qmat *w, int r, int c) {
     switch (w->fmt) {
     case WF_F32: return ((const float *)w->data)[(size_t)r * w->cols + c];
     case WF_BF16: return bf16_to_f32(((const uint16_t *)w->data)[(size_t)r * w->cols + c]);
-    case WF_FP8:
+    case WF_FP8: {
+        int block = (r / 128) * ((w->cols + 127) / 128) + c / 128;
         return (double)e4m3_to_f32(((const uint8_t *)w->data)[(size_t)r * w->cols + c]) *
-               e8m0_to_f32(w->scale[(r / 128) * ((w->cols + 127) / 128) + c / 128]);
-    case WF_FP4: {
-        uint8_t byte = ((const uint8_t *)w->data)[(size_t)r * ((w->cols + 1) / 2) + c / 2];
-        return (double)e2m1_to_f32(c % 2 ? byte >> 4 : byte & 15) *
-               e8m0_to_f32(w->scale[r * ((w->cols + 31) / 32) + c / 32]);
+               (w->scale_f32 ? (double)w->scale_f32[block] : e8m0_to_f32(w->scale[block]));
     }
+    case WF_FP4:
+        return (double)e2m1_to_f32((uint8_t)nibble(w, r, c)) *
+               e8m0_to_f32(w->scale[r * ((w->cols + 31) / 32) + c / 32]);
+    case WF_I8_ROW: return (double)((const int8_t *)w->data)[(size_t)r * w->cols + c] * w->scale_f32[r];
+    case WF_I4_ROW: return (double)(nibble(w, r, c) - 8) * w->scale_f32[r];
+    case WF_I4_G64: return (double)(nibble(w, r, c) - 8) * w->scale_f32[r * ((w->cols + 63) / 64) + c / 64];
     }
     return 0;
 }
@@ -86,9 +107,10 @@ static void check_accuracy(const qmat *w, const float *x, const float *y, const 
         if (fabs(y[r] - want) > tol) {
             if (bad++ < 3) printf("  %s row %d: got %.9g want %.9g (tol %.3g)\n", what, r, y[r], want, tol);
         }
+        /* qmat_row rounds code * scale to f32 once (exact for power-of-two scales). */
         qmat_row(w, r, row);
         for (int c = 0; c < w->cols; c++)
-            if ((double)row[c] != ref_weight(w, r, c)) { bad++; break; }
+            if (row[c] != (float)ref_weight(w, r, c)) { bad++; break; }
     }
     free(row);
     CHECK(bad == 0, "%s: %d rows off the double reference or qmat_row", what, bad);
@@ -136,22 +158,23 @@ static void check_matrix(const qmat *w, const float *x, const char *what, float 
     free(ym);
 }
 
-static void check_format(wformat fmt, int rows, int cols) {
-    test_matrix m = make(fmt, rows, cols);
+static void check_format(wformat fmt, int rows, int cols, int f32_scales) {
+    test_matrix m = make(fmt, rows, cols, f32_scales);
     float *x = malloc(sizeof(float) * (size_t)cols * NX);
     for (size_t i = 0; i < (size_t)cols * NX; i++) x[i] = rnd_float();
-    char what[64];
+    char what[80];
+    const char *scales = f32_scales && fmt == WF_FP8 ? "/f32-scales" : "";
     float *simd = malloc(sizeof(float) * rows * NX), *scalar = malloc(sizeof(float) * rows * NX);
 
-    snprintf(what, sizeof what, "%s %dx%d %s", wformat_name(fmt), rows, cols, kernels_simd_name());
+    snprintf(what, sizeof what, "%s%s %dx%d %s", wformat_name(fmt), scales, rows, cols, kernels_simd_name());
     check_matrix(&m.w, x, what, simd);
     kernels_force_scalar(1);
-    snprintf(what, sizeof what, "%s %dx%d %s", wformat_name(fmt), rows, cols, kernels_simd_name());
+    snprintf(what, sizeof what, "%s%s %dx%d %s", wformat_name(fmt), scales, rows, cols, kernels_simd_name());
     check_matrix(&m.w, x, what, scalar);
     kernels_force_scalar(0);
-    CHECK(bits_equal(simd, scalar, (size_t)rows * NX), "%s %dx%d: SIMD path differs from scalar", wformat_name(fmt),
-          rows, cols);
-    free(simd); free(scalar); free(x); free(m.data); free(m.scale);
+    CHECK(bits_equal(simd, scalar, (size_t)rows * NX), "%s%s %dx%d: SIMD path differs from scalar", wformat_name(fmt),
+          scales, rows, cols);
+    free(simd); free(scalar); free(x); free(m.data); free(m.scale); free(m.fscale);
 }
 
 /* The canonical order is fixed, not merely "some order": a hand-built case where it matters. */
@@ -161,7 +184,7 @@ static void check_reduction_order(void) {
     for (int c = 0; c < C; c++) { w[c] = 1.0f; x[c] = 0.0f; }
     x[0] = 1e8f; x[16] = 1.0f; x[32] = -1e8f;    /* all lane 0: ((0 + 1e8) + 1) - 1e8 = 0 in f32 */
     x[1] = 1.0f;                                 /* lane 1 */
-    qmat m = {WF_F32, 1, C, w, NULL};
+    qmat m = {WF_F32, 1, C, w, NULL, NULL};
     float y;
     for (int s = 0; s < 2; s++) {
         kernels_force_scalar(s);
@@ -182,11 +205,48 @@ static void check_fp4_rule4(void) {
     x[0] = 33554432.0f; x[1] = 1.0f; x[2] = -33554432.0f;  /* group 0 of block 0 */
     x[16] = 0.25f;                                         /* group 4 of block 0: 0.25 */
     x[33] = 0.5f;                                          /* group 0 of block 1: 0.5 * 4 = 2 */
-    qmat m = {WF_FP4, 1, C, codes, scales};
+    qmat m = {WF_FP4, 1, C, codes, scales, NULL};
     for (int s = 0; s < 2; s++) {
         kernels_force_scalar(s);
         qmat_vec(&m, x, &y);
         CHECK(y == 2.25f, "%s: FP4 rule 4 gives %.9g, want 2.25", kernels_simd_name(), y);
+    }
+    kernels_force_scalar(0);
+}
+
+/* The integer formats' rules with an f32 scale (1.5, not a power of two) applied after an
+ * unscaled partial sum: 1 + 2^-24 rounds to 1 before the scale, giving exactly 1.5, where scaled
+ * weights would give 1.5 + 1.5 * 2^-24 -> 1.5 + 2^-23. I8_ROW (rule 5): columns 0 and 16 share
+ * lane 0. I4_ROW / I4_G64 (rule 4): columns 0 and 1 form one partial; I4_G64 adds column 64
+ * (group 1, scale 3): 4.5. Low nibble = even column: x[2] is large and column 2's value is 0
+ * (column 3's is 1, x[3] = 0), so a swapped nibble order would show. */
+static void check_int_rules(void) {
+    enum { C = 128 };
+    float x[C] = {0}, y, row_scale = 1.5f, group_scales[2] = {1.5f, 3.0f};
+    int8_t i8[C] = {0};
+    uint8_t i4[C / 2];
+    memset(i4, 0x88, sizeof i4);                           /* every value 0 */
+    i8[0] = i8[16] = 1;
+    i4[0] = 0x99;                                          /* columns 0 and 1: value 1 */
+    i4[1] = 0x98;                                          /* column 2: 0, column 3: 1 */
+    i4[32] = 0x89;                                         /* column 64: 1 */
+    qmat m8 = {WF_I8_ROW, 1, C, i8, NULL, &row_scale}, m4 = {WF_I4_ROW, 1, C, i4, NULL, &row_scale};
+    qmat mg = {WF_I4_G64, 1, C, i4, NULL, group_scales};
+    for (int s = 0; s < 2; s++) {
+        kernels_force_scalar(s);
+        memset(x, 0, sizeof x);
+        x[0] = 1.0f; x[16] = 0x1p-24f;
+        qmat_vec(&m8, x, &y);
+        CHECK(y == 1.5f, "%s: I8_ROW rule 5 gives %.9g, want 1.5", kernels_simd_name(), y);
+        memset(x, 0, sizeof x);
+        x[0] = 1.0f; x[1] = 0x1p-24f; x[2] = 1000.0f;
+        qmat_vec(&m4, x, &y);
+        CHECK(y == 1.5f, "%s: I4_ROW rule 4 gives %.9g, want 1.5", kernels_simd_name(), y);
+        x[64] = 1.0f;                                      /* one scale per row: 1.5 + 1.5 */
+        qmat_vec(&m4, x, &y);
+        CHECK(y == 3.0f, "%s: I4_ROW rule 4 gives %.9g, want 3", kernels_simd_name(), y);
+        qmat_vec(&mg, x, &y);
+        CHECK(y == 4.5f, "%s: I4_G64 rule 4 gives %.9g, want 4.5", kernels_simd_name(), y);
     }
     kernels_force_scalar(0);
 }
@@ -271,13 +331,18 @@ int main(void) {
     check_pool_claims();
     check_reduction_order();
     check_fp4_rule4();
-    static const struct { wformat fmt; int rows, cols; } cases[] = {
-        {WF_F32, 37, 45}, {WF_F32, 20, 256},  {WF_BF16, 29, 77},  {WF_BF16, 16, 512},
-        {WF_FP8, 150, 200}, {WF_FP8, 131, 256}, {WF_FP8, 7, 24},   {WF_FP4, 41, 96},
-        {WF_FP4, 33, 80},   {WF_FP4, 9, 40},    {WF_FP4, 5, 34},   {WF_FP4, 130, 512},
-        {WF_FP4, 7, 64},    {WF_FP4, 11, 120},  {WF_FP4, 6, 4096},
+    check_int_rules();
+    static const struct { wformat fmt; int rows, cols, f32_scales; } cases[] = {
+        {WF_F32, 37, 45, 0},     {WF_F32, 20, 256, 0},    {WF_BF16, 29, 77, 0},    {WF_BF16, 16, 512, 0},
+        {WF_FP8, 150, 200, 0},   {WF_FP8, 131, 256, 0},   {WF_FP8, 7, 24, 0},      {WF_FP8, 150, 200, 1},
+        {WF_FP8, 260, 384, 1},   {WF_FP8, 7, 24, 1},      {WF_FP4, 41, 96, 0},     {WF_FP4, 33, 80, 0},
+        {WF_FP4, 9, 40, 0},      {WF_FP4, 5, 34, 0},      {WF_FP4, 130, 512, 0},   {WF_FP4, 7, 64, 0},
+        {WF_FP4, 11, 120, 0},    {WF_FP4, 6, 4096, 0},    {WF_I8_ROW, 37, 45, 0},  {WF_I8_ROW, 20, 256, 0},
+        {WF_I8_ROW, 5, 16, 0},   {WF_I4_ROW, 29, 77, 0},  {WF_I4_ROW, 16, 512, 0}, {WF_I4_ROW, 9, 33, 0},
+        {WF_I4_G64, 41, 96, 0},  {WF_I4_G64, 33, 64, 0},  {WF_I4_G64, 9, 40, 0},   {WF_I4_G64, 130, 512, 0},
+        {WF_I4_G64, 7, 130, 0},  {WF_I4_G64, 11, 200, 0}, {WF_I4_G64, 6, 4096, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        check_format(cases[i].fmt, cases[i].rows, cases[i].cols);
+        check_format(cases[i].fmt, cases[i].rows, cases[i].cols, cases[i].f32_scales);
     return TEST_END();
 }

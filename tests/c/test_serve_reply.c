@@ -31,6 +31,14 @@ static void test_utf8_split_and_invalid(void) {
     CHECK(!strcmp(r.text, want), "invalid bytes not replaced as expected: '%s'", r.text);
     reply_free(&r);
 
+    /* A NUL byte (a byte-level vocabulary has a token for it) must not end the reply: the text
+     * is handed on as a C string. */
+    reply_init(&r, NULL, 0, 0);
+    reply_feed(&r, "a\0b", 3);
+    reply_finish(&r);
+    CHECK(r.len == 5 && !strcmp(r.text, "a\xEF\xBF\xBD" "b"), "NUL not replaced: len %zu '%s'", r.len, r.text);
+    reply_free(&r);
+
     size_t n = 0;
     char *clean = utf8_clean("ok\xFF", 3, &n);
     CHECK(n == 5 && !memcmp(clean, "ok\xEF\xBF\xBD", 5), "utf8_clean gave %zu bytes", n);

@@ -29,7 +29,7 @@ test('messages: non-streaming and streaming agree, cache reads come from the eng
     if (m.usage.output_tokens < 6) assert.equal(m.stop_reason, 'end_turn');
     else assert.ok(['max_tokens', 'end_turn'].includes(m.stop_reason));
     assert.equal(m.content[0].type, 'text');
-    const engine = server.prefixLines().at(-1);
+    const engine = (await server.prefixLinesUntil(i + 1))[i];
     assert.equal(m.usage.cache_read_input_tokens, engine.reused);
     assert.equal(m.usage.input_tokens + m.usage.cache_read_input_tokens, engine.total);
     if (i > 0) assert.ok(m.usage.cache_read_input_tokens > 0, `turn ${i + 1} reused nothing`);
@@ -53,7 +53,7 @@ test('messages: non-streaming and streaming agree, cache reads come from the eng
       assert.ok(events.includes('content_block_delta'));
       assert.equal(final.content[0].text, plain[i], `streamed turn ${i + 1} differs`);
       assert.equal(final.stop_reason, reasons[i]);
-      const engine = streamed.prefixLines().at(-1);
+      const engine = (await streamed.prefixLinesUntil(i + 1))[i];
       assert.equal(final.usage.cache_read_input_tokens, engine.reused);
       if (i > 0) assert.ok(final.usage.cache_read_input_tokens > 0);
       msgs.push({ role: 'assistant', content: final.content[0].text });

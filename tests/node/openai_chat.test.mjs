@@ -1,10 +1,11 @@
-// Five-turn chats through the official `openai` client, streaming and not, on the tiny model:
-// cached_tokens is present on every turn, > 0 from turn 2 and equal to the engine's own reuse
-// count (its CAIRN_PREFIX_LOG line), and every reply equals what a cold server answers.
+// Five-turn chats through the official `openai` client, streaming and not, on the tiny model of
+// each family: cached_tokens is present on every turn, equal to the engine's own reuse count (its
+// CAIRN_PREFIX_LOG line) and from turn 2 what the family's reuse rule allows (followTurn), and
+// every reply equals what a cold server answers.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
-import { startServer, MODEL_ID } from './serve_helper.mjs';
+import { startServer, MODEL_ID, FAMILY } from './serve_helper.mjs';
 
 const QUESTIONS = ['Hello, who are you?', 'What is 2+2?', 'Name a colour.', 'And a number?', 'Thanks, bye.'];
 const SYSTEM = { role: 'system', content: 'You are a terse assistant.' };
@@ -21,9 +22,27 @@ function client(server) {
   return new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'unused', maxRetries: 0 });
 }
 
+// The reuse of a turn that follows prev ({total: its prompt tokens, completion, finish}) in the
+// same slot. The record then holds prev's prompt and the fed reply (all of it after an EOS, all
+// but the unfed last token after max_tokens); the new prompt starts with prev's prompt (it ends
+// in special tokens, so it tokenizes the same) and then the re-rendered reply, whose tokens may
+// or may not be the ids the model generated — a client cannot see them. By src/state/reuse.h:
+// GLM truncates to the common prefix, so somewhere from prev's prompt to the whole record;
+// DeepSeek V4 cannot rewind: the whole record (extension) or else the checkpoint its previous
+// prefill took at n - 1 (no later checkpoint can exist: none was taken past that prompt).
+function followTurn(reused, prev) {
+  const record = prev.total + prev.completion - (prev.finish === 'length' ? 1 : 0);
+  if (FAMILY === 'deepseek_v4') {
+    assert.ok(reused === record || reused === prev.total - 1,
+      `reuse ${reused}: neither the record (${record}) nor the previous prompt's n - 1 (${prev.total - 1})`);
+  } else if (FAMILY === 'glm_moe_dsa') {
+    assert.ok(reused >= prev.total && reused <= record, `reuse ${reused} outside [${prev.total}, ${record}]`);
+  } else assert.fail(`no reuse rule known for model_type ${FAMILY}`);
+}
+
 // The engine's reuse decision for the request just answered.
-function lastReuse(server, requestsSoFar) {
-  const lines = server.prefixLines();
+async function lastReuse(server, requestsSoFar) {
+  const lines = await server.prefixLinesUntil(requestsSoFar);
   assert.equal(lines.length, requestsSoFar, `expected ${requestsSoFar} engine prefix lines:\n${server.log()}`);
   return lines[lines.length - 1];
 }
@@ -32,6 +51,7 @@ test('non-streaming chat over 5 turns reports the engine reuse and grows it', as
   const c = client(warm);
   const messages = [SYSTEM];
   let prevCached = -1;
+  let prev = null;
   for (let turn = 0; turn < QUESTIONS.length; turn++) {
     messages.push({ role: 'user', content: QUESTIONS[turn] });
     const r = await c.chat.completions.create({ ...PARAMS, messages });
@@ -44,15 +64,17 @@ test('non-streaming chat over 5 turns reports the engine reuse and grows it', as
     warmFinish.push(r.choices[0].finish_reason);
     assert.equal(r.usage.total_tokens, r.usage.prompt_tokens + r.usage.completion_tokens);
     const cached = r.usage.prompt_tokens_details.cached_tokens;
-    const engine = lastReuse(warm, turn + 1);
+    const engine = await lastReuse(warm, turn + 1);
     assert.equal(cached, engine.reused, 'cached_tokens must be the engine reuse count');
     assert.equal(r.usage.prompt_tokens, engine.total);
     if (turn === 0) assert.equal(cached, 0);
     else {
       assert.ok(cached > 0, `turn ${turn + 1} reused nothing`);
       assert.ok(cached > prevCached, `reuse did not grow on turn ${turn + 1}: ${cached} <= ${prevCached}`);
+      followTurn(cached, prev);
     }
     prevCached = cached;
+    prev = { total: r.usage.prompt_tokens, completion: r.usage.completion_tokens, finish: r.choices[0].finish_reason };
     warmReplies.push(reply);
     messages.push({ role: 'assistant', content: reply });
   }
@@ -63,6 +85,7 @@ test('streaming chat over 5 turns gives the same replies and usage with cached_t
   try {
     const c = client(server);
     const messages = [SYSTEM];
+    let prev = null;
     for (let turn = 0; turn < QUESTIONS.length; turn++) {
       messages.push({ role: 'user', content: QUESTIONS[turn] });
       const stream = await c.chat.completions.create({
@@ -82,9 +105,13 @@ test('streaming chat over 5 turns gives the same replies and usage with cached_t
       }
       assert.equal(finish, warmFinish[turn]);
       assert.ok(usage, 'include_usage must give a usage chunk');
-      const engine = lastReuse(server, turn + 1);
+      const engine = await lastReuse(server, turn + 1);
       assert.equal(usage.prompt_tokens_details.cached_tokens, engine.reused);
-      if (turn > 0) assert.ok(engine.reused > 0, `streaming turn ${turn + 1} reused nothing`);
+      if (turn > 0) {
+        assert.ok(engine.reused > 0, `streaming turn ${turn + 1} reused nothing`);
+        followTurn(engine.reused, prev);
+      }
+      prev = { total: usage.prompt_tokens, completion: usage.completion_tokens, finish };
       assert.equal(text, warmReplies[turn], `streamed reply of turn ${turn + 1} differs from the non-streamed one`);
       messages.push({ role: 'assistant', content: text });
     }
@@ -113,17 +140,19 @@ test('two conversations alternating on two slots both keep reusing', async () =>
   const c = client(warm);
   const convs = [[{ role: 'system', content: 'Conversation A.' }], [{ role: 'system', content: 'Conversation B is another one.' }]];
   const before = warm.prefixLines().length;
+  const prev = [null, null];
   for (let turn = 0; turn < 3; turn++) {
     for (const [k, msgs] of convs.entries()) {
       msgs.push({ role: 'user', content: `turn ${turn} of ${k}` });
       const r = await c.chat.completions.create({ ...PARAMS, messages: msgs });
       msgs.push({ role: 'assistant', content: r.choices[0].message.content });
-      const engine = warm.prefixLines().at(-1);
+      const engine = await lastReuse(warm, before + 2 * turn + k + 1);
       if (turn > 0) {
         assert.ok(r.usage.prompt_tokens_details.cached_tokens > 0, `conversation ${k} lost its state on turn ${turn}`);
-        // It reused at least the whole previous prompt, which only its own slot holds.
-        assert.ok(engine.reused >= msgs.length, `conversation ${k}: reuse ${engine.reused} too small`);
+        // It kept what followTurn allows on top of its own previous turn, which only its own slot holds.
+        followTurn(engine.reused, prev[k]);
       }
+      prev[k] = { total: r.usage.prompt_tokens, completion: r.usage.completion_tokens, finish: r.choices[0].finish_reason };
     }
   }
   const slots = warm.prefixLines().slice(before).map((l) => l.slot);

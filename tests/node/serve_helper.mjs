@@ -1,6 +1,8 @@
 // Starts `cairn serve` on a free loopback port for the node tests and stops it again.
-// Environment (set by tests/test_node.py): CAIRN = the binary, CAIRN_MODEL = the tiny model dir,
-// FAKE_ENGINE = tests/fake_engine.py (a scripted engine for replies a random model cannot give).
+// Environment (set by tests/test_node.py): CAIRN = the binary, CAIRN_MODEL = the tiny model dir
+// (one per family: every file runs once per family), FAKE_ENGINE = tests/fake_engine.py (a
+// scripted engine for replies a random model cannot give). FAMILY is the model's config.json
+// model_type, for the tests whose expectations follow the family's chat template.
 import { spawn } from 'node:child_process';
 import { readFileSync, existsSync, mkdtempSync } from 'node:fs';
 import { createServer } from 'node:net';
@@ -11,6 +13,7 @@ export const CAIRN = process.env.CAIRN;
 export const MODEL = process.env.CAIRN_MODEL;
 export const FAKE_ENGINE = process.env.FAKE_ENGINE;
 export const MODEL_ID = MODEL ? MODEL.split('/').filter(Boolean).pop() : undefined;
+export const FAMILY = MODEL ? JSON.parse(readFileSync(join(MODEL, 'config.json'), 'utf8')).model_type : undefined;
 
 function freePort() {
   return new Promise((resolve, reject) => {
@@ -23,7 +26,10 @@ function freePort() {
   });
 }
 
-// Returns { url, port, log(), fakeFrames(), prefixLines(), stop() }.
+const PREFIX_LINE = /^prefix: slot (\d+) reused (\d+)\/(\d+) \((\w+)\)$/gm;
+const HANG_GUARD_MS = 60000;    // turns a line that never comes into a failure; no test is timed
+
+// Returns { url, port, log(), fakeFrames(), prefixLines(), prefixLinesUntil(n), stop() }.
 export async function startServer(args = [], env = {}, { fake = false } = {}) {
   if (!CAIRN || !MODEL) throw new Error('CAIRN and CAIRN_MODEL must be set (run through tests/test_node.py)');
   const port = await freePort();
@@ -41,6 +47,8 @@ export async function startServer(args = [], env = {}, { fake = false } = {}) {
   let exited = null;
   child.on('exit', (code) => { exited = code; });
   const url = `http://127.0.0.1:${port}`;
+  const prefixLines = () => [...log.matchAll(PREFIX_LINE)]
+    .map((m) => ({ slot: +m[1], reused: +m[2], total: +m[3], kind: m[4] }));
   for (let i = 0; ; i++) {
     if (exited !== null) throw new Error(`server exited (${exited}) at start-up:\n${log}`);
     try {
@@ -55,8 +63,16 @@ export async function startServer(args = [], env = {}, { fake = false } = {}) {
     port,
     log: () => log,
     // The engine's own reuse decisions, one per request, in order: [{slot, reused, total, kind}].
-    prefixLines: () => [...log.matchAll(/^prefix: slot (\d+) reused (\d+)\/(\d+) \((\w+)\)$/gm)]
-      .map((m) => ({ slot: +m[1], reused: +m[2], total: +m[3], kind: m[4] })),
+    prefixLines,
+    // The same once there are at least n. The engine's stderr and the HTTP reply travel separately,
+    // so a reply can reach the client before the line its request made the engine write.
+    prefixLinesUntil: async (n) => {
+      for (let waited = 0; prefixLines().length < n; waited += 10) {
+        if (waited > HANG_GUARD_MS) throw new Error(`expected ${n} engine prefix lines:\n${log}`);
+        await new Promise((r) => setTimeout(r, 10));
+      }
+      return prefixLines();
+    },
     fakeFrames: () => (existsSync(fakeLog)
       ? readFileSync(fakeLog, 'utf8').trim().split('\n').filter(Boolean).map((l) => JSON.parse(l)) : []),
     stop: () => new Promise((resolve) => {

@@ -1,16 +1,19 @@
-// Reasoning split through the official clients: in thinking mode the DeepSeek V4 prompt ends with
-// <think>, the reply is REASONING</think>ANSWER, and the gateway must hand the reasoning out
-// separately (OpenAI reasoning_content, Anthropic thinking blocks), streaming or not, without
-// ever leaking the marker. The engine is tests/fake_engine.py (it replies in 3-byte pieces, so
-// the marker and multibyte characters arrive split across frames).
+// Reasoning split through the official clients, once per family: in thinking mode the prompt ends
+// with the family's assistant marker + <think>, the reply is REASONING</think>ANSWER, and the
+// gateway must hand the reasoning out separately (OpenAI reasoning_content, Anthropic thinking
+// blocks), streaming or not, without ever leaking the marker; in chat mode the prompt ends with the
+// marker + </think>. The engine is tests/fake_engine.py (it replies in 3-byte pieces, so the
+// marker and multibyte characters arrive split across frames).
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
 import Anthropic from '@anthropic-ai/sdk';
-import { startServer, MODEL_ID } from './serve_helper.mjs';
+import { startServer, MODEL_ID, FAMILY } from './serve_helper.mjs';
 
 const REASONING = 'Let me think… 2+2 is 4.';
 const ANSWER = 'The answer is 4.';
+const ASSISTANT = { deepseek_v4: '<｜Assistant｜>', glm_moe_dsa: '<|assistant|>' }[FAMILY];
+if (!ASSISTANT) throw new Error(`no assistant marker known for model_type ${FAMILY}`);
 
 let server;
 before(async () => {
@@ -24,7 +27,7 @@ test('openai: reasoning_content separated, streaming and not', async () => {
   const c = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'unused', maxRetries: 0 });
   const messages = [{ role: 'user', content: 'What is 2+2?' }];
   const r = await c.chat.completions.create({ model: MODEL_ID, messages, reasoning_effort: 'high', max_tokens: 100 });
-  assert.ok(lastPrompt().endsWith('<｜Assistant｜><think>'), 'thinking mode must end the prompt with <think>');
+  assert.ok(lastPrompt().endsWith(`${ASSISTANT}<think>`), 'thinking mode must end the prompt with <think>');
   assert.equal(r.choices[0].message.content, ANSWER);
   assert.equal(r.choices[0].message.reasoning_content, REASONING);
 
@@ -40,7 +43,7 @@ test('openai: reasoning_content separated, streaming and not', async () => {
   assert.equal(content, ANSWER);
 
   await c.chat.completions.create({ model: MODEL_ID, messages, max_tokens: 100 });
-  assert.ok(lastPrompt().endsWith('<｜Assistant｜></think>'), 'chat mode must end the prompt with </think>');
+  assert.ok(lastPrompt().endsWith(`${ASSISTANT}</think>`), 'chat mode must end the prompt with </think>');
 });
 
 test('anthropic: thinking block then text block, streaming and not', async () => {

@@ -1,18 +1,35 @@
-// Tool-call round trips through the official clients. A random tiny model never writes a tool
-// call, so the engine here is tests/fake_engine.py replying with a DeepSeek V4 DSML block; the
-// gateway, the real DeepSeek V4 template and parser, and the clients are the real ones.
-// Template stability: the prompt of the turn after the tool call must start with exactly the
-// previous prompt + the reply the engine produced (the fake engine then reports it all reused).
+// Tool-call round trips through the official clients, once per family. A random tiny model never
+// writes a tool call, so the engine here is tests/fake_engine.py replying with the family's own
+// tool-call syntax (DeepSeek V4: a DSML block; GLM: <tool_call>NAME<arg_key>..</arg_key><arg_value>..
+// </arg_value></tool_call>); the gateway, the family's real template and parser, and the clients are
+// the real ones. Template stability: the prompt of the turn after the tool call must start with
+// exactly the previous prompt + the reply the engine produced (the fake engine then reports it all
+// reused), which holds only if the template re-renders the parsed call byte for byte.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
 import Anthropic from '@anthropic-ai/sdk';
-import { startServer, MODEL_ID } from './serve_helper.mjs';
+import { startServer, MODEL_ID, FAMILY } from './serve_helper.mjs';
 
 const D = '｜DSML｜';
-const REPLY = `Let me check.\n\n<${D}tool_calls>\n<${D}invoke name="get_weather">\n`
-  + `<${D}parameter name="city" string="true">Paris</${D}parameter>\n`
-  + `<${D}parameter name="days" string="false">3</${D}parameter>\n</${D}invoke>\n</${D}tool_calls>`;
+const SYNTAX = {
+  deepseek_v4: {
+    reply: `Let me check.\n\n<${D}tool_calls>\n<${D}invoke name="get_weather">\n`
+      + `<${D}parameter name="city" string="true">Paris</${D}parameter>\n`
+      + `<${D}parameter name="days" string="false">3</${D}parameter>\n</${D}invoke>\n</${D}tool_calls>`,
+    marker: 'DSML',
+    result: (text) => `<tool_result>${text}</tool_result>`,
+  },
+  // The template renders the content stripped, then each call with no whitespace between tags.
+  glm_moe_dsa: {
+    reply: 'Let me check.<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>'
+      + '<arg_key>days</arg_key><arg_value>3</arg_value></tool_call>',
+    marker: 'tool_call',
+    result: (text) => `<|observation|><tool_response>${text}</tool_response>`,
+  },
+}[FAMILY];
+if (!SYNTAX) throw new Error(`no tool-call syntax known for model_type ${FAMILY}`);
+const REPLY = SYNTAX.reply;
 
 const TOOL = {
   type: 'function',
@@ -54,7 +71,7 @@ test('openai: tool call parsed, result sent back, prompt extends the previous tu
   const r2 = await c.chat.completions.create({ model: MODEL_ID, messages, tools: [TOOL], max_tokens: 200 });
   const second = submits().at(-1);
   assertExtends(first, second);
-  assert.ok(second.prompt.includes('<tool_result>{"forecast": "sunny"}</tool_result>'));
+  assert.ok(second.prompt.includes(SYNTAX.result('{"forecast": "sunny"}')), second.prompt);
   assert.equal(r2.usage.prompt_tokens_details.cached_tokens, Buffer.byteLength(first.prompt + REPLY));
 });
 
@@ -74,7 +91,7 @@ test('openai streaming: tool call arrives as tool_calls deltas, markers never le
     finish = ch.finish_reason ?? finish;
   }
   assert.equal(content, 'Let me check.');
-  assert.ok(!content.includes('DSML'));
+  assert.ok(!content.includes(SYNTAX.marker));
   assert.equal(finish, 'tool_calls');
   assert.equal(calls.length, 1);
   assert.equal(calls[0].index, 0);
@@ -100,6 +117,7 @@ test('anthropic: tool_use block, tool_result back, prompt extends the previous t
   const final = await stream.finalMessage();
   const second = submits().at(-1);
   assertExtends(first, second);
+  assert.ok(second.prompt.includes(SYNTAX.result('sunny')), second.prompt);
   assert.equal(final.usage.cache_read_input_tokens, Buffer.byteLength(first.prompt + REPLY));
   assert.equal(final.stop_reason, 'tool_use');
   assert.deepEqual(final.content.find((b) => b.type === 'tool_use').input, { city: 'Paris', days: 3 });

@@ -27,15 +27,57 @@ def load(model_dir):
             w[name] = st.bf16_decode(data, shape).astype(np.float64)
         elif dt == "F32":
             w[name] = np.frombuffer(data, dtype=np.float32).reshape(shape).astype(np.float64)
-        elif dt == "F8_E4M3":
-            w[name] = ("fp8", np.frombuffer(data, dtype=np.uint8).reshape(shape))
-    # FP8 checkpoints: weight (E4M3) + weight_scale_inv (F32, one per 128x128 block).
+        elif dt in ("F8_E4M3", "U8"):
+            w[name] = (dt, np.frombuffer(data, dtype=np.uint8).reshape(shape))
     for name in [n for n, v in w.items() if isinstance(v, tuple)]:
-        q = w[name][1]
-        s = w.pop(name[: -len("weight")] + "weight_scale_inv")
-        big = np.repeat(np.repeat(s, 128, 0), 128, 1)[: q.shape[0], : q.shape[1]]
-        w[name] = st.e4m3_decode(q) * big
+        dt, q = w[name]
+        if dt == "F8_E4M3":
+            # FP8 checkpoints: weight (E4M3) + weight_scale_inv (F32, one per 128x128 block).
+            s = w.pop(name[: -len("weight")] + "weight_scale_inv")
+            big = np.repeat(np.repeat(s, 128, 0), 128, 1)[: q.shape[0], : q.shape[1]]
+            w[name] = st.e4m3_decode(q) * big
+        else:
+            w[name] = colibri_dequant(q, w.pop(name + ".qs").reshape(-1), in_features(cfg, name), name)
     return cfg, w
+
+
+def in_features(cfg, name):
+    """Inputs per row of matrix `name`: a colibri container's U8 codes do not carry it."""
+    d, h = cfg["hidden_size"], cfg["num_attention_heads"]
+    if name.endswith(("q_b_proj.weight", "indexer.wq_b.weight")):
+        return cfg["q_lora_rank"]
+    if name.endswith("kv_b_proj.weight"):
+        return cfg["kv_lora_rank"]
+    if name.endswith("o_proj.weight"):
+        return h * cfg["v_head_dim"]
+    if name.endswith("eh_proj.weight"):
+        return 2 * d
+    if name.endswith("down_proj.weight"):
+        if ".experts." in name:
+            return cfg["moe_intermediate_size"]
+        if ".shared_experts." in name:
+            return cfg["moe_intermediate_size"] * cfg.get("n_shared_experts", 1)
+        return cfg["intermediate_size"]
+    return d
+
+
+def colibri_dequant(codes, scales, cols, name):
+    """colibri QT formats from byte arithmetic (spec glm_kimi_inkling.md §1.3): int8 with one scale
+    per row (1), int4 nibbles (value = nibble - 8, low nibble = even column) with one scale per row
+    (2) or per 64 inputs (4)."""
+    rows, half = codes.shape[0], (cols + 1) // 2
+    scales = scales.astype(np.float64)
+    if codes.size == rows * cols and scales.size == rows:
+        return codes.reshape(rows, cols).view(np.int8).astype(np.float64) * scales[:, None]
+    groups = -(-cols // 64)
+    if codes.size != rows * half or scales.size not in (rows, rows * groups):
+        raise ValueError(f"{name}: {codes.size} bytes, {scales.size} scales fit no int8/int4 layout of {cols} inputs")
+    b = codes.reshape(rows, half)
+    v = np.empty((rows, 2 * half))
+    v[:, 0::2], v[:, 1::2] = (b & 15) - 8.0, (b >> 4) - 8.0
+    per = scales.reshape(rows, -1)
+    width = cols if per.shape[1] == 1 else 64
+    return v[:, :cols] * np.repeat(per, width, axis=1)[:, :cols]
 
 
 def rms(x, g, eps):

@@ -1,5 +1,8 @@
 /* glm.c — GLM-5 family: config.json, tensor lookup/validation, sequence state layout.
- * The forward pass is in glm_forward.c; the module's invariants are in glm.h. */
+ * The forward pass is in glm_forward.c; the module's invariants are in glm.h.
+ * Matrices load as the checkpoints ship them, without conversion: BF16 or F32 (official),
+ * F8_E4M3 with `_scale_inv` block scales (GLM-5-FP8), or colibri's int8/int4 containers
+ * (GLM-5.2 int4: U8 codes + `.qs` F32 scales). */
 #include "glm.h"
 
 #include <math.h>

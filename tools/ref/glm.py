@@ -2,7 +2,8 @@
 """Float64 reference forward pass of GLM-5 (`glm_moe_dsa`), written from the Hugging Face model
 description, independent of the C engine: whole-sequence attention with k/v expanded through kv_b_proj
 (the C side uses the absorbed latent form), RoPE in the de-interleaved layout HF uses, DSA masks built
-per query row, and experts evaluated densely.
+per query row, and experts evaluated densely. Quantized checkpoints are dequantized to float64 at load:
+F8_E4M3 with `_scale_inv` block scales, and colibri U8 + `.qs` int8/int4 containers (format by byte counts).
 
 usage: glm.py MODEL_DIR --ids 1,2,3 [--top 5]
 prints one JSON line per position: {"pos": i, "top": [[id, logprob], ...]} (next-token log-probs).

@@ -14,12 +14,8 @@ enum { BLOCK_NONE, BLOCK_THINKING, BLOCK_TEXT };
 typedef struct {
     serve_ctx *sc;
     int stream;
-    turn_req rq;
-    turn t;
-    req_info *ri;
+    api_call call;
     char id[48];
-    sse_sent sent;
-    double last_write;
     int started;
     int block, index;             /* the open block and its index */
 } am_call;
@@ -235,14 +231,14 @@ static int translate_tool_choice(const cJSON *body, const cJSON *tools, chat_opt
 static int parse_request(serve_ctx *sc, const cJSON *body, am_call *k, http_err *e) {
     static const char *const budget[] = {"max_tokens", NULL};
     if (!cJSON_IsObject(body)) return bad(e, NULL, "the body must be a JSON object");
-    if (param_model(sc, body, e) || param_max_tokens(sc, body, budget, 1, &k->rq, e)) return -1;
-    if (param_sampling(body, 1.0, &k->rq, e) || param_stops(body, "stop_sequences", &k->rq, e)) return -1;
+    if (param_model(sc, body, e) || param_max_tokens(sc, body, budget, 1, &k->call.rq, e)) return -1;
+    if (param_sampling(body, 1.0, &k->call.rq, e) || param_stops(body, "stop_sequences", &k->call.rq, e)) return -1;
     if (cJSON_GetObjectItemCaseSensitive(body, "top_k")) return bad(e, "top_k", "'top_k' is not supported");
     if (param_bool(body, "stream", &k->stream, e)) return -1;
     const char *user = NULL;
     const cJSON *meta = cJSON_GetObjectItemCaseSensitive(body, "metadata");
     if (meta && param_str(meta, "user_id", &user, e)) return -1;
-    if (param_slot(sc, body, user, &k->rq, e)) return -1;
+    if (param_slot(sc, body, user, &k->call.rq, e)) return -1;
     chat_opts o = {0};
     const cJSON *thinking = cJSON_GetObjectItemCaseSensitive(body, "thinking");
     const cJSON *ttype = cJSON_GetObjectItemCaseSensitive(thinking, "type");
@@ -255,7 +251,7 @@ static int parse_request(serve_ctx *sc, const cJSON *body, am_call *k, http_err 
     cJSON *msgs = NULL;
     int rc = -1;
     if (!translate_tool_choice(body, tools, &o, e) && (msgs = translate_messages(body, e)))
-        rc = openai_render(sc, msgs, tools, &o, &k->rq, e);
+        rc = openai_render(sc, msgs, tools, &o, &k->call.rq, e);
     cJSON_Delete(msgs);
     cJSON_Delete(tools);
     return rc;
@@ -309,11 +305,11 @@ static cJSON *message_json(am_call *k, int final) {
     if (!final) {
         cJSON_AddNullToObject(m, "stop_reason");
         cJSON_AddNullToObject(m, "stop_sequence");
-        cJSON_AddItemToObject(m, "usage", usage_json(&k->t, 0));
+        cJSON_AddItemToObject(m, "usage", usage_json(&k->call.t, 0));
         return m;
     }
     chat_reply cr;
-    turn_parse(&k->t, &cr);
+    turn_parse(&k->call.t, &cr);
     int ncalls = cr.tool_calls ? cJSON_GetArraySize(cr.tool_calls) : 0;
     if (cr.reasoning && *cr.reasoning) {
         cJSON *b = cJSON_CreateObject();
@@ -330,9 +326,9 @@ static cJSON *message_json(am_call *k, int final) {
     }
     const cJSON *call;
     cJSON_ArrayForEach(call, cr.tool_calls) cJSON_AddItemToArray(content, tool_use_block(call, 1));
-    cJSON_AddStringToObject(m, "stop_reason", stop_reason(&k->t, ncalls));
-    set_stop_sequence(m, &k->t);
-    cJSON_AddItemToObject(m, "usage", usage_json(&k->t, 1));
+    cJSON_AddStringToObject(m, "stop_reason", stop_reason(&k->call.t, ncalls));
+    set_stop_sequence(m, &k->call.t);
+    cJSON_AddItemToObject(m, "usage", usage_json(&k->call.t, 1));
     chat_reply_free(&cr);
     return m;
 }
@@ -384,7 +380,7 @@ static void block_text(am_call *k, sbuf *out, int kind, const char *text) {
     cJSON_AddStringToObject(d, field, text);
     cJSON_AddItemToObject(ev, "delta", d);
     sse_event(out, "content_block_delta", ev);
-    k->last_write = now_seconds();
+    k->call.last_write = now_seconds();
 }
 
 static void stream_end(am_call *k, sbuf *out, const chat_reply *cr) {
@@ -409,20 +405,16 @@ static void stream_end(am_call *k, sbuf *out, const chat_reply *cr) {
         block_stop(k, out);
     }
     cJSON *ev = typed("message_delta"), *d = cJSON_CreateObject();
-    cJSON_AddStringToObject(d, "stop_reason", stop_reason(&k->t, ncalls));
-    set_stop_sequence(d, &k->t);
+    cJSON_AddStringToObject(d, "stop_reason", stop_reason(&k->call.t, ncalls));
+    set_stop_sequence(d, &k->call.t);
     cJSON_AddItemToObject(ev, "delta", d);
-    cJSON_AddItemToObject(ev, "usage", usage_json(&k->t, 1));
+    cJSON_AddItemToObject(ev, "usage", usage_json(&k->call.t, 1));
     sse_event(out, "message_delta", ev);
     sse_event(out, "message_stop", typed("message_stop"));
 }
 
 static void call_free(am_call *k) {
-    turn_summarize(&k->t, k->ri);
-    turn_end(&k->t);
-    turn_req_free(&k->rq);
-    sse_sent_free(&k->sent);
-    req_info_unref(k->ri);
+    api_call_end(&k->call);
     free(k);
 }
 
@@ -436,29 +428,25 @@ static int stream_pump(void *ctx, sbuf *out) {
         sse_event(out, "message_start", ev);
         sse_event(out, "ping", typed("ping"));
         k->started = 1;
-        k->last_write = now_seconds();
+        k->call.last_write = now_seconds();
         return STREAM_MORE;
     }
-    int r = sse_wait(&k->t, &k->last_write, out, "event: ping\ndata: {\"type\":\"ping\"}\n\n");
+    int r = sse_wait(&k->call.t, &k->call.last_write, out, "event: ping\ndata: {\"type\":\"ping\"}\n\n");
     if (r == TURN_GONE) return STREAM_ABORT;
-    if (r == TURN_DONE && k->t.status == GEN_ERROR) {
-        http_err e;
-        turn_error(&k->t, &e);
-        char *body = http_err_body(&e, API_ANTHROPIC);
-        sbuf_printf(out, "event: error\ndata: %s\n\n", body);
-        free(body);
+    if (r == TURN_DONE && k->call.t.status == GEN_ERROR) {
+        sse_error(out, &k->call.t, API_ANTHROPIC);
         return STREAM_END;
     }
     char *reasoning, *content;
     chat_reply cr;
-    sse_deltas(&k->t, &k->sent, &reasoning, &content, &cr);
+    sse_deltas(&k->call.t, &k->call.sent, &reasoning, &content, &cr);
     block_text(k, out, BLOCK_THINKING, reasoning);
     block_text(k, out, BLOCK_TEXT, content);
     free(reasoning);
     free(content);
     if (r == TURN_DONE) {
         stream_end(k, out, &cr);
-        turn_summarize(&k->t, k->ri);
+        turn_summarize(&k->call.t, k->call.ri);
     }
     chat_reply_free(&cr);
     return r == TURN_DONE ? STREAM_END : STREAM_MORE;
@@ -467,7 +455,7 @@ static int stream_pump(void *ctx, sbuf *out) {
 /* ---- handler ------------------------------------------------------------------------------- */
 
 static enum MHD_Result fail(struct MHD_Connection *c, am_call *k, const http_err *e) {
-    k->ri->status = e->status;
+    k->call.ri->status = e->status;
     enum MHD_Result r = e->status == 499 ? MHD_NO : http_send_error(c, API_ANTHROPIC, e);
     call_free(k);
     return r;
@@ -476,23 +464,23 @@ static enum MHD_Result fail(struct MHD_Connection *c, am_call *k, const http_err
 enum MHD_Result anthropic_messages(serve_ctx *sc, struct MHD_Connection *c, const cJSON *body, req_info *ri) {
     am_call *k = xcalloc(1, sizeof *k);
     k->sc = sc;
-    k->ri = ri;
+    k->call.ri = ri;
     req_info_ref(ri);
     http_err e = {0};
     if (parse_request(sc, body, k, &e)) return fail(c, k, &e);
-    if (turn_begin(&k->t, sc, &k->rq, c, ri->t0, &e)) return fail(c, k, &e);
+    if (turn_begin(&k->call.t, sc, &k->call.rq, c, ri->t0, &e)) return fail(c, k, &e);
     turn_make_id(k->id, sizeof k->id, "msg_");
     if (k->stream) {
         ri->status = 200;
-        k->last_write = now_seconds();
+        k->call.last_write = now_seconds();
         return http_send_stream(c, stream_pump, stream_done, k);
     }
-    if (turn_run(&k->t) == TURN_GONE) {
+    if (turn_run(&k->call.t) == TURN_GONE) {
         http_err_set(&e, 499, "client_closed", NULL, NULL, "client closed the connection");
         return fail(c, k, &e);
     }
-    if (k->t.status == GEN_ERROR) {
-        turn_error(&k->t, &e);
+    if (k->call.t.status == GEN_ERROR) {
+        turn_error(&k->call.t, &e);
         return fail(c, k, &e);
     }
     ri->status = 200;

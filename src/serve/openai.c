@@ -14,13 +14,9 @@ typedef struct {
     int chat;                     /* chat.completion vs text_completion */
     int stream, include_usage;
     int top_n;                    /* completions: alternatives per token in logprobs */
-    turn_req rq;
-    turn t;
-    req_info *ri;
+    api_call call;
     char id[48];
     long created;
-    sse_sent sent;
-    double last_write;
     int role_sent;
     int lp_sent;                  /* scored tokens whose logprobs were sent */
     size_t lp_offset;             /* completions: text offset of the next one */
@@ -231,23 +227,23 @@ static int parse_common(serve_ctx *sc, const cJSON *body, oa_call *k, http_err *
     if (param_num(body, "presence_penalty", 0, 0, &pen, &present, e)) return -1;
     const char *user = NULL;
     if (param_str(body, "user", &user, e)) return -1;
-    if (param_slot(sc, body, user, &k->rq, e)) return -1;
-    if (param_sampling(body, 2.0, &k->rq, e)) return -1;
-    if (param_stops(body, "stop", &k->rq, e)) return -1;
+    if (param_slot(sc, body, user, &k->call.rq, e)) return -1;
+    if (param_sampling(body, 2.0, &k->call.rq, e)) return -1;
+    if (param_stops(body, "stop", &k->call.rq, e)) return -1;
     return parse_stream(body, k, e);
 }
 
 static int parse_chat(serve_ctx *sc, const cJSON *body, oa_call *k, http_err *e) {
     static const char *const budget[] = {"max_completion_tokens", "max_tokens", NULL};
-    if (parse_common(sc, body, k, e) || param_max_tokens(sc, body, budget, 0, &k->rq, e)) return -1;
+    if (parse_common(sc, body, k, e) || param_max_tokens(sc, body, budget, 0, &k->call.rq, e)) return -1;
     int logprobs = 0;
     long top = 0;
     if (param_bool(body, "logprobs", &logprobs, e)) return -1;
     if (param_int(body, "top_logprobs", 0, 20, &top, NULL, e)) return -1;
     if (top && !logprobs)
         return http_err_set(e, 400, "invalid_request_error", "invalid_value", "top_logprobs", "'top_logprobs' needs 'logprobs': true");
-    k->rq.logprobs = logprobs;
-    k->rq.top_logprobs = (int)top;
+    k->call.rq.logprobs = logprobs;
+    k->call.rq.top_logprobs = (int)top;
     const cJSON *tools = cJSON_GetObjectItemCaseSensitive(body, "tools");
     if (tools && cJSON_IsNull(tools)) tools = NULL;
     if (tools && check_tools(tools, e)) return -1;
@@ -256,7 +252,7 @@ static int parse_chat(serve_ctx *sc, const cJSON *body, oa_call *k, http_err *e)
     if (parse_tool_choice(body, tools, &o, e) || parse_thinking(body, &o, e)) return -1;
     cJSON *msgs = openai_normalize_messages(cJSON_GetObjectItemCaseSensitive(body, "messages"), e);
     if (!msgs) return -1;
-    int rc = openai_render(sc, msgs, tools, &o, &k->rq, e);
+    int rc = openai_render(sc, msgs, tools, &o, &k->call.rq, e);
     cJSON_Delete(msgs);
     return rc;
 }
@@ -298,7 +294,7 @@ static int parse_prompt(serve_ctx *sc, const cJSON *p, turn_req *rq, http_err *e
 
 static int parse_completion(serve_ctx *sc, const cJSON *body, oa_call *k, http_err *e) {
     static const char *const budget[] = {"max_tokens", NULL};
-    if (parse_common(sc, body, k, e) || param_max_tokens(sc, body, budget, 0, &k->rq, e)) return -1;
+    if (parse_common(sc, body, k, e) || param_max_tokens(sc, body, budget, 0, &k->call.rq, e)) return -1;
     int echo = 0;
     if (param_bool(body, "echo", &echo, e)) return -1;
     if (echo) return http_err_set(e, 400, "invalid_request_error", "invalid_value", "echo", "'echo' is not supported");
@@ -309,12 +305,12 @@ static int parse_completion(serve_ctx *sc, const cJSON *body, oa_call *k, http_e
     int has_lp = 0;
     if (param_int(body, "best_of", 1, 1, &best_of, NULL, e)) return -1;
     if (param_int(body, "logprobs", 0, ENG_TOPK_MAX, &lp, &has_lp, e)) return -1;
-    k->rq.logprobs = has_lp;
-    k->rq.top_logprobs = (int)lp;
+    k->call.rq.logprobs = has_lp;
+    k->call.rq.top_logprobs = (int)lp;
     k->top_n = (int)lp;
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(body, "prompt");
     if (!p) return http_err_set(e, 400, "invalid_request_error", "invalid_value", "prompt", "'prompt' is required");
-    return parse_prompt(sc, p, &k->rq, e);
+    return parse_prompt(sc, p, &k->call.rq, e);
 }
 
 /* ---- responses ----------------------------------------------------------------------------- */
@@ -433,14 +429,14 @@ static cJSON *completion_logprobs(const turn *t, const scored_token *toks, int f
  * asked for or none are new. keep_last holds the last one back: while generating, frames that
  * come later may still add bytes to it. */
 static cJSON *logprobs_since(oa_call *k, int keep_last) {
-    if (!k->rq.logprobs) return NULL;
+    if (!k->call.rq.logprobs) return NULL;
     scored_token *toks;
-    int n = scored_tokens(&k->t, &toks);
+    int n = scored_tokens(&k->call.t, &toks);
     int upto = keep_last ? n - 1 : n;
     cJSON *lp = NULL;
     if (upto > k->lp_sent || (upto == 0 && !k->stream)) {
-        lp = k->chat ? chat_logprobs(&k->t, toks, k->lp_sent, upto)
-                     : completion_logprobs(&k->t, toks, k->lp_sent, upto, k->top_n, &k->lp_offset);
+        lp = k->chat ? chat_logprobs(&k->call.t, toks, k->lp_sent, upto)
+                     : completion_logprobs(&k->call.t, toks, k->lp_sent, upto, k->top_n, &k->lp_offset);
         k->lp_sent = upto;
     }
     free(toks);
@@ -459,7 +455,7 @@ static cJSON *envelope(const oa_call *k) {
 
 static cJSON *chat_response(oa_call *k) {
     chat_reply cr;
-    turn_parse(&k->t, &cr);
+    turn_parse(&k->call.t, &cr);
     int ncalls = cr.tool_calls ? cJSON_GetArraySize(cr.tool_calls) : 0;
     cJSON *r = envelope(k), *choices = cJSON_AddArrayToObject(r, "choices"), *ch = cJSON_CreateObject();
     cJSON_AddNumberToObject(ch, "index", 0);
@@ -472,9 +468,9 @@ static cJSON *chat_response(oa_call *k) {
     cJSON *lp = logprobs_since(k, 0);
     if (lp) cJSON_AddItemToObject(ch, "logprobs", lp);
     else cJSON_AddNullToObject(ch, "logprobs");
-    cJSON_AddStringToObject(ch, "finish_reason", turn_finish_reason(&k->t, ncalls > 0));
+    cJSON_AddStringToObject(ch, "finish_reason", turn_finish_reason(&k->call.t, ncalls > 0));
     cJSON_AddItemToArray(choices, ch);
-    cJSON_AddItemToObject(r, "usage", usage_json(&k->t));
+    cJSON_AddItemToObject(r, "usage", usage_json(&k->call.t));
     chat_reply_free(&cr);
     return r;
 }
@@ -482,13 +478,13 @@ static cJSON *chat_response(oa_call *k) {
 static cJSON *completion_response(oa_call *k) {
     cJSON *r = envelope(k), *choices = cJSON_AddArrayToObject(r, "choices"), *ch = cJSON_CreateObject();
     cJSON_AddNumberToObject(ch, "index", 0);
-    cJSON_AddStringToObject(ch, "text", k->t.out.text);
+    cJSON_AddStringToObject(ch, "text", k->call.t.out.text);
     cJSON *lp = logprobs_since(k, 0);
     if (lp) cJSON_AddItemToObject(ch, "logprobs", lp);
     else cJSON_AddNullToObject(ch, "logprobs");
-    cJSON_AddStringToObject(ch, "finish_reason", turn_finish_reason(&k->t, 0));
+    cJSON_AddStringToObject(ch, "finish_reason", turn_finish_reason(&k->call.t, 0));
     cJSON_AddItemToArray(choices, ch);
-    cJSON_AddItemToObject(r, "usage", usage_json(&k->t));
+    cJSON_AddItemToObject(r, "usage", usage_json(&k->call.t));
     return r;
 }
 
@@ -544,22 +540,18 @@ static void emit_end(oa_call *k, sbuf *out, const chat_reply *cr) {
         cJSON_AddItemToObject(d, "tool_calls", calls);
         sse_data(out, chunk(k, d, NULL, NULL));
     }
-    sse_data(out, chunk(k, NULL, NULL, turn_finish_reason(&k->t, ncalls > 0)));
+    sse_data(out, chunk(k, NULL, NULL, turn_finish_reason(&k->call.t, ncalls > 0)));
     if (k->include_usage) {
         cJSON *r = envelope(k);
         cJSON_AddArrayToObject(r, "choices");
-        cJSON_AddItemToObject(r, "usage", usage_json(&k->t));
+        cJSON_AddItemToObject(r, "usage", usage_json(&k->call.t));
         sse_data(out, r);
     }
     sbuf_puts(out, "data: [DONE]\n\n");
 }
 
 static void call_free(oa_call *k) {
-    turn_summarize(&k->t, k->ri);
-    turn_end(&k->t);
-    turn_req_free(&k->rq);
-    sse_sent_free(&k->sent);
-    req_info_unref(k->ri);
+    api_call_end(&k->call);
     free(k);
 }
 
@@ -573,30 +565,26 @@ static int stream_pump(void *ctx, sbuf *out) {
         cJSON_AddStringToObject(d, "content", "");
         sse_data(out, chunk(k, d, NULL, NULL));
         k->role_sent = 1;
-        k->last_write = now_seconds();
+        k->call.last_write = now_seconds();
         return STREAM_MORE;
     }
-    int r = sse_wait(&k->t, &k->last_write, out, ": keep-alive\n\n");
+    int r = sse_wait(&k->call.t, &k->call.last_write, out, ": keep-alive\n\n");
     if (r == TURN_GONE) return STREAM_ABORT;
-    if (r == TURN_DONE && k->t.status == GEN_ERROR) {
-        http_err e;
-        turn_error(&k->t, &e);
-        char *body = http_err_body(&e, API_OPENAI);
-        sbuf_printf(out, "data: %s\n\n", body);
-        free(body);
+    if (r == TURN_DONE && k->call.t.status == GEN_ERROR) {
+        sse_error(out, &k->call.t, API_OPENAI);
         return STREAM_END;
     }
     char *reasoning, *content;
     chat_reply cr;
-    sse_deltas(&k->t, &k->sent, &reasoning, &content, &cr);
+    sse_deltas(&k->call.t, &k->call.sent, &reasoning, &content, &cr);
     emit_text(k, out, reasoning, content);
     emit_logprobs(k, out, r == TURN_DONE);
-    if (*reasoning || *content) k->last_write = now_seconds();
+    if (*reasoning || *content) k->call.last_write = now_seconds();
     free(reasoning);
     free(content);
     if (r == TURN_DONE) {
         emit_end(k, out, &cr);
-        turn_summarize(&k->t, k->ri);
+        turn_summarize(&k->call.t, k->call.ri);
     }
     chat_reply_free(&cr);
     return r == TURN_DONE ? STREAM_END : STREAM_MORE;
@@ -605,7 +593,7 @@ static int stream_pump(void *ctx, sbuf *out) {
 /* ---- handlers ------------------------------------------------------------------------------ */
 
 static enum MHD_Result fail(struct MHD_Connection *c, oa_call *k, const http_err *e) {
-    k->ri->status = e->status;
+    k->call.ri->status = e->status;
     enum MHD_Result r = e->status == 499 ? MHD_NO : http_send_error(c, API_OPENAI, e);
     call_free(k);
     return r;
@@ -613,23 +601,23 @@ static enum MHD_Result fail(struct MHD_Connection *c, oa_call *k, const http_err
 
 static enum MHD_Result run(oa_call *k, struct MHD_Connection *c) {
     http_err e = {0};
-    if (turn_begin(&k->t, k->sc, &k->rq, c, k->ri->t0, &e)) return fail(c, k, &e);
+    if (turn_begin(&k->call.t, k->sc, &k->call.rq, c, k->call.ri->t0, &e)) return fail(c, k, &e);
     turn_make_id(k->id, sizeof k->id, k->chat ? "chatcmpl-" : "cmpl-");
     k->created = (long)time(NULL);
     if (k->stream) {
-        k->ri->status = 200;
-        k->last_write = now_seconds();
+        k->call.ri->status = 200;
+        k->call.last_write = now_seconds();
         return http_send_stream(c, stream_pump, stream_done, k);
     }
-    if (turn_run(&k->t) == TURN_GONE) {
+    if (turn_run(&k->call.t) == TURN_GONE) {
         http_err_set(&e, 499, "client_closed", NULL, NULL, "client closed the connection");
         return fail(c, k, &e);
     }
-    if (k->t.status == GEN_ERROR) {
-        turn_error(&k->t, &e);
+    if (k->call.t.status == GEN_ERROR) {
+        turn_error(&k->call.t, &e);
         return fail(c, k, &e);
     }
-    k->ri->status = 200;
+    k->call.ri->status = 200;
     cJSON *body = k->chat ? chat_response(k) : completion_response(k);
     enum MHD_Result r = http_send_json(c, 200, body);
     call_free(k);
@@ -640,7 +628,7 @@ static oa_call *call_new(serve_ctx *sc, req_info *ri, int chat) {
     oa_call *k = xcalloc(1, sizeof *k);
     k->sc = sc;
     k->chat = chat;
-    k->ri = ri;
+    k->call.ri = ri;
     req_info_ref(ri);
     return k;
 }

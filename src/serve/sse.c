@@ -52,3 +52,19 @@ void sse_sent_free(sse_sent *s) {
     sbuf_free(&s->reasoning);
     sbuf_free(&s->content);
 }
+
+void api_call_end(api_call *c) {
+    turn_summarize(&c->t, c->ri);
+    turn_end(&c->t);
+    turn_req_free(&c->rq);
+    sse_sent_free(&c->sent);
+    req_info_unref(c->ri);
+}
+
+void sse_error(sbuf *out, const turn *t, api_flavor f) {
+    http_err e;
+    turn_error(t, &e);
+    char *body = http_err_body(&e, f);
+    sbuf_printf(out, f == API_ANTHROPIC ? "event: error\ndata: %s\n\n" : "data: %s\n\n", body);
+    free(body);
+}

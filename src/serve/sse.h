@@ -35,4 +35,19 @@ typedef struct {
 void sse_deltas(const turn *t, sse_sent *sent, char **reasoning, char **content, chat_reply *cr);
 void sse_sent_free(sse_sent *s);
 
+/* What every OpenAI and Anthropic call holds: the request sent to the engine, the engine turn,
+ * what a stream has sent so far, and the request's log and metrics record. */
+typedef struct {
+    turn_req rq;
+    turn t;
+    req_info *ri;
+    sse_sent sent;
+    double last_write;
+} api_call;
+/* Record the turn's outcome in ri, end the turn (releasing its slot) and free what c holds. */
+void api_call_end(api_call *c);
+/* A failed turn reported on a stream that already sent its 200, in the API's shape: OpenAI a
+ * data line with the error envelope, Anthropic an `error` event. */
+void sse_error(sbuf *out, const turn *t, api_flavor f);
+
 #endif

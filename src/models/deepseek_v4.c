@@ -345,10 +345,12 @@ static int dsv4_load(model *m, char *err, size_t errlen) {
 /* ---- sequences --------------------------------------------------------------------------- */
 
 /* One compressor's parts: kv and score partials (RECUR; scores reset to -inf so empty slots
- * weigh nothing) and its compressed list (ROWS, one row per `ratio` positions). */
-static int compressor_parts(state *st, const dsv4_compressor *cp, const char *tag, int l, int ctx, float **kv,
-                            float **score, float **list) {
+ * weigh nothing) and its compressed list (ROWS, one row per `ratio` positions). *kv_part gets the
+ * kv part's index (the score part follows it). */
+static int compressor_parts(state *st, const dsv4_compressor *cp, const char *tag, int l, int ctx, int *kv_part,
+                            float **kv, float **score, float **list) {
     char name[48];
+    *kv_part = st->nparts;
     size_t recur = (size_t)cp->coff * cp->ratio * cp->coff * cp->width * sizeof(float);
     snprintf(name, sizeof name, "L%d.%s.kv", l, tag);
     if (!(*kv = state_add_part(st, PART_RECUR, name, recur, 1, 1, 0))) return -1;
@@ -364,9 +366,13 @@ static int compressor_parts(state *st, const dsv4_compressor *cp, const char *ta
 static int layer_parts(state *st, const dsv4_config *c, const dsv4_layer *L, int l, int ctx, dsv4_layer_state *ls) {
     char name[48];
     snprintf(name, sizeof name, "L%d.window", l);
+    ls->ring_part = st->nparts;
     if (!(ls->ring = state_add_part(st, PART_RING, name, c->head_dim * sizeof(float), c->window, 1, 0))) return -1;
-    if (L->ratio && compressor_parts(st, &L->comp, "comp", l, ctx, &ls->ckv, &ls->cscore, &ls->clist)) return -1;
-    if (L->ratio == 4 && compressor_parts(st, &L->idx_comp, "idx", l, ctx, &ls->ikv, &ls->iscore, &ls->ilist))
+    if (L->ratio &&
+        compressor_parts(st, &L->comp, "comp", l, ctx, &ls->comp_part, &ls->ckv, &ls->cscore, &ls->clist))
+        return -1;
+    if (L->ratio == 4 &&
+        compressor_parts(st, &L->idx_comp, "idx", l, ctx, &ls->idx_part, &ls->ikv, &ls->iscore, &ls->ilist))
         return -1;
     return 0;
 }
@@ -452,6 +458,7 @@ static void *dsv4_seq_new(model *m, state *st, int ctx, char *err, size_t errlen
     if (ctx < 1) { errf(err, errlen, "deepseek_v4: context must be >= 1 (got %d)", ctx); return NULL; }
     dsv4_seq *s = xcalloc(1, sizeof *s);
     s->ctx = ctx;
+    s->st = st;
     s->max_cand = max_candidates(d, ctx);
     s->ls = xcalloc(d->c.n_layers, sizeof *s->ls);
     for (int l = 0; l < d->c.n_layers; l++)

@@ -90,8 +90,10 @@ typedef struct {
     int n_owned;
 } dsv4_model;
 
-/* Per-layer pointers into the sequence's state parts (NULL where the layer has none). */
+/* Per-layer pointers into the sequence's state parts (NULL where the layer has none), and the
+ * part indices the capture hook (state_capture) names them by. */
 typedef struct {
+    int ring_part, comp_part, idx_part;   /* comp/idx: index of the kv part; its score part is next */
     float *ring;               /* [window][head_dim] */
     float *ckv, *cscore;       /* compressor partials [coff*ratio][coff*head_dim] */
     float *ikv, *iscore;       /* indexer compressor partials [8][2*idx_dim] */
@@ -101,6 +103,7 @@ typedef struct {
 
 typedef struct {
     int ctx;
+    state *st;                 /* the generic state holding the parts, for state_capture */
     dsv4_layer_state *ls;
     void *scratch;             /* one block holding every buffer below, sized for DSV4_CHUNK tokens */
     float *h, *mix, *post, *comb;                /* streams [C][hc*dim] and their mixing */

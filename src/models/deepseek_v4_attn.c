@@ -219,13 +219,29 @@ static void attend_token(const dsv4_model *d, const dsv4_layer *L, dsv4_layer_st
     }
 }
 
-/* The stateful part, token by token: ring write, emissions, then attention over what is visible. */
+/* Offer the layer's ring and partials to an armed capture before position pos changes them:
+ * every write to them happens in attend_tokens, in position order, after this call. */
+static void capture_layer(const dsv4_layer *L, const dsv4_layer_state *ls, state *st, int pos) {
+    state_capture(st, ls->ring_part, pos);
+    if (L->ratio) {
+        state_capture(st, ls->comp_part, pos);
+        state_capture(st, ls->comp_part + 1, pos);
+    }
+    if (L->ratio == 4) {
+        state_capture(st, ls->idx_part, pos);
+        state_capture(st, ls->idx_part + 1, pos);
+    }
+}
+
+/* The stateful part, token by token: ring write, emissions, then attention over what is visible.
+ * The only writes to RING/RECUR parts are here (projections above write scratch only). */
 static void attend_tokens(const dsv4_model *d, const dsv4_layer *L, dsv4_layer_state *ls, dsv4_seq *s, int pos0,
                           int n) {
     const dsv4_config *c = &d->c;
     int hd = c->head_dim;
     for (int t = 0; t < n; t++) {
         int pos = pos0 + t;
+        capture_layer(L, ls, s->st, pos);
         memcpy(ls->ring + (size_t)(pos % c->window) * hd, s->kv + (size_t)t * hd, sizeof(float) * hd);
         if (L->ratio) {
             int cw = L->comp.coff * hd;

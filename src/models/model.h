@@ -10,6 +10,10 @@
  *              be bit-identical however a prompt is split into forward calls (chunking
  *              invariance). Writes the logits of the LAST fed token when logits != NULL, and of
  *              every fed token into all_logits[n][vocab] when that is non-NULL.
+ *   capture  — a family with RING or RECUR parts calls state_capture(st, part, pos) immediately
+ *              before the first write position pos makes to each such part (and after every
+ *              write of earlier positions, batched phases included). That lets reuse take light
+ *              checkpoints inside a call instead of splitting it. Rows-only families need no hook.
  *
  * The generic layer (model.c) owns the sequence record: seq_feed() calls forward chunk by chunk
  * and records each chunk as it enters the state, tainting the state on any failure. Nothing else

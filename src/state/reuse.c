@@ -71,14 +71,14 @@ static int is_marker(int id, const int *markers, int nmarkers) {
     return 0;
 }
 
-/* A split costs one more forward call (all dense weights streamed once more), so a turn-boundary
- * point only a few tokens past the previous split is moved back onto it: the checkpoint then
- * covers a few tokens less, which a restore re-prefills for far less than the split costs. The
- * n - 1 and system-prompt points stay exact: a re-ask and the gateway hint must hit in full. */
-enum { SPLIT_MIN = 4 };
+/* Every light checkpoint costs a snapshot's worth of store memory, so a turn-boundary point only a
+ * few tokens past the previous point is moved back onto it: the checkpoint then covers a few
+ * tokens less, which a restore re-prefills for less than a second snapshot costs. The n - 1 and
+ * system-prompt points stay exact: a re-ask and the gateway hint must hit in full. */
+enum { POINT_MIN_GAP = 4 };
 
 static int add_point(reuse_prefill *p, int pos, int prev) {
-    if (pos - prev < SPLIT_MIN) pos = prev;
+    if (pos - prev < POINT_MIN_GAP) pos = prev;
     if (pos > 0) p->points[p->npoints++] = pos;
     return pos;
 }
@@ -111,30 +111,55 @@ void reuse_prefill_init(reuse_prefill *p, seq *sq, store *cs, int slot, const in
     p->npoints = k;
 }
 
-static void checkpoint_here(reuse_prefill *p) {
-    state *st = &p->sq->st;
-    int with_rows = st->len == p->rows_point;
-    if (!state_usable(st) || store_has(p->cs, st->ids, st->len, with_rows)) return;
-    snapshot *snap = state_snapshot(st, with_rows);
+static void keep(reuse_prefill *p, snapshot *snap) {
     if (snap && store_put(p->cs, snap, p->slot)) p->taken++;
+}
+
+/* The rows point: the feed was split here, so the state sits at it; snapshot with rows. */
+static void checkpoint_rows(reuse_prefill *p) {
+    state *st = &p->sq->st;
+    if (!state_usable(st) || store_has(p->cs, st->ids, st->len, 1)) return;
+    keep(p, state_snapshot(st, 1));
+}
+
+/* Arm the light points among the next k positions; returns k, cut short before the first point
+ * no capture slot is left for (it is then armed by the next feed). A point already stored or
+ * whose capture cannot be allocated is passed over: no checkpoint, no harm. */
+static int arm_points(reuse_prefill *p, int k) {
+    state *st = &p->sq->st;
+    int armed = 0;
+    for (p->armed = p->next; p->armed < p->npoints && p->points[p->armed] < st->len + k; p->armed++) {
+        int at = p->points[p->armed];
+        if (armed == STATE_MAX_CAPTURES) return at - st->len;
+        if (!store_has(p->cs, p->ids, at, 0) && state_capture_arm(st, at) == STATE_OK) armed++;
+    }
+    return k;
+}
+
+/* After a feed: every armed point now lies behind the record; store what was captured. */
+static void take_points(reuse_prefill *p) {
+    for (; p->next < p->armed; p->next++) keep(p, state_capture_take(&p->sq->st, p->points[p->next]));
 }
 
 int reuse_prefill_step(reuse_prefill *p, float *logits, char *err, size_t errlen) {
     state *st = &p->sq->st;
     while (p->next < p->npoints && p->points[p->next] < st->len) p->next++;
-    if (p->next < p->npoints && p->points[p->next] == st->len) {
-        checkpoint_here(p);
+    if (p->next < p->npoints && p->points[p->next] == st->len && st->len == p->rows_point) {
+        checkpoint_rows(p);
         p->next++;
     }
-    int stop = p->next < p->npoints ? p->points[p->next] : p->n;
+    int stop = p->rows_point > st->len ? p->rows_point : p->n;
     int k = MIN(p->sq->chunk > 0 ? p->sq->chunk : 64, stop - st->len);
+    if (p->cs) k = arm_points(p, k);
     if (seq_feed(p->sq, p->ids + st->len, k, st->len + k == p->n ? logits : NULL, err, errlen)) return -1;
+    take_points(p);
     if (st->len < p->n) return 1;
     if (p->cs) store_drop_stale(p->cs, p->slot, st);
     return 0;
 }
 
 void reuse_prefill_free(reuse_prefill *p) {
+    if (p->sq) state_capture_disarm(&p->sq->st);
     free(p->points);
     p->points = NULL;
 }

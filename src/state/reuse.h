@@ -12,14 +12,15 @@
  * prefix of it) or by a checkpoint with rows made by any slot is copied in instead (COPY /
  * CHECKPOINT). Every path leaves s holding exactly P[0..reused) and usable, or reset.
  *
- * CHECKPOINTS. reuse_prefill feeds the unfed part of P in chunks and stops at template-aware
- * points to snapshot: the end of the system prompt (taken with rows, so other slots and
+ * CHECKPOINTS. reuse_prefill feeds the unfed part of P in chunks and checkpoints at
+ * template-aware points: the end of the system prompt (taken with rows, so other slots and
  * conversations can start from it), the position of every role-marker token (a turn boundary),
- * and n - 1 (an identical re-ask or a re-rendered last answer diverges no earlier). Splitting
- * the prefill there changes nothing numerically (chunking invariance, model.h), but each split
- * costs a forward call, so a boundary just past the start of the feed is taken at the start. Snapshots are
- * light (no rows) except the system one: a light checkpoint is restorable while its slot's
- * record still holds its ids, which is exactly the regenerate / edit-last-message case.
+ * and n - 1 (an identical re-ask or a re-rendered last answer diverges no earlier). Only the
+ * system point splits the prefill (its snapshot needs the rows as they are at that point); the
+ * others are light and are captured inside a forward call (state_capture_arm / take, state.h),
+ * so they cost no extra forward call, i.e. no extra pass over the weights. A light checkpoint
+ * is restorable while its slot's record still holds its ids, which is exactly the regenerate /
+ * edit-last-message case.
  * A snapshot that cannot be allocated is skipped: a failed optimisation, never a failed request.
  */
 #ifndef CAIRN_REUSE_H
@@ -47,8 +48,10 @@ typedef struct {
     int slot;
     const int *ids;      /* the whole prompt; positions < sq->st.len are already in the state */
     int n;
-    int *points;         /* checkpoint positions still ahead, ascending */
-    int npoints, next;
+    int *points;         /* checkpoint positions, ascending */
+    int npoints;
+    int next;            /* first point not handled yet */
+    int armed;           /* points [next, armed) were offered to captures for the feed under way */
     int rows_point;      /* the point snapshotted with rows (system prompt end), -1 if none */
     int taken;           /* checkpoints stored by this prefill (for tests and logs) */
 } reuse_prefill;
@@ -57,11 +60,12 @@ typedef struct {
  * used); markers: role-marker token ids (turn boundaries). */
 void reuse_prefill_init(reuse_prefill *p, seq *sq, store *cs, int slot, const int *ids, int n, int sys_end,
                         const int *markers, int nmarkers);
-/* Snapshot if the state sits at a checkpoint point, then feed up to the next point (at most one
- * chunk). Returns 1 while prompt
+/* Snapshot with rows if the state sits at the system point, then feed at most one chunk (never
+ * past the system point), capturing the light points inside it. Returns 1 while prompt
  * tokens remain, 0 once all are fed (then logits holds the last token's logits), -1 on a
  * forward failure (the state is tainted, err says why). */
 int reuse_prefill_step(reuse_prefill *p, float *logits, char *err, size_t errlen);
+/* Also disarms captures a failed feed left armed. */
 void reuse_prefill_free(reuse_prefill *p);
 
 #endif

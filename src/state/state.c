@@ -18,6 +18,7 @@ int state_init(state *s, int cap) {
 }
 
 void state_deinit(state *s) {
+    state_capture_disarm(s);
     for (int i = 0; i < s->nparts; i++) free(s->parts[i].buf);
     free(s->parts);
     free(s->ids);
@@ -53,6 +54,7 @@ void *state_add_part(state *s, part_kind kind, const char *name, size_t row_byte
 /* ---- record and taint ----------------------------------------------------------------- */
 
 void state_reset(state *s) {
+    state_capture_disarm(s);
     s->len = 0;
     s->tainted = 0;
     for (int i = 0; i < s->nparts; i++)
@@ -116,6 +118,7 @@ int state_always_truncatable(const state *s) {
 
 int state_truncate(state *s, int p) {
     if (!state_can_truncate(s, p)) return STATE_EUNSUPPORTED;
+    state_capture_disarm(s);
     s->len = p;
     return STATE_OK;
 }
@@ -182,23 +185,38 @@ static unsigned char *blob_data(const snapshot *snap) {
     return (unsigned char *)(blob_table(snap) + snap->h.nparts);
 }
 
-snapshot *state_snapshot(const state *s, int with_rows) {
-    if (!state_usable(s)) return NULL;
-    size_t bytes = sizeof(snap_head) + ids_area(s->len) + (size_t)s->nparts * sizeof(uint64_t);
-    for (int i = 0; i < s->nparts; i++) bytes += part_snap_bytes(&s->parts[i], s->len, with_rows);
+/* A blob for `len` positions with its head and part table filled in; ids and data left zero. */
+static snapshot *blob_alloc(const state *s, int len, int with_rows) {
+    size_t bytes = sizeof(snap_head) + ids_area(len) + (size_t)s->nparts * sizeof(uint64_t);
+    for (int i = 0; i < s->nparts; i++) bytes += part_snap_bytes(&s->parts[i], len, with_rows);
     snapshot *snap = calloc(1, bytes);
     if (!snap) return NULL;
-    snap->h = (snap_head){.layout = layout_hash(s), .bytes = bytes, .len = s->len, .nparts = s->nparts,
+    snap->h = (snap_head){.layout = layout_hash(s), .bytes = bytes, .len = len, .nparts = s->nparts,
                           .with_rows = with_rows ? 1 : 0};
+    uint64_t *table = blob_table(snap);
+    for (int i = 0; i < s->nparts; i++) table[i] = part_snap_bytes(&s->parts[i], len, with_rows);
+    return snap;
+}
+
+/* Where part i's bytes start in the blob. */
+static unsigned char *blob_part(const snapshot *snap, int i) {
+    const uint64_t *table = blob_table(snap);
+    unsigned char *d = blob_data(snap);
+    for (int j = 0; j < i; j++) d += table[j];
+    return d;
+}
+
+static void blob_copy_part(snapshot *snap, const state *s, int i) {
+    memcpy(blob_part(snap, i), s->parts[i].buf, blob_table(snap)[i]);
+}
+
+snapshot *state_snapshot(const state *s, int with_rows) {
+    if (!state_usable(s)) return NULL;
+    snapshot *snap = blob_alloc(s, s->len, with_rows);
+    if (!snap) return NULL;
     int32_t *ids = blob_ids(snap);
     for (int i = 0; i < s->len; i++) ids[i] = s->ids[i];
-    uint64_t *table = blob_table(snap);
-    unsigned char *d = blob_data(snap);
-    for (int i = 0; i < s->nparts; i++) {
-        table[i] = part_snap_bytes(&s->parts[i], s->len, with_rows);
-        memcpy(d, s->parts[i].buf, table[i]);
-        d += table[i];
-    }
+    for (int i = 0; i < s->nparts; i++) blob_copy_part(snap, s, i);
     return snap;
 }
 
@@ -234,6 +252,7 @@ int state_restore(state *s, const snapshot *snap) {
         memcpy(s->parts[i].buf, d, table[i]);
         d += table[i];
     }
+    state_capture_disarm(s);
     s->len = snap->h.len;
     s->tainted = 0;
     return STATE_OK;
@@ -244,6 +263,84 @@ int snapshot_len(const snapshot *snap) { return snap->h.len; }
 const int *snapshot_ids(const snapshot *snap) { return (const int *)blob_ids(snap); }
 int snapshot_has_rows(const snapshot *snap) { return snap->h.with_rows; }
 size_t snapshot_bytes(const snapshot *snap) { return snap->h.bytes; }
+
+/* ---- captures ------------------------------------------------------------------------
+ * An armed capture owns a light blob for its position from the start; the hook fills one part at
+ * a time, at the moment that part still holds the state of exactly `pos` tokens. */
+
+static void capture_free(state_capture_slot *c) {
+    snapshot_free(c->snap);
+    free(c->done);
+}
+
+/* Remove capture k, keeping the others packed at the front. */
+static void capture_remove(state *s, int k) {
+    s->captures[k] = s->captures[--s->ncaptures];
+}
+
+static int capture_find(const state *s, int p) {
+    for (int k = 0; k < s->ncaptures; k++)
+        if (s->captures[k].pos == p) return k;
+    return -1;
+}
+
+int state_capture_arm(state *s, int p) {
+    if (capture_find(s, p) >= 0) return STATE_OK;
+    if (!state_usable(s) || p < s->len || p > s->cap || s->ncaptures == STATE_MAX_CAPTURES)
+        return STATE_EUNSUPPORTED;
+    state_capture_slot c = {.pos = p, .snap = blob_alloc(s, p, 0), .done = malloc((size_t)MAX(s->nparts, 1))};
+    if (!c.snap || !c.done) {
+        capture_free(&c);
+        return STATE_ENOMEM;
+    }
+    for (int i = 0; i < s->nparts; i++) {
+        c.done[i] = s->parts[i].kind == PART_ROWS;
+        c.missing += !c.done[i];
+    }
+    s->captures[s->ncaptures++] = c;
+    return STATE_OK;
+}
+
+void state_capture(state *s, int part, int pos) {
+    if (!s->ncaptures) return;
+    for (int k = 0; k < s->ncaptures; k++) {
+        state_capture_slot *c = &s->captures[k];
+        if (c->pos != pos || c->done[part]) continue;
+        blob_copy_part(c->snap, s, part);
+        c->done[part] = 1;
+        c->missing--;
+    }
+}
+
+snapshot *state_capture_take(state *s, int p) {
+    int k = capture_find(s, p);
+    if (k < 0) return NULL;
+    state_capture_slot c = s->captures[k];
+    capture_remove(s, k);
+    /* len == p: the feed stopped right at p, so the parts not written since hold p's state */
+    snapshot *snap = NULL;
+    if (state_usable(s) && s->len >= p) {
+        for (int i = 0; s->len == p && i < s->nparts; i++) {
+            if (c.done[i]) continue;
+            blob_copy_part(c.snap, s, i);
+            c.missing--;
+        }
+        if (c.missing == 0) {
+            int32_t *ids = blob_ids(c.snap);
+            for (int i = 0; i < p; i++) ids[i] = s->ids[i];
+            snap = c.snap, c.snap = NULL;
+        }
+    }
+    capture_free(&c);
+    return snap;
+}
+
+void state_capture_disarm(state *s) {
+    while (s->ncaptures) {
+        capture_free(&s->captures[0]);
+        capture_remove(s, 0);
+    }
+}
 
 /* ---- persistence -----------------------------------------------------------------------
  * File = file_head followed by the blob. The record length sits at the end of the header and is

@@ -29,6 +29,15 @@
  *  - A snapshot carries the record and every part needed to continue bit-identically. A
  *    snapshot taken without ROWS parts ("light") restores only into a state whose record still
  *    holds the snapshot's ids (its rows are then the same bytes), which state_restore checks.
+ *
+ * CAPTURES. A light snapshot at a position p strictly inside a forward call, without splitting
+ * the call there (a split costs the family one more pass over its weights). The caller arms p
+ * before feeding; the family calls state_capture(s, part, pos) immediately before the FIRST
+ * write position pos makes to a RING or RECUR part (and after every write of earlier positions),
+ * which copies that part into each capture armed at pos; the caller then takes the finished
+ * snapshot. It is byte-identical to state_snapshot(s, 0) after feeding exactly p tokens. A part
+ * the family never hooked leaves the capture incomplete, so take gives NULL: a missed
+ * checkpoint, never a wrong one. Reset, truncate and restore disarm every capture.
  */
 #ifndef CAIRN_STATE_H
 #define CAIRN_STATE_H
@@ -49,6 +58,18 @@ typedef struct {
     unsigned char *buf;
 } state_part;
 
+typedef struct snapshot snapshot;
+
+#define STATE_MAX_CAPTURES 8
+
+/* One armed capture: the light snapshot being filled and which non-ROWS parts it still lacks. */
+typedef struct {
+    int pos;
+    int missing;            /* non-ROWS parts not copied yet */
+    unsigned char *done;    /* [nparts] 1 once part i is in snap (ROWS parts start at 1) */
+    snapshot *snap;
+} state_capture_slot;
+
 typedef struct {
     int *ids;               /* record */
     int len, cap;           /* cap = context capacity in positions */
@@ -56,6 +77,8 @@ typedef struct {
     int record_ok;          /* 0 after a record allocation failure: reuse disabled */
     state_part *parts;
     int nparts;
+    state_capture_slot captures[STATE_MAX_CAPTURES];
+    int ncaptures;          /* armed captures; 0 makes state_capture a single test */
 } state;
 
 enum { STATE_OK = 0, STATE_EUNSUPPORTED = -2, STATE_ENOMEM = -3, STATE_EMISMATCH = -4 };
@@ -90,7 +113,6 @@ int state_always_truncatable(const state *s);
 int state_truncate(state *s, int p);
 
 /* ---- snapshots: one contiguous byte blob, suitable for memory stores and files ---------- */
-typedef struct snapshot snapshot;
 /* with_rows = 0 makes a light snapshot (RING and RECUR parts only). NULL on allocation failure. */
 snapshot *state_snapshot(const state *s, int with_rows);
 /* Restore s to the snapshot. Light snapshots require s's record to hold snap's ids.
@@ -98,6 +120,19 @@ snapshot *state_snapshot(const state *s, int with_rows);
  * fit; nothing changes then. */
 int state_restore(state *s, const snapshot *snap);
 void snapshot_free(snapshot *snap);
+
+/* Arm a light capture at position p (p >= len; at most STATE_MAX_CAPTURES at once). Returns
+ * STATE_OK (also when p is already armed), STATE_EUNSUPPORTED (p behind the record, no slot
+ * free, state unusable) or STATE_ENOMEM; a capture that could not be armed is simply not taken. */
+int state_capture_arm(state *s, int p);
+/* The family's hook: call before the first write position pos makes to RING/RECUR part `part`. */
+void state_capture(state *s, int part, int pos);
+/* Disarm p and return its finished light snapshot (caller frees), or NULL if the feed did not
+ * reach p, a part was never captured, or the state is not usable. When len == p, parts not yet
+ * captured are copied from the state as it is now (it is the state at p). */
+snapshot *state_capture_take(state *s, int p);
+/* Disarm every capture (e.g. after a failed feed). */
+void state_capture_disarm(state *s);
 int snapshot_len(const snapshot *snap);                 /* positions it covers */
 const int *snapshot_ids(const snapshot *snap);
 int snapshot_has_rows(const snapshot *snap);

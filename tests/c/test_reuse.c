@@ -19,6 +19,7 @@
 typedef struct {
     state *st;
     uint64_t *rows, *ring, *recur;
+    int ring_part, recur_part;  /* part indices for the capture hook */
     int window;
 } fake_seq;
 
@@ -30,7 +31,9 @@ static void *fake_seq_new(model *m, state *st, int ctx, char *err, size_t errlen
     f->st = st;
     f->window = extend_only ? 8 : ctx;
     f->rows = state_add_part(st, PART_ROWS, "rows", 8, ctx, 1, 0);
+    f->ring_part = st->nparts;
     f->ring = state_add_part(st, PART_RING, "ring", 8, f->window, 1, 0);
+    f->recur_part = st->nparts;
     if (extend_only) f->recur = state_add_part(st, PART_RECUR, "recur", 8, 1, 1, 0);
     return f;
 }
@@ -47,6 +50,8 @@ static int fake_forward(model *m, void *fam, const int *ids, int pos0, int n, fl
         uint64_t h = f->recur ? *f->recur : (pos ? f->rows[pos - 1] : FNV64_INIT);
         h = fnv64(h, &ids[i], sizeof ids[i]);
         for (int q = MAX(0, pos - f->window + 1); q < pos; q++) h = fnv64(h, &f->ring[q % f->window], 8);
+        state_capture(f->st, f->ring_part, pos);
+        if (f->recur) state_capture(f->st, f->recur_part, pos);
         f->rows[pos] = h;
         f->ring[pos % f->window] = h;
         if (f->recur) *f->recur = fnv64(*f->recur, &ids[i], sizeof ids[i]);
@@ -245,8 +250,9 @@ static void test_system_checkpoint_with_rows(void) {
     seq_free(b);
 }
 
-/* A turn boundary one token past the start of the feed is checkpointed at the start instead
- * of costing a split; the n - 1 point still splits. */
+/* Light checkpoints are captured inside the forward call: a turn boundary one token past the
+ * start of the feed is checkpointed at the start (saving a near-duplicate), and neither it nor
+ * n - 1 splits the feed. */
 static void test_boundary_near_start_costs_no_split(void) {
     int flag = 1;
     model m = make_model(&flag);
@@ -264,11 +270,39 @@ static void test_boundary_near_start_costs_no_split(void) {
     int taken;
     reuse_result r = run_prompt(sq, 0, cs, 1, NULL, 0, ids, 40, 0, logits, &taken);
     CHECK(r.kind == REUSE_EXTEND && r.reused == 20, "extend (%s %d)", reuse_kind_name(r.kind), r.reused);
-    CHECK(forward_calls == 2, "one split only (n - 1): %d forward calls", forward_calls);
+    CHECK(forward_calls == 1, "no split for light checkpoints: %d forward calls", forward_calls);
     CHECK(store_has(cs, ids, 20, 0) && !store_has(cs, ids, 21, 0) && store_has(cs, ids, 39, 0),
           "boundary checkpoint moved to the start of the feed");
     CHECK(taken == 2, "taken %d", taken);
     CHECK(same_as_cold(&m, sq, ids, 40, logits), "== cold");
+    store_free(cs);
+    seq_free(sq);
+}
+
+/* Every captured checkpoint restores to exactly the state a cold prefill of its ids builds, and
+ * capturing them cost no forward call beyond the one split at the system-prompt end. */
+static void test_captured_checkpoints_equal_cold(void) {
+    int flag = 1;
+    model m = make_model(&flag);
+    char err[128];
+    seq *sq = seq_new(&m, CTX, err, sizeof err);
+    sq->chunk = 64;
+    store *cs = store_new(1 << 20);
+    int ids[80];
+    float logits[VOCAB];
+    conv(ids, 80, 8);
+    forward_calls = 0;
+    int taken;
+    run_prompt(sq, 0, cs, 1, NULL, 0, ids, 50, 0, logits, &taken);
+    CHECK(forward_calls == 2, "one split (system end at the first marker): %d forward calls", forward_calls);
+    const int light[] = {49, 42, 33, 24, 15};    /* n - 1 and the markers after the system end (6) */
+    CHECK(taken == 6 && store_has(cs, ids, 6, 1), "system + 5 light checkpoints: %d", taken);
+    for (int i = 0; i < 5; i++) {
+        int q = light[i];
+        CHECK(store_has(cs, ids, q, 0), "light checkpoint at %d", q);
+        CHECK(store_restore(cs, &sq->st, ids, q, q - 1, 0) == q, "restore %d", q);
+        CHECK(same_as_cold(&m, sq, ids, q, NULL), "captured checkpoint %d == cold", q);
+    }
     store_free(cs);
     seq_free(sq);
 }
@@ -338,6 +372,7 @@ int main(void) {
     test_kv_share(1);
     test_system_checkpoint_with_rows();
     test_boundary_near_start_costs_no_split();
+    test_captured_checkpoints_equal_cold();
     test_truncatable_takes_no_light_checkpoints();
     test_store_budget();
     return TEST_END();

@@ -19,13 +19,16 @@ typedef struct {
     uint64_t *crows;    /* ROWS span SPAN: hash of the ids of each completed group */
     uint64_t *ring;     /* RING: slot pos % WINDOW holds the hash at pos */
     float *recur;       /* RECUR: running sum, filled with -inf on reset */
+    int ring_part, recur_part;   /* indices for the capture hook */
 } fake;
 
 static int fake_init(fake *f, int with_recur) {
     if (state_init(&f->st, CAP)) return -1;
     f->rows = state_add_part(&f->st, PART_ROWS, "rows", sizeof(uint64_t), CAP, 1, 0);
     f->crows = state_add_part(&f->st, PART_ROWS, "crows", sizeof(uint64_t), CAP / SPAN, SPAN, 0);
+    f->ring_part = f->st.nparts;
     f->ring = state_add_part(&f->st, PART_RING, "ring", sizeof(uint64_t), WINDOW, 1, 0);
+    f->recur_part = f->st.nparts;
     f->recur = with_recur ? state_add_part(&f->st, PART_RECUR, "recur", 4 * sizeof(float), 1, 1, -INFINITY) : NULL;
     return f->rows && f->crows && f->ring && (!with_recur || f->recur) ? 0 : -1;
 }
@@ -37,6 +40,8 @@ static void fake_feed(fake *f, const int *ids, int n) {
         int pos = f->st.len;
         uint64_t prev = pos ? f->rows[pos - 1] : FNV64_INIT;
         uint64_t h = fnv64(prev, &ids[i], sizeof ids[i]);
+        state_capture(&f->st, f->ring_part, pos);
+        if (f->recur) state_capture(&f->st, f->recur_part, pos);
         f->rows[pos] = h;
         f->ring[pos % WINDOW] = h;
         if ((pos + 1) % SPAN == 0) f->crows[pos / SPAN] = h;
@@ -315,7 +320,88 @@ static void test_always_truncatable(void) {
     state_deinit(&s);
 }
 
+/* Is snap byte for byte the light snapshot of a cold state fed ids[0..p)? */
+static int same_as_cold_light(const snapshot *snap, const int *ids, int p, int with_recur) {
+    fake cold;
+    fake_cold(&cold, ids, p, with_recur);
+    snapshot *ref = state_snapshot(&cold.st, 0);
+    int ok = snap && ref && snapshot_bytes(snap) == snapshot_bytes(ref) && !memcmp(snap, ref, snapshot_bytes(ref));
+    snapshot_free(ref);
+    state_deinit(&cold.st);
+    return ok;
+}
+
+/* Captures taken inside one feed equal snapshots of states fed exactly p tokens, at positions
+ * before and after the ring wraps, at the start of the feed, and at its very end. */
+static void test_capture_matches_snapshot(void) {
+    int ids[60];
+    make_ids(ids, 60, 9);
+    for (int with_recur = 0; with_recur <= 1; with_recur++) {
+        fake f;
+        CHECK(fake_init(&f, with_recur) == 0, "init");
+        fake_feed(&f, ids, 3);
+        const int at[] = {3, 5, 8, 13, 41, 50};
+        for (int i = 0; i < 6; i++) CHECK(state_capture_arm(&f.st, at[i]) == STATE_OK, "arm %d", at[i]);
+        CHECK(state_capture_arm(&f.st, 5) == STATE_OK && f.st.ncaptures == 6, "re-arming %d is one capture", 5);
+        fake_feed(&f, ids + 3, 47);
+        for (int i = 0; i < 6; i++) {
+            snapshot *snap = state_capture_take(&f.st, at[i]);
+            CHECK(snap && snapshot_len(snap) == at[i] && !snapshot_has_rows(snap), "captured %d", at[i]);
+            CHECK(same_as_cold_light(snap, ids, at[i], with_recur), "capture %d == snapshot after %d (recur %d)",
+                  at[i], at[i], with_recur);
+            snapshot_free(snap);
+        }
+        CHECK(f.st.ncaptures == 0 && !state_capture_take(&f.st, 8), "taking disarms");
+        state_deinit(&f.st);
+    }
+}
+
+/* What must not give a snapshot: a position the feed never reached, a part the family never
+ * offered to the hook, a position behind the record; and the fixed number of slots. */
+static void test_capture_refusals(void) {
+    int ids[60];
+    make_ids(ids, 60, 10);
+    fake f;
+    fake_init(&f, 1);
+    fake_feed(&f, ids, 10);
+    CHECK(state_capture_arm(&f.st, 9) == STATE_EUNSUPPORTED, "behind the record");
+    CHECK(state_capture_arm(&f.st, 30) == STATE_OK, "arm 30");
+    fake_feed(&f, ids + 10, 10);
+    CHECK(!state_capture_take(&f.st, 30), "never reached: NULL");
+    CHECK(state_capture_arm(&f.st, 22) == STATE_OK, "arm 22");
+    state_record(&f.st, ids + 20, 20, 5);   /* positions fed without the hook */
+    CHECK(!state_capture_take(&f.st, 22), "parts never captured: NULL");
+    for (int i = 0; i < STATE_MAX_CAPTURES; i++) state_capture_arm(&f.st, 40 + i);
+    CHECK(state_capture_arm(&f.st, 60) == STATE_EUNSUPPORTED, "no free slot");
+    state_reset(&f.st);
+    CHECK(f.st.ncaptures == 0, "reset disarms");
+    state_deinit(&f.st);
+}
+
+/* A state with only ROWS parts has nothing to capture: the capture is the ids alone. */
+static void test_capture_rows_only(void) {
+    state s;
+    state_init(&s, CAP);
+    CHECK(state_add_part(&s, PART_ROWS, "rows", 8, CAP, 1, 0) != NULL, "part");
+    int ids[10];
+    make_ids(ids, 10, 11);
+    CHECK(state_capture_arm(&s, 6) == STATE_OK, "arm without non-ROWS parts");
+    state_record(&s, ids, 0, 4);
+    CHECK(!state_capture_take(&s, 6), "not reached yet");
+    CHECK(state_capture_arm(&s, 6) == STATE_OK, "arm again");
+    state_record(&s, ids + 4, 4, 2);
+    snapshot *snap = state_capture_take(&s, 6), *ref = state_snapshot(&s, 0);
+    CHECK(snap && ref && snapshot_bytes(snap) == snapshot_bytes(ref) && !memcmp(snap, ref, snapshot_bytes(ref)),
+          "rows-only capture == light snapshot");
+    snapshot_free(snap);
+    snapshot_free(ref);
+    state_deinit(&s);
+}
+
 int main(void) {
+    test_capture_matches_snapshot();
+    test_capture_refusals();
+    test_capture_rows_only();
     test_always_truncatable();
     test_record_and_taint();
     test_truncate_rules();

@@ -485,3 +485,98 @@ def test_engine_that_cannot_start_stops_the_server(tiny_dsv4):
     r = subprocess.run([CAIRN, "serve", "-m", tiny_dsv4, "--port", str(free_port()), "--engine", "/bin/false"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "engine failed to start" in r.stderr, r.stderr
+
+
+def lower_keys(h):
+    return {k.lower(): v for k, v in h.items()}
+
+
+def assert_cors(h, origin):
+    h = lower_keys(h)
+    assert h.get("access-control-allow-origin") == origin, h
+    assert "Origin" in h.get("vary", ""), h
+    exposed = {x.strip().lower() for x in h.get("access-control-expose-headers", "").split(",")}
+    assert {"x-request-id", "retry-after"} <= exposed, h
+
+
+def assert_no_cors(h):
+    assert not [k for k in lower_keys(h) if k.startswith("access-control-")], h
+
+
+def test_cors_default_origins_on_every_reply_and_preflight(servers, tiny_dsv4):
+    s = servers(tiny_dsv4, ["--api-key", "sekrit"], fake=True)
+    ui, key = "http://localhost:5173", {"Authorization": "Bearer sekrit"}
+    st, h, b = s.json("GET", "/v1/models", headers={"Origin": ui, **key})
+    assert st == 200, b
+    assert_cors(h, ui)
+    st, h, b = s.json("POST", "/v1/chat/completions", chat_body("x"), {"Origin": ui})   # no key: still refused
+    assert_openai_error(b, 401, st)
+    assert_cors(h, ui)
+    st, h, b = s.json("POST", "/v1/messages", {"max_tokens": 3, "messages": [{"role": "user", "content": "x"}]},
+                      {"Origin": "tauri://localhost", "x-api-key": "sekrit"})
+    assert st == 200 and b["type"] == "message", b
+    assert_cors(h, "tauri://localhost")
+    c = s.conn()
+    c.request("POST", "/v1/chat/completions", json.dumps(chat_body("s", max_tokens=3, stream=True)).encode(),
+              {"Content-Type": "application/json", "Origin": ui, **key})
+    r = c.getresponse()
+    assert r.status == 200 and r.getheader("Content-Type") == "text/event-stream"
+    assert_cors(dict(r.getheaders()), ui)
+    assert list(stream_lines(r))[-2] == "data: [DONE]"
+    c.close()
+    # Another site's page is served as before, but without the headers its browser needs to read it.
+    st, h, b = s.json("GET", "/v1/models", headers={"Origin": "http://evil.example", **key})
+    assert st == 200 and b["data"], b
+    assert_no_cors(h)
+    st, h, _ = s.request("GET", "/v1/models", headers=key)
+    assert st == 200 and "vary" not in lower_keys(h)
+    assert_no_cors(h)
+
+    # Preflights carry no key; the requested headers come back, or a list covering the SDKs'.
+    st, h, b = s.request("OPTIONS", "/v1/chat/completions",
+                         headers={"Origin": ui, "Access-Control-Request-Method": "POST",
+                                  "Access-Control-Request-Headers": "authorization,content-type,x-stainless-os"})
+    assert st == 204 and b == b"", (st, b)
+    assert_cors(h, ui)
+    h = lower_keys(h)
+    assert {m.strip() for m in h["access-control-allow-methods"].split(",")} == {"GET", "POST", "OPTIONS"}, h
+    assert h["access-control-allow-headers"] == "authorization,content-type,x-stainless-os", h
+    assert int(h["access-control-max-age"]) > 0, h
+    st, h, _ = s.request("OPTIONS", "/v1/messages", headers={"Origin": "http://127.0.0.1:8000"})
+    assert st == 204
+    allowed = {x.strip().lower() for x in lower_keys(h)["access-control-allow-headers"].split(",")}
+    assert {"authorization", "content-type", "x-api-key", "anthropic-version", "anthropic-beta",
+            "openai-organization", "openai-project"} <= allowed, h
+    st, h, _ = s.request("OPTIONS", "/v1/messages", headers={"Origin": ui, "Access-Control-Request-Headers": "a\tb"})
+    assert st == 204 and "anthropic-version" in lower_keys(h)["access-control-allow-headers"], h
+    st, h, _ = s.request("OPTIONS", "/v1/chat/completions", headers={"Origin": "http://evil.example"})
+    assert st == 204
+    assert_no_cors(h)
+    # The Host guard still holds for a preflight.
+    st, h, b = s.json("OPTIONS", "/v1/chat/completions", headers={"Origin": ui, "Host": "evil.example"})
+    assert_openai_error(b, 403, st)
+
+
+def test_cors_origin_flag_replaces_defaults_and_star_allows_any(servers, tiny_dsv4, tmp_path):
+    s = servers(tiny_dsv4, ["--cors-origin", "https://chat.example", "--cors-origin", "http://[::1]:3000"], fake=True)
+    st, h, _ = s.json("GET", "/v1/models", headers={"Origin": "https://chat.example"})
+    assert st == 200
+    assert_cors(h, "https://chat.example")
+    st, h, _ = s.json("GET", "/v1/models", headers={"Origin": "http://[::1]:3000"})
+    assert_cors(h, "http://[::1]:3000")
+    st, h, _ = s.json("GET", "/v1/models", headers={"Origin": "http://localhost:5173"})
+    assert st == 200
+    assert_no_cors(h)
+
+    s = servers(tiny_dsv4, ["--cors-origin", "*"], fake=True)
+    st, h, b = s.json("POST", "/v1/chat/completions", chat_body("x", model="nope"), {"Origin": "https://any.example"})
+    assert_openai_error(b, 404, st)
+    assert_cors(h, "*")
+    st, h, _ = s.request("OPTIONS", "/v1/models", headers={"Origin": "null"})
+    assert st == 204
+    assert_cors(h, "*")
+
+    for bad in ["https://chat.example/", "chat.example", "https://"]:
+        r = subprocess.run([CAIRN, "serve", "-m", tiny_dsv4, "--port", str(free_port()), "--cors-origin", bad],
+                           capture_output=True, text=True)
+        assert r.returncode != 0 and "--cors-origin" in r.stderr and bad in r.stderr, (bad, r.stderr)

@@ -31,6 +31,7 @@
 #include "turn.h"
 
 #define MAX_ALLOWED_HOSTS 8
+#define MAX_CORS_ORIGINS 16
 #define MAX_ENGINE_ARGS 32
 
 typedef struct {
@@ -40,6 +41,8 @@ typedef struct {
     double queue_timeout, keepalive, grace;
     const char *allowed_hosts[MAX_ALLOWED_HOSTS];
     int n_allowed;
+    const char *cors_origins[MAX_CORS_ORIGINS];   /* none given: http.c's default list */
+    int n_cors;
     int loopback, allow_insecure;
     char *engine_args[MAX_ENGINE_ARGS];   /* flags passed through to `cairn engine` */
     int n_engine_args;
@@ -84,6 +87,11 @@ static void usage(FILE *f) {
             "  --max-connections-per-ip N (default 16)\n"
             "  --read-timeout S         close a connection idle this long (default 30)\n"
             "  --allowed-host NAME      extra Host header value accepted on a loopback bind\n"
+            "  --cors-origin ORIGIN     browser origin (scheme://host[:port]) whose pages may call the\n"
+            "                           API; repeatable; `*` = any origin. Given at least once, it\n"
+            "                           replaces the default list: http://localhost:8000,\n"
+            "                           http://127.0.0.1:8000, http://localhost:5173, http://127.0.0.1:5173,\n"
+            "                           tauri://localhost, http://tauri.localhost, https://tauri.localhost\n"
             "  --grace S                on SIGTERM, wait this long for requests in flight (default 30)\n"
             "  --engine PATH            engine binary (default: this cairn)\n"
             "  --allow-insecure-bind    allow a non-loopback bind without --api-key\n"
@@ -93,6 +101,24 @@ static void usage(FILE *f) {
 
 static int is_loopback(const char *host) {
     return !strcmp(host, "localhost") || !strncmp(host, "127.", 4) || !strcmp(host, "::1");
+}
+
+/* "*" or scheme://host[:port]: what a browser sends in Origin, so a value with a path or a
+ * trailing slash would silently never match. */
+static int cors_origin_ok(const char *v) {
+    if (!strcmp(v, "*")) return 1;
+    const char *host = strstr(v, "://");
+    return host && host > v && host[3] && !strchr(host + 3, '/');
+}
+
+static int add_cors_origin(serve_opts *o, const char *v) {
+    if (!cors_origin_ok(v)) {
+        fprintf(stderr, "cairn serve: --cors-origin %s: expected * or scheme://host[:port] (no path)\n", v);
+        return -1;
+    }
+    if (o->n_cors == MAX_CORS_ORIGINS) { fprintf(stderr, "cairn serve: too many --cors-origin\n"); return -1; }
+    o->cors_origins[o->n_cors++] = v;
+    return 0;
 }
 
 static int parse_flags(int argc, char **argv, serve_opts *o) {
@@ -129,7 +155,8 @@ static int parse_flags(int argc, char **argv, serve_opts *o) {
         else if (!strcmp(a, "--allowed-host")) {
             if (o->n_allowed == MAX_ALLOWED_HOSTS) { fprintf(stderr, "cairn serve: too many --allowed-host\n"); return -1; }
             o->allowed_hosts[o->n_allowed++] = v;
-        } else {
+        } else if (!strcmp(a, "--cors-origin")) rc = add_cors_origin(o, v);
+        else {
             size_t k = 0;
             while (k < sizeof passthrough / sizeof passthrough[0] && strcmp(a, passthrough[k])) k++;
             if (k == sizeof passthrough / sizeof passthrough[0]) {
@@ -330,6 +357,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
      * connection reset in the middle of its upload. */
     if (!host_allowed(s->o, c))
         return reject(c, rc, 403, "invalid_request_error", "host_not_allowed", "Host header not allowed");
+    /* Browsers never send credentials on a CORS preflight, and it reveals nothing but which
+     * methods and headers are allowed, so it comes before the key check. */
+    if (!strcmp(rc->method, "OPTIONS")) {
+        rc->ri->status = MHD_HTTP_NO_CONTENT;
+        return http_send_preflight(c);
+    }
     if (strcmp(rc->path, "/health") && !authorized(s->o, c))
         return reject(c, rc, 401, "invalid_request_error", "invalid_api_key", "missing or invalid API key");
     return route(s, c, rc);
@@ -498,6 +531,7 @@ int cmd_serve(int argc, char **argv) {
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
 
+    http_cors_allow(o.cors_origins, o.n_cors);
     sc->sl = slots_new(sc->nslots, (int)o.max_queue);
     sc->mx = metrics_new();
     if ((lfd = listen_on(o.host, o.port, &port, err, sizeof err)) < 0) goto fail;

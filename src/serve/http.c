@@ -1,10 +1,12 @@
 #include "http.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 
 #include "../core/util.h"
@@ -48,6 +50,88 @@ char *http_err_body(const http_err *e, api_flavor f) {
     return s;
 }
 
+/* ---- CORS ------------------------------------------------------------------------------------ */
+
+/* Local web chat UIs: Python's http.server and Vite dev servers, and Tauri desktop apps. */
+static const char *const cors_default_origins[] = {
+    "http://localhost:8000", "http://127.0.0.1:8000", "http://localhost:5173", "http://127.0.0.1:5173",
+    "tauri://localhost",     "http://tauri.localhost", "https://tauri.localhost",
+};
+
+static const char *const *cors_origins = cors_default_origins;
+static int cors_n = sizeof cors_default_origins / sizeof cors_default_origins[0];
+
+void http_cors_allow(const char *const *origins, int n) {
+    if (n == 0) return;
+    cors_origins = origins;
+    cors_n = n;
+}
+
+/* The Access-Control-Allow-Origin value for a request from origin, NULL if it is not allowed.
+ * Browsers send scheme and host in lower case, but a configured origin may not be. */
+static const char *cors_allow_value(const char *origin) {
+    for (int i = 0; i < cors_n; i++) {
+        if (!strcmp(cors_origins[i], "*")) return "*";
+        if (!strcasecmp(cors_origins[i], origin)) return origin;
+    }
+    return NULL;
+}
+
+/* Vary goes on whenever an Origin came, allowed or not: the reply depends on it, and a cache
+ * must not hand one origin's answer to another. Expose lists the headers a page's script may
+ * read besides the CORS-safelisted ones; x-request-id is listed as the reference gateway
+ * lists it, so a page written against that gateway sees the same list here. */
+static void cors_headers(struct MHD_Connection *c, struct MHD_Response *r) {
+    const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+    if (!origin) return;
+    MHD_add_response_header(r, "Vary", "Origin");
+    const char *allow = cors_allow_value(origin);
+    if (!allow) return;
+    MHD_add_response_header(r, "Access-Control-Allow-Origin", allow);
+    MHD_add_response_header(r, "Access-Control-Expose-Headers", "x-request-id, Retry-After");
+}
+
+/* Queue r with the CORS headers this request earns, and drop our reference to it. */
+static enum MHD_Result queue(struct MHD_Connection *c, int status, struct MHD_Response *r) {
+    cors_headers(c, r);
+    enum MHD_Result ok = MHD_queue_response(c, (unsigned)status, r);
+    MHD_destroy_response(r);
+    return ok;
+}
+
+/* The headers the official OpenAI and Anthropic SDKs send from a browser, for a preflight that
+ * does not list the ones it wants. */
+#define CORS_FIXED_HEADERS                                                                                  \
+    "Authorization, Content-Type, x-api-key, anthropic-version, anthropic-beta, "                          \
+    "anthropic-dangerous-direct-browser-access, openai-organization, openai-project, openai-beta, "        \
+    "x-stainless-arch, x-stainless-lang, x-stainless-os, x-stainless-package-version, "                    \
+    "x-stainless-runtime, x-stainless-runtime-version, x-stainless-retry-count, x-stainless-timeout, "     \
+    "x-stainless-helper-method"
+
+/* A requested header list is echoed back only if it is a plain comma-separated list of header
+ * names, so nothing odd from the request ends up in our reply headers. */
+static int header_list_ok(const char *s) {
+    size_t n = strlen(s);
+    if (n == 0 || n > 2048) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!isalnum((unsigned char)s[i]) && !strchr("-_, ", s[i])) return 0;
+    return 1;
+}
+
+enum MHD_Result http_send_preflight(struct MHD_Connection *c) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    if (!r) return MHD_NO;
+    const char *wanted = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Access-Control-Request-Headers");
+    const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+    if (origin && cors_allow_value(origin)) {
+        MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+        MHD_add_response_header(r, "Access-Control-Allow-Headers",
+                                wanted && header_list_ok(wanted) ? wanted : CORS_FIXED_HEADERS);
+        MHD_add_response_header(r, "Access-Control-Max-Age", "600");
+    }
+    return queue(c, MHD_HTTP_NO_CONTENT, r);
+}
+
 static enum MHD_Result send_owned(struct MHD_Connection *c, int status, const char *ctype, char *body,
                                   int retry_after) {
     struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
@@ -58,9 +142,7 @@ static enum MHD_Result send_owned(struct MHD_Connection *c, int status, const ch
         snprintf(v, sizeof v, "%d", retry_after);
         MHD_add_response_header(r, "Retry-After", v);
     }
-    enum MHD_Result ok = MHD_queue_response(c, (unsigned)status, r);
-    MHD_destroy_response(r);
-    return ok;
+    return queue(c, status, r);
 }
 
 enum MHD_Result http_send_json(struct MHD_Connection *c, int status, cJSON *body) {
@@ -132,7 +214,5 @@ enum MHD_Result http_send_stream(struct MHD_Connection *c, stream_pump_fn pump, 
     MHD_add_response_header(r, "Cache-Control", "no-cache");
     MHD_add_response_header(r, "X-Accel-Buffering", "no");
     MHD_add_response_header(r, "Connection", "close");
-    enum MHD_Result ok = MHD_queue_response(c, MHD_HTTP_OK, r);
-    MHD_destroy_response(r);
-    return ok;
+    return queue(c, MHD_HTTP_OK, r);
 }

@@ -10,6 +10,11 @@
  *    OpenAI {"error":{message,type,param,code}}, Anthropic {"type":"error","error":{type,message}}.
  *  - A stream's pump runs only in its connection's thread; once it returns end or abort it is
  *    never called again, and the stream's cleanup runs exactly once.
+ *  - Every reply queued here (JSON, text, error, stream, preflight) carries the
+ *    Access-Control-* headers exactly when the request's Origin is on the allow-list; other
+ *    requests get none (a reply to any Origin still says `Vary: Origin`), so a
+ *    browser page from elsewhere cannot read the reply. The allow-list is set once before the
+ *    daemon starts and only read afterwards, so connection threads share it without a lock.
  */
 #ifndef CAIRN_HTTP_H
 #define CAIRN_HTTP_H
@@ -53,5 +58,12 @@ enum { STREAM_MORE = 0, STREAM_END = 1, STREAM_ABORT = -1 };
 typedef int (*stream_pump_fn)(void *ctx, sbuf *out);
 typedef void (*stream_done_fn)(void *ctx);
 enum MHD_Result http_send_stream(struct MHD_Connection *c, stream_pump_fn pump, stream_done_fn done, void *ctx);
+
+/* The browser origins (scheme://host[:port], or "*" for any) whose pages may read replies.
+ * n == 0 keeps the default: the usual local dev-server ports and the Tauri app origins. The
+ * array and its strings are borrowed and must outlive the server. */
+void http_cors_allow(const char *const *origins, int n);
+/* Answer a CORS preflight (OPTIONS) with 204 and the methods and request headers allowed. */
+enum MHD_Result http_send_preflight(struct MHD_Connection *c);
 
 #endif

@@ -15,6 +15,36 @@ export const FAKE_ENGINE = process.env.FAKE_ENGINE;
 export const MODEL_ID = MODEL ? MODEL.split('/').filter(Boolean).pop() : undefined;
 export const FAMILY = MODEL ? JSON.parse(readFileSync(join(MODEL, 'config.json'), 'utf8')).model_type : undefined;
 
+const D = '｜DSML｜';
+// Each family's own tool-call syntax, for replies a scripted engine gives: a random tiny model
+// never writes a tool call. reply = what the model writes; result(text) = how the template
+// renders a tool's answer in the next prompt.
+export const TOOL_SYNTAX = {
+  deepseek_v4: {
+    reply: `Let me check.\n\n<${D}tool_calls>\n<${D}invoke name="get_weather">\n`
+      + `<${D}parameter name="city" string="true">Paris</${D}parameter>\n`
+      + `<${D}parameter name="days" string="false">3</${D}parameter>\n</${D}invoke>\n</${D}tool_calls>`,
+    marker: 'DSML',
+    result: (text) => `<tool_result>${text}</tool_result>`,
+  },
+  // The template renders the content stripped, then each call with no whitespace between tags.
+  glm_moe_dsa: {
+    reply: 'Let me check.<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>'
+      + '<arg_key>days</arg_key><arg_value>3</arg_value></tool_call>',
+    marker: 'tool_call',
+    result: (text) => `<|observation|><tool_response>${text}</tool_response>`,
+  },
+};
+
+export const TOOL = {
+  type: 'function',
+  function: {
+    name: 'get_weather',
+    description: 'Weather forecast for a city',
+    parameters: { type: 'object', properties: { city: { type: 'string' }, days: { type: 'integer' } }, required: ['city'] },
+  },
+};
+
 function freePort() {
   return new Promise((resolve, reject) => {
     const s = createServer();

@@ -32,6 +32,7 @@ let api_key = localStorage.getItem(KEY_KEY) || '';
 let model_id = null;
 let prefill_rate = null;      // tokens per second, the engine's measured prefill rate
 let running = null;           // { conv, msg, controller } while a reply streams
+const views = new WeakMap();  // assistant message -> its element, to redraw it while it streams
 
 function read_json(key) {
   try { return JSON.parse(localStorage.getItem(key)) || {}; } catch { return {}; }
@@ -319,7 +320,7 @@ function tool_result_view(m) {
 
 function assistant_view(c, m, last) {
   const d = el('div', 'msg assistant');
-  m.view = d;
+  views.set(m, d);
   fill_assistant(d, m);
   if (last) {
     const actions = el('div', 'actions');
@@ -546,7 +547,7 @@ async function generate(c) {
     if (frame) return;
     frame = requestAnimationFrame(() => {
       frame = 0;
-      if (msg.view) fill_assistant(msg.view, msg);
+      if (views.has(msg)) fill_assistant(views.get(msg), msg);
       const box = $('messages');
       box.scrollTop = box.scrollHeight;
     });

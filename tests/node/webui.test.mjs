@@ -374,3 +374,30 @@ test('with --api-key the page asks for the key and then works', async () => {
     await server.stop();
   }
 });
+
+test('a reply that fails mid-stream shows the error, and editing the message goes on', async () => {
+  // The scripted engine dies two tokens into any prompt that mentions the word; the gateway
+  // ends the stream with an error event and restarts it.
+  const server = await startServer([], { FAKE_CRASH_ON: 'kaboom' }, { fake: true });
+  try {
+    const page = await openPage(`${server.url}/`);
+    await ready(page);
+    await setField(page, '#max-tokens', 5);
+    await send(page, 'say kaboom');
+    let [m] = await stats(page);
+    assert.ok(m.error && /error|restart/i.test(m.error), JSON.stringify(m));
+    assert.equal(m.stopped, false);
+    await page.click('.msg.user .actions button');
+    await page.waitForSelector('.edit textarea');
+    await page.$eval('.edit textarea', (t) => { t.value = 'say hello'; });
+    await page.click('.edit .edit-send');
+    await finished(page, 1);
+    [m] = await stats(page);
+    assert.equal(m.error, null);
+    assert.match(m.text, /^w0 w1 w2/);
+    assert.deepEqual(await page.problems(), []);
+    await page.close();
+  } finally {
+    await server.stop();
+  }
+});

@@ -3,9 +3,9 @@
 // What it is for: chatting with the model, and seeing the reuse the engine does. Every assistant
 // message carries `prompt N · reused M · TTFT x s · y tok/s` (N and M from the reply's usage, TTFT
 // measured here from sending to the first token, y the engine's decode speed from the reply's
-// `timings`), and the panel charts each turn's TTFT beside an estimate of what a cold
-// prefill of the same prompt would have cost: this turn's TTFT plus its reused tokens at the
-// engine's measured prefill rate (/metrics: prefilled tokens over engine prefill seconds).
+// `timings`), and the panel charts each turn's TTFT beside an estimate of what a cold start on
+// the same prompt would have cost: the turn's TTFT with its own prefill time (timings.prompt_ms)
+// replaced by the engine's measured cost of prefilling the whole prompt (prefill_model).
 //
 // Invariants:
 //  - Model output reaches the DOM only through the markdown renderer and DOMPurify (render_md),
@@ -30,7 +30,7 @@ const settings = Object.assign({ temperature: 0.7, max_tokens: 512, seed: '', th
   read_json(SETTINGS_KEY));
 let api_key = localStorage.getItem(KEY_KEY) || '';
 let model_id = null;
-let prefill_rate = null;      // tokens per second, the engine's measured prefill rate
+let prefill_rate = null;      // tokens per second over every prefill the engine ran (/metrics)
 let running = null;           // { conv, msg, controller } while a reply streams
 const views = new WeakMap();  // assistant message -> its element, to redraw it while it streams
 
@@ -370,7 +370,7 @@ function fill_assistant(d, m) {
   if (keep) d.append(keep);
 }
 
-const secs = (s) => `${s < 10 ? s.toFixed(2) : s.toFixed(1)} s`;
+const secs = (s) => `${s < 0.1 ? s.toFixed(3) : s < 10 ? s.toFixed(2) : s.toFixed(1)} s`;
 
 // `prompt 1,204 · reused 1,180 · TTFT 0.21 s · 18.4 tok/s`, with a bar of the reused share.
 function stats_line(s) {
@@ -420,7 +420,8 @@ function render_chart() {
     return;
   }
   const W = 300, H = 170, L = 38, B = 22, T = 10;
-  const cold = (s) => (s.cold !== undefined ? s.cold : null);
+  const model = prefill_model();
+  const cold = (s) => cold_ttft(s, model);
   const top = Math.max(...turns.map((m) => Math.max(m.stats.ttft, cold(m.stats) ?? 0)), 1e-3);
   const g = svg('svg', { viewBox: `0 0 ${W} ${H}`, class: 'chart-svg', role: 'img',
     'aria-label': 'time to first token per turn, warm and estimated cold' });
@@ -438,8 +439,8 @@ function render_chart() {
     warm.append(svg('title', {}, `turn ${i + 1}: TTFT ${secs(s.ttft)}, ${fmt.format(s.reused)} of ${fmt.format(s.prompt)} tokens reused`));
     g.append(warm);
     if (cold(s) !== null) {
-      const c = svg('rect', { x: x + 1, y: y(s.cold), width: bw, height: H - B - y(s.cold), class: 'bar cold' });
-      c.append(svg('title', {}, `turn ${i + 1}: a cold prefill of all ${fmt.format(s.prompt)} tokens ≈ ${secs(s.cold)}`));
+      const c = svg('rect', { x: x + 1, y: y(cold(s)), width: bw, height: H - B - y(cold(s)), class: 'bar cold' });
+      c.append(svg('title', {}, `turn ${i + 1}: a cold prefill of all ${fmt.format(s.prompt)} tokens ≈ ${secs(cold(s))}`));
       g.append(c);
     }
     if (turns.length <= 16 || i % Math.ceil(turns.length / 16) === 0)
@@ -452,12 +453,48 @@ function render_chart() {
   const s = turns.at(-1).stats;
   const line = el('p', 'last-turn');
   line.append(`Last turn: ${secs(s.ttft)} to the first token with ${fmt.format(s.reused)} of ${fmt.format(s.prompt)} prompt tokens reused`);
-  if (cold(s) !== null) line.append(`; a cold start would need ≈ ${secs(s.cold)}.`);
+  if (cold(s) !== null) line.append(`; a cold start would need ≈ ${secs(cold(s))}.`);
   else line.append('.');
   summary.append(line);
-  summary.append(el('p', 'muted', prefill_rate
-    ? `Engine prefill rate: ${fmt.format(Math.round(prefill_rate))} tok/s, measured over every prefill it has run.`
-    : 'The engine has not reported a prefill rate yet, so there is no cold estimate.'));
+  const how = el('p', 'muted model-note');
+  if (!model) how.textContent = 'The engine has not reported a prefill time yet, so there is no cold estimate.';
+  else if (model.from === 'fit')
+    how.textContent = `Cold estimate: the turn's TTFT with its own prefill replaced by ${ms(model.a)} + `
+      + `${ms(model.b)} per prompt token, fitted to ${model.n} prefills the engine timed.`;
+  else
+    how.textContent = `Cold estimate: the turn's TTFT with its own prefill replaced by the prompt at `
+      + `${fmt.format(Math.round(1 / model.b))} tok/s, the engine's prefill rate so far.`;
+  summary.append(how);
+}
+
+const ms = (s) => `${(s * 1000).toPrecision(3)} ms`;
+
+// The engine's cost of prefilling n tokens, t(n) = a + b·n seconds, fitted by least squares to
+// the prefills it timed for this browser's turns (timings: prompt_n tokens in prompt_ms). The
+// fixed part matters: a short tail still costs a pass over the weights, so a plain tokens per
+// second rate taken over warm turns would overstate what one long cold prefill costs. With fewer
+// than two distinct sizes (or a fit that makes no sense) it is a rate: the samples', else the
+// engine's over all its prefills (/metrics).
+function prefill_model() {
+  const pts = store.convs.flatMap((c) => c.messages)
+    .filter((m) => m.stats?.prefill_n > 0 && m.stats.prefill_s > 0).map((m) => [m.stats.prefill_n, m.stats.prefill_s]);
+  const n = pts.length;
+  const sum = (f) => pts.reduce((acc, p) => acc + f(p), 0);
+  const sx = sum((p) => p[0]), sy = sum((p) => p[1]), sxx = sum((p) => p[0] * p[0]), sxy = sum((p) => p[0] * p[1]);
+  const den = n * sxx - sx * sx;
+  if (n >= 2 && den > 0) {
+    const b = (n * sxy - sx * sy) / den, a = (sy - b * sx) / n;
+    if (b > 0 && a >= 0) return { from: 'fit', a, b, n };
+  }
+  if (n) return { from: 'rate', a: 0, b: sy / sx, n };
+  return prefill_rate ? { from: 'rate', a: 0, b: 1 / prefill_rate, n: 0 } : null;
+}
+
+// What the turn's TTFT would have been had nothing been reused, or null without a model.
+function cold_ttft(s, model) {
+  if (!model || s.ttft === undefined || s.prompt === undefined) return null;
+  const own = s.prefill_s ?? model.a + model.b * (s.prompt - s.reused);
+  return Math.max(s.ttft - own, 0) + model.a + model.b * s.prompt;
 }
 
 // ---- generation ------------------------------------------------------------------------------
@@ -592,11 +629,12 @@ async function generate(c) {
   // The engine's decode speed: the stream arrives in bursts, so timing it here would measure
   // the gateway's polling rather than the model.
   if (timings?.predicted_per_second > 0) s.tok_s = timings.predicted_per_second;
-  running = null;
-  if (usage) {
-    await refresh_rate();
-    if (prefill_rate && s.ttft !== undefined) s.cold = s.ttft + s.reused / prefill_rate;
+  if (timings?.prompt_ms > 0) {
+    s.prefill_n = timings.prompt_n;
+    s.prefill_s = timings.prompt_ms / 1000;
   }
+  running = null;
+  if (usage) await refresh_rate();
   save();
   render_all();
   set_running(false);   // last: the page is idle only once everything above is on screen

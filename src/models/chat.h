@@ -29,8 +29,8 @@ typedef struct {
     cJSON *tool_calls;            /* OpenAI tool_calls array or NULL */
 } chat_reply;
 
+/* A family's template; its descriptor (model.h family_ops.chat) points at it. */
 typedef struct {
-    const char *model_type;
     /* Heap string of the rendered prompt (ends with the generation cue), or NULL + err. */
     char *(*render)(const cJSON *messages, const cJSON *tools, const chat_opts *o, char *err, size_t errlen);
     /* Split a finished reply into reasoning / content / tool calls. */
@@ -38,8 +38,6 @@ typedef struct {
     /* Byte length of the system-prompt prefix of a rendered prompt (checkpoint hint), 0 if none. */
     size_t (*system_prefix_bytes)(const char *prompt, size_t n);
 } chat_template;
-
-const chat_template *chat_find(const char *model_type);
 
 /* JSON exactly as Python's json.dumps(ensure_ascii=False) writes it (", " and ": " separators,
  * non-ASCII kept): the official templates embed tool schemas and arguments that way, and a byte

@@ -532,8 +532,14 @@ static double dsv4_token_flops(const model *m, int pos) {
     return f;
 }
 
+static const char *const dsv4_model_types[] = {"deepseek_v4", NULL};
+
 const family_ops deepseek_v4_ops = {
-    .model_type = "deepseek_v4",
+    .name = "deepseek_v4",
+    .model_types = dsv4_model_types,
+    .chat = &deepseek_v4_chat,
+    .turns = {.start = {"<｜begin▁of▁sentence｜>"}, .user = "<｜User｜>", .assistant = "<｜Assistant｜>"},
+    .truncates = 0,   /* the window ring and compressor partials cannot rewind */
     .load = dsv4_load,
     .free = dsv4_free,
     .seq_new = dsv4_seq_new,

@@ -149,4 +149,7 @@ void dsv4_attention(const dsv4_model *d, const dsv4_layer *L, dsv4_layer_state *
 void dsv4_moe(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s, const int *ids, int n, const float *x,
               float *out);
 
+/* chat_deepseek_v4.c: the template the descriptor points at. */
+extern const chat_template deepseek_v4_chat;
+
 #endif

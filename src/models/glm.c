@@ -455,8 +455,17 @@ static double glm_token_flops(const model *m, int pos) {
     return 2.0 * f;
 }
 
+static const char *const glm_aliases[] = {"glm_moe_dsa", NULL};
+static const char *const glm_model_types[] = {"glm_moe_dsa", NULL};
+
 const family_ops glm_ops = {
-    .model_type = "glm_moe_dsa",
+    .name = "glm",
+    .aliases = glm_aliases,
+    .model_types = glm_model_types,
+    .chat = &glm_chat,
+    .turns = {.start = {"[gMASK]", "<sop>"}, .user = "<|user|>", .assistant = "<|assistant|>",
+              .boundaries = {"<|system|>", "<|observation|>"}},
+    .truncates = 1,   /* per-position rows only */
     .load = glm_load,
     .free = glm_free,
     .seq_new = glm_seq_new,

@@ -70,4 +70,7 @@ typedef struct {
 int glm_forward(model *m, void *fam_seq, const int *ids, int pos0, int n, float *logits, float *all_logits,
                 char *err, size_t errlen);
 
+/* chat_glm.c: the template the descriptor points at. */
+extern const chat_template glm_chat;
+
 #endif

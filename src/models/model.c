@@ -7,15 +7,24 @@
 #include "../core/config.h"
 #include "../core/util.h"
 
-/* Families register here: one ops table per family file. */
-extern const family_ops deepseek_v4_ops;
-extern const family_ops glm_ops;
-
-const family_ops *family_find(const char *model_type) {
-    const family_ops *all[] = {&deepseek_v4_ops, &glm_ops};
-    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
-        if (strcmp(all[i]->model_type, model_type) == 0) return all[i];
-    return NULL;
+/* The family's turn tokens as ids of this tokenizer; a token it lacks is left out (-1). */
+static void resolve_markers(model *m) {
+    model_markers *k = &m->markers;
+    const family_turns *t = &m->ops->turns;
+    k->user = k->assistant = -1;
+    if (!m->tok) return;
+    for (int i = 0; i < FAMILY_MAX_TOKENS && t->start[i]; i++) {
+        int id = tok_id(m->tok, t->start[i]);
+        if (id >= 0) k->start[k->n_start++] = id;
+    }
+    k->user = t->user ? tok_id(m->tok, t->user) : -1;
+    k->assistant = t->assistant ? tok_id(m->tok, t->assistant) : -1;
+    if (k->user >= 0) k->all[k->n_all++] = k->user;
+    if (k->assistant >= 0) k->all[k->n_all++] = k->assistant;
+    for (int i = 0; i < FAMILY_MAX_TOKENS && t->boundaries[i]; i++) {
+        int id = tok_id(m->tok, t->boundaries[i]);
+        if (id >= 0) k->all[k->n_all++] = id;
+    }
 }
 
 static void read_eos_ids(model *m) {
@@ -35,7 +44,7 @@ model *model_open(const char *dir, numerics num, int progress, char *err, size_t
     if (!(m->config = config_load(dir, err, errlen))) goto fail;
     const char *type;
     if (config_string(m->config, "model_type", &type, err, errlen)) goto fail;
-    if (!(m->ops = family_find(type))) { errf(err, errlen, "config.json: unsupported model_type '%s'", type); goto fail; }
+    if (!(m->ops = family_for_model_type(type))) { errf(err, errlen, "config.json: unsupported model_type '%s'", type); goto fail; }
     if (!(m->st = st_open(dir, progress, err, errlen))) goto fail;
     m->fingerprint = st_fingerprint(m->st);
     char path[4096];
@@ -49,6 +58,7 @@ model *model_open(const char *dir, numerics num, int progress, char *err, size_t
         if (!(m->tok = tok_load(path, tok_err, sizeof tok_err)))
             fprintf(stderr, "cairn: %s: tokenizer not usable, token-id prompts only: %s\n", path, tok_err);
     }
+    resolve_markers(m);
     int bos;
     if (config_int_or(m->config, "bos_token_id", -1, &bos, err, errlen)) goto fail;
     m->bos_id = bos;
@@ -85,6 +95,13 @@ seq *seq_new(model *m, int ctx, char *err, size_t errlen) {
     if (!(s->fam = m->ops->seq_new(m, &s->st, ctx, err, errlen))) {
         state_deinit(&s->st);
         free(s);
+        return NULL;
+    }
+    /* The descriptor's capability is what CAPS and the tests trust: it must be the parts' truth. */
+    if (state_always_truncatable(&s->st) != m->ops->truncates) {
+        errf(err, errlen, "family %s declares truncates=%d but its state parts say %d", m->ops->name,
+             m->ops->truncates, state_always_truncatable(&s->st));
+        seq_free(s);
         return NULL;
     }
     return s;

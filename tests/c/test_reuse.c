@@ -63,13 +63,16 @@ static int fake_forward(model *m, void *fam, const int *ids, int pos0, int n, fl
     return 0;
 }
 
-static const family_ops fake_ops = {.model_type = "fake", .seq_new = fake_seq_new, .seq_free = fake_seq_free,
-                                     .forward = fake_forward};
+/* The descriptor declares what the parts are: rows only (truncates) or with a ring. */
+static const family_ops fake_rows_ops = {.name = "fake-rows", .truncates = 1, .seq_new = fake_seq_new,
+                                          .seq_free = fake_seq_free, .forward = fake_forward};
+static const family_ops fake_ring_ops = {.name = "fake-ring", .truncates = 0, .seq_new = fake_seq_new,
+                                          .seq_free = fake_seq_free, .forward = fake_forward};
 
 static model make_model(int *extend_only) {
     model m;
     memset(&m, 0, sizeof m);
-    m.ops = &fake_ops;
+    m.ops = *extend_only ? &fake_ring_ops : &fake_rows_ops;
     m.vocab_size = VOCAB;
     m.priv = extend_only;
     return m;

@@ -20,7 +20,6 @@
 #include "core/threads.h"
 #include "core/util.h"
 #include "state/persist.h"
-#include "state/reuse.h"
 
 typedef struct {
     const char *model_dir;
@@ -129,15 +128,9 @@ static int argmax(const float *x, int n) {
  * *reused gets the reuse count, t->warm the fastest time so far. */
 static int warm_once(seq *sq, store *cs, const conversation *c, float *logits, int *reused, turn_result *t, char *err,
                      size_t errlen) {
-    const int markers[2] = {c->user, c->assistant};
     double t0 = now_seconds();
-    reuse_result r = reuse_prepare(&sq->st, 0, cs, 1, NULL, 0, c->ids, c->n);
-    reuse_prefill p;
-    reuse_prefill_init(&p, sq, cs, 0, c->ids, c->n, 0, markers, 2);
-    int rc;
-    while ((rc = reuse_prefill_step(&p, logits, err, errlen)) > 0) {}
-    reuse_prefill_free(&p);
-    if (rc < 0) return -1;
+    reuse_result r;
+    if (seq_prompt(sq, cs, c->ids, c->n, 0, logits, &r, err, errlen)) return -1;
     int first = argmax(logits, sq->m->vocab_size);
     t->warm = MIN(t->warm, now_seconds() - t0);
     *reused = r.reused;

@@ -105,7 +105,7 @@ typedef struct {
     int ctx;
     state *st;                 /* the generic state holding the parts, for state_capture */
     dsv4_layer_state *ls;
-    void *scratch;             /* one block holding every buffer below, sized for DSV4_CHUNK tokens */
+    /* every buffer below is carved once from the sequence's arena, sized for DSV4_CHUNK tokens */
     float *h, *mix, *post, *comb;                /* streams [C][hc*dim] and their mixing */
     /* per-token activations [C][..]: x sub-layer input (normed), xq its E4M3 QDQ copy; qr/qrq the
      * query latent and its QDQ copy; q query heads; kv window row; ca/cs and ia/is the main and

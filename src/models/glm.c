@@ -378,9 +378,10 @@ static int glm_load(model *m, char *err, size_t errlen) {
 
 /* ---- sequence state --------------------------------------------------------------------- */
 
-static void *glm_seq_new(model *m, state *st, int ctx, char *err, size_t errlen) {
+static void *glm_seq_new(model *m, state *st, int ctx, arena *scratch, char *err, size_t errlen) {
     glm_model *g = m->priv;
     glm_seq *s = xcalloc(1, sizeof *s);
+    s->scratch = scratch;
     s->kv = xcalloc((size_t)g->n_layers, sizeof *s->kv);
     s->ik = xcalloc((size_t)g->n_layers, sizeof *s->ik);
     s->cap = ctx;
@@ -468,6 +469,7 @@ const family_ops glm_ops = {
     .truncates = 1,   /* per-position rows only */
     .load = glm_load,
     .free = glm_free,
+    .scratch_bytes = glm_scratch_bytes,
     .seq_new = glm_seq_new,
     .seq_free = glm_seq_free,
     .forward = glm_forward,

@@ -26,7 +26,12 @@
  *   load     — read config.json (typed, errors name the key) and look up/validate every tensor.
  *   seq_new  — declare the parts of one sequence state (state_add_part) for `ctx` positions and
  *              return the family's per-sequence handle (pointers into those parts + scratch).
- *   forward  — feed ids at absolute positions pos0..pos0+n-1, extending that state. Result must
+ *   scratch_bytes — the most scratch a forward call can take at `ctx` positions (any n: a family
+ *              that bounds its scratch by a chunk loops over chunks inside forward). seq_new and
+ *              forward take every buffer from the arena handed over, never malloc per call.
+ *   forward  — feed ids at absolute positions pos0..pos0+n-1, extending that state (seq_feed
+ *              has checked n >= 1, the positions against ctx and every id against the vocabulary,
+ *              and checks the logits it asked for are finite: a family is its math). Result must
  *              be bit-identical however a prompt is split into forward calls (chunking
  *              invariance). Writes the logits of the LAST fed token when logits != NULL, and of
  *              every fed token into all_logits[n][vocab] when that is non-NULL.
@@ -49,8 +54,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../core/arena.h"
 #include "../core/safetensors.h"
 #include "../core/tokenizer.h"
+#include "../state/reuse.h"
 #include "../state/state.h"
 #include "chat.h"
 
@@ -79,7 +86,10 @@ typedef struct {
     int truncates;                                /* state rewinds to any prefix (rows only) */
     int (*load)(model *m, char *err, size_t errlen);
     void (*free)(model *m);
-    void *(*seq_new)(model *m, state *st, int ctx, char *err, size_t errlen);
+    /* Scratch bytes any forward call on a sequence of ctx positions can take (arena.h); the
+     * model layer allocates them once per sequence and hands them to seq_new. NULL: none. */
+    size_t (*scratch_bytes)(const model *m, int ctx);
+    void *(*seq_new)(model *m, state *st, int ctx, arena *scratch, char *err, size_t errlen);
     void (*seq_free)(model *m, void *fam_seq);
     int (*forward)(model *m, void *fam_seq, const int *ids, int pos0, int n, float *logits, float *all_logits,
                    char *err, size_t errlen);
@@ -125,6 +135,7 @@ typedef struct {
     model *m;
     state st;
     void *fam;
+    arena scratch;             /* the forward pass's scratch, sized once (family_ops.scratch_bytes) */
     int chunk;                 /* prefill chunk size (tokens per forward call) */
 } seq;
 
@@ -136,6 +147,13 @@ void seq_free(seq *s);
 int seq_feed(seq *s, const int *ids, int n, float *logits, char *err, size_t errlen);
 /* seq_feed that writes every fed token's logits into all_logits[n][vocab] (echo / scoring). */
 int seq_feed_all(seq *s, const int *ids, int n, float *all_logits, char *err, size_t errlen);
+/* seq_feed behind the reuse layer's feed callback (state/reuse.h), so state/ never calls up. */
+reuse_feeder seq_feeder(seq *s);
+/* A whole prompt the way one-slot callers (cairn run --chat, bench reuse) take it: the reuse
+ * decision on this sequence as slot 0 (cs may be NULL), then the checkpointing prefill to the
+ * end, logits = the last prompt token's. *rr gets the decision. -1 with err on failure (tainted). */
+int seq_prompt(seq *s, store *cs, const int *ids, int n, int sys_end, float *logits, reuse_result *rr, char *err,
+               size_t errlen);
 
 /* The registry (families.c). family_find matches a name or alias, family_for_model_type a
  * config.json model_type; both NULL when no family answers. family_at(i) for i in

@@ -11,7 +11,6 @@
  * slot only (its next request resets); other slots are never touched.
  */
 #include <errno.h>
-#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,7 +24,7 @@
 #include "../core/threads.h"
 #include "../core/util.h"
 #include "../state/persist.h"
-#include "../state/reuse.h"
+#include "../models/model.h"
 #include "wire.h"
 
 typedef struct {
@@ -138,9 +137,7 @@ static void emit_token(engine *e, request *r, int t) {
 /* Sample from e->logits. The token is emitted but not fed: it enters the state only if
  * generation continues (so the record never claims a token the state does not hold). */
 static void sample_next(engine *e, request *r) {
-    int t = sampler_pick(&r->smp, e->logits);
-    /* the sampler skips non-finite logits; a chosen one means they all were: the state is suspect */
-    if (!isfinite(e->logits[t])) return fail(e, r, "ENGINE_ERROR", "the model produced non-finite logits");
+    int t = sampler_pick(&r->smp, e->logits);    /* seq_feed has checked every logit is finite */
     if (r->generated == 0) r->t_first = now_seconds();
     if (model_is_eos(e->m, t)) return finish(e, r, 0);
     emit_token(e, r, t);
@@ -244,7 +241,7 @@ static void start_request(engine *e, request *r, int sys_end) {
     r->reused = rr.reused;
     if (e->log_prefix)
         fprintf(stderr, "prefix: slot %d reused %d/%d (%s)\n", r->slot, rr.reused, r->n, reuse_kind_name(rr.kind));
-    reuse_prefill_init(&r->pf, sq, e->cs, r->slot, r->prompt, r->n, sys_end, e->m->markers.all, e->m->markers.n_all);
+    reuse_prefill_init(&r->pf, seq_feeder(sq), e->cs, r->slot, r->prompt, r->n, sys_end, e->m->markers.all, e->m->markers.n_all);
     sampler_params sp = {.temperature = r->sub.temperature, .top_p = r->sub.top_p, .seed = r->sub.seed};
     sampler_init(&r->smp, &sp, e->m->vocab_size);
     if (e->m->tok) tok_stream_init(&r->ts, e->m->tok);

@@ -178,7 +178,7 @@ test('chat on the tiny model: reuse rises, stop, regenerate, edit, reload', asyn
     assert.equal(s.at(-1).error, null);
     assert.ok(s.at(-1).reused >= before.at(-2).prompt, `edit keeps the history: ${JSON.stringify(s)}`);
     assert.equal(await page.$$eval('.msg.user .bubble', (l) => l.at(-1).textContent), 'Write a short poem instead.');
-    await page.screenshot({ path: join(BUILD, `webui-${FAMILY}-1440.png`) });
+    await page.screenshot({ path: join(BUILD, `webui-${FAMILY.name}-1440.png`) });
 
     // Reload: the conversation comes back as it was, stats and chart included.
     const shown = await page.$eval('#messages', (e) => e.innerText);
@@ -198,10 +198,10 @@ test('chat on the tiny model: reuse rises, stop, regenerate, edit, reload', asyn
       input: document.getElementById('input').getBoundingClientRect().width,
     }));
     assert.ok(layout.overflow <= 0 && layout.sidebar <= 0 && layout.input > 200, JSON.stringify(layout));
-    await page.screenshot({ path: join(BUILD, `webui-${FAMILY}-375.png`) });
+    await page.screenshot({ path: join(BUILD, `webui-${FAMILY.name}-375.png`) });
     await page.click('#toggle-panel');
     await page.waitForFunction(() => document.getElementById('panel').getBoundingClientRect().left < window.innerWidth - 300);
-    await page.screenshot({ path: join(BUILD, `webui-${FAMILY}-375-panel.png`) });
+    await page.screenshot({ path: join(BUILD, `webui-${FAMILY.name}-375-panel.png`) });
     assert.deepEqual(await page.problems(), []);
     await page.close();
   } finally {
@@ -269,8 +269,8 @@ test('model output cannot inject script: <script>, onerror, javascript: links re
 });
 
 test('thinking is a collapsible block; tool calls are shown and answered with a tool result', async () => {
-  const syntax = TOOL_SYNTAX[FAMILY];
-  assert.ok(syntax, `no tool-call syntax known for ${FAMILY}`);
+  const syntax = TOOL_SYNTAX[FAMILY.name];
+  assert.ok(syntax, `no tool-call syntax known for family ${FAMILY.name}`);
   const server = await startServer([], { FAKE_REPLY: `Weighing it up.</think>${syntax.reply}` }, { fake: true });
   try {
     const page = await openPage(`${server.url}/`);

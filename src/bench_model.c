@@ -31,7 +31,7 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: cairn bench -m DIR [--json] [--prompt N] [--decode N] [--threads N] [--numerics exact|qat]\n"
             "\n"
-            "Measures, in one run: the read bandwidth (1 GiB stream), prefill of an N-token prompt\n"
+            "Measures, in one run: the read bandwidth (bench_stream_bytes: >= 1 GiB, 4x the LLC), prefill of an N-token prompt\n"
             "(default 64) in tok/s and GFLOP/s, greedy decode of N tokens (default 16) in tok/s, and\n"
             "decode efficiency = weight bytes per decode step x decode tok/s / read bandwidth.\n"
             "--json prints {prefill_tok_s, prefill_gflops, decode_tok_s, bandwidth_gbs, decode_efficiency, ...}.\n");
@@ -136,7 +136,7 @@ int bench_model(int argc, char **argv) {
     bench_result r = {0};
     r.decode_bytes = m->ops->decode_bytes(m);
     int rc = measure(m, &o, ids, 0, &r, err, sizeof err);
-    double bw = rc ? 0 : bench_read_bandwidth((size_t)1 << 30);
+    double bw = rc ? 0 : bench_read_bandwidth(bench_stream_bytes());
     if (!rc) rc = measure(m, &o, ids, 1, &r, err, sizeof err);
     if (!rc) {
         r.bandwidth_gbs = bw / 1e9;

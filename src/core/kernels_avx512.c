@@ -5,9 +5,14 @@
  * do. FP8 (unscaled) and BF16 decode as in the AVX2 path, 16 columns at a time. Matvec interleaves
  * four rows for independent FMA chains; batched calls run a 3x4 register tile (3 weight rows x 4
  * input rows) over dequantized rows in column chunks that stay in L1. I8_ROW widens its codes
- * and takes the row scale on the result (rule 5). The nibble formats (rule 4: FP4, I4_ROW,
- * I4_G64) run the AVX2 code, which AVX-512 machines execute natively: one implementation of
- * that order, not two. */
+ * and takes the row scale on the result (rule 5).
+ * The nibble formats (rule 4: FP4, I4_ROW, I4_G64) hold all 16 lanes in one zmm too: a 64-column
+ * chunk decodes into four vectors, term t of every lane (kernel_nibble_permute_x width 16), by
+ * one vpermps table lookup each, so a chunk is four FMAs of partials and one FMA by the scale
+ * vector. Batched calls decode each weight row once into that layout (codes and the chunk's
+ * scale vector) and run a NIB_R x NIB_X register tile of (weight row, input row) pairs over the
+ * whole row: MoE experts see a handful of tokens each, and every one of them reuses the decoded
+ * tile instead of decoding the weights again. */
 #if defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 
 #include <immintrin.h>
@@ -15,6 +20,7 @@
 
 #include "kernels_path.h"
 #include "quant.h"
+#include "util.h"
 
 #define INLINE static inline __attribute__((always_inline))
 #define VEC_ROWS 4
@@ -103,15 +109,164 @@ INLINE void decode_row(const qmat *w, wformat f, int r, float *out) {
     if (full < w->cols) tail_groups(w, r, full, NULL, _mm512_setzero_ps(), out);
 }
 
-static void avx512_rows_vec(const qmat *w, int r0, int r1, const float *x, float *y) {
-    if (kernel_is_nibbles(w->fmt)) {
-        kernel_path_avx2.rows_vec(w, r0, r1, x, y);
-        return;
+/* ---- nibble formats (rule 4) ---- */
+
+/* The format's 16 weight factors, indexed by code (kernel_fp4_lut or kernel_i4_lut). */
+INLINE __m512 nibble_table(wformat f) { return _mm512_loadu_ps(f == WF_FP4 ? kernel_fp4_lut : kernel_i4_lut); }
+
+/* 32 bytes = the 64 codes of blocks b, b + 1 -> z[t] = term t of lanes 0..15. Lane L's four
+ * columns are the 16-bit word 8 * ((L / 4) % 2) + 4 * (L / 8) + L % 4 of the chunk: widening
+ * the 16 words to dwords and swapping the middle two 128-bit quarters puts that word in lane L,
+ * and term t is its nibble t. */
+INLINE void dec64_nibbles(const uint8_t *p, __m512 table, __m512 z[4]) {
+    __m512i u = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+    u = _mm512_shuffle_i32x4(u, u, _MM_SHUFFLE(3, 1, 2, 0));
+    const __m512i nibble = _mm512_set1_epi32(15);
+    #pragma GCC unroll 4
+    for (int t = 0; t < 4; t++) z[t] = _mm512_permutexvar_ps(_mm512_and_si512(_mm512_srli_epi32(u, 4 * t), nibble), table);
+}
+
+/* Rule 4's scale factor per lane for blocks b (lanes with (L / 4) % 2 == 0) and b + 1; b is
+ * even, so I4_G64's two blocks share a group and I4_ROW has one scale. */
+INLINE __m512 nibble_scales(wformat f, const void *srow, int b) {
+    return _mm512_mask_blend_ps(0xf0f0, _mm512_set1_ps(kernel_nibble_scale(f, srow, b)),
+                                _mm512_set1_ps(kernel_nibble_scale(f, srow, b + 1)));
+}
+
+/* Rule 4 for the blocks past the last full chunk (in column order, as kernel_nibble_permute_x
+ * leaves them), then the tree. */
+static float nibble_finish(const qmat *w, int r, int full, const float *x, __m512 acc) {
+    if (full == w->cols) return tree16(acc);
+    float a[16] __attribute__((aligned(64)));
+    _mm512_store_ps(a, acc);
+    kernel_nibble_blocks(w, r, full / 32, x, a);
+    return kernel_tree16(a);
+}
+
+/* Matvec of NR interleaved rows, decoding in registers; prefetching as dot_rows does. */
+INLINE void nibble_dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, float *y) {
+    const int full = w->cols / 64 * 64;
+    const size_t ahead = (size_t)(kernel_row_ptr(w, VEC_ROWS) - kernel_row_ptr(w, 0));
+    const __m512 table = nibble_table(f);
+    const uint8_t *row[VEC_ROWS];
+    const void *srow[VEC_ROWS];
+    __m512 acc[VEC_ROWS];
+    #pragma GCC unroll 4
+    for (int i = 0; i < NR; i++) {
+        row[i] = kernel_row_ptr(w, r + i);
+        srow[i] = kernel_nibble_scale_row(w, r + i);
+        acc[i] = _mm512_setzero_ps();
     }
+    for (int c = 0; c < full; c += 64) {
+        if (c % 128 == 0) {
+            #pragma GCC unroll 4
+            for (int i = 0; i < NR; i++) _mm_prefetch((const char *)row[i] + c / 2 + ahead, _MM_HINT_T0);
+        }
+        __m512 xv[4];
+        #pragma GCC unroll 4
+        for (int t = 0; t < 4; t++) xv[t] = _mm512_loadu_ps(x + c + 16 * t);
+        #pragma GCC unroll 4
+        for (int i = 0; i < NR; i++) {
+            __m512 z[4];
+            dec64_nibbles(row[i] + c / 2, table, z);
+            __m512 p = _mm512_mul_ps(z[0], xv[0]);
+            #pragma GCC unroll 3
+            for (int t = 1; t < 4; t++) p = _mm512_fmadd_ps(z[t], xv[t], p);
+            acc[i] = _mm512_fmadd_ps(p, nibble_scales(f, srow[i], c / 32), acc[i]);
+        }
+    }
+    for (int i = 0; i < NR; i++) y[i] = nibble_finish(w, r + i, full, x, acc[i]);
+}
+
+/* A decoded nibble row: per 64-column chunk the four term vectors, then its scale vector. */
+#define NIB_CHUNK_FLOATS 80
+#define NIB_R 2
+#define NIB_X 6
+
+/* NR weight rows (decoded, ldw floats apart) x NX input rows over every full chunk, each pair's
+ * 16 lanes in a register for the whole row; results to y[j * ldy + i]. */
+INLINE void nibble_tile(const qmat *w, int r, const float *wb, int ldw, const float *x, int NR, int NX, float *y,
+                        int ldy) {
+    const int cols = w->cols, chunks = cols / 64;
+    __m512 acc[NIB_R][NIB_X];
+    #pragma GCC unroll 2
+    for (int i = 0; i < NR; i++)
+        #pragma GCC unroll 6
+        for (int j = 0; j < NX; j++) acc[i][j] = _mm512_setzero_ps();
+    for (int k = 0; k < chunks; k++) {
+        const float *wk = wb + (size_t)k * NIB_CHUNK_FLOATS;
+        __m512 p[NIB_R][NIB_X];
+        #pragma GCC unroll 4
+        for (int t = 0; t < 4; t++) {
+            __m512 wv[NIB_R];
+            #pragma GCC unroll 2
+            for (int i = 0; i < NR; i++) wv[i] = _mm512_load_ps(wk + (size_t)i * ldw + 16 * t);
+            #pragma GCC unroll 6
+            for (int j = 0; j < NX; j++) {
+                __m512 xv = _mm512_loadu_ps(x + (size_t)j * cols + 64 * k + 16 * t);
+                #pragma GCC unroll 2
+                for (int i = 0; i < NR; i++) p[i][j] = t ? _mm512_fmadd_ps(wv[i], xv, p[i][j]) : _mm512_mul_ps(wv[i], xv);
+            }
+        }
+        #pragma GCC unroll 2
+        for (int i = 0; i < NR; i++) {
+            __m512 scale = _mm512_load_ps(wk + (size_t)i * ldw + 64);
+            #pragma GCC unroll 6
+            for (int j = 0; j < NX; j++) acc[i][j] = _mm512_fmadd_ps(p[i][j], scale, acc[i][j]);
+        }
+    }
+    #pragma GCC unroll 2
+    for (int i = 0; i < NR; i++)
+        #pragma GCC unroll 6
+        for (int j = 0; j < NX; j++)
+            y[(size_t)j * ldy + i] = nibble_finish(w, r + i, chunks * 64, x + (size_t)j * cols, acc[i][j]);
+}
+
+#define NIB_CASE(nr, nx) \
+    case (nr) * 8 + (nx): nibble_tile(w, r, wb, ldw, x, nr, nx, y, ldy); break
+
+static void nibble_tile_any(const qmat *w, int r, const float *wb, int ldw, const float *x, int nr, int nx, float *y,
+                            int ldy) {
+    switch (nr * 8 + nx) {
+        NIB_CASE(1, 1); NIB_CASE(1, 2); NIB_CASE(1, 3); NIB_CASE(1, 4); NIB_CASE(1, 5); NIB_CASE(1, 6);
+        NIB_CASE(2, 1); NIB_CASE(2, 2); NIB_CASE(2, 3); NIB_CASE(2, 4); NIB_CASE(2, 5); NIB_CASE(2, 6);
+    }
+}
+
+INLINE void nibble_decode_row(const qmat *w, wformat f, int r, float *out) {
+    const int chunks = w->cols / 64;
+    const __m512 table = nibble_table(f);
+    const uint8_t *row = kernel_row_ptr(w, r);
+    const void *srow = kernel_nibble_scale_row(w, r);
+    for (int k = 0; k < chunks; k++) {
+        __m512 z[4];
+        dec64_nibbles(row + 32 * k, table, z);
+        float *o = out + (size_t)k * NIB_CHUNK_FLOATS;
+        #pragma GCC unroll 4
+        for (int t = 0; t < 4; t++) _mm512_store_ps(o + 16 * t, z[t]);
+        _mm512_store_ps(o + 64, nibble_scales(f, srow, 2 * k));
+    }
+}
+
+static void nibble_rows_mul(const qmat *w, int r0, int r1, const float *x, int n, float *y, int ldy) {
+    const int ldw = w->cols / 64 * NIB_CHUNK_FLOATS, nr = r1 - r0;
+    float *wb = kernel_scratch((size_t)nr * ldw + 16);
+    for (int r = r0; r < r1; r++)
+        KERNEL_FOR_EACH_FORMAT(w->fmt, (void)0, nibble_decode_row(w, F, r, wb + (size_t)(r - r0) * ldw))
+    for (int j = 0; j < n; j += NIB_X)
+        for (int i = 0; i < nr; i += NIB_R)
+            nibble_tile_any(w, r0 + i, wb + (size_t)i * ldw, ldw, x + (size_t)j * w->cols, MIN(NIB_R, nr - i),
+                            MIN(NIB_X, n - j), y + (size_t)j * ldy + i, ldy);
+}
+
+static void avx512_rows_vec(const qmat *w, int r0, int r1, const float *x, float *y) {
     int r = r0;
     for (; r + VEC_ROWS <= r1; r += VEC_ROWS)
-        KERNEL_FOR_EACH_FORMAT(w->fmt, dot_rows(w, F, r, VEC_ROWS, x, y + (r - r0)), (void)0)
-    for (; r < r1; r++) KERNEL_FOR_EACH_FORMAT(w->fmt, dot_rows(w, F, r, 1, x, y + (r - r0)), (void)0)
+        KERNEL_FOR_EACH_FORMAT(w->fmt, dot_rows(w, F, r, VEC_ROWS, x, y + (r - r0)),
+                               nibble_dot_rows(w, F, r, VEC_ROWS, x, y + (r - r0)))
+    for (; r < r1; r++)
+        KERNEL_FOR_EACH_FORMAT(w->fmt, dot_rows(w, F, r, 1, x, y + (r - r0)),
+                               nibble_dot_rows(w, F, r, 1, x, y + (r - r0)))
 }
 
 /* NR x NX tile over columns [c0, c1); partial lanes in acc[input row][weight row][16]. */
@@ -163,13 +318,13 @@ static void tile_chunk(const float *wb, int ldw, const float *x, int cols, int c
 }
 
 static void avx512_rows_mul(const qmat *w, int r0, int r1, const float *x, int n, float *y, int ldy) {
+    if (kernel_is_nibbles(w->fmt)) {
+        nibble_rows_mul(w, r0, r1, x, n, y, ldy);
+        return;
+    }
     const int cols = w->cols, ldw = (cols + 15) & ~15, nr = r1 - r0;
     float *wb = kernel_scratch((size_t)nr * ldw + (size_t)MUL_XROWS * nr * 16);
     float *acc = wb + (size_t)nr * ldw;
-    if (kernel_is_nibbles(w->fmt)) {
-        kernel_path_avx2.rows_mul(w, r0, r1, x, n, y, ldy);
-        return;
-    }
     for (int r = r0; r < r1; r++)
         KERNEL_FOR_EACH_FORMAT(w->fmt, decode_row(w, F, r, wb + (size_t)(r - r0) * ldw), (void)0)
     for (int j0 = 0; j0 < n; j0 += MUL_XROWS) {
@@ -191,6 +346,6 @@ static void avx512_rows_mul(const qmat *w, int r0, int r1, const float *x, int n
     }
 }
 
-const kernel_path kernel_path_avx512 = {"avx512", avx512_rows_vec, avx512_rows_mul, 1};
+const kernel_path kernel_path_avx512 = {"avx512", avx512_rows_vec, avx512_rows_mul, 16};
 
 #endif

@@ -44,8 +44,11 @@ static void expert_run(const dsv4_model *d, const qmat *w1, const qmat *w3, cons
     for (int r = 0; r < ne; r++) {
         float *g = s->moe_ge + (size_t)r * inter;
         const float *u = s->moe_ue + (size_t)r * inter;
+        /* fminf/fmaxf by comparison (inlined, unlike the libm calls): the same values, NaN
+         * included (it fails the comparison and gives the limit, as fminf/fmaxf do). */
         for (int k = 0; k < inter; k++) {
-            float gk = fminf(g[k], lim), uk = fminf(fmaxf(u[k], -lim), lim);
+            float gk = g[k] < lim ? g[k] : lim, uk = u[k] > -lim ? u[k] : -lim;
+            uk = uk < lim ? uk : lim;
             g[k] = weight[r] * (silu(gk) * uk);
         }
         dsv4_bf16(d, g, inter);

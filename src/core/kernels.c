@@ -19,7 +19,7 @@
  * chains. Batched: enough to amortise the task call, few enough that a task's dequantized rows
  * stay in L2 while all input rows stream past them. */
 #define VEC_ROWS_PER_TASK 4
-#define MUL_ROWS_PER_TASK 6
+#define MUL_ROWS_PER_TASK 12    /* a multiple of every path's tile height (2, 3, 4) */
 
 float kernel_fp8_lut[256];
 float kernel_fp8_scale_lut[256];

@@ -3,8 +3,9 @@
  * One zmm holds all 16 canonical lanes of an output, so a group of 16 columns is one FMA and
  * the tree starts by adding the two 256-bit halves (lanes i and i+8), exactly as the other paths
  * do. FP8 (unscaled) and BF16 decode as in the AVX2 path, 16 columns at a time. Matvec interleaves
- * four rows for independent FMA chains; batched calls run a 3x4 register tile (3 weight rows x 4
- * input rows) over dequantized rows in column chunks that stay in L1. I8_ROW widens its codes
+ * four rows for independent FMA chains; batched calls run a 4x6 register tile (4 weight rows x 6
+ * input rows: 24 accumulators, 10 loads per 24 FMAs, so the FMA ports and not the load ports
+ * set the pace) over dequantized rows in column chunks that stay in L1. I8_ROW widens its codes
  * and takes the row scale on the result (rule 5).
  * The nibble formats (rule 4: FP4, I4_ROW, I4_G64) hold all 16 lanes in one zmm too: a 64-column
  * chunk decodes into four vectors, term t of every lane (kernel_nibble_permute_x width 16), by
@@ -26,8 +27,8 @@
 #define VEC_ROWS 4
 #define MUL_CHUNK 256
 #define MUL_XROWS 12
-#define TILE_R 3
-#define TILE_X 4
+#define TILE_R 4
+#define TILE_X 6
 
 INLINE __mmask16 tail_mask(int c, int cols) {
     int left = cols - c;
@@ -276,17 +277,21 @@ INLINE void tile(const float *wb, int ldw, const float *x, int cols, int c0, int
     const int full_end = c1 & ~15;
     #pragma GCC unroll 4
     for (int i = 0; i < NR; i++)
-        #pragma GCC unroll 4
+        #pragma GCC unroll 6
         for (int j = 0; j < NX; j++) a[i][j] = _mm512_load_ps(acc + ((size_t)j * nr_all + i) * 16);
     for (int c = c0; c < full_end; c += 16) {
         __m512 wv[TILE_R], xv[TILE_X];
         #pragma GCC unroll 4
         for (int i = 0; i < NR; i++) wv[i] = _mm512_load_ps(wb + (size_t)i * ldw + c);
-        #pragma GCC unroll 4
-        for (int j = 0; j < NX; j++) xv[j] = _mm512_loadu_ps(x + (size_t)j * cols + c);
+        #pragma GCC unroll 6
+        for (int j = 0; j < NX; j++) {
+            xv[j] = _mm512_loadu_ps(x + (size_t)j * cols + c);
+            /* Keep the input in a register: folded into each FMA it would be loaded NR times. */
+            __asm__("" : "+v"(xv[j]));
+        }
         #pragma GCC unroll 4
         for (int i = 0; i < NR; i++)
-            #pragma GCC unroll 4
+            #pragma GCC unroll 6
             for (int j = 0; j < NX; j++) a[i][j] = _mm512_fmadd_ps(wv[i], xv[j], a[i][j]);
     }
     if (full_end < c1) {
@@ -294,14 +299,14 @@ INLINE void tile(const float *wb, int ldw, const float *x, int cols, int c0, int
         #pragma GCC unroll 4
         for (int i = 0; i < NR; i++) {
             __m512 wv = _mm512_load_ps(wb + (size_t)i * ldw + full_end);
-            #pragma GCC unroll 4
+            #pragma GCC unroll 6
             for (int j = 0; j < NX; j++)
                 a[i][j] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, x + (size_t)j * cols + full_end), a[i][j]);
         }
     }
     #pragma GCC unroll 4
     for (int i = 0; i < NR; i++)
-        #pragma GCC unroll 4
+        #pragma GCC unroll 6
         for (int j = 0; j < NX; j++) _mm512_store_ps(acc + ((size_t)j * nr_all + i) * 16, a[i][j]);
 }
 
@@ -311,9 +316,10 @@ INLINE void tile(const float *wb, int ldw, const float *x, int cols, int c0, int
 static void tile_chunk(const float *wb, int ldw, const float *x, int cols, int c0, int c1, int nr, int nx, float *acc,
                        int nr_all) {
     switch (nr * 8 + nx) {
-        TILE_CASE(1, 1); TILE_CASE(1, 2); TILE_CASE(1, 3); TILE_CASE(1, 4);
-        TILE_CASE(2, 1); TILE_CASE(2, 2); TILE_CASE(2, 3); TILE_CASE(2, 4);
-        TILE_CASE(3, 1); TILE_CASE(3, 2); TILE_CASE(3, 3); TILE_CASE(3, 4);
+        TILE_CASE(1, 1); TILE_CASE(1, 2); TILE_CASE(1, 3); TILE_CASE(1, 4); TILE_CASE(1, 5); TILE_CASE(1, 6);
+        TILE_CASE(2, 1); TILE_CASE(2, 2); TILE_CASE(2, 3); TILE_CASE(2, 4); TILE_CASE(2, 5); TILE_CASE(2, 6);
+        TILE_CASE(3, 1); TILE_CASE(3, 2); TILE_CASE(3, 3); TILE_CASE(3, 4); TILE_CASE(3, 5); TILE_CASE(3, 6);
+        TILE_CASE(4, 1); TILE_CASE(4, 2); TILE_CASE(4, 3); TILE_CASE(4, 4); TILE_CASE(4, 5); TILE_CASE(4, 6);
     }
 }
 

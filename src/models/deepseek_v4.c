@@ -433,6 +433,9 @@ static void layout_scratch(arena *a, dsv4_seq *s, const dsv4_config *c) {
     s->idx_dots = carve(a, ((size_t)s->ctx / 4 + 1) * c->idx_heads, F);
     s->idx_scores = carve(a, (size_t)s->ctx / 4 + 1, F);
     s->idx_top = carve(a, c->idx_topk, sizeof(int));
+    s->row_id = carve(a, C, sizeof(int));
+    s->row_pos = carve(a, C, sizeof(int));
+    s->row_seq = carve(a, C, sizeof(dsv4_seq *));
 }
 
 /* Most candidates any query can have: the window plus the largest compressed set. */

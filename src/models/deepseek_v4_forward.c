@@ -1,9 +1,11 @@
 /* deepseek_v4_forward.c — one forward call: embedding, the hc_mult residual streams with their
  * mHC mixing (spec §3), the block loop, and the HC head + final norm + head (spec §2).
  *
- * A call is cut into passes of at most DSV4_CHUNK tokens; within a pass each layer runs its
- * projections over all tokens at once and its stateful parts token by token (deepseek_v4.h). */
+ * A call is cut into passes of at most DSV4_CHUNK rows, taken in order from its segments (one
+ * sequence each); within a pass each layer runs its projections over all rows at once and its
+ * stateful parts row by row, each in its own sequence (deepseek_v4.h). */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "../core/util.h"
@@ -95,18 +97,17 @@ static void hc_post(const dsv4_model *d, dsv4_seq *s, int n) {
     }
 }
 
-static void run_block(const dsv4_model *d, const dsv4_layer *L, dsv4_layer_state *ls, dsv4_seq *s, const int *ids,
-                      int pos0, int n) {
+static void run_block(const dsv4_model *d, const dsv4_layer *L, int li, dsv4_seq *s, int n) {
     hc_pre(d, &L->hc_attn, L->attn_norm, s, n);
-    dsv4_attention(d, L, ls, s, pos0, n, s->f);
+    dsv4_attention(d, L, li, s, n, s->f);
     hc_post(d, s, n);
     hc_pre(d, &L->hc_ffn, L->ffn_norm, s, n);
-    dsv4_moe(d, L, s, ids, n, s->x, s->f);
+    dsv4_moe(d, L, s, n, s->x, s->f);
     hc_post(d, s, n);
 }
 
-/* Logits of pass token t: HC head collapse (no Sinkhorn), final norm, FP32 head. */
-static void head_logits(const dsv4_model *d, dsv4_seq *s, int t, float *logits) {
+/* Final hidden state of pass row t into y[dim]: HC head collapse (no Sinkhorn), final norm. */
+static void head_state(const dsv4_model *d, const dsv4_seq *s, int t, float *y) {
     const dsv4_config *c = &d->c;
     int width = c->hc * c->dim;
     const float *h = s->h + (size_t)t * width;
@@ -115,21 +116,20 @@ static void head_logits(const dsv4_model *d, dsv4_seq *s, int t, float *logits) 
     float r = rsqrt_mean_square(h, width, c->eps);
     for (int i = 0; i < c->hc; i++)
         pre[i] = sigmoidf(mix[i] * r * d->hc_head.scale[0] + d->hc_head.base[i]) + (float)c->hc_eps;
-    float *y = s->x;
     hc_collapse(d, h, pre, y);
     rmsnorm_bf16w(y, y, d->norm, c->dim, (float)c->eps);
     dsv4_bf16(d, y, c->dim);
-    qmat_vec(&d->head, y, logits);
 }
 
-static void forward_pass(const dsv4_model *d, dsv4_seq *s, const int *ids, int pos0, int n) {
+/* The pass's n rows (s->row_id, row_pos, row_seq set) through every block. */
+static void forward_pass(const dsv4_model *d, dsv4_seq *s, int n) {
     const dsv4_config *c = &d->c;
     for (int t = 0; t < n; t++) {
         float *h = s->h + (size_t)t * c->hc * c->dim;
-        qmat_row(&d->embed, ids[t], h);
+        qmat_row(&d->embed, s->row_id[t], h);
         for (int i = 1; i < c->hc; i++) memcpy(h + (size_t)i * c->dim, h, sizeof(float) * c->dim);
     }
-    for (int l = 0; l < c->n_layers; l++) run_block(d, &d->layers[l], &s->ls[l], s, ids, pos0, n);
+    for (int l = 0; l < c->n_layers; l++) run_block(d, &d->layers[l], l, s, n);
 }
 
 /* A NaN/inf logit means broken weights (e.g. a NaN scale byte): fail, so the state is tainted. */
@@ -140,32 +140,69 @@ static int check_finite(const float *logits, int vocab, int pos, char *err, size
     return 0;
 }
 
-int dsv4_forward(model *m, void *fam_seq, const int *ids, int pos0, int n, float *logits, float *all_logits,
-                 char *err, size_t errlen) {
-    const dsv4_model *d = m->priv;
-    dsv4_seq *s = fam_seq;
-    if (n <= 0) return errf(err, errlen, "deepseek_v4: forward needs at least one token (got %d)", n);
-    if (pos0 < 0 || pos0 + n > s->ctx)
-        return errf(err, errlen, "deepseek_v4: positions %d..%d exceed the sequence context %d", pos0, pos0 + n - 1,
-                    s->ctx);
-    for (int i = 0; i < n; i++)
-        if (ids[i] < 0 || ids[i] >= d->c.vocab)
+static int check_seg(const dsv4_model *d, const fwd_seg *g, char *err, size_t errlen) {
+    const dsv4_seq *s = g->fam_seq;
+    if (g->n <= 0) return errf(err, errlen, "deepseek_v4: forward needs at least one token (got %d)", g->n);
+    if (g->pos0 < 0 || g->pos0 + g->n > s->ctx)
+        return errf(err, errlen, "deepseek_v4: positions %d..%d exceed the sequence context %d", g->pos0,
+                    g->pos0 + g->n - 1, s->ctx);
+    for (int i = 0; i < g->n; i++)
+        if (g->ids[i] < 0 || g->ids[i] >= d->c.vocab)
             return errf(err, errlen, "deepseek_v4: token id %d at position %d is outside the vocabulary [0, %d)",
-                        ids[i], pos0 + i, d->c.vocab);
-    for (int done = 0; done < n;) {
-        int k = MIN(DSV4_CHUNK, n - done);
-        forward_pass(d, s, ids + done, pos0 + done, k);
-        for (int t = 0; all_logits && t < k; t++) {
-            float *row = all_logits + (size_t)(done + t) * d->c.vocab;
-            head_logits(d, s, t, row);
-            if (check_finite(row, d->c.vocab, pos0 + done + t, err, errlen)) return -1;
+                        g->ids[i], g->pos0 + i, d->c.vocab);
+    return 0;
+}
+
+/* Logits of a finished pass whose row t is token j[t] of segment g[t]: the final states of the
+ * rows that need logits go into s->x (free once the pass is done) and through the FP32 head in
+ * one product, so the head is read once for every sequence of the call. */
+static int pass_logits(const dsv4_model *d, dsv4_seq *s, const fwd_seg *const *g, const int *j, int n, char *err,
+                       size_t errlen) {
+    int vocab = d->c.vocab, k = 0, row_tok[DSV4_CHUNK];
+    const fwd_seg *row_seg[DSV4_CHUNK];
+    for (int t = 0; t < n; t++)
+        if (g[t]->all_logits || (g[t]->logits && j[t] == g[t]->n - 1)) {
+            head_state(d, s, t, s->x + (size_t)k * d->c.dim);
+            row_seg[k] = g[t];
+            row_tok[k++] = j[t];
         }
-        done += k;
-        if (logits && done == n) {
-            if (all_logits) memcpy(logits, all_logits + (size_t)(n - 1) * d->c.vocab, sizeof(float) * d->c.vocab);
-            else head_logits(d, s, k - 1, logits);
-            if (check_finite(logits, d->c.vocab, pos0 + n - 1, err, errlen)) return -1;
+    if (!k) return 0;
+    float *out = xmalloc(sizeof(float) * (size_t)k * vocab);
+    qmat_mul(&d->head, s->x, k, out);
+    int rc = 0;
+    for (int r = 0; r < k && !rc; r++) {
+        const fwd_seg *seg = row_seg[r];
+        const float *row = out + (size_t)r * vocab;
+        rc = check_finite(row, vocab, seg->pos0 + row_tok[r], err, errlen);
+        if (seg->all_logits) memcpy(seg->all_logits + (size_t)row_tok[r] * vocab, row, sizeof(float) * vocab);
+        if (seg->logits && row_tok[r] == seg->n - 1) memcpy(seg->logits, row, sizeof(float) * vocab);
+    }
+    free(out);
+    return rc;
+}
+
+/* The segments' tokens, concatenated, run in passes of at most DSV4_CHUNK rows in the first
+ * segment's scratch; a pass may hold rows of several sequences. */
+int dsv4_forward(model *m, const fwd_seg *segs, int nseg, char *err, size_t errlen) {
+    const dsv4_model *d = m->priv;
+    for (int i = 0; i < nseg; i++)
+        if (check_seg(d, &segs[i], err, errlen)) return -1;
+    dsv4_seq *s = segs[0].fam_seq;
+    const fwd_seg *row_seg[DSV4_CHUNK];
+    int row_tok[DSV4_CHUNK], gi = 0, j = 0;     /* next token to place: token j of segment gi */
+    while (gi < nseg) {
+        int n = 0;
+        for (; gi < nseg && n < DSV4_CHUNK; n++) {
+            const fwd_seg *g = &segs[gi];
+            row_seg[n] = g;
+            row_tok[n] = j;
+            s->row_id[n] = g->ids[j];
+            s->row_pos[n] = g->pos0 + j;
+            s->row_seq[n] = g->fam_seq;
+            if (++j == g->n) gi++, j = 0;
         }
+        forward_pass(d, s, n);
+        if (pass_logits(d, s, row_seg, row_tok, n, err, errlen)) return -1;
     }
     return 0;
 }

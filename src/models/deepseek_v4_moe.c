@@ -75,13 +75,12 @@ static void run_routed(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s, in
         memcpy(s->moe_y + (size_t)s->moe_rows[r] * c->dim, s->moe_ye + (size_t)r * c->dim, sizeof(float) * c->dim);
 }
 
-void dsv4_moe(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s, const int *ids, int n, const float *x,
-              float *out) {
+void dsv4_moe(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s, int n, const float *x, float *out) {
     const dsv4_config *c = &d->c;
     int k = c->n_active, dim = c->dim;
     qmat_mul(&L->gate, x, n, s->moe_logit);
     for (int t = 0; t < n; t++)
-        route(d, L, s, ids[t], s->moe_logit + (size_t)t * c->n_experts, s->moe_idx + t * k, s->moe_w + t * k);
+        route(d, L, s, s->row_id[t], s->moe_logit + (size_t)t * c->n_experts, s->moe_idx + t * k, s->moe_w + t * k);
     memcpy(s->xq, x, sizeof(float) * n * dim);
     for (int t = 0; t < n; t++) dsv4_act_qdq(d, s->xq + (size_t)t * dim, dim);
     for (int e = 0; e < c->n_experts; e++) run_routed(d, L, s, e, n);

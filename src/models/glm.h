@@ -67,7 +67,6 @@ typedef struct {
     int cap;
 } glm_seq;
 
-int glm_forward(model *m, void *fam_seq, const int *ids, int pos0, int n, float *logits, float *all_logits,
-                char *err, size_t errlen);
+int glm_forward(model *m, const fwd_seg *segs, int nseg, char *err, size_t errlen);
 
 #endif

@@ -1,4 +1,6 @@
-/* glm_forward.c — the GLM-5 forward pass over a chunk of tokens (invariants in glm.h).
+/* glm_forward.c — the GLM-5 forward pass over a chunk of tokens of one or more sequences
+ * (invariants in glm.h): token-parallel work over all rows, KV writes and attention per row in
+ * its own sequence.
  *
  * NUMERICS. --numerics exact keeps every activation in f32. The default rounds activations to BF16
  * where the official bf16 inference holds them in bf16 tensors: the residual stream after each
@@ -26,17 +28,15 @@ typedef struct {
     int n;
 } scratch;
 
-static float *scratch_floats(scratch *s, size_t n) {
-    float *p = xcalloc(n ? n : 1, sizeof(float));
+static void *scratch_alloc(scratch *s, size_t n, size_t size) {
+    void *p = xcalloc(n ? n : 1, size);
     s->ptr[s->n++] = p;
     return p;
 }
 
-static int *scratch_ints(scratch *s, size_t n) {
-    int *p = xcalloc(n ? n : 1, sizeof(int));
-    s->ptr[s->n++] = p;
-    return p;
-}
+static float *scratch_floats(scratch *s, size_t n) { return scratch_alloc(s, n, sizeof(float)); }
+
+static int *scratch_ints(scratch *s, size_t n) { return scratch_alloc(s, n, sizeof(int)); }
 
 static void scratch_free(scratch *s) {
     for (int i = 0; i < s->n; i++) free(s->ptr[i]);
@@ -68,6 +68,14 @@ typedef struct {
     int cap;
 } selection;
 
+/* The rows of a call: its segments' tokens concatenated; row i is position pos[i] of seq[i]
+ * (a sequence's rows in position order). Stateful work for a row uses its own sequence. */
+typedef struct {
+    const int *pos;
+    glm_seq *const *seq;
+    int max_pos;
+} rows_info;
+
 /* ---- DSA indexer ------------------------------------------------------------------------ */
 
 static int cmp_int(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
@@ -98,9 +106,9 @@ static void index_token(const glm_model *g, const float *keys, const float *q, c
     qsort(out, (size_t)g->idx_topk, sizeof *out, cmp_int);
 }
 
-/* Computes this layer's indexer keys into the state and the selection of every token. */
-static void run_indexer(const model *m, const glm_layer *l, float *keys, const float *hn, const float *q_resid,
-                        int pos0, int n, selection *sel, scratch *sc) {
+/* Computes this layer's indexer keys into each row's state and the selection of every row. */
+static void run_indexer(const model *m, const glm_layer *l, int li, const rows_info *ri, const float *hn,
+                        const float *q_resid, int n, selection *sel, scratch *sc) {
     const glm_model *g = m->priv;
     int hd = g->idx_dim, nh = g->idx_heads;
     float *q = scratch_floats(sc, (size_t)n * nh * hd), *k = scratch_floats(sc, (size_t)n * hd);
@@ -110,19 +118,21 @@ static void run_indexer(const model *m, const glm_layer *l, float *keys, const f
     project(m, &l->idx_weights, hn, n, w);
     float head_scale = 1.0f / sqrtf((float)nh);
     for (int i = 0; i < n; i++) {
-        for (int h = 0; h < nh; h++) rope_rotate(g, q + ((size_t)i * nh + h) * hd, pos0 + i, g->idx_rope_interleave);
+        int pos = ri->pos[i];
+        for (int h = 0; h < nh; h++) rope_rotate(g, q + ((size_t)i * nh + h) * hd, pos, g->idx_rope_interleave);
         for (int h = 0; h < nh; h++) w[(size_t)i * nh + h] *= head_scale;
-        float *row = keys + (size_t)(pos0 + i) * hd;
+        float *row = ri->seq[i]->ik[li] + (size_t)pos * hd;
         layernorm(row, k + (size_t)i * hd, l->idx_knorm_w, l->idx_knorm_b, hd, 1e-6f);
         act_round(m, row, (size_t)hd);
-        rope_rotate(g, row, pos0 + i, g->idx_rope_interleave);
+        rope_rotate(g, row, pos, g->idx_rope_interleave);
     }
-    float *dots = scratch_floats(sc, (size_t)nh * (pos0 + n));
+    float *dots = scratch_floats(sc, (size_t)nh * (ri->max_pos + 1));
     for (int i = 0; i < n; i++) {
-        int pos = pos0 + i;
+        int pos = ri->pos[i];
         sel->nsel[i] = pos + 1 > g->idx_topk ? g->idx_topk : -1;
         if (sel->nsel[i] > 0)
-            index_token(g, keys, q + (size_t)i * nh * hd, w + (size_t)i * nh, pos, sel->sel + (size_t)i * sel->cap, dots);
+            index_token(g, ri->seq[i]->ik[li], q + (size_t)i * nh * hd, w + (size_t)i * nh, pos,
+                        sel->sel + (size_t)i * sel->cap, dots);
     }
 }
 
@@ -171,11 +181,12 @@ static void attend_head(void *ctx, int h) {
     for (int d = 0; d < g->v_dim; d++) j->out[(size_t)h * g->v_dim + d] = dot_f32(w_uv + (size_t)d * kvl, c_lat, kvl);
 }
 
-/* Every token in position order: the attended rows are all t <= pos (already contiguous in the
- * state) or the indexer's selection gathered into one buffer, then heads run in parallel. */
-static void attend(const glm_model *g, const glm_layer *l, const float *state_rows, const float *q,
-                   const selection *sel, int pos0, int n, float *out, scratch *sc) {
-    int row_len = g->kv_lora + g->rope, qk = g->nope + g->rope, cnt_max = pos0 + n;
+/* Every row in order: the attended rows are all t <= pos of the row's sequence (already
+ * contiguous in its state) or the indexer's selection gathered into one buffer, then heads run
+ * in parallel. */
+static void attend(const glm_model *g, const glm_layer *l, int li, const rows_info *ri, const float *q,
+                   const selection *sel, int n, float *out, scratch *sc) {
+    int row_len = g->kv_lora + g->rope, qk = g->nope + g->rope, cnt_max = ri->max_pos + 1;
     attn_job j = {.g = g, .l = l, .work_stride = (size_t)row_len + g->kv_lora + cnt_max};
     j.w = scratch_floats(sc, (size_t)g->n_heads * (g->nope + g->v_dim) * g->kv_lora);
     j.work = scratch_floats(sc, (size_t)g->n_heads * j.work_stride);
@@ -183,9 +194,10 @@ static void attend(const glm_model *g, const glm_layer *l, const float *state_ro
     pool_run(g->n_heads, dequant_head, &j);
     for (int i = 0; i < n; i++) {
         int k = sel->nsel[i];
+        const float *state_rows = ri->seq[i]->kv[li];
         if (k < 0) {
             j.rows = state_rows;
-            j.cnt = pos0 + i + 1;
+            j.cnt = ri->pos[i] + 1;
         } else {
             const int *picked = sel->sel + (size_t)i * sel->cap;
             for (int r = 0; r < k; r++)
@@ -199,8 +211,8 @@ static void attend(const glm_model *g, const glm_layer *l, const float *state_ro
     }
 }
 
-/* out[n][dim] = o_proj(attention(hn)); writes this layer's rows at pos0..pos0+n-1. */
-static void attention(const model *m, const glm_layer *l, int li, glm_seq *s, const float *hn, int pos0, int n,
+/* out[n][dim] = o_proj(attention(hn)); writes this layer's row of every row's position. */
+static void attention(const model *m, const glm_layer *l, int li, const rows_info *ri, const float *hn, int n,
                       selection *sel, float *out, scratch *sc) {
     const glm_model *g = m->priv;
     int qk = g->nope + g->rope, row_len = g->kv_lora + g->rope;
@@ -212,16 +224,17 @@ static void attention(const model *m, const glm_layer *l, int li, glm_seq *s, co
     project(m, &l->q_b, qa, n, q);
     project(m, &l->kv_a, hn, n, ckv);
     for (int i = 0; i < n; i++) {
-        for (int h = 0; h < g->n_heads; h++) rope_rotate(g, q + ((size_t)i * g->n_heads + h) * qk + g->nope, pos0 + i,
-                                                         g->rope_interleave);
-        float *row = s->kv[li] + (size_t)(pos0 + i) * row_len;
+        int pos = ri->pos[i];
+        for (int h = 0; h < g->n_heads; h++)
+            rope_rotate(g, q + ((size_t)i * g->n_heads + h) * qk + g->nope, pos, g->rope_interleave);
+        float *row = ri->seq[i]->kv[li] + (size_t)pos * row_len;
         rmsnorm(row, ckv + (size_t)i * row_len, l->kv_a_norm, g->kv_lora, 1e-6f);
         act_round(m, row, (size_t)g->kv_lora);
         memcpy(row + g->kv_lora, ckv + (size_t)i * row_len + g->kv_lora, (size_t)g->rope * sizeof *row);
-        rope_rotate(g, row + g->kv_lora, pos0 + i, g->rope_interleave);
+        rope_rotate(g, row + g->kv_lora, pos, g->rope_interleave);
     }
-    if (g->has_indexer && l->full_indexer) run_indexer(m, l, s->ik[li], hn, qa, pos0, n, sel, sc);
-    attend(g, l, s->kv[li], q, sel, pos0, n, heads, sc);
+    if (g->has_indexer && l->full_indexer) run_indexer(m, l, li, ri, hn, qa, n, sel, sc);
+    attend(g, l, li, ri, q, sel, n, heads, sc);
     act_round(m, heads, (size_t)n * g->n_heads * g->v_dim);
     project(m, &l->o, heads, n, out);
 }
@@ -296,51 +309,76 @@ static void add_residual(const model *m, float *x, const float *delta, size_t le
     act_round(m, x, len);
 }
 
-static int check_input(const glm_model *g, const glm_seq *s, const int *ids, int pos0, int n, char *err,
+static int check_seg(const glm_model *g, const fwd_seg *seg, char *err, size_t errlen) {
+    const glm_seq *s = seg->fam_seq;
+    if (seg->n < 1) return errf(err, errlen, "forward: no tokens");
+    if (seg->pos0 < 0 || seg->pos0 + seg->n > s->cap)
+        return errf(err, errlen, "forward: positions %d..%d exceed the context of %d", seg->pos0,
+                    seg->pos0 + seg->n - 1, s->cap);
+    for (int i = 0; i < seg->n; i++)
+        if (seg->ids[i] < 0 || seg->ids[i] >= g->vocab)
+            return errf(err, errlen, "token id %d at position %d is outside the vocabulary (%d)", seg->ids[i],
+                        seg->pos0 + i, g->vocab);
+    return 0;
+}
+
+/* Logits of the rows that want them (every row of an all_logits segment, each segment's last),
+ * through the head in one product over all segments. */
+static int head_logits(const model *m, const float *x, const fwd_seg *segs, int nseg, scratch *sc, char *err,
                        size_t errlen) {
-    if (n < 1) return errf(err, errlen, "forward: no tokens");
-    if (pos0 < 0 || pos0 + n > s->cap)
-        return errf(err, errlen, "forward: positions %d..%d exceed the context of %d", pos0, pos0 + n - 1, s->cap);
-    for (int i = 0; i < n; i++)
-        if (ids[i] < 0 || ids[i] >= g->vocab)
-            return errf(err, errlen, "token id %d at position %d is outside the vocabulary (%d)", ids[i], pos0 + i,
-                        g->vocab);
+    const glm_model *g = m->priv;
+    int want = 0, total = 0;
+    for (int i = 0; i < nseg; i++) want += segs[i].all_logits ? segs[i].n : segs[i].logits ? 1 : 0;
+    if (!want) return 0;
+    float *hn = scratch_floats(sc, (size_t)want * g->dim), *out = scratch_floats(sc, (size_t)want * g->vocab);
+    int k = 0;
+    for (int i = 0; i < nseg; total += segs[i++].n) {
+        int first = segs[i].all_logits ? 0 : segs[i].logits ? segs[i].n - 1 : segs[i].n;
+        for (int t = first; t < segs[i].n; t++, k++)
+            rmsnorm(hn + (size_t)k * g->dim, x + (size_t)(total + t) * g->dim, g->final_norm, g->dim, g->eps);
+    }
+    act_round(m, hn, (size_t)want * g->dim);
+    qmat_mul(&g->head, hn, want, out);
+    for (size_t e = 0; e < (size_t)want * g->vocab; e++)
+        if (!isfinite(out[e])) return errf(err, errlen, "non-finite logit at logits row %zu of the call", e / g->vocab);
+    k = 0;
+    for (int i = 0; i < nseg; i++) {
+        const fwd_seg *seg = &segs[i];
+        size_t v = (size_t)g->vocab;
+        if (seg->all_logits) memcpy(seg->all_logits, out + (size_t)k * v, (size_t)seg->n * v * sizeof *out);
+        k += seg->all_logits ? seg->n : seg->logits ? 1 : 0;
+        if (seg->logits) memcpy(seg->logits, out + (size_t)(k - 1) * v, v * sizeof *out);
+    }
     return 0;
 }
 
-static int head_logits(const model *m, const float *x, int n, float *logits, float *all_logits, scratch *sc,
-                       char *err, size_t errlen) {
+int glm_forward(model *m, const fwd_seg *segs, int nseg, char *err, size_t errlen) {
     const glm_model *g = m->priv;
-    int first = all_logits ? 0 : n - 1, cnt = n - first;
-    float *hn = scratch_floats(sc, (size_t)cnt * g->dim), *out = scratch_floats(sc, (size_t)cnt * g->vocab);
-    rmsnorm_rows(m, hn, x + (size_t)first * g->dim, g->final_norm, cnt, g->dim, g->eps);
-    qmat_mul(&g->head, hn, cnt, out);
-    for (size_t k = 0; k < (size_t)cnt * g->vocab; k++)
-        if (!isfinite(out[k])) return errf(err, errlen, "non-finite logit at token %zu of the chunk", first + k / g->vocab);
-    if (all_logits) memcpy(all_logits, out, (size_t)n * g->vocab * sizeof *out);
-    if (logits) memcpy(logits, out + (size_t)(cnt - 1) * g->vocab, (size_t)g->vocab * sizeof *out);
-    return 0;
-}
-
-int glm_forward(model *m, void *fam_seq, const int *ids, int pos0, int n, float *logits, float *all_logits,
-                char *err, size_t errlen) {
-    const glm_model *g = m->priv;
-    glm_seq *s = fam_seq;
-    if (check_input(g, s, ids, pos0, n, err, errlen)) return -1;
+    int n = 0;
+    for (int i = 0; i < nseg; n += segs[i++].n)
+        if (check_seg(g, &segs[i], err, errlen)) return -1;
     scratch sc = {0};
     size_t len = (size_t)n * g->dim;
     float *x = scratch_floats(&sc, len), *hn = scratch_floats(&sc, len), *delta = scratch_floats(&sc, len);
     int cap = g->has_indexer ? g->idx_topk : 1;
     selection sel = {scratch_ints(&sc, (size_t)n * cap), scratch_ints(&sc, (size_t)n), cap};
-    for (int i = 0; i < n; i++) sel.nsel[i] = -1;
-    for (int i = 0; i < n; i++) qmat_row(&g->embed, ids[i], x + (size_t)i * g->dim);
+    int *pos = scratch_ints(&sc, (size_t)n);
+    glm_seq **seq = scratch_alloc(&sc, (size_t)n, sizeof *seq);
+    rows_info ri = {pos, seq, 0};
+    for (int i = 0, r = 0; i < nseg; i++)
+        for (int t = 0; t < segs[i].n; t++, r++) {
+            pos[r] = segs[i].pos0 + t;
+            seq[r] = segs[i].fam_seq;
+            ri.max_pos = MAX(ri.max_pos, pos[r]);
+            sel.nsel[r] = -1;
+            qmat_row(&g->embed, segs[i].ids[t], x + (size_t)r * g->dim);
+        }
     act_round(m, x, len);
-    int rc = 0;
     for (int li = 0; li < g->n_layers; li++) {
         const glm_layer *l = &g->layers[li];
         scratch layer = {0};
         rmsnorm_rows(m, hn, x, l->attn_norm, n, g->dim, g->eps);
-        attention(m, l, li, s, hn, pos0, n, &sel, delta, &layer);
+        attention(m, l, li, &ri, hn, n, &sel, delta, &layer);
         add_residual(m, x, delta, len);
         rmsnorm_rows(m, hn, x, l->ffn_norm, n, g->dim, g->eps);
         if (l->sparse) moe(m, l, hn, n, delta, &layer);
@@ -348,7 +386,7 @@ int glm_forward(model *m, void *fam_seq, const int *ids, int pos0, int n, float 
         add_residual(m, x, delta, len);
         scratch_free(&layer);
     }
-    if (logits || all_logits) rc = head_logits(m, x, n, logits, all_logits, &sc, err, errlen);
+    int rc = head_logits(m, x, segs, nseg, &sc, err, errlen);
     scratch_free(&sc);
     return rc;
 }

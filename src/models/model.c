@@ -104,7 +104,8 @@ static int feed(seq *s, const int *ids, int n, float *logits, float *all_logits,
         int pos0 = s->st.len;
         float *out = done + k == n ? logits : NULL;
         float *all = all_logits ? all_logits + (size_t)done * s->m->vocab_size : NULL;
-        if (s->m->ops->forward(s->m, s->fam, ids + done, pos0, k, out, all, err, errlen)) {
+        fwd_seg seg = {s->fam, ids + done, pos0, k, out, all};
+        if (s->m->ops->forward(s->m, &seg, 1, err, errlen)) {
             state_taint(&s->st);
             return -1;
         }
@@ -120,4 +121,27 @@ int seq_feed(seq *s, const int *ids, int n, float *logits, char *err, size_t err
 
 int seq_feed_all(seq *s, const int *ids, int n, float *all_logits, char *err, size_t errlen) {
     return feed(s, ids, n, NULL, all_logits, err, errlen);
+}
+
+int seq_feed_step(seq **seqs, const int *ids, int k, float **logits, char *err, size_t errlen) {
+    if (k == 1) return seq_feed(seqs[0], ids, 1, logits[0], err, errlen);
+    model *m = seqs[0]->m;
+    fwd_seg *segs = xmalloc(sizeof *segs * (size_t)k);
+    int rc = 0;
+    for (int i = 0; i < k && !rc; i++) {
+        state *st = &seqs[i]->st;
+        if (seqs[i]->m != m) rc = errf(err, errlen, "batched step: sequences of different models");
+        else if (st->len + 1 > st->cap) rc = errf(err, errlen, "context full: %d + 1 > %d", st->len, st->cap);
+        for (int j = 0; j < i && !rc; j++)
+            if (seqs[j] == seqs[i]) rc = errf(err, errlen, "batched step: sequence %d appears twice", i);
+        segs[i] = (fwd_seg){seqs[i]->fam, ids + i, st->len, 1, logits[i], NULL};
+    }
+    int failed = !rc && m->ops->forward(m, segs, k, err, errlen);    /* a refused call touched nothing */
+    for (int i = 0; i < k && !rc; i++) {
+        if (failed) state_taint(&seqs[i]->st);
+        else state_record(&seqs[i]->st, ids + i, segs[i].pos0, 1);
+    }
+    if (failed) rc = -1;
+    free(segs);
+    return rc;
 }

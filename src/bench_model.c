@@ -59,10 +59,9 @@ static int parse(int argc, char **argv, bench_opts *o) {
     return 0;
 }
 
-/* A fixed pseudo-random prompt (ids 2.. to stay clear of BOS/EOS in small vocabularies). */
-static int *bench_prompt(int n, int vocab) {
+int *bench_prompt(int n, int vocab, uint64_t seed) {
     int *ids = xmalloc(sizeof(int) * n);
-    uint64_t x = 0x9e3779b97f4a7c15ULL;
+    uint64_t x = 0x9e3779b97f4a7c15ULL ^ seed;
     for (int i = 0; i < n; i++) {
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
         ids[i] = vocab > 2 ? 2 + (int)(x % (uint64_t)(vocab - 2)) : 0;
@@ -70,7 +69,7 @@ static int *bench_prompt(int n, int vocab) {
     return ids;
 }
 
-static int argmax(const float *x, int n) {
+int bench_argmax(const float *x, int n) {
     int best = 0;
     for (int i = 1; i < n; i++)
         if (x[i] > x[best]) best = i;
@@ -88,7 +87,7 @@ static int measure(model *m, const bench_opts *o, const int *ids, int timed, ben
     int rc = seq_feed(s, ids, (int)o->prompt, logits, err, errlen);
     double t1 = now_seconds();
     for (long i = 0; timed && !rc && i < o->decode; i++) {
-        int id = argmax(logits, m->vocab_size);
+        int id = bench_argmax(logits, m->vocab_size);
         rc = seq_feed(s, &id, 1, logits, err, errlen);
     }
     double t2 = now_seconds();
@@ -132,7 +131,7 @@ int bench_model(int argc, char **argv) {
         model_close(m);
         return 2;
     }
-    int *ids = bench_prompt((int)o.prompt, m->vocab_size);
+    int *ids = bench_prompt((int)o.prompt, m->vocab_size, 0);
     bench_result r = {0};
     r.decode_bytes = m->ops->decode_bytes(m);
     int rc = measure(m, &o, ids, 0, &r, err, sizeof err);

@@ -122,13 +122,6 @@ static void conversation_init(conversation *c, const model *m, const reuse_opts 
     push_words(c, o->system);
 }
 
-static int argmax(const float *x, int n) {
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
-    return best;
-}
-
 /* ---- one turn ------------------------------------------------------------------------------ */
 
 /* The engine's path: decide, prefill with checkpoints, first token. Returns the first token;
@@ -144,7 +137,7 @@ static int warm_once(seq *sq, store *cs, const conversation *c, float *logits, i
     while ((rc = reuse_prefill_step(&p, logits, err, errlen)) > 0) {}
     reuse_prefill_free(&p);
     if (rc < 0) return -1;
-    int first = argmax(logits, sq->m->vocab_size);
+    int first = bench_argmax(logits, sq->m->vocab_size);
     t->warm = MIN(t->warm, now_seconds() - t0);
     *reused = r.reused;
     return first;
@@ -153,7 +146,7 @@ static int warm_once(seq *sq, store *cs, const conversation *c, float *logits, i
 static int tail_once(seq *sq, const conversation *c, int reused, float *logits, turn_result *t, char *err, size_t errlen) {
     double t0 = now_seconds();
     if (seq_feed(sq, c->ids + reused, c->n - reused, logits, err, errlen)) return -1;
-    int first = argmax(logits, sq->m->vocab_size);
+    int first = bench_argmax(logits, sq->m->vocab_size);
     t->tail = MIN(t->tail, now_seconds() - t0);
     return first;
 }
@@ -197,7 +190,7 @@ static int reply(seq *sq, conversation *c, int first, long len, float *logits, c
     for (long i = 1; i < len; i++) {
         push(c, tok);
         if (seq_feed(sq, &tok, 1, logits, err, errlen)) return -1;
-        tok = argmax(logits, sq->m->vocab_size);
+        tok = bench_argmax(logits, sq->m->vocab_size);
     }
     push(c, tok);
     return 0;
@@ -208,7 +201,7 @@ static int reply(seq *sq, conversation *c, int first, long len, float *logits, c
 static int time_against_cold(seq *fresh, seq *cold, const conversation *c, reuse_result r, double t0, float *logits,
                              turn_result *t, char *err, size_t errlen) {
     if (seq_feed(fresh, c->ids + r.reused, c->n - r.reused, logits, err, errlen)) return -1;
-    int first = argmax(logits, fresh->m->vocab_size);
+    int first = bench_argmax(logits, fresh->m->vocab_size);
     t->warm = now_seconds() - t0;
     t->reused = r.reused;
     t->prompt_tokens = c->n;
@@ -216,7 +209,7 @@ static int time_against_cold(seq *fresh, seq *cold, const conversation *c, reuse
     t0 = now_seconds();
     if (seq_feed(cold, c->ids, c->n, logits, err, errlen)) return -1;
     t->cold = now_seconds() - t0;
-    t->exact = argmax(logits, cold->m->vocab_size) == first;
+    t->exact = bench_argmax(logits, cold->m->vocab_size) == first;
     return 0;
 }
 

@@ -24,6 +24,7 @@ typedef struct {
 
 typedef struct {
     double prefill_tok_s, prefill_gflops, decode_tok_s, bandwidth_gbs, decode_efficiency;
+    double fma_peak_gflops, bf16_peak_gflops;    /* measured in this run (bench_peak.c) */
     size_t decode_bytes;
 } bench_result;
 
@@ -34,7 +35,9 @@ static void usage(FILE *f) {
             "Measures, in one run: the read bandwidth (bench_stream_bytes: >= 1 GiB, 4x the LLC), prefill of an N-token prompt\n"
             "(default 64) in tok/s and GFLOP/s, greedy decode of N tokens (default 16) in tok/s, and\n"
             "decode efficiency = weight bytes per decode step x decode tok/s / read bandwidth.\n"
-            "--json prints {prefill_tok_s, prefill_gflops, decode_tok_s, bandwidth_gbs, decode_efficiency, ...}.\n");
+            "Prefill GFLOP/s is also given as a fraction of the f32 FMA (and BF16 dot) peak measured here.\n"
+            "--json prints {prefill_tok_s, prefill_gflops, prefill_vs_fma_peak, decode_tok_s, bandwidth_gbs,\n"
+            "decode_efficiency, ...}.\n");
 }
 
 static int parse(int argc, char **argv, bench_opts *o) {
@@ -105,15 +108,21 @@ static int measure(model *m, const bench_opts *o, const int *ids, int timed, ben
 
 static void report(const bench_opts *o, const bench_result *r) {
     if (o->json) {
-        printf("{\"prefill_tok_s\":%.3f,\"prefill_gflops\":%.3f,\"decode_tok_s\":%.3f,\"bandwidth_gbs\":%.3f,"
-               "\"decode_efficiency\":%.6f,\"decode_bytes_per_token\":%zu,\"prompt\":%ld,\"decode\":%ld,"
-               "\"threads\":%d,\"simd\":\"%s\"}\n",
-               r->prefill_tok_s, r->prefill_gflops, r->decode_tok_s, r->bandwidth_gbs, r->decode_efficiency,
-               r->decode_bytes, o->prompt, o->decode, pool_threads(), kernels_simd_name());
+        printf("{\"prefill_tok_s\":%.3f,\"prefill_gflops\":%.3f,\"fma_peak_gflops\":%.3f,"
+               "\"prefill_vs_fma_peak\":%.4f,\"bf16_dot_peak_gflops\":%.3f,\"decode_tok_s\":%.3f,"
+               "\"bandwidth_gbs\":%.3f,\"decode_efficiency\":%.6f,\"decode_bytes_per_token\":%zu,\"prompt\":%ld,"
+               "\"decode\":%ld,\"threads\":%d,\"simd\":\"%s\"}\n",
+               r->prefill_tok_s, r->prefill_gflops, r->fma_peak_gflops, r->prefill_gflops / r->fma_peak_gflops,
+               r->bf16_peak_gflops, r->decode_tok_s, r->bandwidth_gbs, r->decode_efficiency, r->decode_bytes,
+               o->prompt, o->decode, pool_threads(), kernels_simd_name());
         return;
     }
     printf("read bandwidth      %10.2f GB/s\n", r->bandwidth_gbs);
-    printf("prefill (%4ld tok)  %10.2f tok/s  %8.2f GFLOP/s\n", o->prompt, r->prefill_tok_s, r->prefill_gflops);
+    printf("prefill (%4ld tok)  %10.2f tok/s  %8.2f GFLOP/s = %.3f of the f32 FMA peak (%.1f GFLOP/s)", o->prompt,
+           r->prefill_tok_s, r->prefill_gflops, r->prefill_gflops / r->fma_peak_gflops, r->fma_peak_gflops);
+    if (r->bf16_peak_gflops > 0)
+        printf(", %.3f of the BF16 dot peak (%.1f)", r->prefill_gflops / r->bf16_peak_gflops, r->bf16_peak_gflops);
+    printf("\n");
     printf("decode  (%4ld tok)  %10.2f tok/s  %8.1f MB/token\n", o->decode, r->decode_tok_s, r->decode_bytes / 1e6);
     printf("decode efficiency   %10.3f  (weight bytes/s over read bandwidth; %d threads, %s)\n", r->decode_efficiency,
            pool_threads(), kernels_simd_name());
@@ -137,6 +146,8 @@ int bench_model(int argc, char **argv) {
     int rc = measure(m, &o, ids, 0, &r, err, sizeof err);
     double bw = rc ? 0 : bench_read_bandwidth(bench_stream_bytes());
     if (!rc) rc = measure(m, &o, ids, 1, &r, err, sizeof err);
+    r.fma_peak_gflops = bench_fma_peak() * 1e-9;
+    r.bf16_peak_gflops = bench_bf16_dot_peak() * 1e-9;
     if (!rc) {
         r.bandwidth_gbs = bw / 1e9;
         r.decode_efficiency = bw > 0 ? r.decode_bytes * r.decode_tok_s / bw : 0;

@@ -3,7 +3,9 @@
  * One zmm holds all 16 canonical lanes of an output, so a group of 16 columns is one FMA and
  * the tree starts by adding the two 256-bit halves (lanes i and i+8), exactly as the other paths
  * do. FP8 (unscaled) and BF16 decode as in the AVX2 path, 16 columns at a time. Matvec interleaves
- * four rows for independent FMA chains; batched calls run a 4x6 register tile (4 weight rows x 6
+ * four rows for independent FMA chains, decoding in registers; so do batches of up to FEW_BATCH
+ * input rows (batched decode across conversations, MoE experts with few tokens), each decoded
+ * vector serving up to FEW_X inputs. Larger batches run a 4x6 register tile (4 weight rows x 6
  * input rows: 24 accumulators, 10 loads per 24 FMAs, so the FMA ports and not the load ports
  * set the pace) over dequantized rows in column chunks that stay in L1. I8_ROW widens its codes
  * and takes the row scale on the result (rule 5).
@@ -25,6 +27,8 @@
 
 #define INLINE static inline __attribute__((always_inline))
 #define VEC_ROWS 4
+#define FEW_X 4          /* inputs per register pass of dot_rows: VEC_ROWS x FEW_X accumulators */
+#define FEW_BATCH 8      /* batches up to this many inputs decode in registers (two passes of 4) */
 #define MUL_CHUNK 256
 #define MUL_XROWS 12
 #define TILE_R 4
@@ -77,16 +81,21 @@ INLINE float tree16(__m512 a) {
     return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
 }
 
-/* y[i] = dot(row r + i, x) for i < NR; prefetching one row group ahead as the AVX2 path does. */
-INLINE void dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, float *y) {
-    const int full = w->cols / 16 * 16;
+/* y[j * ldy + i] = dot(row r + i, input row j) for i < NR, j < NX (inputs cols apart), the rows
+ * decoded in registers 16 columns at a time and each decoded vector used by all NX inputs:
+ * matvec (NX = 1) and the few-input batches of batched decode, where decoding a row into a
+ * buffer first would cost more than it saves. Prefetches one row group ahead as the AVX2 path
+ * does. */
+INLINE void dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, int NX, float *y, int ldy) {
+    const int cols = w->cols, full = cols / 16 * 16;
     const size_t ahead = (size_t)(kernel_row_ptr(w, VEC_ROWS) - kernel_row_ptr(w, 0));
     const uint8_t *row[VEC_ROWS];
-    __m512 acc[VEC_ROWS];
+    __m512 acc[VEC_ROWS][FEW_X];
     #pragma GCC unroll 4
     for (int i = 0; i < NR; i++) {
         row[i] = kernel_row_ptr(w, r + i);
-        acc[i] = _mm512_setzero_ps();
+        #pragma GCC unroll 4
+        for (int j = 0; j < NX; j++) acc[i][j] = _mm512_setzero_ps();
     }
     for (int c = 0; c < full; c += 16) {
         if (kernel_col_bytes(f, c) % 64 == 0) {
@@ -94,13 +103,21 @@ INLINE void dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, fl
             for (int i = 0; i < NR; i++)
                 _mm_prefetch((const char *)row[i] + kernel_col_bytes(f, c) + ahead, _MM_HINT_T0);
         }
+        __m512 xv[FEW_X];
         #pragma GCC unroll 4
-        for (int i = 0; i < NR; i++) acc[i] = _mm512_fmadd_ps(decode_step(f, row[i], c), _mm512_loadu_ps(x + c), acc[i]);
+        for (int j = 0; j < NX; j++) xv[j] = _mm512_loadu_ps(x + (size_t)j * cols + c);
+        #pragma GCC unroll 4
+        for (int i = 0; i < NR; i++) {
+            __m512 wv = decode_step(f, row[i], c);
+            #pragma GCC unroll 4
+            for (int j = 0; j < NX; j++) acc[i][j] = _mm512_fmadd_ps(wv, xv[j], acc[i][j]);
+        }
     }
-    for (int i = 0; i < NR; i++) {
-        if (full < w->cols) acc[i] = tail_groups(w, r + i, full, x, acc[i], NULL);
-        y[i] = kernel_row_finish(w, r + i, tree16(acc[i]));
-    }
+    for (int i = 0; i < NR; i++)
+        for (int j = 0; j < NX; j++) {
+            if (full < cols) acc[i][j] = tail_groups(w, r + i, full, x + (size_t)j * cols, acc[i][j], NULL);
+            y[(size_t)j * ldy + i] = kernel_row_finish(w, r + i, tree16(acc[i][j]));
+        }
 }
 
 INLINE void decode_row(const qmat *w, wformat f, int r, float *out) {
@@ -144,39 +161,44 @@ static float nibble_finish(const qmat *w, int r, int full, const float *x, __m51
     return kernel_tree16(a);
 }
 
-/* Matvec of NR interleaved rows, decoding in registers; prefetching as dot_rows does. */
-INLINE void nibble_dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, float *y) {
-    const int full = w->cols / 64 * 64;
+/* NR interleaved rows x NX inputs, decoding in registers (as dot_rows; x in the width-16
+ * order), prefetching as dot_rows does. */
+INLINE void nibble_dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, int NX, float *y, int ldy) {
+    const int cols = w->cols, full = cols / 64 * 64;
     const size_t ahead = (size_t)(kernel_row_ptr(w, VEC_ROWS) - kernel_row_ptr(w, 0));
     const __m512 table = nibble_table(f);
     const uint8_t *row[VEC_ROWS];
     const void *srow[VEC_ROWS];
-    __m512 acc[VEC_ROWS];
+    __m512 acc[VEC_ROWS][FEW_X];
     #pragma GCC unroll 4
     for (int i = 0; i < NR; i++) {
         row[i] = kernel_row_ptr(w, r + i);
         srow[i] = kernel_nibble_scale_row(w, r + i);
-        acc[i] = _mm512_setzero_ps();
+        #pragma GCC unroll 4
+        for (int j = 0; j < NX; j++) acc[i][j] = _mm512_setzero_ps();
     }
     for (int c = 0; c < full; c += 64) {
         if (c % 128 == 0) {
             #pragma GCC unroll 4
             for (int i = 0; i < NR; i++) _mm_prefetch((const char *)row[i] + c / 2 + ahead, _MM_HINT_T0);
         }
-        __m512 xv[4];
-        #pragma GCC unroll 4
-        for (int t = 0; t < 4; t++) xv[t] = _mm512_loadu_ps(x + c + 16 * t);
         #pragma GCC unroll 4
         for (int i = 0; i < NR; i++) {
-            __m512 z[4];
+            __m512 z[4], scale = nibble_scales(f, srow[i], c / 32);
             dec64_nibbles(row[i] + c / 2, table, z);
-            __m512 p = _mm512_mul_ps(z[0], xv[0]);
-            #pragma GCC unroll 3
-            for (int t = 1; t < 4; t++) p = _mm512_fmadd_ps(z[t], xv[t], p);
-            acc[i] = _mm512_fmadd_ps(p, nibble_scales(f, srow[i], c / 32), acc[i]);
+            #pragma GCC unroll 4
+            for (int j = 0; j < NX; j++) {
+                const float *xj = x + (size_t)j * cols + c;
+                __m512 p = _mm512_mul_ps(z[0], _mm512_loadu_ps(xj));
+                #pragma GCC unroll 3
+                for (int t = 1; t < 4; t++) p = _mm512_fmadd_ps(z[t], _mm512_loadu_ps(xj + 16 * t), p);
+                acc[i][j] = _mm512_fmadd_ps(p, scale, acc[i][j]);
+            }
         }
     }
-    for (int i = 0; i < NR; i++) y[i] = nibble_finish(w, r + i, full, x, acc[i]);
+    for (int i = 0; i < NR; i++)
+        for (int j = 0; j < NX; j++)
+            y[(size_t)j * ldy + i] = nibble_finish(w, r + i, full, x + (size_t)j * cols, acc[i][j]);
 }
 
 /* A decoded nibble row: per 64-column chunk the four term vectors, then its scale vector. */
@@ -260,14 +282,37 @@ static void nibble_rows_mul(const qmat *w, int r0, int r1, const float *x, int n
                             MIN(NIB_X, n - j), y + (size_t)j * ldy + i, ldy);
 }
 
+#define FEW_CASE(nx)                                                                                      \
+    case nx:                                                                                              \
+        KERNEL_FOR_EACH_FORMAT(w->fmt, dot_rows(w, F, r, nr, x, nx, y, ldy),                              \
+                               nibble_dot_rows(w, F, r, nr, x, nx, y, ldy))                               \
+        break
+
+/* Rows [r, r + nr) (nr = VEC_ROWS or 1) x nx <= FEW_X inputs, decoded in registers. */
+static void rows_few(const qmat *w, int r, int nr, const float *x, int nx, float *y, int ldy) {
+    if (nr == VEC_ROWS) {
+        enum { nr = VEC_ROWS };
+        switch (nx) { FEW_CASE(1); FEW_CASE(2); FEW_CASE(3); FEW_CASE(4); }
+    } else {
+        enum { nr = 1 };
+        switch (nx) { FEW_CASE(1); FEW_CASE(2); FEW_CASE(3); FEW_CASE(4); }
+    }
+}
+
+/* y[j * ldy + (r - r0)] for inputs j in [0, n), n <= FEW_X * 2, rows in groups of VEC_ROWS. */
+static void rows_few_inputs(const qmat *w, int r0, int r1, const float *x, int n, float *y, int ldy) {
+    for (int j = 0; j < n; j += FEW_X) {
+        int nx = MIN(FEW_X, n - j);
+        const float *xj = x + (size_t)j * w->cols;
+        float *yj = y + (size_t)j * ldy;
+        int r = r0;
+        for (; r + VEC_ROWS <= r1; r += VEC_ROWS) rows_few(w, r, VEC_ROWS, xj, nx, yj + (r - r0), ldy);
+        for (; r < r1; r++) rows_few(w, r, 1, xj, nx, yj + (r - r0), ldy);
+    }
+}
+
 static void avx512_rows_vec(const qmat *w, int r0, int r1, const float *x, float *y) {
-    int r = r0;
-    for (; r + VEC_ROWS <= r1; r += VEC_ROWS)
-        KERNEL_FOR_EACH_FORMAT(w->fmt, dot_rows(w, F, r, VEC_ROWS, x, y + (r - r0)),
-                               nibble_dot_rows(w, F, r, VEC_ROWS, x, y + (r - r0)))
-    for (; r < r1; r++)
-        KERNEL_FOR_EACH_FORMAT(w->fmt, dot_rows(w, F, r, 1, x, y + (r - r0)),
-                               nibble_dot_rows(w, F, r, 1, x, y + (r - r0)))
+    rows_few_inputs(w, r0, r1, x, 1, y, r1 - r0);
 }
 
 /* NR x NX tile over columns [c0, c1); partial lanes in acc[input row][weight row][16]. */
@@ -324,6 +369,10 @@ static void tile_chunk(const float *wb, int ldw, const float *x, int cols, int c
 }
 
 static void avx512_rows_mul(const qmat *w, int r0, int r1, const float *x, int n, float *y, int ldy) {
+    if (n <= FEW_BATCH) {
+        rows_few_inputs(w, r0, r1, x, n, y, ldy);
+        return;
+    }
     if (kernel_is_nibbles(w->fmt)) {
         nibble_rows_mul(w, r0, r1, x, n, y, ldy);
         return;

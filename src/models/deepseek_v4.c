@@ -421,10 +421,10 @@ static void layout_scratch(arena *a, dsv4_seq *s, const dsv4_config *c) {
     s->moe_rw = carve(a, C * k, F);
     s->moe_idx = carve(a, C * k, sizeof(int));
     s->moe_rows = carve(a, C * k, sizeof(int));
-    s->moe_xe = carve(a, C * k * c->dim, F);
-    s->moe_ge = carve(a, C * k * inter, F);
-    s->moe_ue = carve(a, C * k * inter, F);
-    s->moe_ye = carve(a, C * k * c->dim, F);
+    s->moe_xe = carve(a, C * c->dim, F);       /* an expert sees each token at most once */
+    s->moe_ge = carve(a, C * inter, F);
+    s->moe_ue = carve(a, C * inter, F);
+    s->moe_ye = carve(a, C * c->dim, F);
     s->moe_y = carve(a, C * k * c->dim, F);
     s->att_scores = carve(a, (size_t)c->n_heads * s->max_cand, F);
     s->cand = carve(a, s->max_cand, sizeof(float *));

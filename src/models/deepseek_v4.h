@@ -32,7 +32,10 @@
 
 #define DSV4_MAX_LAYERS 128
 #define DSV4_MAX_HC 8
-#define DSV4_CHUNK 64          /* tokens per internal pass: bounds scratch, batches weight reads */
+/* Tokens per internal pass: bounds scratch, batches weight reads. Large enough that a routed
+ * expert sees a few dozen tokens of a pass (256 * n_active / n_experts) and reuses each decoded
+ * weight tile across them. */
+#define DSV4_CHUNK 256
 
 typedef struct {
     int dim, n_layers, n_mtp, vocab;
@@ -122,7 +125,7 @@ struct dsv4_seq {
     float *moe_score, *moe_biased;                 /* [n_experts] one token's scores */
     float *moe_w, *moe_rw;     /* [C*k] route weights by (token, rank); gathered for one expert */
     int *moe_idx, *moe_rows;   /* [C*k] chosen experts; (token, rank) rows gathered for one expert */
-    float *moe_xe, *moe_ge, *moe_ue, *moe_ye;     /* one expert's gathered rows */
+    float *moe_xe, *moe_ge, *moe_ue, *moe_ye;     /* [C][..] one expert's gathered rows */
     float *moe_y;              /* [C][k][dim] routed outputs by rank */
     float *att_scores;         /* [n_heads][max_cand] scores, then weights */
     const float **cand;        /* [max_cand] candidate rows of one query */

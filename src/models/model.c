@@ -80,7 +80,7 @@ int model_is_eos(const model *m, int id) {
 seq *seq_new(model *m, int ctx, char *err, size_t errlen) {
     seq *s = xcalloc(1, sizeof *s);
     s->m = m;
-    s->chunk = 64;
+    s->chunk = 256;    /* each forward call streams the weights once: few, large calls */
     state_init(&s->st, ctx);     /* a record allocation failure only disables reuse */
     if (!(s->fam = m->ops->seq_new(m, &s->st, ctx, err, errlen))) {
         state_deinit(&s->st);

@@ -36,6 +36,7 @@
  * expert sees a few dozen tokens of a pass (256 * n_active / n_experts) and reuses each decoded
  * weight tile across them. */
 #define DSV4_CHUNK 256
+#define DSV4_HEAD_ROWS 8       /* rows per head product (a batched decode step's sequences) */
 
 typedef struct {
     int dim, n_layers, n_mtp, vocab;
@@ -113,7 +114,7 @@ struct dsv4_seq {
     int ctx;
     state *st;                 /* the generic state holding the parts, for state_capture */
     dsv4_layer_state *ls;
-    void *scratch;             /* one block holding every buffer below, sized for DSV4_CHUNK tokens */
+    /* every buffer below is carved once from the sequence's arena, sized for DSV4_CHUNK tokens */
     float *h, *mix, *post, *comb;                /* streams [C][hc*dim] and their mixing */
     /* per-token activations [C][..]: x sub-layer input (normed), xq its E4M3 QDQ copy; qr/qrq the
      * query latent and its QDQ copy; q query heads; kv window row; ca/cs and ia/is the main and
@@ -136,6 +137,7 @@ struct dsv4_seq {
     int *idx_top;              /* [idx_topk] */
     int *row_id, *row_pos;     /* [C] token id and absolute position of each row of the pass */
     dsv4_seq **row_seq;        /* [C] the sequence each row belongs to */
+    float *head_out;           /* [DSV4_HEAD_ROWS][vocab] logits of a group of rows */
 };
 
 static inline void dsv4_bf16(const dsv4_model *d, float *x, size_t n) {
@@ -157,5 +159,8 @@ void dsv4_attention(const dsv4_model *d, const dsv4_layer *L, int li, dsv4_seq *
 /* deepseek_v4_moe.c: x[n][dim] are ffn_norm outputs of the pass's rows (ids in s->row_id);
  * out[n][dim]. */
 void dsv4_moe(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s, int n, const float *x, float *out);
+
+/* chat_deepseek_v4.c: the template the descriptor points at. */
+extern const chat_template deepseek_v4_chat;
 
 #endif

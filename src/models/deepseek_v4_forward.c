@@ -5,7 +5,6 @@
  * sequence each); within a pass each layer runs its projections over all rows at once and its
  * stateful parts row by row, each in its own sequence (deepseek_v4.h). */
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "../core/util.h"
@@ -132,32 +131,10 @@ static void forward_pass(const dsv4_model *d, dsv4_seq *s, int n) {
     for (int l = 0; l < c->n_layers; l++) run_block(d, &d->layers[l], l, s, n);
 }
 
-/* A NaN/inf logit means broken weights (e.g. a NaN scale byte): fail, so the state is tainted. */
-static int check_finite(const float *logits, int vocab, int pos, char *err, size_t errlen) {
-    for (int i = 0; i < vocab; i++)
-        if (!isfinite(logits[i]))
-            return errf(err, errlen, "deepseek_v4: non-finite logit for id %d at position %d (corrupt weights?)", i, pos);
-    return 0;
-}
-
-static int check_seg(const dsv4_model *d, const fwd_seg *g, char *err, size_t errlen) {
-    const dsv4_seq *s = g->fam_seq;
-    if (g->n <= 0) return errf(err, errlen, "deepseek_v4: forward needs at least one token (got %d)", g->n);
-    if (g->pos0 < 0 || g->pos0 + g->n > s->ctx)
-        return errf(err, errlen, "deepseek_v4: positions %d..%d exceed the sequence context %d", g->pos0,
-                    g->pos0 + g->n - 1, s->ctx);
-    for (int i = 0; i < g->n; i++)
-        if (g->ids[i] < 0 || g->ids[i] >= d->c.vocab)
-            return errf(err, errlen, "deepseek_v4: token id %d at position %d is outside the vocabulary [0, %d)",
-                        g->ids[i], g->pos0 + i, d->c.vocab);
-    return 0;
-}
-
 /* Logits of a finished pass whose row t is token j[t] of segment g[t]: the final states of the
- * rows that need logits go into s->x (free once the pass is done) and through the FP32 head in
- * one product, so the head is read once for every sequence of the call. */
-static int pass_logits(const dsv4_model *d, dsv4_seq *s, const fwd_seg *const *g, const int *j, int n, char *err,
-                       size_t errlen) {
+ * rows that need logits go into s->x (free once the pass is done) and through the FP32 head
+ * DSV4_HEAD_ROWS at a time, so a batched decode step reads the head once for all its sequences. */
+static void pass_logits(const dsv4_model *d, dsv4_seq *s, const fwd_seg *const *g, const int *j, int n) {
     int vocab = d->c.vocab, k = 0, row_tok[DSV4_CHUNK];
     const fwd_seg *row_seg[DSV4_CHUNK];
     for (int t = 0; t < n; t++)
@@ -166,27 +143,22 @@ static int pass_logits(const dsv4_model *d, dsv4_seq *s, const fwd_seg *const *g
             row_seg[k] = g[t];
             row_tok[k++] = j[t];
         }
-    if (!k) return 0;
-    float *out = xmalloc(sizeof(float) * (size_t)k * vocab);
-    qmat_mul(&d->head, s->x, k, out);
-    int rc = 0;
-    for (int r = 0; r < k && !rc; r++) {
-        const fwd_seg *seg = row_seg[r];
-        const float *row = out + (size_t)r * vocab;
-        rc = check_finite(row, vocab, seg->pos0 + row_tok[r], err, errlen);
-        if (seg->all_logits) memcpy(seg->all_logits + (size_t)row_tok[r] * vocab, row, sizeof(float) * vocab);
-        if (seg->logits && row_tok[r] == seg->n - 1) memcpy(seg->logits, row, sizeof(float) * vocab);
+    for (int r0 = 0; r0 < k; r0 += DSV4_HEAD_ROWS) {
+        int rows = MIN(DSV4_HEAD_ROWS, k - r0);
+        qmat_mul(&d->head, s->x + (size_t)r0 * d->c.dim, rows, s->head_out);
+        for (int r = r0; r < r0 + rows; r++) {
+            const fwd_seg *seg = row_seg[r];
+            const float *row = s->head_out + (size_t)(r - r0) * vocab;
+            if (seg->all_logits) memcpy(seg->all_logits + (size_t)row_tok[r] * vocab, row, sizeof(float) * vocab);
+            if (seg->logits && row_tok[r] == seg->n - 1) memcpy(seg->logits, row, sizeof(float) * vocab);
+        }
     }
-    free(out);
-    return rc;
 }
 
 /* The segments' tokens, concatenated, run in passes of at most DSV4_CHUNK rows in the first
  * segment's scratch; a pass may hold rows of several sequences. */
 int dsv4_forward(model *m, const fwd_seg *segs, int nseg, char *err, size_t errlen) {
     const dsv4_model *d = m->priv;
-    for (int i = 0; i < nseg; i++)
-        if (check_seg(d, &segs[i], err, errlen)) return -1;
     dsv4_seq *s = segs[0].fam_seq;
     const fwd_seg *row_seg[DSV4_CHUNK];
     int row_tok[DSV4_CHUNK], gi = 0, j = 0;     /* next token to place: token j of segment gi */
@@ -202,7 +174,7 @@ int dsv4_forward(model *m, const fwd_seg *segs, int nseg, char *err, size_t errl
             if (++j == g->n) gi++, j = 0;
         }
         forward_pass(d, s, n);
-        if (pass_logits(d, s, row_seg, row_tok, n, err, errlen)) return -1;
+        pass_logits(d, s, row_seg, row_tok, n);
     }
     return 0;
 }

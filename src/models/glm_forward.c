@@ -1,6 +1,4 @@
-/* glm_forward.c — the GLM-5 forward pass over a chunk of tokens of one or more sequences
- * (invariants in glm.h): token-parallel work over all rows, KV writes and attention per row in
- * its own sequence.
+/* glm_forward.c — the GLM-5 forward pass over a chunk of tokens (invariants in glm.h).
  *
  * NUMERICS. --numerics exact keeps every activation in f32. The default rounds activations to BF16
  * where the official bf16 inference holds them in bf16 tensors: the residual stream after each
@@ -22,26 +20,12 @@
 #include "../core/util.h"
 #include "glm.h"
 
-/* Scratch of one forward call; freed together at the end. */
-typedef struct {
-    void *ptr[32];
-    int n;
-} scratch;
-
-static void *scratch_alloc(scratch *s, size_t n, size_t size) {
-    void *p = xcalloc(n ? n : 1, size);
-    s->ptr[s->n++] = p;
-    return p;
-}
-
-static float *scratch_floats(scratch *s, size_t n) { return scratch_alloc(s, n, sizeof(float)); }
-
-static int *scratch_ints(scratch *s, size_t n) { return scratch_alloc(s, n, sizeof(int)); }
-
-static void scratch_free(scratch *s) {
-    for (int i = 0; i < s->n; i++) free(s->ptr[i]);
-    s->n = 0;
-}
+/* SCRATCH. Every buffer comes from the sequence's arena (core/arena.h), taken by the *_layout
+ * functions below for n tokens whose last position is below `end`. glm_scratch_bytes runs the
+ * same layouts with a measuring arena for GLM_CHUNK tokens at end = ctx, in the order the
+ * forward pass holds them, so the bound is exactly what the pass takes. */
+static float *floats(arena *a, size_t n) { return arena_take(a, n, sizeof(float)); }
+static int *ints(arena *a, size_t n) { return arena_take(a, n, sizeof(int)); }
 
 static void act_round(const model *m, float *x, size_t n) {
     if (m->num == NUMERICS_QAT) bf16_round_vec(x, n);
@@ -68,12 +52,12 @@ typedef struct {
     int cap;
 } selection;
 
-/* The rows of a call: its segments' tokens concatenated; row i is position pos[i] of seq[i]
+/* The rows of a pass: tokens of the call's segments in order; row i is position pos[i] of seq[i]
  * (a sequence's rows in position order). Stateful work for a row uses its own sequence. */
 typedef struct {
-    const int *pos;
-    glm_seq *const *seq;
-    int max_pos;
+    int *pos;
+    glm_seq **seq;
+    int end;                 /* 1 + the largest position of the pass */
 } rows_info;
 
 /* ---- DSA indexer ------------------------------------------------------------------------ */
@@ -106,13 +90,25 @@ static void index_token(const glm_model *g, const float *keys, const float *q, c
     qsort(out, (size_t)g->idx_topk, sizeof *out, cmp_int);
 }
 
-/* Computes this layer's indexer keys into each row's state and the selection of every row. */
+/* Computes this layer's indexer keys into the state and the selection of every token. */
+typedef struct {
+    float *q, *k, *w, *dots;
+} indexer_bufs;
+
+static void indexer_layout(arena *a, const glm_model *g, int n, int end, indexer_bufs *b) {
+    b->q = floats(a, (size_t)n * g->idx_heads * g->idx_dim);
+    b->k = floats(a, (size_t)n * g->idx_dim);
+    b->w = floats(a, (size_t)n * g->idx_heads);
+    b->dots = floats(a, (size_t)g->idx_heads * end);
+}
+
 static void run_indexer(const model *m, const glm_layer *l, int li, const rows_info *ri, const float *hn,
-                        const float *q_resid, int n, selection *sel, scratch *sc) {
+                        const float *q_resid, int n, selection *sel, arena *sc) {
     const glm_model *g = m->priv;
     int hd = g->idx_dim, nh = g->idx_heads;
-    float *q = scratch_floats(sc, (size_t)n * nh * hd), *k = scratch_floats(sc, (size_t)n * hd);
-    float *w = scratch_floats(sc, (size_t)n * nh);
+    indexer_bufs b;
+    indexer_layout(sc, g, n, ri->end, &b);
+    float *q = b.q, *k = b.k, *w = b.w, *dots = b.dots;
     project(m, &l->idx_wq_b, q_resid, n, q);
     project(m, &l->idx_wk, hn, n, k);
     project(m, &l->idx_weights, hn, n, w);
@@ -126,7 +122,6 @@ static void run_indexer(const model *m, const glm_layer *l, int li, const rows_i
         act_round(m, row, (size_t)hd);
         rope_rotate(g, row, pos, g->idx_rope_interleave);
     }
-    float *dots = scratch_floats(sc, (size_t)nh * (ri->max_pos + 1));
     for (int i = 0; i < n; i++) {
         int pos = ri->pos[i];
         sel->nsel[i] = pos + 1 > g->idx_topk ? g->idx_topk : -1;
@@ -181,16 +176,23 @@ static void attend_head(void *ctx, int h) {
     for (int d = 0; d < g->v_dim; d++) j->out[(size_t)h * g->v_dim + d] = dot_f32(w_uv + (size_t)d * kvl, c_lat, kvl);
 }
 
+/* j->w and j->work, and the rows an indexer selection is gathered into (NULL without one). */
+static float *attend_layout(arena *a, const glm_model *g, int end, int sel_cap, attn_job *j) {
+    int row_len = g->kv_lora + g->rope;
+    j->work_stride = (size_t)row_len + g->kv_lora + end;
+    j->w = floats(a, (size_t)g->n_heads * (g->nope + g->v_dim) * g->kv_lora);
+    j->work = floats(a, (size_t)g->n_heads * j->work_stride);
+    return sel_cap > 1 ? floats(a, (size_t)sel_cap * row_len) : NULL;
+}
+
 /* Every row in order: the attended rows are all t <= pos of the row's sequence (already
  * contiguous in its state) or the indexer's selection gathered into one buffer, then heads run
  * in parallel. */
 static void attend(const glm_model *g, const glm_layer *l, int li, const rows_info *ri, const float *q,
-                   const selection *sel, int n, float *out, scratch *sc) {
-    int row_len = g->kv_lora + g->rope, qk = g->nope + g->rope, cnt_max = ri->max_pos + 1;
-    attn_job j = {.g = g, .l = l, .work_stride = (size_t)row_len + g->kv_lora + cnt_max};
-    j.w = scratch_floats(sc, (size_t)g->n_heads * (g->nope + g->v_dim) * g->kv_lora);
-    j.work = scratch_floats(sc, (size_t)g->n_heads * j.work_stride);
-    float *gathered = sel->cap > 1 ? scratch_floats(sc, (size_t)sel->cap * row_len) : NULL;
+                   const selection *sel, int n, float *out, arena *sc) {
+    int row_len = g->kv_lora + g->rope, qk = g->nope + g->rope;
+    attn_job j = {.g = g, .l = l};
+    float *gathered = attend_layout(sc, g, ri->end, sel->cap, &j);
     pool_run(g->n_heads, dequant_head, &j);
     for (int i = 0; i < n; i++) {
         int k = sel->nsel[i];
@@ -212,13 +214,24 @@ static void attend(const glm_model *g, const glm_layer *l, int li, const rows_in
 }
 
 /* out[n][dim] = o_proj(attention(hn)); writes this layer's row of every row's position. */
+typedef struct {
+    float *qa, *q, *ckv, *heads;
+} attention_bufs;
+
+static void attention_layout(arena *a, const glm_model *g, int n, attention_bufs *b) {
+    b->qa = floats(a, (size_t)n * g->q_lora);
+    b->q = floats(a, (size_t)n * g->n_heads * (g->nope + g->rope));
+    b->ckv = floats(a, (size_t)n * (g->kv_lora + g->rope));
+    b->heads = floats(a, (size_t)n * g->n_heads * g->v_dim);
+}
+
 static void attention(const model *m, const glm_layer *l, int li, const rows_info *ri, const float *hn, int n,
-                      selection *sel, float *out, scratch *sc) {
+                      selection *sel, float *out, arena *sc) {
     const glm_model *g = m->priv;
     int qk = g->nope + g->rope, row_len = g->kv_lora + g->rope;
-    float *qa = scratch_floats(sc, (size_t)n * g->q_lora), *q = scratch_floats(sc, (size_t)n * g->n_heads * qk);
-    float *ckv = scratch_floats(sc, (size_t)n * row_len);
-    float *heads = scratch_floats(sc, (size_t)n * g->n_heads * g->v_dim);
+    attention_bufs b;
+    attention_layout(sc, g, n, &b);
+    float *qa = b.qa, *q = b.q, *ckv = b.ckv, *heads = b.heads;
     project(m, &l->q_a, hn, n, qa);
     rmsnorm_rows(m, qa, qa, l->q_a_norm, n, g->q_lora, 1e-6f);
     project(m, &l->q_b, qa, n, q);
@@ -242,10 +255,16 @@ static void attention(const model *m, const glm_layer *l, int li, const rows_inf
 /* ---- FFN -------------------------------------------------------------------------------- */
 
 /* y[n][dim] = down(silu(gate x) * up x) */
+static void swiglu_layout(arena *sc, int n, int inter, float **a, float **b) {
+    *a = floats(sc, (size_t)n * inter);
+    *b = floats(sc, (size_t)n * inter);
+}
+
 static void swiglu(const model *m, const qmat *gate, const qmat *up, const qmat *down, const float *x, int n,
-                   float *y, scratch *sc) {
+                   float *y, arena *sc) {
     size_t len = (size_t)n * gate->rows;
-    float *a = scratch_floats(sc, len), *b = scratch_floats(sc, len);
+    float *a, *b;
+    swiglu_layout(sc, n, gate->rows, &a, &b);
     project(m, gate, x, n, a);
     project(m, up, x, n, b);
     for (size_t k = 0; k < len; k++) a[k] = silu(a[k]) * b[k];
@@ -255,8 +274,15 @@ static void swiglu(const model *m, const qmat *gate, const qmat *up, const qmat 
 
 /* Sigmoid router: choose top_k on score + correction bias, weight by the unbiased scores
  * (renormalised when norm_topk_prob), times routed_scaling_factor. */
-static void route(const glm_model *g, const glm_layer *l, const float *logits, int *idx, float *weight) {
-    float *score = xmalloc((size_t)g->n_experts * sizeof *score), *choice = xmalloc((size_t)g->n_experts * sizeof *choice);
+static void route_layout(arena *sc, const glm_model *g, float **score, float **choice) {
+    *score = floats(sc, (size_t)g->n_experts);
+    *choice = floats(sc, (size_t)g->n_experts);
+}
+
+static void route(const glm_model *g, const glm_layer *l, const float *logits, int *idx, float *weight, arena *sc) {
+    size_t mark = arena_mark(sc);
+    float *score, *choice;
+    route_layout(sc, g, &score, &choice);
     for (int e = 0; e < g->n_experts; e++) {
         score[e] = sigmoidf(logits[e]);
         choice[e] = score[e] + l->router_bias[e];
@@ -266,28 +292,44 @@ static void route(const glm_model *g, const glm_layer *l, const float *logits, i
     for (int k = 0; k < g->top_k; k++) sum += weight[k] = score[idx[k]];
     for (int k = 0; k < g->top_k; k++)
         weight[k] = (g->norm_topk ? weight[k] / (sum + 1e-20f) : weight[k]) * g->routed_scale;
-    free(score);
-    free(choice);
+    arena_release(sc, mark);
 }
 
-static void moe(const model *m, const glm_layer *l, const float *x, int n, float *y, scratch *sc) {
+typedef struct {
+    float *logits, *weight, *xin, *ex, *eout;
+    int *idx, *rows;
+} moe_bufs;
+
+static void moe_layout(arena *a, const glm_model *g, int n, moe_bufs *b) {
+    size_t K = (size_t)g->top_k, d = (size_t)g->dim;
+    b->logits = floats(a, (size_t)n * g->n_experts);
+    b->weight = floats(a, n * K);
+    b->idx = ints(a, n * K);
+    b->rows = ints(a, (size_t)n);
+    b->xin = floats(a, n * d);
+    b->ex = floats(a, n * K * d);
+    b->eout = floats(a, n * d);
+}
+
+static void moe(const model *m, const glm_layer *l, const float *x, int n, float *y, arena *sc) {
     const glm_model *g = m->priv;
     int d = g->dim, K = g->top_k;
-    float *logits = scratch_floats(sc, (size_t)n * g->n_experts), *weight = scratch_floats(sc, (size_t)n * K);
-    int *idx = scratch_ints(sc, (size_t)n * K), *rows = scratch_ints(sc, (size_t)n);
-    float *xin = scratch_floats(sc, (size_t)n * d), *ex = scratch_floats(sc, (size_t)n * K * d);
-    float *eout = scratch_floats(sc, (size_t)n * d);
+    moe_bufs b;
+    moe_layout(sc, g, n, &b);
+    float *logits = b.logits, *weight = b.weight, *xin = b.xin, *ex = b.ex, *eout = b.eout;
+    int *idx = b.idx, *rows = b.rows;
     qmat_mul(&l->router, x, n, logits);
-    for (int i = 0; i < n; i++) route(g, l, logits + (size_t)i * g->n_experts, idx + (size_t)i * K, weight + (size_t)i * K);
+    for (int i = 0; i < n; i++)
+        route(g, l, logits + (size_t)i * g->n_experts, idx + (size_t)i * K, weight + (size_t)i * K, sc);
     /* Batch each expert over the tokens that chose it; results land in ex[token][slot]. */
     for (int e = 0; e < g->n_experts; e++) {
         int cnt = 0;
         for (int t = 0; t < n * K; t++)
             if (idx[t] == e) { memcpy(xin + (size_t)cnt * d, x + (size_t)(t / K) * d, (size_t)d * sizeof *x); rows[cnt++] = t; }
         if (!cnt) continue;
-        scratch inner = {0};
-        swiglu(m, &l->e_gate[e], &l->e_up[e], &l->e_down[e], xin, cnt, eout, &inner);
-        scratch_free(&inner);
+        size_t mark = arena_mark(sc);
+        swiglu(m, &l->e_gate[e], &l->e_up[e], &l->e_down[e], xin, cnt, eout, sc);
+        arena_release(sc, mark);
         for (int r = 0; r < cnt; r++) memcpy(ex + (size_t)rows[r] * d, eout + (size_t)r * d, (size_t)d * sizeof *ex);
     }
     swiglu(m, &l->gate, &l->up, &l->down, x, n, y, sc);      /* shared expert */
@@ -309,84 +351,143 @@ static void add_residual(const model *m, float *x, const float *delta, size_t le
     act_round(m, x, len);
 }
 
-static int check_seg(const glm_model *g, const fwd_seg *seg, char *err, size_t errlen) {
-    const glm_seq *s = seg->fam_seq;
-    if (seg->n < 1) return errf(err, errlen, "forward: no tokens");
-    if (seg->pos0 < 0 || seg->pos0 + seg->n > s->cap)
-        return errf(err, errlen, "forward: positions %d..%d exceed the context of %d", seg->pos0,
-                    seg->pos0 + seg->n - 1, s->cap);
-    for (int i = 0; i < seg->n; i++)
-        if (seg->ids[i] < 0 || seg->ids[i] >= g->vocab)
-            return errf(err, errlen, "token id %d at position %d is outside the vocabulary (%d)", seg->ids[i],
-                        seg->pos0 + i, g->vocab);
-    return 0;
+static void head_layout(arena *a, const glm_model *g, int cnt, float **hn, float **out) {
+    *hn = floats(a, (size_t)cnt * g->dim);
+    *out = floats(a, (size_t)cnt * g->vocab);
 }
 
-/* Logits of the rows that want them (every row of an all_logits segment, each segment's last),
- * through the head in one product over all segments. */
-static int head_logits(const model *m, const float *x, const fwd_seg *segs, int nseg, scratch *sc, char *err,
-                       size_t errlen) {
+/* Logits of the pass rows that want them (every row of an all_logits segment, each segment's
+ * last) through the head in one product: a batched decode step reads the head once. Row t is
+ * token tok[t] of segment seg[t]. */
+static void head_logits(const model *m, const float *x, const fwd_seg *const *seg, const int *tok, int n,
+                        arena *sc) {
     const glm_model *g = m->priv;
-    int want = 0, total = 0;
-    for (int i = 0; i < nseg; i++) want += segs[i].all_logits ? segs[i].n : segs[i].logits ? 1 : 0;
-    if (!want) return 0;
-    float *hn = scratch_floats(sc, (size_t)want * g->dim), *out = scratch_floats(sc, (size_t)want * g->vocab);
-    int k = 0;
-    for (int i = 0; i < nseg; total += segs[i++].n) {
-        int first = segs[i].all_logits ? 0 : segs[i].logits ? segs[i].n - 1 : segs[i].n;
-        for (int t = first; t < segs[i].n; t++, k++)
-            rmsnorm(hn + (size_t)k * g->dim, x + (size_t)(total + t) * g->dim, g->final_norm, g->dim, g->eps);
+    int cnt = 0;
+    for (int t = 0; t < n; t++) cnt += seg[t]->all_logits || (seg[t]->logits && tok[t] == seg[t]->n - 1);
+    if (!cnt) return;
+    float *hn, *out;
+    head_layout(sc, g, cnt, &hn, &out);
+    for (int t = 0, k = 0; t < n; t++)
+        if (seg[t]->all_logits || (seg[t]->logits && tok[t] == seg[t]->n - 1))
+            rmsnorm(hn + (size_t)k++ * g->dim, x + (size_t)t * g->dim, g->final_norm, g->dim, g->eps);
+    act_round(m, hn, (size_t)cnt * g->dim);
+    qmat_mul(&g->head, hn, cnt, out);
+    size_t v = (size_t)g->vocab;
+    for (int t = 0, k = 0; t < n; t++) {
+        const fwd_seg *sg = seg[t];
+        if (!sg->all_logits && !(sg->logits && tok[t] == sg->n - 1)) continue;
+        const float *row = out + (size_t)k++ * v;
+        if (sg->all_logits) memcpy(sg->all_logits + (size_t)tok[t] * v, row, v * sizeof *row);
+        if (sg->logits && tok[t] == sg->n - 1) memcpy(sg->logits, row, v * sizeof *row);
     }
-    act_round(m, hn, (size_t)want * g->dim);
-    qmat_mul(&g->head, hn, want, out);
-    for (size_t e = 0; e < (size_t)want * g->vocab; e++)
-        if (!isfinite(out[e])) return errf(err, errlen, "non-finite logit at logits row %zu of the call", e / g->vocab);
-    k = 0;
-    for (int i = 0; i < nseg; i++) {
-        const fwd_seg *seg = &segs[i];
-        size_t v = (size_t)g->vocab;
-        if (seg->all_logits) memcpy(seg->all_logits, out + (size_t)k * v, (size_t)seg->n * v * sizeof *out);
-        k += seg->all_logits ? seg->n : seg->logits ? 1 : 0;
-        if (seg->logits) memcpy(seg->logits, out + (size_t)(k - 1) * v, v * sizeof *out);
-    }
-    return 0;
 }
 
-int glm_forward(model *m, const fwd_seg *segs, int nseg, char *err, size_t errlen) {
-    const glm_model *g = m->priv;
-    int n = 0;
-    for (int i = 0; i < nseg; n += segs[i++].n)
-        if (check_seg(g, &segs[i], err, errlen)) return -1;
-    scratch sc = {0};
+/* What one chunk holds for its whole pass: the residual stream, norm output, sub-layer output and
+ * the attention selection. */
+typedef struct {
+    float *x, *hn, *delta;
+    selection sel;
+    rows_info rows;
+} chunk_bufs;
+
+static void chunk_layout(arena *a, const glm_model *g, int n, chunk_bufs *b) {
     size_t len = (size_t)n * g->dim;
-    float *x = scratch_floats(&sc, len), *hn = scratch_floats(&sc, len), *delta = scratch_floats(&sc, len);
     int cap = g->has_indexer ? g->idx_topk : 1;
-    selection sel = {scratch_ints(&sc, (size_t)n * cap), scratch_ints(&sc, (size_t)n), cap};
-    int *pos = scratch_ints(&sc, (size_t)n);
-    glm_seq **seq = scratch_alloc(&sc, (size_t)n, sizeof *seq);
-    rows_info ri = {pos, seq, 0};
-    for (int i = 0, r = 0; i < nseg; i++)
-        for (int t = 0; t < segs[i].n; t++, r++) {
-            pos[r] = segs[i].pos0 + t;
-            seq[r] = segs[i].fam_seq;
-            ri.max_pos = MAX(ri.max_pos, pos[r]);
-            sel.nsel[r] = -1;
-            qmat_row(&g->embed, segs[i].ids[t], x + (size_t)r * g->dim);
-        }
+    b->x = floats(a, len);
+    b->hn = floats(a, len);
+    b->delta = floats(a, len);
+    b->sel = (selection){ints(a, (size_t)n * cap), ints(a, (size_t)n), cap};
+    b->rows = (rows_info){ints(a, (size_t)n), arena_take(a, (size_t)n, sizeof(glm_seq *)), 0};
+}
+
+/* One layer's scratch at its peak: attention's buffers stay taken while the FFN runs. */
+static size_t layer_bytes(const glm_model *g, const glm_layer *l, int n, int end, int sel_cap) {
+    arena a = {0};
+    attention_bufs ab;
+    indexer_bufs ib;
+    attn_job j;
+    float *p, *q;
+    attention_layout(&a, g, n, &ab);
+    if (g->has_indexer && l->full_indexer) indexer_layout(&a, g, n, end, &ib);
+    attend_layout(&a, g, end, sel_cap, &j);
+    if (!l->sparse) {
+        swiglu_layout(&a, n, l->gate.rows, &p, &q);
+        return a.used;
+    }
+    moe_bufs mb;
+    moe_layout(&a, g, n, &mb);
+    size_t inner = a.used, peak;
+    route_layout(&a, g, &p, &q);
+    peak = a.used;
+    a.used = inner;
+    swiglu_layout(&a, n, g->moe_inter, &p, &q);      /* one routed expert's rows (at most n) */
+    peak = MAX(peak, a.used);
+    a.used = inner;
+    swiglu_layout(&a, n, l->gate.rows, &p, &q);      /* the shared expert */
+    return MAX(peak, a.used);
+}
+
+size_t glm_scratch_bytes(const model *m, int ctx) {
+    const glm_model *g = m->priv;
+    arena a = {0};
+    chunk_bufs cb;
+    float *hn, *out;
+    chunk_layout(&a, g, GLM_CHUNK, &cb);
+    size_t body = 0;
+    for (int li = 0; li < g->n_layers; li++) body = MAX(body, layer_bytes(g, &g->layers[li], GLM_CHUNK, ctx, cb.sel.cap));
+    size_t held = a.used;
+    head_layout(&a, g, GLM_CHUNK, &hn, &out);
+    return held + MAX(body, a.used - held);
+}
+
+/* One pass of n <= GLM_CHUNK rows, row t being token tok[t] of segment seg[t], in the scratch
+ * of s; all of it is given back at the end. */
+static void forward_chunk(const model *m, glm_seq *s, const fwd_seg *const *seg, const int *tok, int n) {
+    const glm_model *g = m->priv;
+    arena *sc = s->scratch;
+    size_t start = arena_mark(sc);
+    chunk_bufs b;
+    chunk_layout(sc, g, n, &b);
+    size_t len = (size_t)n * g->dim;
+    float *x = b.x, *hn = b.hn, *delta = b.delta;
+    for (int i = 0; i < n; i++) {
+        b.sel.nsel[i] = -1;
+        b.rows.pos[i] = seg[i]->pos0 + tok[i];
+        b.rows.seq[i] = seg[i]->fam_seq;
+        b.rows.end = MAX(b.rows.end, b.rows.pos[i] + 1);
+        qmat_row(&g->embed, seg[i]->ids[tok[i]], x + (size_t)i * g->dim);
+    }
     act_round(m, x, len);
     for (int li = 0; li < g->n_layers; li++) {
         const glm_layer *l = &g->layers[li];
-        scratch layer = {0};
+        size_t layer = arena_mark(sc);
         rmsnorm_rows(m, hn, x, l->attn_norm, n, g->dim, g->eps);
-        attention(m, l, li, &ri, hn, n, &sel, delta, &layer);
+        attention(m, l, li, &b.rows, hn, n, &b.sel, delta, sc);
         add_residual(m, x, delta, len);
         rmsnorm_rows(m, hn, x, l->ffn_norm, n, g->dim, g->eps);
-        if (l->sparse) moe(m, l, hn, n, delta, &layer);
-        else swiglu(m, &l->gate, &l->up, &l->down, hn, n, delta, &layer);
+        if (l->sparse) moe(m, l, hn, n, delta, sc);
+        else swiglu(m, &l->gate, &l->up, &l->down, hn, n, delta, sc);
         add_residual(m, x, delta, len);
-        scratch_free(&layer);
+        arena_release(sc, layer);
     }
-    int rc = head_logits(m, x, segs, nseg, &sc, err, errlen);
-    scratch_free(&sc);
-    return rc;
+    head_logits(m, x, seg, tok, n, sc);
+    arena_release(sc, start);
+}
+
+/* The segments' tokens, concatenated, in passes of GLM_CHUNK rows (which bound the scratch) in
+ * the first segment's scratch; by chunking invariance the split changes no bit. The call's
+ * sequences share one context size (seq_feed_step), so that scratch fits every row. */
+int glm_forward(model *m, const fwd_seg *segs, int nseg, char *err, size_t errlen) {
+    const fwd_seg *seg[GLM_CHUNK];
+    int tok[GLM_CHUNK], gi = 0, j = 0;
+    while (gi < nseg) {
+        int n = 0;
+        for (; gi < nseg && n < GLM_CHUNK; n++) {
+            seg[n] = &segs[gi];
+            tok[n] = j;
+            if (++j == segs[gi].n) gi++, j = 0;
+        }
+        forward_chunk(m, segs[0].fam_seq, seg, tok, n);
+    }
+    return 0;
 }

@@ -31,6 +31,16 @@ const chat_template *chat_find(const char *model_type) {
     return NULL;
 }
 
+const chat_template *chat_at(int i) {
+    int k = 0;
+    for (size_t j = 0; j < sizeof chat_registry / sizeof chat_registry[0]; j++) {
+        int seen = 0;
+        for (size_t p = 0; p < j; p++) seen |= chat_registry[p].tpl == chat_registry[j].tpl;
+        if (!seen && k++ == i) return chat_registry[j].tpl;
+    }
+    return NULL;
+}
+
 void chat_reply_free(chat_reply *r) {
     if (!r) return;
     free(r->reasoning);

@@ -73,6 +73,8 @@ typedef struct {
 } chat_template;
 
 const chat_template *chat_find(const char *model_type);
+/* The i-th distinct registered template, NULL past the last (to run checks over every family). */
+const chat_template *chat_at(int i);
 
 /* JSON exactly as Python's json.dumps(ensure_ascii=False) writes it (", " and ": " separators,
  * non-ASCII kept): the official templates embed tool schemas and arguments that way, and a byte

@@ -674,3 +674,10 @@ enum MHD_Result openai_models(serve_ctx *sc, struct MHD_Connection *c, const cha
     cJSON_AddItemToArray(cJSON_AddArrayToObject(r, "data"), model_json(sc));
     return http_send_json(c, 200, r);
 }
+
+int openai_request(serve_ctx *sc, int chat, const cJSON *body, turn_req *rq, http_err *e) {
+    oa_call k = {.sc = sc, .chat = chat};
+    int rc = chat ? parse_chat(sc, body, &k, e) : parse_completion(sc, body, &k, e);
+    *rq = k.call.rq;
+    return rc;
+}

@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
@@ -41,9 +42,10 @@ def run(name, seconds=None, runs=None, smoke=False, bin_dir=BIN):
         cmd.append(f"-max_total_time={seconds}")
     if runs:
         cmd.append(f"-runs={runs}")
-    # A smoke run must not grow a corpus another run reads: it only replays and mutates the seeds.
-    cmd += [seeds] if smoke else [work, seeds]
-    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    # libFuzzer adds new inputs to the first directory: never the committed one. A smoke run
+    # gets a throwaway one, so it replays and mutates exactly the committed seeds.
+    with tempfile.TemporaryDirectory(dir=os.path.join(ROOT, "build", "fuzz")) as scratch:
+        r = subprocess.run(cmd + [scratch if smoke else work, seeds], cwd=ROOT, env=env, capture_output=True, text=True)
     m = re.search(r"stat::number_of_executed_units:\s*(\d+)", r.stderr)
     return r.returncode, int(m.group(1)) if m else 0, r.stderr[-6000:]
 

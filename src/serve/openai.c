@@ -1,5 +1,6 @@
 #include "openai.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -124,7 +125,7 @@ int openai_render(serve_ctx *sc, const cJSON *messages, const cJSON *tools, cons
                   http_err *e) {
     if (!sc->tpl)
         return http_err_set(e, 400, "invalid_request_error", "unsupported_model", NULL,
-                            "model type '%s' has no chat template; use /v1/completions", sc->model_type);
+                            "model family '%s' has no chat template; use /v1/completions", sc->family);
     char err[256] = "";
     chat_prompt p = {0};
     if (sc->tpl->render(messages, tools, o, &p, err, sizeof err)) {
@@ -283,7 +284,7 @@ static int parse_prompt(serve_ctx *sc, const cJSON *p, turn_req *rq, http_err *e
     const cJSON *id;
     cJSON_ArrayForEach(id, p) {
         double d = id->valuedouble;
-        if (!cJSON_IsNumber(id) || d != (double)(long)d || d < 0 || d >= vocab) {
+        if (!cJSON_IsNumber(id) || !(d >= 0 && d < vocab) || d != floor(d)) {   /* range first: (long)1e300 is UB */
             sbuf_free(&b);
             return http_err_set(e, 400, "invalid_request_error", "invalid_value", "prompt",
                                 "'prompt' token ids must be integers in [0, %d)", vocab);

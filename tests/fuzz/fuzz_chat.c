@@ -1,4 +1,4 @@
-/* fuzz_chat — every registered chat template (chat_at) on arbitrary JSON conversations, and
+/* fuzz_chat — every registered family's chat template (family_at) on arbitrary JSON conversations, and
  * every reply parser on arbitrary text.
  *
  * Input: byte 0 = options (bit 0 thinking, bits 1-2 tool_choice, bits 3-5 reasoning effort), the
@@ -13,6 +13,7 @@
 
 #include "core/tokenizer.h"
 #include "models/chat.h"
+#include "models/model.h"
 
 static tokenizer *tok;
 
@@ -70,8 +71,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     cJSON *body = cJSON_ParseWithLength(text, n);
     const cJSON *msgs = cJSON_IsObject(body) ? cJSON_GetObjectItemCaseSensitive(body, "messages") : body;
     const cJSON *tools = cJSON_IsObject(body) ? cJSON_GetObjectItemCaseSensitive(body, "tools") : NULL;
-    for (int i = 0; chat_at(i); i++) {
-        const chat_template *tpl = chat_at(i);
+    for (int i = 0; i < family_count(); i++) {
+        const chat_template *tpl = family_at(i)->chat;
+        if (!tpl) continue;
         if (body) {
             chat_prompt p = {0};
             char err[256];

@@ -11,7 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/config.h"
 #include "core/safetensors.h"
 #include "models/model.h"
 
@@ -26,14 +25,11 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     const char *list = getenv("CAIRN_FUZZ_MODELS");
     char err[512], *dirs = strdup(list ? list : ""), *save = NULL;
     for (char *d = strtok_r(dirs, ":", &save); d && nmodels < MAX_MODELS; d = strtok_r(NULL, ":", &save)) {
-        cJSON *cfg = config_load(d, err, sizeof err);
-        const char *type = NULL;
-        if (!cfg || config_string(cfg, "model_type", &type, err, sizeof err) || !(models[nmodels].ops = family_find(type)) ||
+        if (!(models[nmodels].ops = family_of_dir(d, err, sizeof err)) ||
             !(models[nmodels].st = st_open(d, 0, err, sizeof err))) {
             fprintf(stderr, "fuzz_config: %s: %s\n", d, err);
             exit(1);
         }
-        cJSON_Delete(cfg);
         nmodels++;
     }
     free(dirs);

@@ -1,6 +1,7 @@
 /* fuzz_http_body — an HTTP request body mapped to the engine request (openai_request,
- * anthropic_request) for every registered chat template: the validation and translation the
- * gateway runs before anything reaches the engine.
+ * anthropic_request) for every registered family's chat template: the validation and translation the
+ * gateway runs before anything reaches the engine (a family without a template, or an index past
+ * the registry, runs the no-template path).
  *
  * Input: byte 0 = which API (0 chat completions, 1 completions, 2 messages) and which template;
  * the rest is the body. Checked beyond the sanitizers: an accepted request has a non-empty prompt
@@ -13,6 +14,7 @@
 #include <string.h>
 
 #include "core/tokenizer.h"
+#include "models/model.h"
 #include "serve/anthropic.h"
 #include "serve/openai.h"
 
@@ -44,10 +46,8 @@ static void check(const serve_ctx *sc, const turn_req *rq, int rc, const http_er
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
     int api = data[0] % 3, tpl_i = data[0] / 3 % 4;
-    int ntpl = 0;
-    while (chat_at(ntpl)) ntpl++;
-    serve_ctx sc = {.nslots = 2, .model_id = "m", .model_type = "fuzz", .tok = tok, .max_tokens = 64};
-    sc.tpl = tpl_i < ntpl ? chat_at(tpl_i) : NULL;
+    serve_ctx sc = {.nslots = 2, .model_id = "m", .family = "fuzz", .tok = tok, .max_tokens = 64};
+    sc.tpl = tpl_i < family_count() ? family_at(tpl_i)->chat : NULL;
     cJSON *body = cJSON_ParseWithLength((const char *)data + 1, size - 1);
     if (!body) return 0;
     turn_req rq = {0};

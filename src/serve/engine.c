@@ -446,7 +446,8 @@ static int engine_open(engine *e, char *err, size_t errlen) {
     e->logprobs = xmalloc((size_t)v * sizeof *e->logprobs);
     e->top_ids = xmalloc(WIRE_LOGPROBS_MAX * sizeof *e->top_ids);
     e->top_lps = xmalloc(WIRE_LOGPROBS_MAX * sizeof *e->top_lps);
-    if (e->o.kv_dir && mkdir(e->o.kv_dir, 0755) && errno != EEXIST)
+    /* the saved states hold conversations: only the engine's user may read them */
+    if (e->o.kv_dir && mkdir(e->o.kv_dir, 0700) && errno != EEXIST)
         return errf(err, errlen, "--kv-dir %s: %s", e->o.kv_dir, strerror(errno));
     if (e->o.kv_dir) load_slots(e);
     const char *log = getenv("CAIRN_PREFIX_LOG");

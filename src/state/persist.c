@@ -298,7 +298,9 @@ static int save_tail(slot_file *sf, const state *s, const char *dir, const char 
     h.checksum = tail_checksum(&h, payload);
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "wb");
+    int tfd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    FILE *f = tfd >= 0 ? fdopen(tfd, "wb") : NULL;
+    if (!f && tfd >= 0) close(tfd);
     int rc = f ? 0 : errf(err, errlen, "cannot create %s: %s", tmp, strerror(errno));
     if (f) {
         if (fwrite(&h, sizeof h, 1, f) != 1 || (fault_point(), fflush(f)) || fwrite(payload, bytes, 1, f) != 1 ||
@@ -318,7 +320,7 @@ static int save_tail(slot_file *sf, const state *s, const char *dir, const char 
 
 /* The rows file, opened for update and created if missing (without truncating it). */
 static FILE *open_rows(const char *path, char *err, size_t errlen) {
-    int fd = open(path, O_RDWR | O_CREAT, 0644);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);   /* conversations: owner only */
     FILE *f = fd >= 0 ? fdopen(fd, "r+b") : NULL;
     if (!f) {
         errf(err, errlen, "cannot open %s: %s", path, strerror(errno));

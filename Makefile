@@ -19,7 +19,7 @@ TEST_SRC := $(sort $(wildcard tests/c/test_*.c tests/c/tool_*.c))
 TEST_BIN := $(TEST_SRC:tests/c/%.c=$(BUILD)/tests/%)
 PYTHON   := /usr/bin/python3
 
-.PHONY: all deps test test-c run bench asan clean deepseek-v4-tiny-check fuzz fuzz-build
+.PHONY: all deps test test-c run bench asan clean deepseek-v4-tiny-check fuzz fuzz-build soak
 all: $(BUILD)/cairn $(TEST_BIN)
 
 $(BUILD)/cairn: $(OBJ)
@@ -69,6 +69,11 @@ asan:
 
 run: deps all
 	@scripts/demo.sh
+
+# Not in CI: 500 connections of mixed load + 200 slow-loris ones for SOAK_SECONDS, then leak checks.
+SOAK_SECONDS ?= 600
+soak: deps all
+	$(PYTHON) scripts/soak.py --seconds $(SOAK_SECONDS)
 
 bench: deps all
 	@scripts/bench.sh

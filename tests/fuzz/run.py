@@ -33,7 +33,7 @@ def run(name, seconds=None, runs=None, smoke=False, bin_dir=BIN):
     os.makedirs(work, exist_ok=True)
     seeds = os.path.join(ROOT, "tests", "fuzz", "corpus", name)
     # Targets that write files (safetensors, persist) do it under TMPDIR: tmpfs keeps fsync cheap.
-    env = dict(os.environ, CAIRN_FUZZ_MODELS=":".join(conftest.make_model(f) for f in conftest.FAMILIES),
+    env = dict(os.environ, CAIRN_FUZZ_MODELS=":".join(conftest.make_model(f["name"]) for f in conftest.FAMILIES),
                ASAN_OPTIONS="detect_leaks=1:abort_on_error=1", UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1",
                TMPDIR=os.environ.get("TMPDIR", "/dev/shm" if os.path.isdir("/dev/shm") else "/tmp"))
     cmd = ["nice", "-n", "19", os.path.join(bin_dir, f"fuzz_{name}"), "-print_final_stats=1",

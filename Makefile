@@ -57,7 +57,7 @@ fuzz-build:
 	@$(MAKE) --no-print-directory BUILD=build/fuzz CC=clang SIMD=portable \
 	    OPT="-O1 $(FUZZ_SAN) -fsanitize=fuzzer-no-link" $(FUZZ_SRC:tests/fuzz/%.c=build/fuzz/%)
 
-$(BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(LIB_OBJ)
+$(BUILD)/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h $(LIB_OBJ)
 	$(CC) $(CFLAGS) -fsanitize=fuzzer -Isrc -o $@ $< $(LIB_OBJ) $(LDLIBS)
 
 fuzz: deps fuzz-build

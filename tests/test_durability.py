@@ -13,42 +13,9 @@ import subprocess
 
 import pytest
 
-from engine_client import Engine, cold
+from engine_client import Engine
+from test_engine_protocol import CTX, model, reference, spawn, words  # noqa: F401 (fixtures)
 from test_http_robustness import Server, stream_lines, wait_until
-
-CTX = 256
-
-
-@pytest.fixture
-def model(family_model):
-    return family_model.model
-
-
-@pytest.fixture
-def words(family_model):
-    def make(seed, n):
-        import random
-        r = random.Random(seed)
-        return [r.randrange(20, family_model.ordinary_hi) for _ in range(n)]
-    return make
-
-
-@pytest.fixture
-def spawn(cairn, model):
-    started = []
-
-    def start(*args, env=None):
-        e = Engine(cairn, model, "--ctx", str(CTX), *args, env=env)
-        started.append(e)
-        return e
-
-    yield start
-    for e in started:
-        e.kill()
-
-
-def reference(cairn, model, ids, n):
-    return cold(cairn, model, ids=ids, max_tokens=n, args=("--ctx", str(CTX)))
 
 
 def test_kill_right_after_done_keeps_the_turn(spawn, cairn, model, words, tmp_path):

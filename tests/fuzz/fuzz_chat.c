@@ -12,19 +12,14 @@
 #include <string.h>
 
 #include "core/tokenizer.h"
+#include "fuzz.h"
 #include "models/chat.h"
 #include "models/model.h"
 
 static tokenizer *tok;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
-    const char *path = getenv("CAIRN_FUZZ_TOKENIZER");
-    char err[256];
-    tok = tok_load(path ? path : "tests/fuzz/tokenizer.json", err, sizeof err);
-    if (!tok) {
-        fprintf(stderr, "fuzz_chat: %s\n", err);
-        exit(1);
-    }
+    tok = fuzz_tokenizer("fuzz_chat");
     return 0;
 }
 

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "core/tokenizer.h"
+#include "fuzz.h"
 #include "models/model.h"
 #include "serve/anthropic.h"
 #include "serve/openai.h"
@@ -21,13 +22,7 @@
 static tokenizer *tok;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
-    const char *path = getenv("CAIRN_FUZZ_TOKENIZER");
-    char err[256];
-    tok = tok_load(path ? path : "tests/fuzz/tokenizer.json", err, sizeof err);
-    if (!tok) {
-        fprintf(stderr, "fuzz_http_body: %s\n", err);
-        exit(1);
-    }
+    tok = fuzz_tokenizer("fuzz_http_body");
     return 0;
 }
 

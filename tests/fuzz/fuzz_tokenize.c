@@ -11,17 +11,12 @@
 #include <string.h>
 
 #include "core/tokenizer.h"
+#include "fuzz.h"
 
 static tokenizer *tok;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
-    const char *path = getenv("CAIRN_FUZZ_TOKENIZER");
-    char err[256];
-    tok = tok_load(path ? path : "tests/fuzz/tokenizer.json", err, sizeof err);
-    if (!tok) {
-        fprintf(stderr, "fuzz_tokenize: %s\n", err);
-        exit(1);
-    }
+    tok = fuzz_tokenizer("fuzz_tokenize");
     return 0;
 }
 

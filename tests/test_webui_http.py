@@ -59,6 +59,23 @@ def test_host_guard_and_cors_apply_to_the_page(servers, tiny_dsv4):
     assert st == 200 and "Access-Control-Allow-Origin" not in h and "Origin" in h.get("Vary", ""), h
 
 
+def test_the_page_may_call_the_api_from_its_own_origin(servers, tiny_dsv4):
+    """Browsers send Origin on a same-origin POST: the page's own origin is not "another site"."""
+    s = servers(tiny_dsv4, fake=True)
+    own = {"Origin": f"http://127.0.0.1:{s.port}", "Host": f"127.0.0.1:{s.port}"}
+    st, _, b = s.json("POST", "/v1/chat/completions", chat_body("x"), own)
+    assert st == 200, b
+    st, _, b = s.json("POST", "/v1/chat/completions", chat_body("x"), {**own, "Host": f"localhost:{s.port}"})
+    assert_openai_error(b, 403, st)
+    st, _, b = s.json("POST", "/v1/chat/completions", chat_body("x"), {**own, "Origin": "http://evil.example"})
+    assert_openai_error(b, 403, st)
+    # An open non-loopback bind has no Host guard: a rebound name would match its own Host.
+    s = servers(tiny_dsv4, ["--host", "0.0.0.0", "--allow-insecure-bind"], fake=True)
+    rebound = {"Origin": f"http://evil.example:{s.port}", "Host": f"evil.example:{s.port}"}
+    st, _, b = s.json("POST", "/v1/chat/completions", chat_body("x"), rebound)
+    assert_openai_error(b, 403, st)
+
+
 def test_no_webui_turns_the_page_off(servers, tiny_dsv4):
     s = servers(tiny_dsv4, ["--no-webui"], fake=True)
     for path in FILES:

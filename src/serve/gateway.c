@@ -228,6 +228,15 @@ static int host_allowed(const serve_opts *o, struct MHD_Connection *c) {
     return 0;
 }
 
+/* The chat page (webui.h) calls the API from this server's own origin, http://<Host>. That is
+ * trusted only where the Host is: under the loopback Host guard, or behind the API key (on an
+ * open non-loopback bind a rebound DNS name would pass for "own origin"). */
+static int own_origin(const serve_opts *o, struct MHD_Connection *c, const char *origin) {
+    if (!o->loopback && !o->api_key) return 0;
+    const char *host = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Host");
+    return host && !strncmp(origin, "http://", 7) && !strcasecmp(origin + 7, host);
+}
+
 static api_flavor flavor_of(const char *path) {
     return !strcmp(path, "/v1/messages") ? API_ANTHROPIC : API_OPENAI;
 }
@@ -361,6 +370,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
      * connection reset in the middle of its upload. */
     if (!host_allowed(s->o, c))
         return reject(c, rc, 403, "invalid_request_error", "host_not_allowed", "Host header not allowed");
+    /* A page of another site may send a POST its browser does not preflight (text/plain, or
+     * after a DNS rebinding): it cannot read the reply, but it would run a turn. Requests that
+     * act, from an origin off the CORS list (other than our own page's), are refused;
+     * non-browser clients send no Origin. */
+    const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+    if (origin && strcmp(rc->method, "GET") && strcmp(rc->method, "HEAD") && strcmp(rc->method, "OPTIONS") &&
+        !http_origin_allowed(origin) && !own_origin(s->o, c, origin))
+        return reject(c, rc, 403, "invalid_request_error", "origin_not_allowed",
+                      "requests from this Origin are not allowed (see --cors-origin)");
     /* Browsers never send credentials on a CORS preflight, and it reveals nothing but which
      * methods and headers are allowed, so it comes before the key check. */
     if (!strcmp(rc->method, "OPTIONS")) {

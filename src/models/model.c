@@ -10,9 +10,10 @@
 /* Families register here: one ops table per family file. */
 extern const family_ops deepseek_v4_ops;
 extern const family_ops glm_ops;
+extern const family_ops kimi_k3_ops;
 
 const family_ops *family_find(const char *model_type) {
-    const family_ops *all[] = {&deepseek_v4_ops, &glm_ops};
+    const family_ops *all[] = {&deepseek_v4_ops, &glm_ops, &kimi_k3_ops};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
         if (strcmp(all[i]->model_type, model_type) == 0) return all[i];
     return NULL;

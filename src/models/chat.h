@@ -46,6 +46,8 @@ const chat_template *chat_find(const char *model_type);
  * of difference would change the prompt. */
 void chat_json_py(sbuf *b, const cJSON *v);
 void chat_json_py_string(sbuf *b, const char *s);
+/* json.dumps(v, ensure_ascii=False, separators=(",", ":"), sort_keys=sort_keys): compact JSON. */
+void chat_json_compact(sbuf *b, const cJSON *v, int sort_keys);
 void chat_reply_free(chat_reply *r);
 
 #endif

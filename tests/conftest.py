@@ -39,23 +39,29 @@ def tiny_glm():
     return make_model("glm")
 
 
+@pytest.fixture(scope="session")
+def tiny_kimi_k3():
+    return make_model("kimi_k3")
+
+
 # ---- one fixture for tests that must hold on every family ------------------------------------
 
-FAMILIES = ("deepseek_v4", "glm")
+FAMILIES = ("deepseek_v4", "glm", "kimi_k3")
 
 
 class Family:
     """A tiny model of one family and what protocol-level tests need to know about it.
 
     extend_only: the family's state has parts that cannot rewind (DeepSeek V4: the sliding-window
-    ring and the compressor/indexer running partials), so anything but a strict extension of the
+    ring and the compressor/indexer running partials; Kimi K3: the KDA matrices and short-conv
+    windows), so anything but a strict extension of the
     slot's record needs a checkpoint. GLM keeps only per-position rows (MLA latents, indexer
     keys), so it truncates to any common prefix (src/state/state.h, reuse.h)."""
 
     def __init__(self, name, model):
         self.name = name
         self.model = model
-        self.extend_only = name == "deepseek_v4"
+        self.extend_only = name in ("deepseek_v4", "kimi_k3")
         added = json.load(open(os.path.join(model, "tokenizer.json")))["added_tokens"]
         self.token = {a["content"]: a["id"] for a in added}
         # Ordinary (non-special) ids for synthetic prompts: from 20 up to the first special token
@@ -64,6 +70,11 @@ class Family:
         if name == "deepseek_v4":
             self.start = [self.token["<｜begin▁of▁sentence｜>"]]
             self.user, self.assistant = self.token["<｜User｜>"], self.token["<｜Assistant｜>"]
+        elif name == "kimi_k3":
+            # No role tokens: every message ends with <|end_of_msg|> (the turn boundary the engine
+            # checkpoints at) and the next one opens with <|open|>.
+            self.start = [self.token["[BOS]"]]
+            self.user, self.assistant = self.token["<|end_of_msg|>"], self.token["<|open|>"]
         else:
             self.start = [self.token["[gMASK]"], self.token["<sop>"]]
             self.user, self.assistant = self.token["<|user|>"], self.token["<|assistant|>"]

@@ -246,6 +246,12 @@ static const char *find(const char *s, const char *end, const char *needle) {
     return s < end ? memmem(s, (size_t)(end - s), needle, strlen(needle)) : NULL;
 }
 
+static const char *find_last(const char *s, const char *end, const char *needle) {
+    const char *last = NULL;
+    for (const char *p = s; (p = find(p, end, needle)); p++) last = p;
+    return last;
+}
+
 static char *span(const char *s, const char *e) {
     char *out = xmalloc((size_t)(e - s) + 1);
     memcpy(out, s, (size_t)(e - s));
@@ -314,10 +320,14 @@ static cJSON *parse_call(const char *s, const char *e, const char *text, size_t 
 }
 
 /* Reasoning and content are returned exactly as generated, so a non-streamed reply equals the
- * concatenation of the streamed deltas. A reply cut off mid-channel keeps what it has. */
+ * concatenation of the streamed deltas. A reply cut off mid-channel keeps what it has; a tag
+ * still open at the end (<|open|>.. or <|close|>.. without its <|sep|>: more text may complete
+ * it while streaming) is markup, never content. */
 static void k3_parse(const char *text, size_t n, int thinking, chat_reply *out) {
     memset(out, 0, sizeof *out);
     const char *p = text, *end = text + n, *m;
+    const char *lo = find_last(p, end, OPEN), *lc = find_last(p, end, CLOSE), *tag = lo > lc ? lo : lc;
+    if (tag && !find(tag, end, SEP)) end = tag;
     if ((m = find(p, end, CLOSE "message" SEP))) end = m;
     if ((m = find(p, end, EOM))) end = m;
     if (thinking) {

@@ -406,7 +406,9 @@ static int parse_flags(int argc, char **argv, engine_opts *o) {
 }
 
 static void resolve_markers(engine *e) {
-    static const char *names[] = {"<｜User｜>", "<｜Assistant｜>", "<|user|>", "<|assistant|>", "<|system|>", "<|observation|>"};
+    /* <|end_of_msg|>: Kimi K3 ends every message with it (it has no role tokens). */
+    static const char *names[] = {"<｜User｜>", "<｜Assistant｜>", "<|user|>", "<|assistant|>", "<|system|>", "<|observation|>",
+                                  "<|end_of_msg|>"};
     if (!e->m->tok) return;
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
         int id = tok_id(e->m->tok, names[i]);

@@ -121,6 +121,10 @@ static void test_parse(void) {
     CHECK(!strcmp(cJSON_GetObjectItem(fn, "name")->valuestring, "get_weather"), "name");
     CHECK(args && !strcmp(args->valuestring, "{\"city\":\"2 Tokyo\",\"days\":2}"), "args %s", args ? args->valuestring : "");
     chat_reply_free(&r);
+    t = "partial<|close|>thi";
+    kimi_k3_chat.parse(t, strlen(t), 1, &r);
+    CHECK(r.reasoning && !strcmp(r.reasoning, "partial") && !r.content, "an open tag is held: %s", show(r.reasoning));
+    chat_reply_free(&r);
     t = "still thinking";
     kimi_k3_chat.parse(t, strlen(t), 1, &r);
     CHECK(r.reasoning && !strcmp(r.reasoning, t) && !r.content, "cut off in reasoning");

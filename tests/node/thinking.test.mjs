@@ -1,8 +1,9 @@
 // Reasoning split through the official clients, once per family: in thinking mode the prompt ends
-// with the family's assistant marker + <think>, the reply is REASONING</think>ANSWER, and the
-// gateway must hand the reasoning out separately (OpenAI reasoning_content, Anthropic thinking
-// blocks), streaming or not, without ever leaking the marker; in chat mode the prompt ends with the
-// marker + </think>. The engine is tests/fake_engine.py (it replies in 3-byte pieces, so the
+// with the family's thinking cue (assistant marker + <think>; Kimi K3: the assistant message and
+// its think channel opened), the reply is REASONING, the family's end-of-reasoning markup, ANSWER,
+// and the gateway must hand the reasoning out separately (OpenAI reasoning_content, Anthropic
+// thinking blocks), streaming or not, without ever leaking the markup; in chat mode the prompt ends
+// with the family's chat cue (marker + </think>; K3: the response channel opened). The engine is tests/fake_engine.py (it replies in 3-byte pieces, so the
 // marker and multibyte characters arrive split across frames).
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -12,12 +13,20 @@ import { startServer, MODEL_ID, FAMILY } from './serve_helper.mjs';
 
 const REASONING = 'Let me think… 2+2 is 4.';
 const ANSWER = 'The answer is 4.';
-const ASSISTANT = { deepseek_v4: '<｜Assistant｜>', glm_moe_dsa: '<|assistant|>' }[FAMILY];
-if (!ASSISTANT) throw new Error(`no assistant marker known for model_type ${FAMILY}`);
+const K3_ASSISTANT = '<|open|>message role="assistant"<|sep|>';
+const FORMAT = {
+  deepseek_v4: { think: '<｜Assistant｜><think>', chat: '<｜Assistant｜></think>', reply: `${REASONING}</think>${ANSWER}` },
+  glm_moe_dsa: { think: '<|assistant|><think>', chat: '<|assistant|></think>', reply: `${REASONING}</think>${ANSWER}` },
+  kimi_k3: {
+    think: `${K3_ASSISTANT}<|open|>think<|sep|>`, chat: `${K3_ASSISTANT}<|open|>response<|sep|>`,
+    reply: `${REASONING}<|close|>think<|sep|><|open|>response<|sep|>${ANSWER}<|close|>response<|sep|><|close|>message<|sep|>`,
+  },
+}[FAMILY];
+if (!FORMAT) throw new Error(`no thinking format known for model_type ${FAMILY}`);
 
 let server;
 before(async () => {
-  server = await startServer([], { FAKE_REPLY: `${REASONING}</think>${ANSWER}` }, { fake: true });
+  server = await startServer([], { FAKE_REPLY: FORMAT.reply }, { fake: true });
 });
 after(async () => { await server.stop(); });
 
@@ -27,7 +36,7 @@ test('openai: reasoning_content separated, streaming and not', async () => {
   const c = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'unused', maxRetries: 0 });
   const messages = [{ role: 'user', content: 'What is 2+2?' }];
   const r = await c.chat.completions.create({ model: MODEL_ID, messages, reasoning_effort: 'high', max_tokens: 100 });
-  assert.ok(lastPrompt().endsWith(`${ASSISTANT}<think>`), 'thinking mode must end the prompt with <think>');
+  assert.ok(lastPrompt().endsWith(FORMAT.think), 'thinking mode must end the prompt with the thinking cue');
   assert.equal(r.choices[0].message.content, ANSWER);
   assert.equal(r.choices[0].message.reasoning_content, REASONING);
 
@@ -43,7 +52,7 @@ test('openai: reasoning_content separated, streaming and not', async () => {
   assert.equal(content, ANSWER);
 
   await c.chat.completions.create({ model: MODEL_ID, messages, max_tokens: 100 });
-  assert.ok(lastPrompt().endsWith(`${ASSISTANT}</think>`), 'chat mode must end the prompt with </think>');
+  assert.ok(lastPrompt().endsWith(FORMAT.chat), 'chat mode must end the prompt with the chat cue');
 });
 
 test('anthropic: thinking block then text block, streaming and not', async () => {

@@ -158,15 +158,15 @@ def glu(w, p, d, inter):
 
 def moe(w, p, c):
     d, e, lat, inter = c["hidden_size"], c["num_experts"], c["routed_expert_hidden_size"], c["moe_intermediate_size"]
-    w.mat(p + "gate.weight", e, d, gain=2.0)
+    w.mat(p + "gate.weight", e, d, gain=1.0)
     w.vec(p + "gate.e_score_correction_bias", e, mean=0.0, spread=0.2, dtype="F32")
     w.mat(p + "routed_expert_down_proj.weight", lat, d)
     w.vec(p + "routed_expert_norm.weight", lat)
     w.mat(p + "routed_expert_up_proj.weight", d, lat, gain=0.7)
     for i in range(e):
-        w.mxfp4(f"{p}experts.{i}.w1", inter, lat, gain=2.0)
+        w.mxfp4(f"{p}experts.{i}.w1", inter, lat, gain=1.5)
         w.mxfp4(f"{p}experts.{i}.w2", lat, inter)
-        w.mxfp4(f"{p}experts.{i}.w3", inter, lat, gain=2.0)
+        w.mxfp4(f"{p}experts.{i}.w3", inter, lat, gain=1.5)
     glu(w, p + "shared_experts.", d, inter * c["num_shared_experts"])
 
 

@@ -132,7 +132,11 @@ def test_default_numerics_round_to_bf16(cairn, tiny_kimi_k3, reference):
     top = [abs(row[0][1] - lp[p][row[0][0]]) for p, row in enumerate(qat)]
     assert max(top) > 1e-4, "qat numerics identical to f32: BF16 rounding did not happen"
     assert max(top) < 0.3 and np.median(top) < 0.05, f"BF16 activations drifted too far: {top}"
-    assert [r[0][0] for r in exact] == [r[0][0] for r in qat]
+    assert exact != qat
+    for p, row in enumerate(qat):          # no flip where the reference is not near a tie
+        first, second = np.sort(lp[p])[-1], np.sort(lp[p])[-2]
+        if first - second > 0.5:
+            assert row[0][0] == ref.top_indices(lp[p], 1)[0], f"pos {p}"
 
 
 @pytest.mark.parametrize("numerics", ["exact", "qat"])

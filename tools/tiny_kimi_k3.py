@@ -39,11 +39,12 @@ SIZES = {
                  qk_rope_head_dim=8, v_head_dim=16, num_experts=8, num_experts_per_token=2,
                  num_shared_experts=2, moe_intermediate_size=32, routed_expert_hidden_size=32,
                  attn_res_block_size=2, kda_heads=2, kda_head_dim=16),
-    "bench": dict(vocab_size=4096, hidden_size=1024, num_hidden_layers=8, intermediate_size=2048,
-                  num_attention_heads=8, q_lora_rank=256, kv_lora_rank=128, qk_nope_head_dim=64,
+    # ~1 GB: the dense KDA projections and the MXFP4 experts dominate, as in the release.
+    "bench": dict(vocab_size=4096, hidden_size=2048, num_hidden_layers=8, intermediate_size=4096,
+                  num_attention_heads=16, q_lora_rank=512, kv_lora_rank=256, qk_nope_head_dim=64,
                   qk_rope_head_dim=32, v_head_dim=64, num_experts=32, num_experts_per_token=4,
-                  num_shared_experts=2, moe_intermediate_size=256, routed_expert_hidden_size=512,
-                  attn_res_block_size=4, kda_heads=8, kda_head_dim=64),
+                  num_shared_experts=2, moe_intermediate_size=1024, routed_expert_hidden_size=1024,
+                  attn_res_block_size=4, kda_heads=16, kda_head_dim=128),
 }
 
 

@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../core/util.h"
+
 extern const chat_template deepseek_v4_chat;
 extern const chat_template glm_chat;
 extern const chat_template kimi_k3_chat;
@@ -37,6 +39,19 @@ void chat_reply_free(chat_reply *r) {
     free(r->content);
     cJSON_Delete(r->tool_calls);
     memset(r, 0, sizeof *r);
+}
+
+cJSON *chat_tool_call(const char *name, const char *arguments_json, const char *text, size_t n, int k) {
+    char id[40];
+    uint64_t h = fnv64(FNV64_INIT, text, n);
+    snprintf(id, sizeof id, "call_%016llx%08x", (unsigned long long)h, (unsigned)(fnv64(h, &k, sizeof k) & 0xffffffffu));
+    cJSON *call = cJSON_CreateObject(), *fn = cJSON_CreateObject();
+    cJSON_AddStringToObject(call, "id", id);
+    cJSON_AddStringToObject(call, "type", "function");
+    cJSON_AddStringToObject(fn, "name", name);
+    cJSON_AddStringToObject(fn, "arguments", arguments_json);
+    cJSON_AddItemToObject(call, "function", fn);
+    return call;
 }
 
 void chat_json_py_string(sbuf *b, const char *s) {

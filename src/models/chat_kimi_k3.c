@@ -304,15 +304,8 @@ static cJSON *parse_call(const char *s, const char *e, const char *text, size_t 
         }
         p = ve < e ? ve + 1 : e;
     }
-    char *args_json = raw ? raw : cJSON_PrintUnformatted(args), id[40];
-    uint64_t h = fnv64(FNV64_INIT, text, n);
-    snprintf(id, sizeof id, "call_%016llx%08x", (unsigned long long)h, (unsigned)(fnv64(h, &k, sizeof k) & 0xffffffffu));
-    cJSON *call = cJSON_CreateObject(), *fn = cJSON_CreateObject();
-    cJSON_AddStringToObject(call, "id", id);
-    cJSON_AddStringToObject(call, "type", "function");
-    cJSON_AddStringToObject(fn, "name", name);
-    cJSON_AddStringToObject(fn, "arguments", args_json);
-    cJSON_AddItemToObject(call, "function", fn);
+    char *args_json = raw ? raw : cJSON_PrintUnformatted(args);
+    cJSON *call = chat_tool_call(name, args_json, text, n, k);
     free(name);
     free(args_json);
     cJSON_Delete(args);

@@ -1,7 +1,6 @@
-/* chat.c — the registry of chat templates, keyed by config.json model_type.
- *
- * Each family's template lives in its own file (chat_deepseek_v4.c, chat_glm.c, chat_kimi_k3.c); this file also
- * holds what the templates share (the Python-style JSON writer). */
+/* chat.c — what the chat templates share (the Python-style JSON writer, reply freeing).
+ * Each family's template lives in its own file (chat_<family>.c) and is reached through the
+ * family's descriptor (model.h). */
 #include "chat.h"
 
 #include <math.h>
@@ -11,28 +10,6 @@
 
 #include "../core/util.h"
 
-extern const chat_template deepseek_v4_chat;
-extern const chat_template glm_chat;
-extern const chat_template kimi_k3_chat;
-
-/* GLM-5 checkpoints declare model_type glm_moe_dsa; the template is the same for every GLM. */
-static const struct {
-    const char *model_type;
-    const chat_template *tpl;
-} chat_registry[] = {
-    {"deepseek_v4", &deepseek_v4_chat},
-    {"glm_moe_dsa", &glm_chat},
-    {"glm", &glm_chat},
-    {"kimi_k3", &kimi_k3_chat},
-};
-
-const chat_template *chat_find(const char *model_type) {
-    if (!model_type) return NULL;
-    for (size_t i = 0; i < sizeof chat_registry / sizeof chat_registry[0]; i++)
-        if (!strcmp(chat_registry[i].model_type, model_type)) return chat_registry[i].tpl;
-    return NULL;
-}
-
 void chat_reply_free(chat_reply *r) {
     if (!r) return;
     free(r->reasoning);
@@ -41,18 +18,64 @@ void chat_reply_free(chat_reply *r) {
     memset(r, 0, sizeof *r);
 }
 
-cJSON *chat_tool_call(const char *name, const char *arguments_json, const char *text, size_t n, int k) {
-    char id[40];
-    uint64_t h = fnv64(FNV64_INIT, text, n);
-    snprintf(id, sizeof id, "call_%016llx%08x", (unsigned long long)h, (unsigned)(fnv64(h, &k, sizeof k) & 0xffffffffu));
-    cJSON *call = cJSON_CreateObject(), *fn = cJSON_CreateObject();
-    cJSON_AddStringToObject(call, "id", id);
-    cJSON_AddStringToObject(call, "type", "function");
-    cJSON_AddStringToObject(fn, "name", name);
-    cJSON_AddStringToObject(fn, "arguments", arguments_json);
-    cJSON_AddItemToObject(call, "function", fn);
-    return call;
+/* ---- prompts with trusted and untrusted text ------------------------------------------------- */
+
+void chat_trusted(chat_prompt *p, const char *template_text) { sbuf_puts(&p->text, template_text); }
+
+void chat_untrusted_since(chat_prompt *p, size_t start) {
+    size_t end = p->text.len;
+    if (end <= start) return;
+    tok_span *last = p->nuntrusted ? &p->untrusted[p->nuntrusted - 1] : NULL;
+    if (last && last->start + last->len == start) {
+        last->len += end - start;
+        return;
+    }
+    if (p->nuntrusted == p->cap) {
+        p->cap = p->cap ? 2 * p->cap : 16;
+        p->untrusted = xrealloc(p->untrusted, (size_t)p->cap * sizeof *p->untrusted);
+    }
+    p->untrusted[p->nuntrusted++] = (tok_span){start, end - start};
 }
+
+void chat_untrusted(chat_prompt *p, const char *s, size_t n) {
+    size_t start = p->text.len;
+    sbuf_put(&p->text, s, n);
+    chat_untrusted_since(p, start);
+}
+
+void chat_untrusted_str(chat_prompt *p, const char *s) { chat_untrusted(p, s, strlen(s)); }
+
+void chat_untrusted_json(chat_prompt *p, const cJSON *v) {
+    size_t start = p->text.len;
+    chat_json_py(&p->text, v);
+    chat_untrusted_since(p, start);
+}
+
+void chat_prompt_free(chat_prompt *p) {
+    sbuf_free(&p->text);
+    free(p->untrusted);
+    memset(p, 0, sizeof *p);
+}
+
+int chat_prompt_encode(const tokenizer *t, const chat_prompt *p, int **ids, int *n, char *err, size_t errlen) {
+    int cap = (int)p->text.len + 16;
+    *ids = xmalloc((size_t)cap * sizeof **ids);
+    const char *text = p->text.p ? p->text.p : "";
+    int k = tok_encode_untrusted(t, text, p->text.len, p->untrusted, p->nuntrusted, *ids, cap, err, errlen);
+    if (k > cap) {
+        *ids = xrealloc(*ids, (size_t)k * sizeof **ids);
+        k = tok_encode_untrusted(t, text, p->text.len, p->untrusted, p->nuntrusted, *ids, k, err, errlen);
+    }
+    if (k < 0) {
+        free(*ids);
+        *ids = NULL;
+        return -1;
+    }
+    *n = k;
+    return 0;
+}
+
+/* ---- Python-style JSON ----------------------------------------------------------------------- */
 
 void chat_json_py_string(sbuf *b, const char *s) {
     sbuf_put(b, "\"", 1);
@@ -97,7 +120,7 @@ static void json_write(sbuf *b, const cJSON *v, const char *item_sep, const char
     else if (cJSON_IsArray(v) || cJSON_IsObject(v)) {
         int obj = cJSON_IsObject(v), n = 0;
         for (const cJSON *e = v->child; e; e = e->next) n++;
-        const cJSON **items = malloc((size_t)(n ? n : 1) * sizeof *items);
+        const cJSON **items = xmalloc((size_t)(n ? n : 1) * sizeof *items);
         n = 0;
         for (const cJSON *e = v->child; e; e = e->next) items[n++] = e;
         for (int i = 1; obj && sort && i < n; i++)      /* insertion sort: stable, small objects */
@@ -123,3 +146,16 @@ static void json_write(sbuf *b, const cJSON *v, const char *item_sep, const char
 void chat_json_py(sbuf *b, const cJSON *v) { json_write(b, v, ", ", ": ", 0); }
 
 void chat_json_compact(sbuf *b, const cJSON *v, int sort_keys) { json_write(b, v, ",", ":", sort_keys); }
+
+cJSON *chat_tool_call(const char *name, const char *arguments_json, const char *text, size_t n, int k) {
+    char id[40];
+    uint64_t h = fnv64(FNV64_INIT, text, n);
+    snprintf(id, sizeof id, "call_%016llx%08x", (unsigned long long)h, (unsigned)(fnv64(h, &k, sizeof k) & 0xffffffffu));
+    cJSON *call = cJSON_CreateObject(), *fn = cJSON_CreateObject();
+    cJSON_AddStringToObject(call, "id", id);
+    cJSON_AddStringToObject(call, "type", "function");
+    cJSON_AddStringToObject(fn, "name", name);
+    cJSON_AddStringToObject(fn, "arguments", arguments_json);
+    cJSON_AddItemToObject(call, "function", fn);
+    return call;
+}

@@ -27,7 +27,10 @@
  * without ASCII escaping; attribute values escape & " < > as XML entities. Options the encoder
  * renders as one-time option messages whose text is not public here (tool_choice other than
  * auto, response_format) are refused with an error rather than rendered wrongly; efforts other
- * than low / high / max are refused as the encoder refuses them. */
+ * than low / high / max are refused as the encoder refuses them.
+ *
+ * Only the format's literals are written trusted; content, reasoning, tool results, the tools
+ * JSON, tool and argument names and argument values are request data, written untrusted (chat.h). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,28 +46,45 @@
 
 /* ---- rendering -------------------------------------------------------------------------- */
 
-static void put_attr(sbuf *b, const char *key, const char *value) {
-    sbuf_printf(b, " %s=\"", key);
-    for (const char *p = value; *p; p++) {
-        switch (*p) {
-        case '&': sbuf_puts(b, "&amp;"); break;
-        case '"': sbuf_puts(b, "&quot;"); break;
-        case '<': sbuf_puts(b, "&lt;"); break;
-        case '>': sbuf_puts(b, "&gt;"); break;
-        default: sbuf_put(b, p, 1);
+/* Template text is written with T (trusted); request data with chat_untrusted* (chat.h). */
+#define T(lit) chat_trusted(p, lit)
+
+/* key="value": the value is request data (a tool or argument name), entity-escaped. */
+static void put_attr(chat_prompt *p, const char *key, const char *value, int untrusted) {
+    sbuf_printf(&p->text, " %s=\"", key);
+    size_t at = p->text.len;
+    for (const char *c = value; *c; c++) {
+        switch (*c) {
+        case '&': sbuf_puts(&p->text, "&amp;"); break;
+        case '"': sbuf_puts(&p->text, "&quot;"); break;
+        case '<': sbuf_puts(&p->text, "&lt;"); break;
+        case '>': sbuf_puts(&p->text, "&gt;"); break;
+        default: sbuf_put(&p->text, c, 1);
         }
     }
-    sbuf_puts(b, "\"");
+    if (untrusted) chat_untrusted_since(p, at);
+    T("\"");
 }
 
-static void close_tag(sbuf *b, const char *name) { sbuf_printf(b, CLOSE "%s" SEP, name); }
+static void close_tag(chat_prompt *p, const char *name) {
+    T(CLOSE);
+    T(name);
+    T(SEP);
+}
 
-static void end_message(sbuf *b) { sbuf_puts(b, CLOSE "message" SEP EOM); }
+static void end_message(chat_prompt *p) { T(CLOSE "message" SEP EOM); }
 
-/* A message's text: a string, or the text parts of an array; null is empty. */
-static int put_text(sbuf *b, const cJSON *content, int idx, char *err, size_t errlen) {
+static void open_message(chat_prompt *p, const char *role, const char *type) {
+    T(OPEN "message");
+    put_attr(p, "role", role, 0);
+    if (type) put_attr(p, "type", type, 0);
+    T(SEP);
+}
+
+/* A message's text, untrusted: a string, or the text parts of an array; null is empty. */
+static int put_text(chat_prompt *p, const cJSON *content, int idx, char *err, size_t errlen) {
     if (!content || cJSON_IsNull(content)) return 0;
-    if (cJSON_IsString(content)) { sbuf_puts(b, content->valuestring); return 0; }
+    if (cJSON_IsString(content)) { chat_untrusted_str(p, content->valuestring); return 0; }
     if (!cJSON_IsArray(content))
         return errf(err, errlen, "messages[%d].content must be a string or an array of content parts", idx);
     const cJSON *part;
@@ -73,29 +93,32 @@ static int put_text(sbuf *b, const cJSON *content, int idx, char *err, size_t er
         const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
         if (!cJSON_IsString(type) || strcmp(type->valuestring, "text") || !cJSON_IsString(text))
             return errf(err, errlen, "messages[%d].content: only text parts are supported", idx);
-        sbuf_puts(b, text->valuestring);
+        chat_untrusted_str(p, text->valuestring);
     }
     return 0;
 }
 
-static void render_options(sbuf *b, const cJSON *tools, int thinking, const char *effort) {
+static void untrusted_compact(chat_prompt *p, const cJSON *v, int sort_keys) {
+    size_t at = p->text.len;
+    chat_json_compact(&p->text, v, sort_keys);
+    chat_untrusted_since(p, at);
+}
+
+static void render_options(chat_prompt *p, const cJSON *tools, int thinking, const char *effort) {
     if (cJSON_IsArray(tools) && cJSON_GetArraySize(tools) > 0) {
-        sbuf_puts(b, OPEN "message");
-        put_attr(b, "role", "system");
-        put_attr(b, "type", "tool-declare");
-        sbuf_puts(b, SEP "# Tools\nHere are the available tools, described in JSONSchema.\n\n```json\n");
-        chat_json_compact(b, tools, 1);
-        sbuf_puts(b, "\n```");
-        end_message(b);
+        open_message(p, "system", "tool-declare");
+        T("# Tools\nHere are the available tools, described in JSONSchema.\n\n```json\n");
+        untrusted_compact(p, tools, 1);
+        T("\n```");
+        end_message(p);
     }
     if (!thinking) return;
-    sbuf_puts(b, OPEN "message");
-    put_attr(b, "role", "system");
-    put_attr(b, "type", "thinking-effort");
-    sbuf_printf(b, SEP "`thinking_effort` guides on how much to think in your thinking channel (not including the "
-                "response channel), supported values include `low`, `medium`, `high`, and `max`.\nNow the system is "
-                "invoked with `thinking_effort=%s`.", effort);
-    end_message(b);
+    open_message(p, "system", "thinking-effort");
+    T("`thinking_effort` guides on how much to think in your thinking channel (not including the response channel), "
+      "supported values include `low`, `medium`, `high`, and `max`.\nNow the system is invoked with `thinking_effort=");
+    T(effort);        /* one of the literals k3_render accepts */
+    T("`.");
+    end_message(p);
 }
 
 static const cJSON *call_function(const cJSON *call) {
@@ -103,68 +126,66 @@ static const cJSON *call_function(const cJSON *call) {
     return fn ? fn : call;
 }
 
-static int render_call(sbuf *b, const cJSON *call, int idx, int k, char *err, size_t errlen) {
+static int render_call(chat_prompt *p, const cJSON *call, int idx, int k, char *err, size_t errlen) {
     const cJSON *fn = call_function(call), *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
     const cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
     if (!cJSON_IsString(name)) return errf(err, errlen, "messages[%d].tool_calls[%d].function.name must be a string", idx, k);
     char index[16];
     snprintf(index, sizeof index, "%d", k + 1);
-    sbuf_puts(b, OPEN "call");
-    put_attr(b, "tool", name->valuestring);
-    put_attr(b, "index", index);
-    sbuf_puts(b, SEP);
+    T(OPEN "call");
+    put_attr(p, "tool", name->valuestring, 1);
+    put_attr(p, "index", index, 0);
+    T(SEP);
     cJSON *parsed = cJSON_IsString(args) ? cJSON_Parse(args->valuestring) : NULL;
     const cJSON *obj = parsed ? parsed : args;
     if (!args || cJSON_IsObject(obj)) {
         for (const cJSON *a = obj ? obj->child : NULL; a; a = a->next) {
             const char *type = cJSON_IsString(a) ? "string" : cJSON_IsNumber(a) ? "number" : cJSON_IsBool(a) ? "boolean"
                                : cJSON_IsNull(a) ? "null" : cJSON_IsArray(a) ? "array" : "object";
-            sbuf_puts(b, OPEN "argument");
-            put_attr(b, "key", a->string);
-            put_attr(b, "type", type);
-            sbuf_puts(b, SEP);
-            if (cJSON_IsString(a)) sbuf_puts(b, a->valuestring);
-            else chat_json_compact(b, a, 0);
-            close_tag(b, "argument");
+            T(OPEN "argument");
+            put_attr(p, "key", a->string, 1);
+            put_attr(p, "type", type, 0);
+            T(SEP);
+            if (cJSON_IsString(a)) chat_untrusted_str(p, a->valuestring);
+            else untrusted_compact(p, a, 0);
+            close_tag(p, "argument");
         }
     } else {
-        sbuf_puts(b, OPEN "json" SEP);
-        if (cJSON_IsString(args)) sbuf_puts(b, args->valuestring);
-        else chat_json_compact(b, args, 0);
-        close_tag(b, "json");
+        T(OPEN "json" SEP);
+        if (cJSON_IsString(args)) chat_untrusted_str(p, args->valuestring);
+        else untrusted_compact(p, args, 0);
+        close_tag(p, "json");
     }
     cJSON_Delete(parsed);
-    close_tag(b, "call");
+    close_tag(p, "call");
     return 0;
 }
 
-static int render_assistant(sbuf *b, const cJSON *msg, int idx, int thinking, char *err, size_t errlen) {
-    sbuf_puts(b, OPEN "message");
-    put_attr(b, "role", "assistant");
-    sbuf_puts(b, SEP);
+static int render_assistant(chat_prompt *p, const cJSON *msg, int idx, int thinking, char *err, size_t errlen) {
+    open_message(p, "assistant", NULL);
     if (thinking) {
         const cJSON *rc = cJSON_GetObjectItemCaseSensitive(msg, "reasoning_content");
-        sbuf_puts(b, OPEN "think" SEP);
-        if (cJSON_IsString(rc)) sbuf_puts(b, rc->valuestring);
-        close_tag(b, "think");
+        T(OPEN "think" SEP);
+        if (cJSON_IsString(rc)) chat_untrusted_str(p, rc->valuestring);
+        close_tag(p, "think");
     }
-    sbuf_puts(b, OPEN "response" SEP);
-    if (put_text(b, cJSON_GetObjectItemCaseSensitive(msg, "content"), idx, err, errlen)) return -1;
-    close_tag(b, "response");
+    T(OPEN "response" SEP);
+    if (put_text(p, cJSON_GetObjectItemCaseSensitive(msg, "content"), idx, err, errlen)) return -1;
+    close_tag(p, "response");
     const cJSON *calls = cJSON_GetObjectItemCaseSensitive(msg, "tool_calls"), *c;
     if (cJSON_IsArray(calls) && cJSON_GetArraySize(calls) > 0) {
-        sbuf_puts(b, OPEN "tools" SEP);
+        T(OPEN "tools" SEP);
         int k = 0;
-        cJSON_ArrayForEach(c, calls) if (render_call(b, c, idx, k++, err, errlen)) return -1;
-        close_tag(b, "tools");
+        cJSON_ArrayForEach(c, calls) if (render_call(p, c, idx, k++, err, errlen)) return -1;
+        close_tag(p, "tools");
     }
-    end_message(b);
+    end_message(p);
     return 0;
 }
 
 /* A tool result repeats its call's tool/index: found by tool_call_id in the latest assistant
  * message with tool calls, else by its position among the results that follow that message. */
-static int render_tool_result(sbuf *b, const cJSON *messages, int i, char *err, size_t errlen) {
+static int render_tool_result(chat_prompt *p, const cJSON *messages, int i, char *err, size_t errlen) {
     const cJSON *msg = cJSON_GetArrayItem(messages, i), *calls = NULL;
     int first = i;
     while (first > 0) {
@@ -190,55 +211,50 @@ static int render_tool_result(sbuf *b, const cJSON *messages, int i, char *err, 
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(call_function(cJSON_GetArrayItem(calls, k)), "name");
     char index[16];
     snprintf(index, sizeof index, "%d", k + 1);
-    sbuf_puts(b, OPEN "message");
-    put_attr(b, "role", "tool");
-    put_attr(b, "tool", cJSON_IsString(name) ? name->valuestring : "");
-    put_attr(b, "index", index);
-    sbuf_puts(b, SEP);
-    if (put_text(b, cJSON_GetObjectItemCaseSensitive(msg, "content"), i, err, errlen)) return -1;
-    end_message(b);
+    T(OPEN "message");
+    put_attr(p, "role", "tool", 0);
+    put_attr(p, "tool", cJSON_IsString(name) ? name->valuestring : "", 1);
+    put_attr(p, "index", index, 0);
+    T(SEP);
+    if (put_text(p, cJSON_GetObjectItemCaseSensitive(msg, "content"), i, err, errlen)) return -1;
+    end_message(p);
     return 0;
 }
 
-static int render_message(sbuf *b, const cJSON *messages, int i, int thinking, char *err, size_t errlen) {
+static int render_message(chat_prompt *p, const cJSON *messages, int i, int thinking, char *err, size_t errlen) {
     const cJSON *msg = cJSON_GetArrayItem(messages, i);
     const cJSON *role = cJSON_GetObjectItemCaseSensitive(msg, "role");
     if (!cJSON_IsObject(msg) || !cJSON_IsString(role)) return errf(err, errlen, "messages[%d].role must be a string", i);
     const char *r = role->valuestring;
-    if (!strcmp(r, "assistant")) return render_assistant(b, msg, i, thinking, err, errlen);
-    if (!strcmp(r, "tool")) return render_tool_result(b, messages, i, err, errlen);
+    if (!strcmp(r, "assistant")) return render_assistant(p, msg, i, thinking, err, errlen);
+    if (!strcmp(r, "tool")) return render_tool_result(p, messages, i, err, errlen);
     if (strcmp(r, "user") && strcmp(r, "system") && strcmp(r, "developer"))
         return errf(err, errlen, "messages[%d].role '%s' is not one of system, developer, user, assistant, tool", i, r);
-    sbuf_puts(b, OPEN "message");
-    put_attr(b, "role", strcmp(r, "user") ? "system" : "user");
-    sbuf_puts(b, SEP);
-    if (put_text(b, cJSON_GetObjectItemCaseSensitive(msg, "content"), i, err, errlen)) return -1;
-    end_message(b);
+    open_message(p, strcmp(r, "user") ? "system" : "user", NULL);
+    if (put_text(p, cJSON_GetObjectItemCaseSensitive(msg, "content"), i, err, errlen)) return -1;
+    end_message(p);
     return 0;
 }
 
-static char *k3_render(const cJSON *messages, const cJSON *tools, const chat_opts *o, char *err, size_t errlen) {
+static int k3_render(const cJSON *messages, const cJSON *tools, const chat_opts *o, chat_prompt *p, char *err,
+                     size_t errlen) {
     int thinking = !o || o->thinking;
     const char *effort = o && o->effort ? o->effort : "max";
-    if (!cJSON_IsArray(messages)) { errf(err, errlen, "messages must be an array"); return NULL; }
-    if (strcmp(effort, "low") && strcmp(effort, "high") && strcmp(effort, "max")) {
-        errf(err, errlen, "reasoning effort '%s' is not supported by Kimi K3 (low, high or max)", effort);
-        return NULL;
-    }
-    if (o && o->tool_choice && strcmp(o->tool_choice, "auto")) {
-        errf(err, errlen, "tool_choice '%s' is not supported by the Kimi K3 template (auto only)", o->tool_choice);
-        return NULL;
-    }
-    sbuf b = {0};
-    render_options(&b, tools, thinking, effort);
+    if (!cJSON_IsArray(messages)) return errf(err, errlen, "messages must be an array");
+    if (strcmp(effort, "low") && strcmp(effort, "high") && strcmp(effort, "max"))
+        return errf(err, errlen, "reasoning effort '%s' is not supported by Kimi K3 (low, high or max)", effort);
+    if (o && o->tool_choice && strcmp(o->tool_choice, "auto"))
+        return errf(err, errlen, "tool_choice '%s' is not supported by the Kimi K3 template (auto only)", o->tool_choice);
+    render_options(p, tools, thinking, effort);
     int n = cJSON_GetArraySize(messages);
     for (int i = 0; i < n; i++)
-        if (render_message(&b, messages, i, thinking, err, errlen)) { free(b.p); return NULL; }
-    sbuf_puts(&b, OPEN "message");
-    put_attr(&b, "role", "assistant");
-    sbuf_puts(&b, thinking ? SEP OPEN "think" SEP : SEP OPEN "response" SEP);
-    return sbuf_take(&b);
+        if (render_message(p, messages, i, thinking, err, errlen)) return -1;
+    open_message(p, "assistant", NULL);
+    T(thinking ? OPEN "think" SEP : OPEN "response" SEP);
+    return 0;
 }
+
+#undef T
 
 /* ---- parsing a reply -------------------------------------------------------------------- */
 
@@ -351,7 +367,6 @@ static size_t k3_system_prefix_bytes(const char *prompt, size_t n) {
 }
 
 const chat_template kimi_k3_chat = {
-    .model_type = "kimi_k3",
     .render = k3_render,
     .parse = k3_parse,
     .system_prefix_bytes = k3_system_prefix_bytes,

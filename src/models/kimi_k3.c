@@ -76,6 +76,7 @@ static int read_options(k3_model *k, const cJSON *c, char *err, size_t errlen) {
     if (k->res_block < 0 || (k->res_block && (k->n_layers + k->res_block - 1) / k->res_block > K3_MAX_BLOCKS))
         return errf(err, errlen, "config.json: attn_res_block_size %d gives more than %d blocks", k->res_block,
                     K3_MAX_BLOCKS);
+    k->n_blocks = k->res_block ? (k->n_layers + k->res_block - 1) / k->res_block : 0;
     if (!(b1 > 0) || !(b2 > 0)) return errf(err, errlen, "config.json: activation_situ_beta values must be > 0");
     if (bound && !cJSON_IsNull(bound)) {
         if (config_double(c, "linear_attn_config.gate_lower_bound", &lb, err, errlen)) return -1;
@@ -384,11 +385,12 @@ static void k3_seq_free(model *m, void *fam_seq) {
     free(s);
 }
 
-static void *k3_seq_new(model *m, state *st, int ctx, char *err, size_t errlen) {
+static void *k3_seq_new(model *m, state *st, int ctx, arena *scratch, char *err, size_t errlen) {
     const k3_model *k = m->priv;
     k3_seq *s = xcalloc(1, sizeof *s);
     int L = k->n_layers, proj = k->kda_heads * k->kda_dim;
     s->st = st;
+    s->scratch = scratch;
     s->cap = ctx;
     s->kda = xcalloc((size_t)L, sizeof *s->kda);
     s->conv = xcalloc((size_t)L, sizeof *s->conv);
@@ -460,10 +462,19 @@ static double k3_token_flops(const model *m, int pos) {
     return 2.0 * f;
 }
 
+static const char *const k3_model_types[] = {"kimi_k3", NULL};
+
+/* K3 has no role tokens: every message ends with <|end_of_msg|>, and the next one (user or
+ * assistant alike) opens right after it with <|open|>; a rendered conversation starts with it. */
 const family_ops kimi_k3_ops = {
-    .model_type = "kimi_k3",
+    .name = "kimi_k3",
+    .model_types = k3_model_types,
+    .chat = &kimi_k3_chat,
+    .turns = {.start = {"<|open|>"}, .user = "<|end_of_msg|>", .assistant = "<|end_of_msg|>"},
+    .truncates = 0,   /* the KDA matrices and short-conv windows cannot rewind */
     .load = k3_load,
     .free = k3_free,
+    .scratch_bytes = k3_scratch_bytes,
     .seq_new = k3_seq_new,
     .seq_free = k3_seq_free,
     .forward = k3_forward,

@@ -35,8 +35,11 @@
 #include "../core/ops.h"
 #include "model.h"
 
+extern const chat_template kimi_k3_chat;
+
 #define K3_MAX_BLOCKS 32        /* attention-residual snapshots: ceil(layers / block size) */
 #define K3_MAX_CONV 8           /* short-conv kernel */
+#define K3_CHUNK 64             /* tokens per internal pass: bounds the scratch arena */
 
 typedef struct {
     qmat q, k, v, f_a, f_b, b, g, g_a, g_b, o;  /* g full rank, or g_a/g_b low rank (Kimi Linear) */
@@ -70,6 +73,7 @@ typedef struct {
     int n_experts, top_k, n_shared, moe_inter, latent, renormalize;
     float routed_scale, situ_beta, situ_linear_beta, eps;
     int res_block;                           /* attn_res_block_size; 0 = plain residuals */
+    int n_blocks;                            /* snapshots a forward pass takes: ceil(layers / res_block) */
     qmat embed, head;
     const float *final_norm, *out_res_norm, *out_res_proj;
     k3_layer *layers;
@@ -78,22 +82,24 @@ typedef struct {
     int n_validated;
 } k3_model;
 
-/* Per-sequence handle: pointers into the state's parts. */
+/* Per-sequence handle: pointers into the state's parts, and the sequence's scratch arena. */
 typedef struct {
     state *st;
+    arena *scratch;
     float **kda, **conv, **kv;   /* [n_layers], NULL where the layer has no such part */
     int *kda_part, *conv_part;   /* part indices for state_capture */
     int cap;
 } k3_seq;
 
-/* Scratch of one forward call, freed together. */
-typedef struct {
-    void *ptr[48];
-    int n;
-} k3_scratch;
-
-float *k3_floats(k3_scratch *s, size_t n);
-void k3_scratch_free(k3_scratch *s);
+/* SCRATCH. Every buffer of a forward pass comes from the sequence's arena (core/arena.h), taken
+ * by each stage's *_layout function for n <= K3_CHUNK tokens ending at or before `end` positions.
+ * k3_scratch_bytes runs the same layouts on a measuring arena, so the bound is exact by
+ * construction. A stage gives its buffers back (arena_release) when it returns. */
+float *k3_floats(arena *a, size_t n);
+size_t k3_kda_scratch(const k3_model *k, int n);
+size_t k3_mla_scratch(const k3_model *k, int n, int end);
+size_t k3_ffn_scratch(const k3_model *k, const k3_layer *l, int n);
+size_t k3_scratch_bytes(const model *m, int ctx);
 /* Rounds activations to BF16 under default numerics (no-op with --numerics exact). */
 void k3_round(const model *m, float *x, size_t n);
 /* y[n][w->rows] = W x, rounded as an activation. */
@@ -103,10 +109,10 @@ void k3_rmsnorm_rows(const model *m, float *out, const float *x, const float *w,
 void k3_situ(const k3_model *k, float *g, const float *u, size_t n);
 
 void k3_kda_forward(const model *m, const k3_layer *l, int li, k3_seq *s, const float *hn, int pos0, int n,
-                    float *out, k3_scratch *sc);
+                    float *out);
 void k3_mla_forward(const model *m, const k3_layer *l, int li, k3_seq *s, const float *hn, int pos0, int n,
-                    float *out, k3_scratch *sc);
-void k3_ffn_forward(const model *m, const k3_layer *l, const float *x, int n, float *y, k3_scratch *sc);
+                    float *out);
+void k3_ffn_forward(const model *m, const k3_layer *l, const float *x, int n, float *y, arena *sc);
 
 int k3_forward(model *m, void *fam_seq, const int *ids, int pos0, int n, float *logits, float *all_logits,
                char *err, size_t errlen);

@@ -13,23 +13,13 @@
  * snapshots taken so far plus the running prefix; score_e = proj . RMSNorm(v_e), softmax over e, and
  * the mix is the probability-weighted sum of the raw vectors in candidate order. */
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "../core/quant.h"
 #include "../core/util.h"
 #include "kimi_k3.h"
 
-float *k3_floats(k3_scratch *s, size_t n) {
-    float *p = xcalloc(n ? n : 1, sizeof(float));
-    s->ptr[s->n++] = p;
-    return p;
-}
-
-void k3_scratch_free(k3_scratch *s) {
-    for (int i = 0; i < s->n; i++) free(s->ptr[i]);
-    s->n = 0;
-}
+float *k3_floats(arena *a, size_t n) { return arena_take(a, n, sizeof(float)); }
 
 void k3_round(const model *m, float *x, size_t n) {
     if (m->num == NUMERICS_QAT) bf16_round_vec(x, n);
@@ -50,7 +40,50 @@ void k3_situ(const k3_model *k, float *g, const float *u, size_t n) {
     for (size_t i = 0; i < n; i++) g[i] = b1 * tanhf(g[i] / b1) * sigmoidf(g[i]) * (b2 * tanhf(u[i] / b2));
 }
 
-/* The residual stream of one forward call: block snapshots [nblocks][n][dim] and the prefix. */
+/* What one chunk holds for its whole pass: the residual stream (the prefix and the block
+ * snapshots, each [n][dim], in `slots`), the mixed layer input, norm output, sub-layer output and
+ * one token's normalised candidate for the residual-mix scores. */
+typedef struct {
+    float *slots[K3_MAX_BLOCKS + 1];
+    float *x, *hn, *delta, *normed;
+} chunk_bufs;
+
+static void chunk_layout(arena *a, const k3_model *k, int n, chunk_bufs *b) {
+    size_t len = (size_t)n * k->dim;
+    for (int i = 0; i <= k->n_blocks; i++) b->slots[i] = k3_floats(a, len);
+    b->x = k3_floats(a, len);
+    b->hn = k3_floats(a, len);
+    b->delta = k3_floats(a, len);
+    b->normed = k3_floats(a, (size_t)k->dim);
+}
+
+typedef struct {
+    float *hn, *out;           /* [cnt][dim], [cnt][vocab] */
+} head_bufs;
+
+static void head_layout(arena *a, const k3_model *k, int cnt, head_bufs *b) {
+    b->hn = k3_floats(a, (size_t)cnt * k->dim);
+    b->out = k3_floats(a, (size_t)cnt * k->vocab);
+}
+
+size_t k3_scratch_bytes(const model *m, int ctx) {
+    const k3_model *k = m->priv;
+    int n = MIN(K3_CHUNK, ctx);
+    arena a = {0};
+    chunk_bufs cb;
+    head_bufs hb;
+    chunk_layout(&a, k, n, &cb);
+    size_t held = a.used, body = 0;
+    for (int li = 0; li < k->n_layers; li++) {
+        const k3_layer *l = &k->layers[li];
+        body = MAX(body, l->kda ? k3_kda_scratch(k, n) : k3_mla_scratch(k, n, ctx));
+        body = MAX(body, k3_ffn_scratch(k, l, n));
+    }
+    head_layout(&a, k, n, &hb);
+    return held + MAX(body, a.used - held);
+}
+
+/* The residual stream: block snapshots so far, then the running prefix, all in chunk slots. */
 typedef struct {
     float *blocks[K3_MAX_BLOCKS];
     int nblocks;
@@ -58,12 +91,12 @@ typedef struct {
     int have_prefix;        /* 0 right after a block boundary: the next sub-layer output starts it */
 } k3_stream;
 
-/* out[n][dim] = softmax-weighted mix of [blocks..., cand_last] for every token. */
+/* out[n][dim] = softmax-weighted mix of [blocks..., last] for every token. */
 static void res_mix(const model *m, const k3_stream *rs, const float *last, const float *norm_w, const float *proj,
-                    int n, float *out) {
+                    int n, float *normed, float *out) {
     const k3_model *k = m->priv;
     int d = k->dim, nc = rs->nblocks + 1;
-    float *normed = xmalloc((size_t)d * sizeof *normed), score[K3_MAX_BLOCKS + 1];
+    float score[K3_MAX_BLOCKS + 1];
     for (int t = 0; t < n; t++) {
         for (int e = 0; e < nc; e++) {
             const float *v = (e < rs->nblocks ? rs->blocks[e] : last) + (size_t)t * d;
@@ -79,7 +112,6 @@ static void res_mix(const model *m, const k3_stream *rs, const float *last, cons
             for (int c = 0; c < d; c++) o[c] += score[e] * v[c];
         }
     }
-    free(normed);
     k3_round(m, out, (size_t)n * d);
 }
 
@@ -92,79 +124,69 @@ static void add_into(const model *m, k3_stream *rs, const float *delta, size_t l
 }
 
 /* One decoder layer over n tokens; rs->prefix holds its input and receives its output. */
-static void layer(const model *m, int li, k3_seq *s, k3_stream *rs, int pos0, int n, float *x, float *hn,
-                  float *delta) {
+static void layer(const model *m, int li, k3_seq *s, k3_stream *rs, chunk_bufs *b, int pos0, int n) {
     const k3_model *k = m->priv;
     const k3_layer *l = &k->layers[li];
     size_t len = (size_t)n * k->dim;
-    k3_scratch sc = {0};
-    if (k->res_block && rs->nblocks) res_mix(m, rs, rs->prefix, l->res_attn_norm, l->res_attn_proj, n, x);
-    else memcpy(x, rs->prefix, len * sizeof *x);
+    if (k->res_block && rs->nblocks) res_mix(m, rs, rs->prefix, l->res_attn_norm, l->res_attn_proj, n, b->normed, b->x);
+    else memcpy(b->x, rs->prefix, len * sizeof *b->x);
     if (k->res_block && li % k->res_block == 0) {
         /* The layer input (before mixing) becomes a block; the prefix restarts at this attention output. */
         rs->blocks[rs->nblocks++] = rs->prefix;
-        rs->prefix = xmalloc(len * sizeof *rs->prefix);
+        rs->prefix = b->slots[rs->nblocks];
         rs->have_prefix = 0;
     }
-    k3_rmsnorm_rows(m, hn, x, l->attn_norm, n, k->dim, k->eps);
-    if (l->kda) k3_kda_forward(m, l, li, s, hn, pos0, n, delta, &sc);
-    else k3_mla_forward(m, l, li, s, hn, pos0, n, delta, &sc);
-    add_into(m, rs, delta, len);
-    if (k->res_block) res_mix(m, rs, rs->prefix, l->res_mlp_norm, l->res_mlp_proj, n, x);
-    else memcpy(x, rs->prefix, len * sizeof *x);
-    k3_rmsnorm_rows(m, hn, x, l->ffn_norm, n, k->dim, k->eps);
-    k3_ffn_forward(m, l, hn, n, delta, &sc);
-    add_into(m, rs, delta, len);
-    k3_scratch_free(&sc);
+    k3_rmsnorm_rows(m, b->hn, b->x, l->attn_norm, n, k->dim, k->eps);
+    if (l->kda) k3_kda_forward(m, l, li, s, b->hn, pos0, n, b->delta);
+    else k3_mla_forward(m, l, li, s, b->hn, pos0, n, b->delta);
+    add_into(m, rs, b->delta, len);
+    if (k->res_block) res_mix(m, rs, rs->prefix, l->res_mlp_norm, l->res_mlp_proj, n, b->normed, b->x);
+    else memcpy(b->x, rs->prefix, len * sizeof *b->x);
+    k3_rmsnorm_rows(m, b->hn, b->x, l->ffn_norm, n, k->dim, k->eps);
+    k3_ffn_forward(m, l, b->hn, n, b->delta, s->scratch);
+    add_into(m, rs, b->delta, len);
 }
 
-static int check_input(const k3_model *k, const k3_seq *s, const int *ids, int pos0, int n, char *err, size_t errlen) {
-    if (n < 1) return errf(err, errlen, "forward: no tokens");
-    if (pos0 < 0 || pos0 + n > s->cap)
-        return errf(err, errlen, "forward: positions %d..%d exceed the context of %d", pos0, pos0 + n - 1, s->cap);
-    for (int i = 0; i < n; i++)
-        if (ids[i] < 0 || ids[i] >= k->vocab)
-            return errf(err, errlen, "token id %d at position %d is outside the vocabulary (%d)", ids[i], pos0 + i,
-                        k->vocab);
-    return 0;
-}
-
-static int head_logits(const model *m, const k3_stream *rs, int n, float *logits, float *all_logits, char *err,
-                       size_t errlen) {
+static void head_logits(const model *m, const k3_stream *rs, chunk_bufs *cb, int n, float *logits, float *all_logits,
+                        arena *sc) {
     const k3_model *k = m->priv;
     int first = all_logits ? 0 : n - 1, cnt = n - first, d = k->dim;
-    k3_scratch sc = {0};
-    float *x = k3_floats(&sc, (size_t)n * d), *hn = k3_floats(&sc, (size_t)cnt * d);
-    float *out = k3_floats(&sc, (size_t)cnt * k->vocab);
-    if (k->res_block) res_mix(m, rs, rs->prefix, k->out_res_norm, k->out_res_proj, n, x);
-    else memcpy(x, rs->prefix, (size_t)n * d * sizeof *x);
-    k3_rmsnorm_rows(m, hn, x + (size_t)first * d, k->final_norm, cnt, d, k->eps);
-    qmat_mul(&k->head, hn, cnt, out);
-    int rc = 0;
-    for (size_t i = 0; i < (size_t)cnt * k->vocab && !rc; i++)
-        if (!isfinite(out[i])) rc = errf(err, errlen, "non-finite logit at token %zu of the chunk", first + i / k->vocab);
-    if (!rc && all_logits) memcpy(all_logits, out, (size_t)n * k->vocab * sizeof *out);
-    if (!rc && logits) memcpy(logits, out + (size_t)(cnt - 1) * k->vocab, (size_t)k->vocab * sizeof *out);
-    k3_scratch_free(&sc);
-    return rc;
+    head_bufs b;
+    head_layout(sc, k, cnt, &b);
+    if (k->res_block) res_mix(m, rs, rs->prefix, k->out_res_norm, k->out_res_proj, n, cb->normed, cb->x);
+    else memcpy(cb->x, rs->prefix, (size_t)n * d * sizeof *cb->x);
+    k3_rmsnorm_rows(m, b.hn, cb->x + (size_t)first * d, k->final_norm, cnt, d, k->eps);
+    qmat_mul(&k->head, b.hn, cnt, b.out);
+    if (all_logits) memcpy(all_logits, b.out, (size_t)n * k->vocab * sizeof *b.out);
+    if (logits) memcpy(logits, b.out + (size_t)(cnt - 1) * k->vocab, (size_t)k->vocab * sizeof *b.out);
 }
 
+/* One chunk of at most K3_CHUNK tokens; all its scratch is given back at the end. */
+static void forward_chunk(const model *m, k3_seq *s, const int *ids, int pos0, int n, float *logits,
+                          float *all_logits) {
+    const k3_model *k = m->priv;
+    arena *sc = s->scratch;
+    size_t start = arena_mark(sc);
+    chunk_bufs b;
+    chunk_layout(sc, k, n, &b);
+    k3_stream rs = {.prefix = b.slots[0], .have_prefix = 1};
+    for (int i = 0; i < n; i++) qmat_row(&k->embed, ids[i], rs.prefix + (size_t)i * k->dim);
+    k3_round(m, rs.prefix, (size_t)n * k->dim);
+    for (int li = 0; li < k->n_layers; li++) layer(m, li, s, &rs, &b, pos0, n);
+    if (logits || all_logits) head_logits(m, &rs, &b, n, logits, all_logits, sc);
+    arena_release(sc, start);
+}
+
+/* Chunks of K3_CHUNK bound the scratch; by chunking invariance the split changes no bit. seq_feed
+ * has checked the ids and positions and checks the logits. */
 int k3_forward(model *m, void *fam_seq, const int *ids, int pos0, int n, float *logits, float *all_logits,
                char *err, size_t errlen) {
     const k3_model *k = m->priv;
-    k3_seq *s = fam_seq;
-    if (check_input(k, s, ids, pos0, n, err, errlen)) return -1;
-    size_t len = (size_t)n * k->dim;
-    k3_stream rs = {.prefix = xmalloc(len * sizeof(float)), .have_prefix = 1};
-    float *x = xmalloc(len * sizeof *x), *hn = xmalloc(len * sizeof *hn), *delta = xmalloc(len * sizeof *delta);
-    for (int i = 0; i < n; i++) qmat_row(&k->embed, ids[i], rs.prefix + (size_t)i * k->dim);
-    k3_round(m, rs.prefix, len);
-    for (int li = 0; li < k->n_layers; li++) layer(m, li, s, &rs, pos0, n, x, hn, delta);
-    int rc = logits || all_logits ? head_logits(m, &rs, n, logits, all_logits, err, errlen) : 0;
-    for (int b = 0; b < rs.nblocks; b++) free(rs.blocks[b]);
-    free(rs.prefix);
-    free(x);
-    free(hn);
-    free(delta);
-    return rc;
+    for (int done = 0; done < n;) {
+        int c = MIN(K3_CHUNK, n - done);
+        float *all = all_logits ? all_logits + (size_t)done * k->vocab : NULL;
+        forward_chunk(m, fam_seq, ids + done, pos0 + done, c, done + c == n ? logits : NULL, all);
+        done += c;
+    }
+    return 0;
 }

@@ -92,54 +92,77 @@ static void decays(const k3_model *k, const k3_kda *a, const float *f, float *ou
         }
 }
 
+/* The buffers of one KDA layer pass over n tokens. */
+typedef struct {
+    float *raw[3], *act[3];    /* q, k, v projections, then conv + SiLU outputs [n][proj] */
+    float *fa, *f, *beta, *gate, *ga, *core;
+    float *dec, *work;         /* one token's decays and delta-rule predictions [proj] */
+} kda_bufs;
+
+static void kda_layout(arena *a, const k3_model *k, int n, kda_bufs *b) {
+    size_t P = (size_t)k->kda_heads * k->kda_dim, np = (size_t)n * P;
+    for (int i = 0; i < 3; i++) b->raw[i] = k3_floats(a, np), b->act[i] = k3_floats(a, np);
+    b->fa = k3_floats(a, (size_t)n * k->kda_dim);
+    b->f = k3_floats(a, np);
+    b->beta = k3_floats(a, (size_t)n * k->kda_heads);
+    b->gate = k3_floats(a, np);
+    b->ga = k->full_rank_gate ? NULL : k3_floats(a, (size_t)n * k->kda_dim);
+    b->core = k3_floats(a, np);
+    b->dec = k3_floats(a, P);
+    b->work = k3_floats(a, P);
+}
+
+size_t k3_kda_scratch(const k3_model *k, int n) {
+    arena a = {0};
+    kda_bufs b;
+    kda_layout(&a, k, n, &b);
+    return a.used;
+}
+
 void k3_kda_forward(const model *m, const k3_layer *l, int li, k3_seq *s, const float *hn, int pos0, int n,
-                    float *out, k3_scratch *sc) {
+                    float *out) {
     const k3_model *k = m->priv;
     const k3_kda *a = &l->lin;
     int H = k->kda_heads, d = k->kda_dim, P = H * d, K = k->conv_k;
+    size_t mark = arena_mark(s->scratch);
+    kda_bufs b;
+    kda_layout(s->scratch, k, n, &b);
     const qmat *proj[3] = {&a->q, &a->k, &a->v};
-    float *raw[3], *act[3];
-    for (int i = 0; i < 3; i++) {
-        raw[i] = k3_floats(sc, (size_t)n * P);
-        act[i] = k3_floats(sc, (size_t)n * P);
-        k3_project(m, proj[i], hn, n, raw[i]);
-    }
-    float *fa = k3_floats(sc, (size_t)n * d), *f = k3_floats(sc, (size_t)n * P), *beta = k3_floats(sc, (size_t)n * H);
-    float *gate = k3_floats(sc, (size_t)n * P), *core = k3_floats(sc, (size_t)n * P);
-    float *dec = k3_floats(sc, P), *work = k3_floats(sc, P);
-    k3_project(m, &a->f_a, hn, n, fa);
-    k3_project(m, &a->f_b, fa, n, f);
-    k3_project(m, &a->b, hn, n, beta);
-    if (a->g.data) k3_project(m, &a->g, hn, n, gate);
+    for (int i = 0; i < 3; i++) k3_project(m, proj[i], hn, n, b.raw[i]);
+    k3_project(m, &a->f_a, hn, n, b.fa);
+    k3_project(m, &a->f_b, b.fa, n, b.f);
+    k3_project(m, &a->b, hn, n, b.beta);
+    if (a->g.data) k3_project(m, &a->g, hn, n, b.gate);
     else {
-        float *ga = k3_floats(sc, (size_t)n * d);
-        k3_project(m, &a->g_a, hn, n, ga);
-        k3_project(m, &a->g_b, ga, n, gate);
+        k3_project(m, &a->g_a, hn, n, b.ga);
+        k3_project(m, &a->g_b, b.ga, n, b.gate);
     }
-    kda_step j = {.hd = d, .state = s->kda[li], .work = work, .decay = dec};
+    kda_step j = {.hd = d, .state = s->kda[li], .work = b.work, .decay = b.dec};
     for (int t = 0; t < n; t++) {
         int pos = pos0 + t;
         size_t o = (size_t)t * P;
         state_capture(s->st, s->conv_part[li], pos);
         for (int i = 0; i < 3; i++)
-            short_conv(a->conv[i], K, s->conv[li] + (size_t)i * P * (K - 1), raw[i] + o, P, act[i] + o);
-        for (int i = 0; i < 3; i++) k3_round(m, act[i] + o, (size_t)P);
-        l2norm_heads(act[0] + o, H, d, 1.0f / sqrtf((float)d));
-        l2norm_heads(act[1] + o, H, d, 1.0f);
-        decays(k, a, f + o, dec);
-        for (int h = 0; h < H; h++) beta[(size_t)t * H + h] = sigmoidf(beta[(size_t)t * H + h]);
+            short_conv(a->conv[i], K, s->conv[li] + (size_t)i * P * (K - 1), b.raw[i] + o, P, b.act[i] + o);
+        for (int i = 0; i < 3; i++) k3_round(m, b.act[i] + o, (size_t)P);
+        l2norm_heads(b.act[0] + o, H, d, 1.0f / sqrtf((float)d));
+        l2norm_heads(b.act[1] + o, H, d, 1.0f);
+        decays(k, a, b.f + o, b.dec);
+        for (int h = 0; h < H; h++) b.beta[(size_t)t * H + h] = sigmoidf(b.beta[(size_t)t * H + h]);
         state_capture(s->st, s->kda_part[li], pos);
-        j.q = act[0] + o;
-        j.k = act[1] + o;
-        j.v = act[2] + o;
-        j.beta = beta + (size_t)t * H;
-        j.out = core + o;
+        j.q = b.act[0] + o;
+        j.k = b.act[1] + o;
+        j.v = b.act[2] + o;
+        j.beta = b.beta + (size_t)t * H;
+        j.out = b.core + o;
         pool_run(H, head_step, &j);
     }
+    float *core = b.core;
     k3_round(m, core, (size_t)n * P);
     for (size_t r = 0; r < (size_t)n * H; r++) rmsnorm(core + r * d, core + r * d, a->o_norm, d, k->eps);
     k3_round(m, core, (size_t)n * P);
-    for (size_t c = 0; c < (size_t)n * P; c++) core[c] *= sigmoidf(gate[c]);
+    for (size_t c = 0; c < (size_t)n * P; c++) core[c] *= sigmoidf(b.gate[c]);
     k3_round(m, core, (size_t)n * P);
     k3_project(m, &a->o, core, n, out);
+    arena_release(s->scratch, mark);
 }

@@ -54,38 +54,63 @@ static void attend_head(void *ctx, int h) {
     for (int d = 0; d < k->v_dim; d++) j->out[(size_t)h * k->v_dim + d] = dot_f32(w_uv + (size_t)d * kvl, lat, kvl);
 }
 
+/* The buffers of one MLA layer pass over n tokens whose last position is below `end`. */
+typedef struct {
+    float *qa, *q, *ckv, *heads, *gate;
+    float *w, *work;           /* kv_b per head; per-head [q_abs | q_rope | latent | scores] */
+    size_t work_stride;
+} mla_bufs;
+
+static void mla_layout(arena *a, const k3_model *k, int n, int end, mla_bufs *b) {
+    int qk = k->nope + k->rope, row = k->kv_lora + k->rope, hv = k->n_heads * k->v_dim;
+    b->qa = k3_floats(a, (size_t)n * k->q_lora);
+    b->q = k3_floats(a, (size_t)n * k->n_heads * qk);
+    b->ckv = k3_floats(a, (size_t)n * row);
+    b->heads = k3_floats(a, (size_t)n * hv);
+    b->gate = k3_floats(a, (size_t)n * hv);
+    b->w = k3_floats(a, (size_t)k->n_heads * (k->nope + k->v_dim) * k->kv_lora);
+    b->work_stride = (size_t)row + k->kv_lora + end;
+    b->work = k3_floats(a, (size_t)k->n_heads * b->work_stride);
+}
+
+size_t k3_mla_scratch(const k3_model *k, int n, int end) {
+    arena a = {0};
+    mla_bufs b;
+    mla_layout(&a, k, n, end, &b);
+    return a.used;
+}
+
 void k3_mla_forward(const model *m, const k3_layer *l, int li, k3_seq *s, const float *hn, int pos0, int n,
-                    float *out, k3_scratch *sc) {
+                    float *out) {
     const k3_model *k = m->priv;
     const k3_mla *a = &l->mla;
     int qk = k->nope + k->rope, row = k->kv_lora + k->rope, hv = k->n_heads * k->v_dim;
-    float *qa = k3_floats(sc, (size_t)n * k->q_lora), *q = k3_floats(sc, (size_t)n * k->n_heads * qk);
-    float *ckv = k3_floats(sc, (size_t)n * row), *heads = k3_floats(sc, (size_t)n * hv);
-    float *gate = k3_floats(sc, (size_t)n * hv);
-    k3_project(m, &a->q_a, hn, n, qa);
-    k3_rmsnorm_rows(m, qa, qa, a->q_a_norm, n, k->q_lora, 1e-6f);
-    k3_project(m, &a->q_b, qa, n, q);
-    k3_project(m, &a->kv_a, hn, n, ckv);
-    k3_project(m, &a->g, hn, n, gate);
+    size_t mark = arena_mark(s->scratch);
+    mla_bufs b;
+    mla_layout(s->scratch, k, n, pos0 + n, &b);
+    k3_project(m, &a->q_a, hn, n, b.qa);
+    k3_rmsnorm_rows(m, b.qa, b.qa, a->q_a_norm, n, k->q_lora, 1e-6f);
+    k3_project(m, &a->q_b, b.qa, n, b.q);
+    k3_project(m, &a->kv_a, hn, n, b.ckv);
+    k3_project(m, &a->g, hn, n, b.gate);
     float *rows = s->kv[li];
     for (int i = 0; i < n; i++) {
         float *r = rows + (size_t)(pos0 + i) * row;
-        rmsnorm(r, ckv + (size_t)i * row, a->kv_a_norm, k->kv_lora, 1e-6f);
+        rmsnorm(r, b.ckv + (size_t)i * row, a->kv_a_norm, k->kv_lora, 1e-6f);
         k3_round(m, r, (size_t)k->kv_lora);
-        memcpy(r + k->kv_lora, ckv + (size_t)i * row + k->kv_lora, (size_t)k->rope * sizeof *r);
+        memcpy(r + k->kv_lora, b.ckv + (size_t)i * row + k->kv_lora, (size_t)k->rope * sizeof *r);
     }
-    mla_job j = {.k = k, .a = a, .rows = rows, .work_stride = (size_t)row + k->kv_lora + pos0 + n};
-    j.w = k3_floats(sc, (size_t)k->n_heads * (k->nope + k->v_dim) * k->kv_lora);
-    j.work = k3_floats(sc, (size_t)k->n_heads * j.work_stride);
+    mla_job j = {.k = k, .a = a, .rows = rows, .w = b.w, .work = b.work, .work_stride = b.work_stride};
     pool_run(k->n_heads, dequant_head, &j);
     for (int i = 0; i < n; i++) {
         j.cnt = pos0 + i + 1;
-        j.q = q + (size_t)i * k->n_heads * qk;
-        j.out = heads + (size_t)i * hv;
+        j.q = b.q + (size_t)i * k->n_heads * qk;
+        j.out = b.heads + (size_t)i * hv;
         pool_run(k->n_heads, attend_head, &j);
     }
-    k3_round(m, heads, (size_t)n * hv);
-    for (size_t c = 0; c < (size_t)n * hv; c++) heads[c] *= sigmoidf(gate[c]);
-    k3_round(m, heads, (size_t)n * hv);
-    k3_project(m, &a->o, heads, n, out);
+    k3_round(m, b.heads, (size_t)n * hv);
+    for (size_t c = 0; c < (size_t)n * hv; c++) b.heads[c] *= sigmoidf(b.gate[c]);
+    k3_round(m, b.heads, (size_t)n * hv);
+    k3_project(m, &a->o, b.heads, n, out);
+    arena_release(s->scratch, mark);
 }

@@ -11,7 +11,6 @@
  * slot only (its next request resets); other slots are never touched.
  */
 #include <errno.h>
-#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,7 +24,7 @@
 #include "../core/threads.h"
 #include "../core/util.h"
 #include "../state/persist.h"
-#include "../state/reuse.h"
+#include "../models/model.h"
 #include "wire.h"
 
 typedef struct {
@@ -59,7 +58,6 @@ typedef struct {
     state **states;      /* &seqs[i]->st: kv-share donors */
     request **active;    /* per slot, NULL when idle */
     store *cs;
-    int markers[8], nmarkers;
     float *logits, *logprobs, *top_lps;
     int *top_ids;
     wire_reader rd;
@@ -139,9 +137,7 @@ static void emit_token(engine *e, request *r, int t) {
 /* Sample from e->logits. The token is emitted but not fed: it enters the state only if
  * generation continues (so the record never claims a token the state does not hold). */
 static void sample_next(engine *e, request *r) {
-    int t = sampler_pick(&r->smp, e->logits);
-    /* the sampler skips non-finite logits; a chosen one means they all were: the state is suspect */
-    if (!isfinite(e->logits[t])) return fail(e, r, "ENGINE_ERROR", "the model produced non-finite logits");
+    int t = sampler_pick(&r->smp, e->logits);    /* seq_feed has checked every logit is finite */
     if (r->generated == 0) r->t_first = now_seconds();
     if (model_is_eos(e->m, t)) return finish(e, r, 0);
     emit_token(e, r, t);
@@ -196,13 +192,21 @@ static int parse_id_list(const char *p, size_t n, int vocab, int **out, int *nou
     return 0;
 }
 
-static int encode_text(const tokenizer *t, const char *p, size_t n, int **out, int *nout, char *err, size_t errlen) {
+/* The prompt text's ids; bytes in an untrusted span never become added tokens (wire.h). */
+typedef struct {
+    const char *p;
+    tok_span *untrusted;
+    int nuntrusted;
+} prompt_text;
+
+static int encode_text(const tokenizer *t, const prompt_text *pt, size_t n, int **out, int *nout, char *err,
+                       size_t errlen) {
     int cap = (int)MIN(n + 16, (size_t)WIRE_PROMPT_MAX + 16);
     int *ids = xmalloc((size_t)cap * sizeof *ids);
-    int k = tok_encode(t, p, n, ids, cap, err, errlen);
+    int k = tok_encode_untrusted(t, pt->p, n, pt->untrusted, pt->nuntrusted, ids, cap, err, errlen);
     if (k > cap) {
         ids = xrealloc(ids, (size_t)k * sizeof *ids);
-        k = tok_encode(t, p, n, ids, k, err, errlen);
+        k = tok_encode_untrusted(t, pt->p, n, pt->untrusted, pt->nuntrusted, ids, k, err, errlen);
     }
     if (k < 0) { free(ids); return -1; }
     *out = ids;
@@ -211,10 +215,10 @@ static int encode_text(const tokenizer *t, const char *p, size_t n, int **out, i
 }
 
 /* Token position of the gateway's system-prompt hint, if the prefix tokenizes to a prefix. */
-static int text_sys_end(const tokenizer *t, const char *p, int prefix_bytes, const int *ids, int n) {
+static int text_sys_end(const tokenizer *t, const prompt_text *pt, int prefix_bytes, const int *ids, int n) {
     int *pre, k;
     char err[64];
-    if (prefix_bytes <= 0 || encode_text(t, p, (size_t)prefix_bytes, &pre, &k, err, sizeof err)) return 0;
+    if (prefix_bytes <= 0 || encode_text(t, pt, (size_t)prefix_bytes, &pre, &k, err, sizeof err)) return 0;
     int ok = k > 0 && k < n && memcmp(pre, ids, (size_t)k * sizeof *ids) == 0;
     free(pre);
     return ok ? k : 0;
@@ -226,9 +230,14 @@ static int tokenize(engine *e, const wire_frame *f, request *r, int *sys_end, ch
         return parse_id_list(f->payload, f->payload_len, e->m->vocab_size, &r->prompt, &r->n, f->sub.prefix_bytes,
                              sys_end, err, errlen);
     if (!e->m->tok) return errf(err, errlen, "this model has no usable tokenizer.json: send token ids with ids=1");
-    if (encode_text(e->m->tok, f->payload, f->payload_len, &r->prompt, &r->n, err, errlen)) return -1;
-    *sys_end = text_sys_end(e->m->tok, f->payload, f->sub.prefix_bytes, r->prompt, r->n);
-    return 0;
+    prompt_text pt = {f->payload, NULL, 0};
+    if (f->sub.untrusted_bytes &&
+        wire_parse_spans(f->ext, f->sub.untrusted_bytes, f->payload_len, &pt.untrusted, &pt.nuntrusted, err, errlen))
+        return -1;
+    int rc = encode_text(e->m->tok, &pt, f->payload_len, &r->prompt, &r->n, err, errlen);
+    if (!rc) *sys_end = text_sys_end(e->m->tok, &pt, f->sub.prefix_bytes, r->prompt, r->n);
+    free(pt.untrusted);
+    return rc;
 }
 
 /* ---- commands ----------------------------------------------------------------------------- */
@@ -245,7 +254,7 @@ static void start_request(engine *e, request *r, int sys_end) {
     r->reused = rr.reused;
     if (e->log_prefix)
         fprintf(stderr, "prefix: slot %d reused %d/%d (%s)\n", r->slot, rr.reused, r->n, reuse_kind_name(rr.kind));
-    reuse_prefill_init(&r->pf, sq, e->cs, r->slot, r->prompt, r->n, sys_end, e->markers, e->nmarkers);
+    reuse_prefill_init(&r->pf, seq_feeder(sq), e->cs, r->slot, r->prompt, r->n, sys_end, e->m->markers.all, e->m->markers.n_all);
     sampler_params sp = {.temperature = r->sub.temperature, .top_p = r->sub.top_p, .seed = r->sub.seed};
     sampler_init(&r->smp, &sp, e->m->vocab_size);
     if (e->m->tok) tok_stream_init(&r->ts, e->m->tok);
@@ -265,7 +274,10 @@ static void on_submit(engine *e, const wire_frame *f) {
         e->image_id[0] = 0;
         return put_error(f->id, "BAD_REQUEST", "this model takes no images");
     }
-    if (f->ext_len) return put_error(f->id, "BAD_REQUEST", "extension payloads (grammar, audio) are not supported");
+    if (f->ext_len > f->sub.untrusted_bytes)
+        return put_error(f->id, "BAD_REQUEST", "extension payloads (grammar, audio) are not supported");
+    if (f->sub.untrusted_bytes && f->sub.ids)
+        return put_error(f->id, "BAD_REQUEST", "untrusted spans apply to text prompts, not ids=1");
     if (f->payload_len == 0) return put_error(f->id, "EMPTY_PROMPT", NULL);
     request *r = xcalloc(1, sizeof *r);
     snprintf(r->id, sizeof r->id, "%s", f->id);
@@ -405,17 +417,6 @@ static int parse_flags(int argc, char **argv, engine_opts *o) {
     return 0;
 }
 
-static void resolve_markers(engine *e) {
-    /* <|end_of_msg|>: Kimi K3 ends every message with it (it has no role tokens). */
-    static const char *names[] = {"<｜User｜>", "<｜Assistant｜>", "<|user|>", "<|assistant|>", "<|system|>", "<|observation|>",
-                                  "<|end_of_msg|>"};
-    if (!e->m->tok) return;
-    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
-        int id = tok_id(e->m->tok, names[i]);
-        if (id >= 0) e->markers[e->nmarkers++] = id;
-    }
-}
-
 static void load_slots(engine *e) {
     for (int i = 0; i < e->o.slots; i++) {
         char err[512];
@@ -443,7 +444,6 @@ static int engine_open(engine *e, char *err, size_t errlen) {
     e->logprobs = xmalloc((size_t)v * sizeof *e->logprobs);
     e->top_ids = xmalloc(WIRE_LOGPROBS_MAX * sizeof *e->top_ids);
     e->top_lps = xmalloc(WIRE_LOGPROBS_MAX * sizeof *e->top_lps);
-    resolve_markers(e);
     if (e->o.kv_dir && mkdir(e->o.kv_dir, 0755) && errno != EEXIST)
         return errf(err, errlen, "--kv-dir %s: %s", e->o.kv_dir, strerror(errno));
     if (e->o.kv_dir) load_slots(e);
@@ -481,8 +481,9 @@ int cmd_engine(int argc, char **argv) {
     }
     /* a gateway that went away must not kill us mid-write; the next read sees EOF */
     signal(SIGPIPE, SIG_IGN);
-    printf("%sCAPS vision=0 slots=%d ctx=%d logprobs=%d ids=1\nSTAT 0 0.0 0.0 %.2f 0 0\n", WIRE_READY, e.o.slots,
-           e.seqs[0]->st.cap, WIRE_LOGPROBS_MAX, rss_gb());
+    printf("%sCAPS vision=0 slots=%d ctx=%d logprobs=%d ids=1 family=%s truncate=%d checkpoints=%d\n"
+           "STAT 0 0.0 0.0 %.2f 0 0\n", WIRE_READY, e.o.slots, e.seqs[0]->st.cap, WIRE_LOGPROBS_MAX, e.m->ops->name,
+           e.m->ops->truncates, e.cs != NULL, rss_gb());
     fflush(stdout);
     run_loop(&e);
     engine_close(&e);

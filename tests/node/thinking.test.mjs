@@ -1,9 +1,9 @@
 // Reasoning split through the official clients, once per family: in thinking mode the prompt ends
-// with the family's thinking cue (assistant marker + <think>; Kimi K3: the assistant message and
-// its think channel opened), the reply is REASONING, the family's end-of-reasoning markup, ANSWER,
-// and the gateway must hand the reasoning out separately (OpenAI reasoning_content, Anthropic
-// thinking blocks), streaming or not, without ever leaking the markup; in chat mode the prompt ends
-// with the family's chat cue (marker + </think>; K3: the response channel opened). The engine is tests/fake_engine.py (it replies in 3-byte pieces, so the
+// with the family's thinking cue (its assistant marker + <think>, or the family's own, below), the
+// reply is REASONING, the end-of-reasoning markup, ANSWER, and the gateway must hand the reasoning
+// out separately (OpenAI reasoning_content, Anthropic thinking blocks), streaming or not, without
+// ever leaking the markup; in chat mode the prompt ends with the chat cue (marker + </think>).
+// The engine is tests/fake_engine.py (it replies in 3-byte pieces, so the
 // marker and multibyte characters arrive split across frames).
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -13,16 +13,16 @@ import { startServer, MODEL_ID, FAMILY } from './serve_helper.mjs';
 
 const REASONING = 'Let me think… 2+2 is 4.';
 const ANSWER = 'The answer is 4.';
+const ASSISTANT = FAMILY.turns.assistant;
+// Kimi K3 (XTML) has no <think> tags: the cue opens the assistant message and its think or
+// response channel, and the reply closes the think channel and opens the response one.
 const K3_ASSISTANT = '<|open|>message role="assistant"<|sep|>';
 const FORMAT = {
-  deepseek_v4: { think: '<｜Assistant｜><think>', chat: '<｜Assistant｜></think>', reply: `${REASONING}</think>${ANSWER}` },
-  glm_moe_dsa: { think: '<|assistant|><think>', chat: '<|assistant|></think>', reply: `${REASONING}</think>${ANSWER}` },
   kimi_k3: {
     think: `${K3_ASSISTANT}<|open|>think<|sep|>`, chat: `${K3_ASSISTANT}<|open|>response<|sep|>`,
     reply: `${REASONING}<|close|>think<|sep|><|open|>response<|sep|>${ANSWER}<|close|>response<|sep|><|close|>message<|sep|>`,
   },
-}[FAMILY];
-if (!FORMAT) throw new Error(`no thinking format known for model_type ${FAMILY}`);
+}[FAMILY.name] ?? { think: `${ASSISTANT}<think>`, chat: `${ASSISTANT}</think>`, reply: `${REASONING}</think>${ANSWER}` };
 
 let server;
 before(async () => {

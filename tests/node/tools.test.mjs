@@ -21,7 +21,7 @@ const SYNTAX = {
     result: (text) => `<tool_result>${text}</tool_result>`,
   },
   // The template renders the content stripped, then each call with no whitespace between tags.
-  glm_moe_dsa: {
+  glm: {
     reply: 'Let me check.<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>'
       + '<arg_key>days</arg_key><arg_value>3</arg_value></tool_call>',
     marker: 'tool_call',
@@ -37,8 +37,8 @@ const SYNTAX = {
     marker: '<|',
     result: (text) => `<|open|>message role="tool" tool="get_weather" index="1"<|sep|>${text}<|close|>message<|sep|><|end_of_msg|>`,
   },
-}[FAMILY];
-if (!SYNTAX) throw new Error(`no tool-call syntax known for model_type ${FAMILY}`);
+}[FAMILY.name];
+if (!SYNTAX) throw new Error(`no tool-call syntax known for family ${FAMILY.name}: add its reply here`);
 const REPLY = SYNTAX.reply;
 
 const TOOL = {

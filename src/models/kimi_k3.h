@@ -114,7 +114,6 @@ void k3_mla_forward(const model *m, const k3_layer *l, int li, k3_seq *s, const 
                     float *out);
 void k3_ffn_forward(const model *m, const k3_layer *l, const float *x, int n, float *y, arena *sc);
 
-int k3_forward(model *m, void *fam_seq, const int *ids, int pos0, int n, float *logits, float *all_logits,
-               char *err, size_t errlen);
+int k3_forward(model *m, const fwd_seg *segs, int nseg, char *err, size_t errlen);
 
 #endif

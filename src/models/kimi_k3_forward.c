@@ -177,16 +177,21 @@ static void forward_chunk(const model *m, k3_seq *s, const int *ids, int pos0, i
     arena_release(sc, start);
 }
 
-/* Chunks of K3_CHUNK bound the scratch; by chunking invariance the split changes no bit. seq_feed
- * has checked the ids and positions and checks the logits. */
-int k3_forward(model *m, void *fam_seq, const int *ids, int pos0, int n, float *logits, float *all_logits,
-               char *err, size_t errlen) {
+/* Segments run one after another, each in chunks of K3_CHUNK (which bound the scratch) on its own
+ * sequence and arena: by chunking invariance the split changes no bit, and a segment's result
+ * cannot depend on the others. (The weights are read once per segment, not once per call: K3
+ * does not batch decode steps of several conversations yet.) seq_feed has checked the ids and
+ * positions and checks the logits. */
+int k3_forward(model *m, const fwd_seg *segs, int nseg, char *err, size_t errlen) {
     const k3_model *k = m->priv;
-    for (int done = 0; done < n;) {
-        int c = MIN(K3_CHUNK, n - done);
-        float *all = all_logits ? all_logits + (size_t)done * k->vocab : NULL;
-        forward_chunk(m, fam_seq, ids + done, pos0 + done, c, done + c == n ? logits : NULL, all);
-        done += c;
+    for (int i = 0; i < nseg; i++) {
+        const fwd_seg *g = &segs[i];
+        for (int done = 0; done < g->n;) {
+            int c = MIN(K3_CHUNK, g->n - done);
+            float *all = g->all_logits ? g->all_logits + (size_t)done * k->vocab : NULL;
+            forward_chunk(m, g->fam_seq, g->ids + done, g->pos0 + done, c, done + c == g->n ? g->logits : NULL, all);
+            done += c;
+        }
     }
     return 0;
 }

@@ -27,6 +27,16 @@ const SYNTAX = {
     marker: 'tool_call',
     result: (text) => `<|observation|><tool_response>${text}</tool_response>`,
   },
+  // XTML: the response channel closes, the tools channel holds typed arguments (strings raw,
+  // numbers compact JSON); the EOS (<|end_of_msg|>) is not part of the text.
+  kimi_k3: {
+    reply: 'Let me check.<|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool="get_weather" index="1"<|sep|>'
+      + '<|open|>argument key="city" type="string"<|sep|>Paris<|close|>argument<|sep|>'
+      + '<|open|>argument key="days" type="number"<|sep|>3<|close|>argument<|sep|><|close|>call<|sep|>'
+      + '<|close|>tools<|sep|><|close|>message<|sep|>',
+    marker: '<|',
+    result: (text) => `<|open|>message role="tool" tool="get_weather" index="1"<|sep|>${text}<|close|>message<|sep|><|end_of_msg|>`,
+  },
 }[FAMILY.name];
 if (!SYNTAX) throw new Error(`no tool-call syntax known for family ${FAMILY.name}: add its reply here`);
 const REPLY = SYNTAX.reply;

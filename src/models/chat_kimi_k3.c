@@ -345,7 +345,8 @@ static void k3_parse(const char *text, size_t n, int thinking, chat_reply *out) 
         if (!r) return;
         p = r + strlen(CLOSE "think" SEP);
     }
-    if (!strncmp(p, OPEN "response" SEP, strlen(OPEN "response" SEP))) p += strlen(OPEN "response" SEP);
+    size_t resp = strlen(OPEN "response" SEP);
+    if ((size_t)(end - p) >= resp && !memcmp(p, OPEN "response" SEP, resp)) p += resp;
     const char *tools = find(p, end, OPEN "tools" SEP), *ce = find(p, tools ? tools : end, CLOSE "response" SEP);
     out->content = span(p, ce ? ce : tools ? tools : end);
     if (!tools) return;

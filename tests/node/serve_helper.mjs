@@ -23,7 +23,7 @@ if (MODEL && CAIRN && !FAMILY) throw new Error(`no registered family loads model
 const D = '｜DSML｜';
 // Each family's own tool-call syntax (by family name), for replies a scripted engine gives: a random tiny model
 // never writes a tool call. reply = what the model writes; result(text) = how the template
-// renders a tool's answer in the next prompt.
+// renders a tool's answer in the next prompt; thinkEnd = what closes the reasoning when it is not </think>.
 export const TOOL_SYNTAX = {
   deepseek_v4: {
     reply: `Let me check.\n\n<${D}tool_calls>\n<${D}invoke name="get_weather">\n`
@@ -47,6 +47,8 @@ export const TOOL_SYNTAX = {
       + '<|open|>argument key="days" type="number"<|sep|>3<|close|>argument<|sep|><|close|>call<|sep|>'
       + '<|close|>tools<|sep|><|close|>message<|sep|>',
     marker: '<|',
+    // In thinking mode the prompt leaves the think channel open; the reply closes it and opens the response one.
+    thinkEnd: '<|close|>think<|sep|><|open|>response<|sep|>',
     result: (text) => `<|open|>message role="tool" tool="get_weather" index="1"<|sep|>${text}<|close|>message<|sep|><|end_of_msg|>`,
   },
 };

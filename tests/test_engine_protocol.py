@@ -405,6 +405,27 @@ def test_kv_dir_resumes_and_refuses_bad_files(spawn, cairn, model, words, tmp_pa
     assert "ignoring" in c.read_stderr() and "checksum" in c.read_stderr()
 
 
+def test_kv_dir_survives_kill_9(spawn, cairn, model, words, tmp_path):
+    """The engine saves a slot right after its DONE, before reading the next command, so a finished
+    request on slot 1 proves slot 0's file is complete; after kill -9 (SIGKILL: no shutdown code
+    runs) a new engine resumes slot 0's whole state, every part kind included, and answers the
+    next turn exactly like a cold engine."""
+    kv = str(tmp_path)
+    e = spawn("--kv-dir", kv, "--slots", "2")
+    prompt = words(35, 14)
+    t1 = e.generate(prompt, 4)
+    e.generate(words(36, 3), 1, slot=1)
+    e.kill()
+    assert e.p.returncode == -9
+    turn2 = prompt + t1.ids + words(37, 3)
+    r = spawn("--kv-dir", kv, "--slots", "2")
+    t2 = r.generate(turn2, 4)
+    assert t2.reuse == len(prompt) + len(t1.fed())
+    assert t2.ids == reference(cairn, model, turn2, 4).ids
+    assert r.close() == 0
+    assert "resumed with" in r.read_stderr()
+
+
 def test_bench_reuse_json(cairn, model):
     """`cairn bench reuse` drives the same reuse path: every turn from the second reuses the previous
     prompt and the fed reply, and every warm first token equals the cold one (ratios are only shape-checked:

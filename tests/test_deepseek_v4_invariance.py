@@ -271,6 +271,16 @@ VARIANT = {"hc_mult": 2, "hc_sinkhorn_iters": 3, "num_hidden_layers": 3, "compre
            "sliding_window": 5, "num_experts_per_tok": 3, "n_routed_experts": 6}
 
 
+def assert_matches_reference(traced_out, model, ids):
+    """Every prompt position's top-3 (exact numerics) against the float64 reference's."""
+    echo = [json.loads(line) for line in traced_out.splitlines()][: len(ids)]
+    want = ref.run(model, ids, "exact", top=1024)
+    for got, w in zip(echo, want):
+        dist = {e["id"]: e["logprob"] for e in w["top"]}
+        assert got["top"][0]["id"] == w["top"][0]["id"], got["pos"]
+        assert max(abs(e["logprob"] - dist[e["id"]]) for e in got["top"]) < 2e-3, got["pos"]
+
+
 @pytest.fixture(scope="module")
 def variant_model(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("dsv4_variant"))
@@ -288,12 +298,7 @@ def test_variant_matches_reference_and_is_chunking_invariant(cairn, variant_mode
     one = traced(cairn, variant_model, ids, "--numerics", "exact")
     assert traced(cairn, variant_model, ids, "--numerics", "exact", "--prefill-chunks", "3,5,1,7") == one
     assert traced(cairn, variant_model, ids, "--numerics", "exact", "--snapshot-at", 17) == one
-    echo = [json.loads(line) for line in one.splitlines()][: len(ids)]
-    want = ref.run(variant_model, ids, "exact", top=1024)
-    for got, w in zip(echo, want):
-        dist = {e["id"]: e["logprob"] for e in w["top"]}
-        assert got["top"][0]["id"] == w["top"][0]["id"], got["pos"]
-        assert max(abs(e["logprob"] - dist[e["id"]]) for e in got["top"]) < 2e-3, got["pos"]
+    assert_matches_reference(one, variant_model, ids)
 
 
 # ---- FP8 linears with F32 block scales ---------------------------------------------------------
@@ -328,9 +333,4 @@ def test_fp8_with_f32_block_scales_matches_reference(cairn, tiny_dsv4, f32_scale
     one = traced(cairn, f32_scale_model, PROMPT, "--numerics", "exact")
     assert one != traced(cairn, tiny_dsv4, PROMPT, "--numerics", "exact"), "the scales changed nothing"
     assert traced(cairn, f32_scale_model, PROMPT, "--numerics", "exact", "--prefill-chunks", "3,5,1,7") == one
-    echo = [json.loads(line) for line in one.splitlines()][: len(PROMPT)]
-    want = ref.run(f32_scale_model, PROMPT, "exact", top=1024)
-    for got, w in zip(echo, want):
-        dist = {e["id"]: e["logprob"] for e in w["top"]}
-        assert got["top"][0]["id"] == w["top"][0]["id"], got["pos"]
-        assert max(abs(e["logprob"] - dist[e["id"]]) for e in got["top"]) < 2e-3, got["pos"]
+    assert_matches_reference(one, f32_scale_model, PROMPT)

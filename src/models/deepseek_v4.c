@@ -13,19 +13,6 @@
 
 /* ---- config ------------------------------------------------------------------------------ */
 
-static int parse_ints(const cJSON *j, char *err, size_t errlen, int n, ...) {
-    va_list ap;
-    va_start(ap, n);
-    int rc = 0;
-    for (int i = 0; i < n && !rc; i++) {
-        const char *key = va_arg(ap, const char *);
-        int *out = va_arg(ap, int *);
-        rc = config_int(j, key, out, err, errlen);
-    }
-    va_end(ap);
-    return rc;
-}
-
 /* Values the math depends on but this engine implements one way only: refuse anything else. */
 static int check_fixed(const cJSON *j, char *err, size_t errlen) {
     const cJSON *v = config_get(j, "scoring_func");
@@ -72,20 +59,22 @@ static int check_shapes(const dsv4_config *c, char *err, size_t errlen) {
 
 static int parse_config(const cJSON *j, dsv4_config *c, char *err, size_t errlen) {
     memset(c, 0, sizeof *c);
-    if (parse_ints(j, err, errlen, 20, "hidden_size", &c->dim, "num_hidden_layers", &c->n_layers, "vocab_size",
-                   &c->vocab, "num_attention_heads", &c->n_heads, "head_dim", &c->head_dim, "qk_rope_head_dim",
-                   &c->rope_dim, "q_lora_rank", &c->q_lora, "o_groups", &c->o_groups, "o_lora_rank", &c->o_lora,
-                   "sliding_window", &c->window, "index_n_heads", &c->idx_heads, "index_head_dim", &c->idx_dim,
-                   "index_topk", &c->idx_topk, "n_routed_experts", &c->n_experts, "num_experts_per_tok",
-                   &c->n_active, "n_shared_experts", &c->n_shared, "moe_intermediate_size", &c->moe_inter,
-                   "num_hash_layers", &c->n_hash, "hc_mult", &c->hc, "hc_sinkhorn_iters", &c->hc_iters))
-        return -1;
-    if (config_int_or(j, "num_nextn_predict_layers", 0, &c->n_mtp, err, errlen)) return -1;
-    if (config_double(j, "routed_scaling_factor", &c->route_scale, err, errlen) ||
-        config_double(j, "swiglu_limit", &c->swiglu_limit, err, errlen) ||
-        config_double(j, "hc_eps", &c->hc_eps, err, errlen) || config_double(j, "rms_norm_eps", &c->eps, err, errlen) ||
-        config_double(j, "rope_theta", &c->rope_theta, err, errlen) ||
-        config_double(j, "compress_rope_theta", &c->compress_theta, err, errlen))
+    const config_int_field ints[] = {
+        {"hidden_size", &c->dim}, {"num_hidden_layers", &c->n_layers}, {"vocab_size", &c->vocab},
+        {"num_attention_heads", &c->n_heads}, {"head_dim", &c->head_dim}, {"qk_rope_head_dim", &c->rope_dim},
+        {"q_lora_rank", &c->q_lora}, {"o_groups", &c->o_groups}, {"o_lora_rank", &c->o_lora},
+        {"sliding_window", &c->window}, {"index_n_heads", &c->idx_heads}, {"index_head_dim", &c->idx_dim},
+        {"index_topk", &c->idx_topk}, {"n_routed_experts", &c->n_experts}, {"num_experts_per_tok", &c->n_active},
+        {"n_shared_experts", &c->n_shared}, {"moe_intermediate_size", &c->moe_inter},
+        {"num_hash_layers", &c->n_hash}, {"hc_mult", &c->hc}, {"hc_sinkhorn_iters", &c->hc_iters},
+    };
+    const config_double_field doubles[] = {
+        {"routed_scaling_factor", &c->route_scale}, {"swiglu_limit", &c->swiglu_limit}, {"hc_eps", &c->hc_eps},
+        {"rms_norm_eps", &c->eps}, {"rope_theta", &c->rope_theta}, {"compress_rope_theta", &c->compress_theta},
+    };
+    if (config_ints(j, ints, sizeof ints / sizeof *ints, err, errlen) ||
+        config_int_or(j, "num_nextn_predict_layers", 0, &c->n_mtp, err, errlen) ||
+        config_doubles(j, doubles, sizeof doubles / sizeof *doubles, err, errlen))
         return -1;
     const cJSON *yarn = config_get(j, "rope_scaling");
     if (yarn && !cJSON_IsNull(yarn) &&

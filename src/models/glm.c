@@ -21,15 +21,14 @@
 /* ---- config ----------------------------------------------------------------------------- */
 
 static int read_dims(glm_model *g, const cJSON *c, char *err, size_t errlen) {
-    const struct { const char *key; int *out; } req[] = {
+    const config_int_field req[] = {
         {"vocab_size", &g->vocab}, {"hidden_size", &g->dim}, {"num_hidden_layers", &g->n_layers},
         {"num_attention_heads", &g->n_heads}, {"q_lora_rank", &g->q_lora}, {"kv_lora_rank", &g->kv_lora},
         {"qk_nope_head_dim", &g->nope}, {"qk_rope_head_dim", &g->rope}, {"v_head_dim", &g->v_dim},
         {"intermediate_size", &g->inter}, {"moe_intermediate_size", &g->moe_inter},
         {"n_routed_experts", &g->n_experts}, {"num_experts_per_tok", &g->top_k},
     };
-    for (size_t i = 0; i < sizeof req / sizeof *req; i++)
-        if (config_int(c, req[i].key, req[i].out, err, errlen)) return -1;
+    if (config_ints(c, req, sizeof req / sizeof *req, err, errlen)) return -1;
     if (g->vocab < 1 || g->dim < 1 || g->n_layers < 1 || g->n_heads < 1 || g->q_lora < 1 || g->kv_lora < 1 ||
         g->nope < 1 || g->v_dim < 1 || g->inter < 1 || g->moe_inter < 1 || g->n_experts < 1)
         return errf(err, errlen, "config.json: dimensions must be positive");

@@ -179,9 +179,7 @@ def test_bad_persisted_file_is_ignored(cairn, model, tmp_path, damage):
     other_model = make_model("glm", seed=99)
     other_path, _ = persisted_turn(cairn, other_model, str(tmp_path / "b"))
     damage(path, other_path)
-    # kv-share off: slot 1's file may or may not have been written before the kill, and its
-    # record shares the [gMASK]<sop> start with turn 2; only slot 0's damaged file is under test
-    with Engine(cairn, model, "--slots", "2", "--kv-dir", str(tmp_path / "a"), "--kv-share", "0") as e:
+    with Engine(cairn, model, "--slots", "2", "--kv-dir", str(tmp_path / "a")) as e:
         frames, _, reused = e.generate(turn2)
         log = e.close()
     assert "ignoring" in log, log

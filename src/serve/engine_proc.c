@@ -249,6 +249,7 @@ static void on_done(gen *g, const wire_done *d) {
     if (d->prompt_tokens >= 0) g->prompt_tokens = d->prompt_tokens;
     g->length_limited = d->length_limited;
     g->reuse = d->reused;
+    g->prefill_s = d->prefill_us > 0 ? (double)d->prefill_us / 1e6 : 0;
     g->accepted = 1;
     pthread_mutex_unlock(&g->mu);
     gen_finish(g, GEN_DONE, NULL);

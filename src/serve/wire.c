@@ -361,8 +361,9 @@ size_t wire_fmt_data(char *out, const char *id, size_t n, int k, float lp, const
 }
 
 size_t wire_fmt_done(char *out, const char *id, const wire_done *d) {
-    return (size_t)snprintf(out, WIRE_HEADER_MAX, "DONE %s STAT %d %.3f %.1f %.2f %d %d %d\n", id, d->completion,
-                            d->tok_s, d->hit_pct, d->rss_gb, d->prompt_tokens, d->length_limited ? 1 : 0, d->reused);
+    return (size_t)snprintf(out, WIRE_HEADER_MAX, "DONE %s STAT %d %.3f %.1f %.2f %d %d %d %ld\n", id, d->completion,
+                            d->tok_s, d->hit_pct, d->rss_gb, d->prompt_tokens, d->length_limited ? 1 : 0, d->reused,
+                            d->prefill_us);
 }
 
 /* The shortest decimal that strtof reads back as v, so a float field round-trips exactly. */
@@ -427,7 +428,7 @@ static void parse_data_lp(const fields *f, wire_out *o) {
     o->has_lp = 1;
 }
 
-/* STAT <completion> <tok_s> <hit%> <rss> [<prompt_tokens> [<length_limited> [<reused> ...]]] */
+/* STAT <completion> <tok_s> <hit%> <rss> [<prompt_tokens> [<length_limited> [<reused> [<prefill_us>]]]] */
 static int parse_done(const fields *f, wire_out *o) {
     wire_done *d = &o->done;
     if (f->n < 7 || !field_is(f, 2, "STAT")) return -1;
@@ -438,6 +439,8 @@ static int parse_done(const fields *f, wire_out *o) {
     if (f->n < 8 || parse_int(f, 7, 0, 1 << 30, &d->prompt_tokens)) d->prompt_tokens = -1;
     d->length_limited = f->n > 8 && field_is(f, 8, "1");
     if (f->n < 10 || parse_int(f, 9, 0, 1 << 30, &d->reused)) d->reused = 0;
+    uint64_t us;
+    d->prefill_us = f->n > 10 && !parse_u64(f, 10, 1ULL << 50, &us) ? (long)us : 0;
     return 0;
 }
 

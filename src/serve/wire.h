@@ -118,7 +118,9 @@ typedef struct {
     double tok_s, hit_pct, rss_gb;
     int prompt_tokens;            /* -1 when absent */
     int length_limited;
-    int reused;                   /* the suffix field; 0 when absent */
+    int reused;                   /* first suffix field: prompt tokens reused; 0 when absent */
+    long prefill_us;              /* second suffix field: microseconds the engine spent prefilling this
+                                   * request's new tokens (prompt - reused); 0 when absent */
 } wire_done;
 size_t wire_fmt_done(char *out, const char *id, const wire_done *d);
 size_t wire_fmt_accept(char *out, const char *id, int prompt_tokens);

@@ -186,9 +186,10 @@ static void test_bytewise_equals_whole(void) {
 
 static void test_format(void) {
     char out[WIRE_HEADER_MAX];
-    wire_done golden = {3, 1.25, 50.0, 1.25, 7, 1, 5};
+    wire_done golden = {3, 1.25, 50.0, 1.25, 7, 1, 5, 1234};
     size_t n = wire_fmt_done(out, "req-v4", &golden);
-    CHECK(n == strlen("DONE req-v4 STAT 3 1.250 50.0 1.25 7 1 5\n") && !memcmp(out, "DONE req-v4 STAT 3 1.250 50.0 1.25 7 1 5\n", n),
+    CHECK(n == strlen("DONE req-v4 STAT 3 1.250 50.0 1.25 7 1 5 1234\n") &&
+              !memcmp(out, "DONE req-v4 STAT 3 1.250 50.0 1.25 7 1 5 1234\n", n),
           "DONE golden: %.*s", (int)n, out);
     n = wire_fmt_accept(out, "x", 12);
     CHECK(n == 12 && !memcmp(out, "ACCEPT x 12\n", n), "ACCEPT");
@@ -315,14 +316,15 @@ static void test_engine_frames_round_trip(void) {
     o = out_of(h, wire_fmt_data(h, "q1", 0, 1, NAN, ids, &nanv));
     CHECK(o.has_lp && isnan(o.lp) && isnan(o.top_lps[0]), "nan logprobs are allowed");
 
-    wire_done d = {17, 12.5, 33.3, 1.25, 40, 1, 39};
+    wire_done d = {17, 12.5, 33.3, 1.25, 40, 1, 39, 987654};
     o = out_of(h, wire_fmt_done(h, "q2", &d));
     CHECK(o.kind == WIRE_OUT_DONE && !strcmp(o.id, "q2") && o.done.completion == 17 && o.done.tok_s == 12.5 &&
           fabs(o.done.hit_pct - 33.3) < 1e-9 && o.done.rss_gb == 1.25 && o.done.prompt_tokens == 40 &&
-          o.done.length_limited == 1 && o.done.reused == 39, "DONE round-trips");
+          o.done.length_limited == 1 && o.done.reused == 39 && o.done.prefill_us == 987654, "DONE round-trips");
     const char upstream[] = "DONE u STAT 3 1.000 0.0 0.50";
     CHECK(wire_parse_out(upstream, strlen(upstream), &o) == 0 && o.done.completion == 3 && o.done.prompt_tokens == -1 &&
-          o.done.reused == 0 && !o.done.length_limited, "the upstream minimum DONE (no optional fields)");
+          o.done.reused == 0 && o.done.prefill_us == 0 && !o.done.length_limited,
+          "the upstream minimum DONE (no optional fields)");
     const char broken[] = "DONE u 3 1.0 0.0";
     CHECK(wire_parse_out(broken, strlen(broken), &o) < 0, "a DONE without STAT is a protocol error");
     const char bad_len[] = "DATA u x";

@@ -4,8 +4,16 @@
  *
  * Every prompt runs on one sequence; the last sampled token is never fed (so never recorded).
  * Several `;`-separated --prompt-ids run back to back on the same sequence with a reset between,
- * which is how tests prove a reset leaves nothing behind. */
+ * which is how tests prove a reset leaves nothing behind.
+ *
+ * --chat is a REPL on the shared reuse layer (seq_prompt: the reuse decision and the
+ * checkpointing prefill, as the engine takes a prompt). It keeps the exact ids of the
+ * conversation — every prompt id it fed and every id it generated — and never re-tokenizes a
+ * reply: a turn's prompt is those ids plus the template's text after the last reply, so turn
+ * N+1 reuses prompt + reply of turn N (all but the unfed last token). Ctrl-C stops the reply
+ * under way, not the program. */
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,7 +59,9 @@ static void usage(FILE *f) {
             "  --raw                  feed -p TEXT as plain tokens, without the chat template\n"
             "  --prompt-ids IDS       comma-separated token ids; ';' separates prompts that run one after\n"
             "                         another on the same sequence, reset in between\n"
-            "  --chat                 interactive multi-turn chat on stdin (state reused across turns)\n"
+            "  --chat                 interactive multi-turn chat on stdin (state reused across turns;\n"
+            "                         /help, /reset, /exit; Ctrl-C stops the reply; with --format jsonl\n"
+            "                         each turn first prints {\"turn\",\"prompt_ids\",\"reused\"})\n"
             "  -n N                   tokens to generate (default 256; 0 = prefill only)\n"
             "  --temperature T        0 = greedy (default 1.0)\n"
             "  --top-p P  --top-k K  --min-p P  --seed S   sampling filters and rng seed\n"
@@ -401,18 +411,24 @@ static int dump_state(runner *r, char *err, size_t errlen) {
 
 /* ---- generation --------------------------------------------------------------------------- */
 
+/* Set by SIGINT while --chat generates: the reply stops, the program does not. */
+static volatile sig_atomic_t interrupted;
+
 /* Sample up to n_gen tokens from r->logits; every sampled token but the last is fed back.
- * If reply is non-NULL the generated ids are appended to it (chat history). */
-static int generate(runner *r, prompt *reply, char *err, size_t errlen) {
+ * If reply is non-NULL every sampled id (an ending EOS included) is appended to it and *eos says
+ * whether an EOS ended the reply. */
+static int generate(runner *r, prompt *reply, int *eos, char *err, size_t errlen) {
     tok_stream ts;
     if (r->m->tok) tok_stream_init(&ts, r->m->tok);
+    if (eos) *eos = 0;
     for (long g = 0; g < r->o->n_gen; g++) {
         int id = sampler_pick(&r->smp, r->logits);
         int stop = model_is_eos(r->m, id) && !r->o->ignore_eos;
         if (!stop || r->o->jsonl) emit_token(r, &ts, id);
         r->st.generated++;
-        if (reply && !stop) reply->ids[reply->n++] = id;
-        if (stop || g + 1 == r->o->n_gen) break;
+        if (reply) reply->ids[reply->n++] = id;
+        if (eos) *eos = stop;
+        if (stop || g + 1 == r->o->n_gen || interrupted) break;
         double t0 = now_seconds();
         int rc = seq_feed(r->s, &id, 1, r->logits, err, errlen);
         r->st.decode_s += now_seconds() - t0;
@@ -431,44 +447,137 @@ static int generate(runner *r, prompt *reply, char *err, size_t errlen) {
 static int run_prompt(runner *r, prompt *pr, char *err, size_t errlen) {
     if (prefill(r, pr, err, errlen)) return -1;
     if (r->o->dump_state && dump_state(r, err, errlen)) return -1;
-    return r->o->n_gen ? generate(r, NULL, err, errlen) : 0;
+    return r->o->n_gen ? generate(r, NULL, NULL, err, errlen) : 0;
 }
 
 /* ---- chat --------------------------------------------------------------------------------- */
 
-/* Feed a turn's prompt: only the new tail when it extends what the state holds, else all. */
-static int feed_turn(runner *r, const prompt *pr, char *err, size_t errlen) {
-    state *st = &r->s->st;
-    int u = state_common_prefix(st, pr->ids, pr->n);
-    if (u != st->len || u >= pr->n) { state_reset(st); u = 0; }
-    if (pr->n > st->cap) return errf(err, errlen, "conversation (%d tokens) exceeds --ctx %d", pr->n, st->cap);
-    prompt tail = {pr->ids + u, pr->n - u};
-    fprintf(stderr, "[reused %d of %d prompt tokens]\n", u, pr->n);
-    return prefill(r, &tail, err, errlen);
+enum { CHAT_CKPT_MB = 256 };   /* checkpoint memory of the REPL (e.g. a /reset under a kept system prompt) */
+
+/* The conversation as the template sees it (messages) and as the state holds it (ids: every id
+ * fed or generated, in order, so a reply is never re-tokenized). */
+typedef struct {
+    cJSON *msgs;
+    int *ids;
+    int n, cap;
+    int turn;
+    int eos_id;                /* the EOS that ended the last reply (it is in ids), -1 if none */
+    char placeholder[48];      /* stands for the last reply when the template renders the next turn */
+} chat_conv;
+
+static void conv_push(chat_conv *c, const int *ids, int n) {
+    if (c->n + n > c->cap) {
+        c->cap = MAX(2 * c->cap, c->n + n + 256);
+        c->ids = xrealloc(c->ids, sizeof(int) * c->cap);
+    }
+    memcpy(c->ids + c->n, ids, sizeof(int) * n);
+    c->n += n;
 }
 
-static int chat_turn(runner *r, cJSON *msgs, char *err, size_t errlen) {
-    prompt pr = {NULL, 0};
-    if (render_ids(r->m, msgs, &pr, err, errlen) || feed_turn(r, &pr, err, errlen)) { free(pr.ids); return -1; }
-    free(pr.ids);
+static void conv_add(chat_conv *c, const char *role, const char *content) {
+    cJSON *msg = cJSON_CreateObject();
+    cJSON_AddStringToObject(msg, "role", role);
+    cJSON_AddStringToObject(msg, "content", content);
+    cJSON_AddItemToArray(c->msgs, msg);
+}
+
+static void conv_reset(chat_conv *c) {
+    cJSON_Delete(c->msgs);
+    c->msgs = cJSON_CreateArray();
+    c->n = 0;
+    c->eos_id = -1;
+}
+
+/* The ids the template adds after the last reply: render the conversation with that reply's
+ * content replaced by a placeholder no user can type, and encode what follows it (its untrusted
+ * spans as plain text). When an EOS ended the reply and the template writes that very token next,
+ * it is already in c->ids (the model generated it), so its text is skipped; an EOS the template
+ * does not write is dropped from c->ids (it was never fed). */
+static int turn_tail(const model *m, chat_conv *c, prompt *out, char *err, size_t errlen) {
+    cJSON *last = cJSON_GetArrayItem(c->msgs, cJSON_GetArraySize(c->msgs) - 2);
+    cJSON *real = cJSON_DetachItemFromObject(last, "content");
+    cJSON_AddStringToObject(last, "content", c->placeholder);
+    chat_opts co = {0, NULL, NULL};
+    chat_prompt p = {0};
+    int rc = m->ops->chat->render(c->msgs, NULL, &co, &p, err, errlen);
+    cJSON_DeleteItemFromObject(last, "content");
+    cJSON_AddItemToObject(last, "content", real);
+    const char *at = rc ? NULL : strstr(p.text.p, c->placeholder);
+    if (!rc && (!at || strstr(at + 1, c->placeholder)))
+        rc = errf(err, errlen, "the chat template did not render the last reply where the REPL can find it");
+    if (!rc) {
+        size_t from = (size_t)(at - p.text.p) + strlen(c->placeholder);
+        char *eos = c->eos_id >= 0 ? tok_decode(m->tok, &c->eos_id, 1, NULL) : NULL;
+        if (eos && *eos && !strncmp(p.text.p + from, eos, strlen(eos))) from += strlen(eos);
+        else if (c->eos_id >= 0) c->n--;
+        free(eos);
+        chat_prompt tail = {0};
+        chat_prompt_tail(&p, from, &tail);
+        rc = chat_prompt_encode(m->tok, &tail, &out->ids, &out->n, err, errlen);
+        chat_prompt_free(&tail);
+    }
+    chat_prompt_free(&p);
+    return rc;
+}
+
+static void print_turn(const runner *r, const chat_conv *c, int reused) {
+    fprintf(stderr, "[reused %d of %d prompt tokens]\n", reused, c->n);
+    if (!r->o->jsonl) return;
+    printf("{\"turn\":%d,\"prompt_ids\":[", c->turn);
+    for (int i = 0; i < c->n; i++) printf("%s%d", i ? "," : "", c->ids[i]);
+    printf("],\"reused\":%d}\n", reused);
+    fflush(stdout);
+}
+
+/* One turn: the new prompt ids (the whole rendering on the first turn, else the exact ids so far
+ * plus the template's tail), the shared reuse path, then the reply. */
+static int chat_turn(runner *r, chat_conv *c, store *cs, char *err, size_t errlen) {
+    interrupted = 0;           /* from here a Ctrl-C stops this turn's reply */
+    prompt add = {NULL, 0};
+    int rc = c->n ? turn_tail(r->m, c, &add, err, errlen) : render_ids(r->m, c->msgs, &add, err, errlen);
+    if (!rc) conv_push(c, add.ids, add.n);
+    free(add.ids);
+    if (rc) return -1;
+    if (c->n > r->s->st.cap) return errf(err, errlen, "conversation (%d tokens) exceeds --ctx %d", c->n, r->s->st.cap);
+    reuse_result rr;
+    double t0 = now_seconds();
+    if (seq_prompt(r->s, cs, c->ids, c->n, 0, r->logits, &rr, err, errlen)) return -1;
+    r->st.prefill_s += now_seconds() - t0;
+    r->st.prompt += c->n - rr.reused;
+    c->turn++;
+    print_turn(r, c, rr.reused);
     prompt reply = {xmalloc(sizeof(int) * (r->o->n_gen + 1)), 0};
-    int rc = generate(r, &reply, err, errlen);
+    int eos = 0;
+    rc = generate(r, &reply, &eos, err, errlen);
+    if (interrupted) fprintf(stderr, "[reply stopped]\n");
+    conv_push(c, reply.ids, reply.n);
+    c->eos_id = eos ? reply.ids[reply.n - 1] : -1;
     size_t n = 0;
-    char *raw = r->m->tok ? tok_decode(r->m->tok, reply.ids, reply.n, &n) : xstrdup("");
+    char *raw = r->m->tok ? tok_decode(r->m->tok, reply.ids, reply.n - eos, &n) : xstrdup("");
     char *text = utf8_sanitize(raw, n);
+    conv_add(c, "assistant", text);
     free(raw);
-    cJSON *a = cJSON_CreateObject();
-    cJSON_AddStringToObject(a, "role", "assistant");
-    cJSON_AddStringToObject(a, "content", text);
-    cJSON_AddItemToArray(msgs, a);
     free(text);
     free(reply.ids);
     return rc;
 }
 
+static void on_sigint(int sig) { interrupted = 1; }
+
+static const char chat_help[] =
+    "commands: /help this text, /reset start a new conversation, /exit quit (or Ctrl-D);\n"
+    "Ctrl-C stops the reply being written. Anything else is your next message.\n";
+
 static int chat_repl(runner *r, char *err, size_t errlen) {
     if (!model_template(r->m, err, errlen)) return -1;
-    cJSON *msgs = cJSON_CreateArray();
+    if (!r->m->tok) return errf(err, errlen, "--chat needs a usable tokenizer.json");
+    chat_conv c = {.msgs = cJSON_CreateArray(), .eos_id = -1};
+    snprintf(c.placeholder, sizeof c.placeholder, "cairn-reply-%016llx",
+             (unsigned long long)(fnv64(FNV64_INIT, &r, sizeof r) ^ (uint64_t)(now_seconds() * 1e9)));
+    struct sigaction sa = {.sa_handler = on_sigint, .sa_flags = SA_RESTART};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    store *cs = store_new((size_t)CHAT_CKPT_MB << 20);
     char *line = NULL;
     size_t cap = 0;
     ssize_t len;
@@ -478,14 +587,17 @@ static int chat_repl(runner *r, char *err, size_t errlen) {
         if ((len = getline(&line, &cap, stdin)) < 0) break;
         while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = 0;
         if (!len) continue;
-        cJSON *u = cJSON_CreateObject();
-        cJSON_AddStringToObject(u, "role", "user");
-        cJSON_AddStringToObject(u, "content", line);
-        cJSON_AddItemToArray(msgs, u);
-        if ((rc = chat_turn(r, msgs, err, errlen))) break;
+        if (!strcmp(line, "/exit")) break;
+        if (!strcmp(line, "/help")) { fputs(chat_help, stderr); continue; }
+        if (!strcmp(line, "/reset")) { conv_reset(&c); fprintf(stderr, "[new conversation]\n"); continue; }
+        conv_add(&c, "user", line);
+        if ((rc = chat_turn(r, &c, cs, err, errlen))) break;
     }
+    signal(SIGINT, SIG_DFL);
+    store_free(cs);
     free(line);
-    cJSON_Delete(msgs);
+    free(c.ids);
+    cJSON_Delete(c.msgs);
     return rc;
 }
 

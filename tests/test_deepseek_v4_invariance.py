@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from conftest import ROOT
@@ -270,6 +271,16 @@ VARIANT = {"hc_mult": 2, "hc_sinkhorn_iters": 3, "num_hidden_layers": 3, "compre
            "sliding_window": 5, "num_experts_per_tok": 3, "n_routed_experts": 6}
 
 
+def assert_matches_reference(traced_out, model, ids):
+    """Every prompt position's top-3 (exact numerics) against the float64 reference's."""
+    echo = [json.loads(line) for line in traced_out.splitlines()][: len(ids)]
+    want = ref.run(model, ids, "exact", top=1024)
+    for got, w in zip(echo, want):
+        dist = {e["id"]: e["logprob"] for e in w["top"]}
+        assert got["top"][0]["id"] == w["top"][0]["id"], got["pos"]
+        assert max(abs(e["logprob"] - dist[e["id"]]) for e in got["top"]) < 2e-3, got["pos"]
+
+
 @pytest.fixture(scope="module")
 def variant_model(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("dsv4_variant"))
@@ -287,9 +298,39 @@ def test_variant_matches_reference_and_is_chunking_invariant(cairn, variant_mode
     one = traced(cairn, variant_model, ids, "--numerics", "exact")
     assert traced(cairn, variant_model, ids, "--numerics", "exact", "--prefill-chunks", "3,5,1,7") == one
     assert traced(cairn, variant_model, ids, "--numerics", "exact", "--snapshot-at", 17) == one
-    echo = [json.loads(line) for line in one.splitlines()][: len(ids)]
-    want = ref.run(variant_model, ids, "exact", top=1024)
-    for got, w in zip(echo, want):
-        dist = {e["id"]: e["logprob"] for e in w["top"]}
-        assert got["top"][0]["id"] == w["top"][0]["id"], got["pos"]
-        assert max(abs(e["logprob"] - dist[e["id"]]) for e in got["top"]) < 2e-3, got["pos"]
+    assert_matches_reference(one, variant_model, ids)
+
+
+# ---- FP8 linears with F32 block scales ---------------------------------------------------------
+
+def f32_scales(tensors, rng):
+    """Every FP8 linear's E8M0 block scales as F32 factors, each moved off its power of two."""
+    for name in [n for n in tensors if n.endswith(".scale")]:
+        weight = tensors.get(name[: -len(".scale")] + ".weight")
+        if not weight or weight[0] != "F8_E4M3":
+            continue
+        _, shape, raw = tensors[name]
+        e = np.frombuffer(raw, dtype=np.uint8).astype(np.float64)
+        tensors[name] = ("F32", shape, (2.0 ** (e - 127) * rng.uniform(0.75, 1.25, e.shape)).astype(np.float32).tobytes())
+
+
+@pytest.fixture(scope="module")
+def f32_scale_model(tiny_dsv4, tmp_path_factory):
+    dst = tmp_path_factory.mktemp("dsv4_f32_scales") / "m"
+    shutil.copytree(tiny_dsv4, dst)
+    with open(os.path.join(dst, "model.safetensors.index.json")) as f:
+        shards = sorted(set(json.load(f)["weight_map"].values()))
+    rng = np.random.default_rng(5)
+    for shard in shards:
+        tensors = st.read_file(os.path.join(dst, shard))
+        f32_scales(tensors, rng)
+        st.write_file(os.path.join(dst, shard), tensors)
+    return str(dst)
+
+
+def test_fp8_with_f32_block_scales_matches_reference(cairn, tiny_dsv4, f32_scale_model):
+    """The kernels run FP8 with F32 block scales; the loader takes them for DeepSeek V4 too."""
+    one = traced(cairn, f32_scale_model, PROMPT, "--numerics", "exact")
+    assert one != traced(cairn, tiny_dsv4, PROMPT, "--numerics", "exact"), "the scales changed nothing"
+    assert traced(cairn, f32_scale_model, PROMPT, "--numerics", "exact", "--prefill-chunks", "3,5,1,7") == one
+    assert_matches_reference(one, f32_scale_model, PROMPT)

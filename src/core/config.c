@@ -128,3 +128,15 @@ int config_int_array(const cJSON *c, const char *key, int *out, int max, int *n,
     *n = count;
     return 0;
 }
+
+int config_ints(const cJSON *c, const config_int_field *f, size_t n, char *err, size_t errlen) {
+    for (size_t i = 0; i < n; i++)
+        if (config_int(c, f[i].key, f[i].out, err, errlen)) return -1;
+    return 0;
+}
+
+int config_doubles(const cJSON *c, const config_double_field *f, size_t n, char *err, size_t errlen) {
+    for (size_t i = 0; i < n; i++)
+        if (config_double(c, f[i].key, f[i].out, err, errlen)) return -1;
+    return 0;
+}

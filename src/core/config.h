@@ -17,6 +17,18 @@ int config_int(const cJSON *c, const char *key, int *out, char *err, size_t errl
 int config_double(const cJSON *c, const char *key, double *out, char *err, size_t errlen);
 int config_bool(const cJSON *c, const char *key, int *out, char *err, size_t errlen);
 int config_string(const cJSON *c, const char *key, const char **out, char *err, size_t errlen);
+/* Tables of required values: each entry's key read into its field; the first missing or
+ * mistyped key is the error. A family lists its config as data instead of a chain of calls. */
+typedef struct {
+    const char *key;
+    int *out;
+} config_int_field;
+typedef struct {
+    const char *key;
+    double *out;
+} config_double_field;
+int config_ints(const cJSON *c, const config_int_field *f, size_t n, char *err, size_t errlen);
+int config_doubles(const cJSON *c, const config_double_field *f, size_t n, char *err, size_t errlen);
 /* Integer array: *n gets the length; out must hold max entries. */
 int config_int_array(const cJSON *c, const char *key, int *out, int max, int *n, char *err, size_t errlen);
 

@@ -57,6 +57,18 @@ void chat_prompt_free(chat_prompt *p) {
     memset(p, 0, sizeof *p);
 }
 
+void chat_prompt_tail(const chat_prompt *p, size_t from, chat_prompt *out) {
+    if (from >= p->text.len) return;
+    for (int i = 0; i < p->nuntrusted; i++) {
+        const tok_span *u = &p->untrusted[i];
+        size_t start = MAX(u->start, from), end = u->start + u->len;
+        if (end <= start) continue;
+        sbuf_put(&out->text, p->text.p + from + out->text.len, start - from - out->text.len);
+        chat_untrusted(out, p->text.p + start, end - start);
+    }
+    sbuf_put(&out->text, p->text.p + from + out->text.len, p->text.len - from - out->text.len);
+}
+
 int chat_prompt_encode(const tokenizer *t, const chat_prompt *p, int **ids, int *n, char *err, size_t errlen) {
     int cap = (int)p->text.len + 16;
     *ids = xmalloc((size_t)cap * sizeof **ids);

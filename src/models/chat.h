@@ -57,6 +57,8 @@ void chat_untrusted_json(chat_prompt *p, const cJSON *v);   /* chat_json_py of r
 /* Marks p->text[start..] untrusted: for request data a template wrote with sbuf calls. */
 void chat_untrusted_since(chat_prompt *p, size_t start);
 void chat_prompt_free(chat_prompt *p);
+/* Into a zeroed *out: p from byte `from` on, its untrusted spans clipped and shifted with it. */
+void chat_prompt_tail(const chat_prompt *p, size_t from, chat_prompt *out);
 /* Ids of the prompt, untrusted spans encoded as plain text (tok_encode_untrusted). *ids is heap. */
 int chat_prompt_encode(const tokenizer *t, const chat_prompt *p, int **ids, int *n, char *err, size_t errlen);
 

@@ -8,22 +8,10 @@
 
 #include "../core/config.h"
 #include "../core/util.h"
+#include "../core/weights.h"
 #include "deepseek_v4.h"
 
 /* ---- config ------------------------------------------------------------------------------ */
-
-static int parse_ints(const cJSON *j, char *err, size_t errlen, int n, ...) {
-    va_list ap;
-    va_start(ap, n);
-    int rc = 0;
-    for (int i = 0; i < n && !rc; i++) {
-        const char *key = va_arg(ap, const char *);
-        int *out = va_arg(ap, int *);
-        rc = config_int(j, key, out, err, errlen);
-    }
-    va_end(ap);
-    return rc;
-}
 
 /* Values the math depends on but this engine implements one way only: refuse anything else. */
 static int check_fixed(const cJSON *j, char *err, size_t errlen) {
@@ -71,20 +59,22 @@ static int check_shapes(const dsv4_config *c, char *err, size_t errlen) {
 
 static int parse_config(const cJSON *j, dsv4_config *c, char *err, size_t errlen) {
     memset(c, 0, sizeof *c);
-    if (parse_ints(j, err, errlen, 20, "hidden_size", &c->dim, "num_hidden_layers", &c->n_layers, "vocab_size",
-                   &c->vocab, "num_attention_heads", &c->n_heads, "head_dim", &c->head_dim, "qk_rope_head_dim",
-                   &c->rope_dim, "q_lora_rank", &c->q_lora, "o_groups", &c->o_groups, "o_lora_rank", &c->o_lora,
-                   "sliding_window", &c->window, "index_n_heads", &c->idx_heads, "index_head_dim", &c->idx_dim,
-                   "index_topk", &c->idx_topk, "n_routed_experts", &c->n_experts, "num_experts_per_tok",
-                   &c->n_active, "n_shared_experts", &c->n_shared, "moe_intermediate_size", &c->moe_inter,
-                   "num_hash_layers", &c->n_hash, "hc_mult", &c->hc, "hc_sinkhorn_iters", &c->hc_iters))
-        return -1;
-    if (config_int_or(j, "num_nextn_predict_layers", 0, &c->n_mtp, err, errlen)) return -1;
-    if (config_double(j, "routed_scaling_factor", &c->route_scale, err, errlen) ||
-        config_double(j, "swiglu_limit", &c->swiglu_limit, err, errlen) ||
-        config_double(j, "hc_eps", &c->hc_eps, err, errlen) || config_double(j, "rms_norm_eps", &c->eps, err, errlen) ||
-        config_double(j, "rope_theta", &c->rope_theta, err, errlen) ||
-        config_double(j, "compress_rope_theta", &c->compress_theta, err, errlen))
+    const config_int_field ints[] = {
+        {"hidden_size", &c->dim}, {"num_hidden_layers", &c->n_layers}, {"vocab_size", &c->vocab},
+        {"num_attention_heads", &c->n_heads}, {"head_dim", &c->head_dim}, {"qk_rope_head_dim", &c->rope_dim},
+        {"q_lora_rank", &c->q_lora}, {"o_groups", &c->o_groups}, {"o_lora_rank", &c->o_lora},
+        {"sliding_window", &c->window}, {"index_n_heads", &c->idx_heads}, {"index_head_dim", &c->idx_dim},
+        {"index_topk", &c->idx_topk}, {"n_routed_experts", &c->n_experts}, {"num_experts_per_tok", &c->n_active},
+        {"n_shared_experts", &c->n_shared}, {"moe_intermediate_size", &c->moe_inter},
+        {"num_hash_layers", &c->n_hash}, {"hc_mult", &c->hc}, {"hc_sinkhorn_iters", &c->hc_iters},
+    };
+    const config_double_field doubles[] = {
+        {"routed_scaling_factor", &c->route_scale}, {"swiglu_limit", &c->swiglu_limit}, {"hc_eps", &c->hc_eps},
+        {"rms_norm_eps", &c->eps}, {"rope_theta", &c->rope_theta}, {"compress_rope_theta", &c->compress_theta},
+    };
+    if (config_ints(j, ints, sizeof ints / sizeof *ints, err, errlen) ||
+        config_int_or(j, "num_nextn_predict_layers", 0, &c->n_mtp, err, errlen) ||
+        config_doubles(j, doubles, sizeof doubles / sizeof *doubles, err, errlen))
         return -1;
     const cJSON *yarn = config_get(j, "rope_scaling");
     if (yarn && !cJSON_IsNull(yarn) &&
@@ -141,43 +131,28 @@ static const void *own(loader *ld, const void *src, size_t bytes) {
     return p;
 }
 
-static qmat plain_mat(loader *ld, wformat f, int rows, int cols, const char *name) {
-    qmat q = {.fmt = f, .rows = rows, .cols = cols};
-    q.data = tensor(ld, f == WF_F32 ? DT_F32 : DT_BF16, rows, cols, "%s", name);
+/* A weight matrix in any format the kernels run (core/weights.h): the official layout is E4M3
+ * [out, in] + E8M0 `.scale` per 128x128 block for FP8 linears, packed E2M1 + E8M0 per 32 inputs
+ * for routed experts, BF16/F32 for the rest; F32 block scales and the other formats load too. */
+static qmat mat(loader *ld, int rows, int cols, const char *name) {
+    qmat q = {0};
+    if (ld->failed) return q;
+    if (weights_matrix(ld->st, name, rows, cols, &q, &ld->count, ld->err, ld->errlen)) ld->failed = 1;
     return q;
 }
 
-/* FP8 linear: E4M3 weight [out, in] + E8M0 scale per 128x128 block. */
-static qmat fp8_mat(loader *ld, int rows, int cols, const char *prefix) {
-    qmat q = {.fmt = WF_FP8, .rows = rows, .cols = cols};
-    q.data = tensor(ld, DT_F8_E4M3, rows, cols, "%s.weight", prefix);
-    q.scale = tensor(ld, DT_F8_E8M0, (rows + 127) / 128, (cols + 127) / 128, "%s.scale", prefix);
-    return q;
-}
-
-/* FP8 linear named prefix + sub (e.g. "layers.3." + "attn.wq_a"). */
-static qmat fp8_at(loader *ld, const char *prefix, const char *sub, int rows, int cols) {
-    char name[256];
-    snprintf(name, sizeof name, "%s%s", prefix, sub);
-    return fp8_mat(ld, rows, cols, name);
-}
-
-/* Routed expert: packed E2M1 [out, in/2] (I8 officially; U8 accepted) + E8M0 scale per 32 inputs. */
-static qmat fp4_mat(loader *ld, int rows, int cols, const char *prefix) {
-    qmat q = {.fmt = WF_FP4, .rows = rows, .cols = cols};
-    char name[256];
-    snprintf(name, sizeof name, "%s.weight", prefix);
-    const st_tensor *t = ld->failed ? NULL : st_find(ld->st, name);
-    q.data = tensor(ld, t && t->type == DT_U8 ? DT_U8 : DT_I8, rows, cols / 2, "%s", name);
-    q.scale = tensor(ld, DT_F8_E8M0, rows, cols / 32, "%s.scale", prefix);
-    return q;
+/* The linear `prefix + sub + ".weight"` (e.g. "layers.3." + "attn.wq_a"). */
+static qmat mat_at(loader *ld, const char *prefix, const char *sub, int rows, int cols) {
+    char name[512];
+    snprintf(name, sizeof name, "%s%s.weight", prefix, sub);
+    return mat(ld, rows, cols, name);
 }
 
 static dsv4_hc load_hc(loader *ld, const dsv4_config *c, int nmix, const char *prefix, const char *sep) {
     char name[256];
     dsv4_hc h;
     snprintf(name, sizeof name, "%s%sfn", prefix, sep);
-    h.fn = plain_mat(ld, WF_F32, nmix, c->hc * c->dim, name);
+    h.fn = mat(ld, nmix, c->hc * c->dim, name);
     h.base = own(ld, tensor(ld, DT_F32, nmix, -1, "%s%sbase", prefix, sep), nmix * 4);
     int nscale = nmix == c->hc ? 1 : 3;
     h.scale = own(ld, tensor(ld, DT_F32, nscale, -1, "%s%sscale", prefix, sep), nscale * 4);
@@ -188,9 +163,9 @@ static dsv4_compressor load_compressor(loader *ld, const dsv4_config *c, int rat
     dsv4_compressor cp = {ratio, width, ratio == 4 ? 2 : 1, {0}, {0}, NULL, NULL};
     char name[256];
     snprintf(name, sizeof name, "%s.wkv.weight", prefix);
-    cp.wkv = plain_mat(ld, WF_BF16, cp.coff * width, c->dim, name);
+    cp.wkv = mat(ld, cp.coff * width, c->dim, name);
     snprintf(name, sizeof name, "%s.wgate.weight", prefix);
-    cp.wgate = plain_mat(ld, WF_BF16, cp.coff * width, c->dim, name);
+    cp.wgate = mat(ld, cp.coff * width, c->dim, name);
     cp.ape = own(ld, tensor(ld, DT_F32, ratio, cp.coff * width, "%s.ape", prefix), (size_t)ratio * cp.coff * width * 4);
     cp.norm = own(ld, tensor(ld, DT_BF16, width, -1, "%s.norm.weight", prefix), width * 2);
     return cp;
@@ -203,11 +178,11 @@ static void load_attention(loader *ld, const dsv4_config *c, dsv4_layer *L, cons
     L->sink = own(ld, tensor(ld, DT_F32, c->n_heads, -1, "%sattn.attn_sink", p), c->n_heads * 4);
     L->q_norm = own(ld, tensor(ld, DT_BF16, c->q_lora, -1, "%sattn.q_norm.weight", p), c->q_lora * 2);
     L->kv_norm = own(ld, tensor(ld, DT_BF16, c->head_dim, -1, "%sattn.kv_norm.weight", p), c->head_dim * 2);
-    L->wq_a = fp8_at(ld, p, "attn.wq_a", c->q_lora, c->dim);
-    L->wq_b = fp8_at(ld, p, "attn.wq_b", qw, c->q_lora);
-    L->wkv = fp8_at(ld, p, "attn.wkv", c->head_dim, c->dim);
-    L->wo_a = fp8_at(ld, p, "attn.wo_a", c->o_groups * c->o_lora, qw / c->o_groups);
-    L->wo_b = fp8_at(ld, p, "attn.wo_b", c->dim, c->o_groups * c->o_lora);
+    L->wq_a = mat_at(ld, p, "attn.wq_a", c->q_lora, c->dim);
+    L->wq_b = mat_at(ld, p, "attn.wq_b", qw, c->q_lora);
+    L->wkv = mat_at(ld, p, "attn.wkv", c->head_dim, c->dim);
+    L->wo_a = mat_at(ld, p, "attn.wo_a", c->o_groups * c->o_lora, qw / c->o_groups);
+    L->wo_b = mat_at(ld, p, "attn.wo_b", c->dim, c->o_groups * c->o_lora);
     if (L->ratio) {
         snprintf(name, sizeof name, "%sattn.compressor", p);
         L->comp = load_compressor(ld, c, L->ratio, c->head_dim, name);
@@ -215,9 +190,9 @@ static void load_attention(loader *ld, const dsv4_config *c, dsv4_layer *L, cons
     if (L->ratio == 4) {
         snprintf(name, sizeof name, "%sattn.indexer.compressor", p);
         L->idx_comp = load_compressor(ld, c, 4, c->idx_dim, name);
-        L->idx_wq_b = fp8_at(ld, p, "attn.indexer.wq_b", c->idx_heads * c->idx_dim, c->q_lora);
+        L->idx_wq_b = mat_at(ld, p, "attn.indexer.wq_b", c->idx_heads * c->idx_dim, c->q_lora);
         snprintf(name, sizeof name, "%sattn.indexer.weights_proj.weight", p);
-        L->idx_wproj = plain_mat(ld, WF_BF16, c->idx_heads, c->dim, name);
+        L->idx_wproj = mat(ld, c->idx_heads, c->dim, name);
     }
 }
 
@@ -240,7 +215,7 @@ static void load_moe(loader *ld, const dsv4_config *c, dsv4_layer *L, const char
     char name[256];
     L->ffn_norm = own(ld, tensor(ld, DT_BF16, c->dim, -1, "%sffn_norm.weight", p), c->dim * 2);
     snprintf(name, sizeof name, "%sffn.gate.weight", p);
-    L->gate = plain_mat(ld, WF_BF16, c->n_experts, c->dim, name);
+    L->gate = mat(ld, c->n_experts, c->dim, name);
     if (L->hash) {
         L->tid2eid = tensor(ld, DT_I64, c->vocab, c->n_active, "%sffn.gate.tid2eid", p);
         check_tid2eid(ld, c, L->tid2eid, p);
@@ -251,18 +226,16 @@ static void load_moe(loader *ld, const dsv4_config *c, dsv4_layer *L, const char
     L->w2 = xcalloc(c->n_experts, sizeof(qmat));
     L->w3 = xcalloc(c->n_experts, sizeof(qmat));
     for (int e = 0; e < c->n_experts && !ld->failed; e++) {
-        snprintf(name, sizeof name, "%sffn.experts.%d.w1", p, e);
-        L->w1[e] = fp4_mat(ld, c->moe_inter, c->dim, name);
-        snprintf(name, sizeof name, "%sffn.experts.%d.w2", p, e);
-        L->w2[e] = fp4_mat(ld, c->dim, c->moe_inter, name);
-        snprintf(name, sizeof name, "%sffn.experts.%d.w3", p, e);
-        L->w3[e] = fp4_mat(ld, c->moe_inter, c->dim, name);
+        snprintf(name, sizeof name, "%sffn.experts.%d.", p, e);
+        L->w1[e] = mat_at(ld, name, "w1", c->moe_inter, c->dim);
+        L->w2[e] = mat_at(ld, name, "w2", c->dim, c->moe_inter);
+        L->w3[e] = mat_at(ld, name, "w3", c->moe_inter, c->dim);
     }
     int si = c->n_shared * c->moe_inter;
     if (!si) return;
-    L->sw1 = fp8_at(ld, p, "ffn.shared_experts.w1", si, c->dim);
-    L->sw2 = fp8_at(ld, p, "ffn.shared_experts.w2", c->dim, si);
-    L->sw3 = fp8_at(ld, p, "ffn.shared_experts.w3", si, c->dim);
+    L->sw1 = mat_at(ld, p, "ffn.shared_experts.w1", si, c->dim);
+    L->sw2 = mat_at(ld, p, "ffn.shared_experts.w2", c->dim, si);
+    L->sw3 = mat_at(ld, p, "ffn.shared_experts.w3", si, c->dim);
 }
 
 /* Layer l < n_layers is "layers.l."; MTP block i is "mtp.i." with ratio compress_ratios[n_layers+i]. */
@@ -288,8 +261,8 @@ static void load_layer(loader *ld, dsv4_model *d, int l) {
 static void check_mtp_extra(loader *ld, const dsv4_config *c, int i) {
     char p[64];
     snprintf(p, sizeof p, "mtp.%d.", i);
-    fp8_at(ld, p, "e_proj", c->dim, c->dim);
-    fp8_at(ld, p, "h_proj", c->dim, c->dim);
+    mat_at(ld, p, "e_proj", c->dim, c->dim);
+    mat_at(ld, p, "h_proj", c->dim, c->dim);
     tensor(ld, DT_BF16, c->dim, -1, "%senorm.weight", p);
     tensor(ld, DT_BF16, c->dim, -1, "%shnorm.weight", p);
     tensor(ld, DT_BF16, c->dim, -1, "%snorm.weight", p);
@@ -331,8 +304,8 @@ static int dsv4_load(model *m, char *err, size_t errlen) {
     m->vocab_size = c->vocab;
     init_ropes(d);
     loader ld = {m->st, d, err, errlen, 0, 0};
-    d->embed = plain_mat(&ld, WF_BF16, c->vocab, c->dim, "embed.weight");
-    d->head = plain_mat(&ld, WF_BF16, c->vocab, c->dim, "head.weight");
+    d->embed = mat(&ld, c->vocab, c->dim, "embed.weight");
+    d->head = mat(&ld, c->vocab, c->dim, "head.weight");
     d->norm = own(&ld, tensor(&ld, DT_BF16, c->dim, -1, "norm.weight"), c->dim * 2);
     d->hc_head = load_hc(&ld, c, c->hc, "", "hc_head_");
     d->layers = xcalloc(c->n_layers + c->n_mtp, sizeof(dsv4_layer));

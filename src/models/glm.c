@@ -1,8 +1,8 @@
 /* glm.c — GLM-5 family: config.json, tensor lookup/validation, sequence state layout.
  * The forward pass is in glm_forward.c; the module's invariants are in glm.h.
- * Matrices load as the checkpoints ship them, without conversion: BF16 or F32 (official),
- * F8_E4M3 with `_scale_inv` block scales (GLM-5-FP8), or colibri's int8/int4 containers
- * (GLM-5.2 int4: U8 codes + `.qs` F32 scales). */
+ * Matrices load as the checkpoints ship them, without conversion, through the shared loader
+ * (core/weights.h): BF16 or F32 (official), F8_E4M3 with `_scale_inv` block scales (GLM-5-FP8),
+ * or colibri's int8/int4 containers (GLM-5.2 int4: U8 codes + `.qs` F32 scales). */
 #include "glm.h"
 
 #include <math.h>
@@ -13,6 +13,7 @@
 
 #include "../core/config.h"
 #include "../core/quant.h"
+#include "../core/weights.h"
 #include "../core/util.h"
 
 #define NAME_MAX_LEN 160
@@ -20,15 +21,14 @@
 /* ---- config ----------------------------------------------------------------------------- */
 
 static int read_dims(glm_model *g, const cJSON *c, char *err, size_t errlen) {
-    const struct { const char *key; int *out; } req[] = {
+    const config_int_field req[] = {
         {"vocab_size", &g->vocab}, {"hidden_size", &g->dim}, {"num_hidden_layers", &g->n_layers},
         {"num_attention_heads", &g->n_heads}, {"q_lora_rank", &g->q_lora}, {"kv_lora_rank", &g->kv_lora},
         {"qk_nope_head_dim", &g->nope}, {"qk_rope_head_dim", &g->rope}, {"v_head_dim", &g->v_dim},
         {"intermediate_size", &g->inter}, {"moe_intermediate_size", &g->moe_inter},
         {"n_routed_experts", &g->n_experts}, {"num_experts_per_tok", &g->top_k},
     };
-    for (size_t i = 0; i < sizeof req / sizeof *req; i++)
-        if (config_int(c, req[i].key, req[i].out, err, errlen)) return -1;
+    if (config_ints(c, req, sizeof req / sizeof *req, err, errlen)) return -1;
     if (g->vocab < 1 || g->dim < 1 || g->n_layers < 1 || g->n_heads < 1 || g->q_lora < 1 || g->kv_lora < 1 ||
         g->nope < 1 || g->v_dim < 1 || g->inter < 1 || g->moe_inter < 1 || g->n_experts < 1)
         return errf(err, errlen, "config.json: dimensions must be positive");
@@ -156,90 +156,10 @@ static void own(glm_model *g, void *p, size_t bytes) {
     g->owned[g->n_owned++] = p;
 }
 
-/* Scales are read on every pass; a NaN, infinity or a value too large for the kernels' scale
- * * 2^8 factor would poison every output of the matrix, so it is refused by name at load. */
-static int check_f32_scales(const st_tensor *s, char *err, size_t errlen) {
-    size_t n = s->nbytes / sizeof(float);
-    for (size_t i = 0; i < n; i++) {
-        float v = ((const float *)s->data)[i];
-        if (!(fabsf(v) < 0x1p100f))
-            return errf(err, errlen, "tensor %s in %s: scale %g at %zu is not finite or out of range", s->name,
-                        s->file, v, i);
-    }
-    return 0;
-}
-
-/* F8_E4M3 with its block scale grid `<name>_scale_inv` [ceil(rows/128), ceil(cols/128)]: F32 with
- * any values (GLM-5-FP8, DeepSeek-V3 layout) or F8_E8M0 (powers of two). */
-static int get_fp8(const st_file *f, const st_tensor *t, qmat *out, char *err, size_t errlen) {
-    char sname[NAME_MAX_LEN];
-    int rows = out->rows, cols = out->cols;
-    const st_tensor *s = st_find(f, tname(sname, "%s_scale_inv", t->name));
-    if (!s) return errf(err, errlen, "tensor %s is F8_E4M3 but %s is missing", t->name, sname);
-    if (s->ndim != 2 || s->shape[0] != (rows + 127) / 128 || s->shape[1] != (cols + 127) / 128)
-        return errf(err, errlen, "tensor %s in %s: expected shape [%d,%d]", sname, s->file, (rows + 127) / 128,
-                    (cols + 127) / 128);
-    if (s->type == DT_F8_E8M0) {
-        out->scale = s->data;
-    } else if (s->type == DT_F32) {
-        if (check_f32_scales(s, err, errlen)) return -1;
-        out->scale_f32 = s->data;
-    } else
-        return errf(err, errlen, "tensor %s in %s: block scales must be F32 or F8_E8M0, found %s", sname, s->file,
-                    dtype_name(s->type));
-    out->fmt = WF_FP8;
-    return 0;
-}
-
-/* colibri's quantized container (QT formats 1, 2, 4): U8 codes `<name>` plus F32 scales
- * `<name>.qs`. The file carries no format tag; as in colibri, the byte and scale counts decide.
- * When a row is at most one group (cols <= 64) int4 per row and int4-g64 are the same layout
- * and the same numbers; it loads as per row. */
-static int get_int_container(const st_file *f, const st_tensor *t, qmat *out, char *err, size_t errlen) {
-    char sname[NAME_MAX_LEN];
-    const st_tensor *s = st_find(f, tname(sname, "%s.qs", t->name));
-    if (!s) return errf(err, errlen, "tensor %s is U8 (a quantized container) but %s is missing", t->name, sname);
-    if (s->type != DT_F32)
-        return errf(err, errlen, "tensor %s in %s: scales must be F32, found %s", sname, s->file, dtype_name(s->type));
-    size_t rows = (size_t)out->rows, cols = (size_t)out->cols, nibbles = rows * ((cols + 1) / 2);
-    size_t groups = rows * ((cols + 63) / 64), n_scales = s->nbytes / sizeof(float);
-    if (t->nbytes == rows * cols && n_scales == rows) out->fmt = WF_I8_ROW;
-    else if (t->nbytes == nibbles && n_scales == rows) out->fmt = WF_I4_ROW;
-    else if (t->nbytes == nibbles && n_scales == groups) out->fmt = WF_I4_G64;
-    else
-        return errf(err, errlen, "tensor %s in %s: %zu code bytes and %zu scales in %s match no quantized layout of "
-                    "[%zu,%zu] (int8 per row: %zu + %zu; int4 per row: %zu + %zu; int4-g64: %zu + %zu)", t->name,
-                    t->file, t->nbytes, n_scales, sname, rows, cols, rows * cols, rows, nibbles, rows, nibbles, groups);
-    if (check_f32_scales(s, err, errlen)) return -1;
-    out->scale_f32 = s->data;
-    return 0;
-}
-
-/* A weight matrix as the checkpoint stores it: BF16 or F32, block FP8 (get_fp8), or a colibri
- * int8/int4 container (get_int_container). Scales count as validated tensors too. */
+/* A weight matrix in any format the kernels run (core/weights.h); scales count as validated. */
 static int get_mat(glm_model *g, const st_file *f, qmat *out, const char *name, int rows, int cols, char *err,
                    size_t errlen) {
-    const st_tensor *t = st_find(f, name);
-    if (!t) return errf(err, errlen, "missing tensor %s", name);
-    *out = (qmat){.rows = rows, .cols = cols, .data = t->data};
-    if (t->type == DT_U8) {
-        if (get_int_container(f, t, out, err, errlen)) return -1;
-        g->n_validated += 2;
-        return 0;
-    }
-    if (t->ndim != 2 || t->shape[0] != rows || t->shape[1] != cols)
-        return errf(err, errlen, "tensor %s in %s: expected shape [%d,%d], found %d dims [%lld,...]", name, t->file,
-                    rows, cols, t->ndim, (long long)t->shape[0]);
-    if (t->type == DT_BF16) out->fmt = WF_BF16;
-    else if (t->type == DT_F32) out->fmt = WF_F32;
-    else if (t->type == DT_F8_E4M3) {
-        if (get_fp8(f, t, out, err, errlen)) return -1;
-        g->n_validated++;
-    } else
-        return errf(err, errlen, "tensor %s in %s: dtype %s is not supported (BF16, F32, F8_E4M3, or U8 with .qs "
-                    "scales)", name, t->file, dtype_name(t->type));
-    g->n_validated++;
-    return 0;
+    return weights_matrix(f, name, rows, cols, out, &g->n_validated, err, errlen);
 }
 
 /* A vector (norm weight, bias) copied to f32 once: they are tiny and read on every token. */

@@ -23,7 +23,9 @@
  *                declared value against the parts actually declared; CAPS reports it.
  *   load .. token_flops   the math, below.
  * A family file knows tensors and math; it knows nothing about requests, records or reuse:
- *   load     — read config.json (typed, errors name the key) and look up/validate every tensor.
+ *   load     — read config.json (typed, errors name the key: core/config.h) and look up and
+ *              validate every tensor; weight matrices through core/weights.h, so every format
+ *              the kernels run is accepted (count them in n_validated).
  *   seq_new  — declare the parts of one sequence state (state_add_part) for `ctx` positions and
  *              return the family's per-sequence handle (pointers into those parts + scratch).
  *   scratch_bytes — the most scratch a forward call can take at `ctx` positions (any n: a family

@@ -119,8 +119,9 @@ static void finish(engine *e, request *r, int length_limited) {
     double dt = r->generated > 1 ? now_seconds() - r->t_first : 0;
     double tok_s = dt > 0 ? (r->generated - 1) / dt : 0;
     save_slot(e, r->slot);
-    put_frame(h, wire_fmt_done(h, r->id, r->generated, tok_s, 100.0 * r->reused / r->n, rss_gb(), r->n, length_limited,
-                               r->reused, (long)(r->prefill_s * 1e6)), NULL, 0);
+    wire_done d = {r->generated, tok_s, 100.0 * r->reused / r->n, rss_gb(), r->n, length_limited, r->reused,
+                   (long)(r->prefill_s * 1e6)};
+    put_frame(h, wire_fmt_done(h, r->id, &d), NULL, 0);
     request_free(e, r);
 }
 
@@ -537,9 +538,13 @@ int cmd_engine(int argc, char **argv) {
     }
     /* a gateway that went away must not kill us mid-write; the next read sees EOF */
     signal(SIGPIPE, SIG_IGN);
-    printf("%sCAPS vision=0 slots=%d ctx=%d logprobs=%d ids=1 family=%s truncate=%d checkpoints=%d\n"
-           "STAT 0 0.0 0.0 %.2f 0 0\n", WIRE_READY, e.o.slots, e.seqs[0]->st.cap, WIRE_LOGPROBS_MAX, e.m->ops->name,
-           e.m->ops->truncates, e.cs != NULL, rss_gb());
+    wire_caps caps = {.slots = e.o.slots, .ctx = e.seqs[0]->st.cap, .logprobs = WIRE_LOGPROBS_MAX, .ids = 1,
+                      .truncate = e.m->ops->truncates, .checkpoints = e.cs != NULL};
+    snprintf(caps.family, sizeof caps.family, "%s", e.m->ops->name);
+    char h[WIRE_HEADER_MAX];
+    fputs(WIRE_READY, stdout);
+    fwrite(h, 1, wire_fmt_caps(h, &caps), stdout);
+    printf("STAT 0 0.0 0.0 %.2f 0 0\n", rss_gb());
     fflush(stdout);
     run_loop(&e);
     engine_close(&e);

@@ -15,7 +15,6 @@
 
 #define ENG_LINE_MAX 8192        /* longest header line we accept from the engine */
 #define ENG_PAYLOAD_MAX 65536    /* protocol.md §1.4: the server enforces 0 <= n <= 65536 */
-#define ENG_FIELDS_MAX (6 + 2 * ENG_TOPK_MAX)
 
 /* ---- generations ------------------------------------------------------------------------- */
 
@@ -214,16 +213,7 @@ static gen *take_live(eng *e, const char *id, int terminal) {
     return g;
 }
 
-static int parse_long(const char *s, long lo, long hi, long *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return -1;
-    *out = v;
-    return 0;
-}
-
-static void gen_append(gen *g, const char *bytes, size_t n, char **f, int nf) {
+static void gen_append(gen *g, const char *bytes, size_t n, const wire_out *o) {
     pthread_mutex_lock(&g->mu);
     if (g->data_len + n + 1 > g->data_cap) {
         g->data_cap = MAX(g->data_cap * 2, g->data_len + n + 1024);
@@ -240,84 +230,62 @@ static void gen_append(gen *g, const char *bytes, size_t n, char **f, int nf) {
     memcpy(g->data + g->data_len, bytes, n);
     g->data_len += n;
     g->data[g->data_len] = 0;
-    /* DATA id n lp k [tid tlp]xk — nan/inf are allowed, the table is unsorted. */
-    long k;
-    if (nf >= 5 && !parse_long(f[4], 0, ENG_TOPK_MAX, &k) && nf >= 5 + 2 * k) {
+    if (o->has_lp) {
         t->has_lp = 1;
-        t->lp = strtof(f[3], NULL);
-        t->k = (int)k;
-        for (int j = 0; j < k; j++) {
-            t->top_ids[j] = atoi(f[5 + 2 * j]);
-            t->top_lps[j] = strtof(f[6 + 2 * j], NULL);
-        }
+        t->lp = o->lp;
+        t->k = MIN(o->k, ENG_TOPK_MAX);
+        memcpy(t->top_ids, o->top_ids, sizeof(int) * t->k);
+        memcpy(t->top_lps, o->top_lps, sizeof(float) * t->k);
     }
     g->accepted = 1;
     pthread_cond_broadcast(&g->cv);
     pthread_mutex_unlock(&g->mu);
 }
 
-static void on_done(gen *g, char **f, int nf) {
-    long v;
+static void on_done(gen *g, const wire_done *d) {
     pthread_mutex_lock(&g->mu);
-    g->completion_tokens = nf > 3 && !parse_long(f[3], 0, 1L << 30, &v) ? (int)v : g->ntoks;
-    g->tok_s = nf > 4 ? strtod(f[4], NULL) : 0;
-    if (nf > 7 && !parse_long(f[7], 0, 1L << 30, &v)) g->prompt_tokens = (int)v;
-    g->length_limited = nf > 8 && !strcmp(f[8], "1");
-    g->reuse = nf > 9 && !parse_long(f[9], 0, 1L << 30, &v) ? (int)v : 0;
-    g->prefill_s = nf > 10 && !parse_long(f[10], 0, 1L << 50, &v) ? (double)v / 1e6 : 0;
+    g->completion_tokens = d->completion >= 0 ? d->completion : g->ntoks;
+    g->tok_s = d->tok_s;
+    if (d->prompt_tokens >= 0) g->prompt_tokens = d->prompt_tokens;
+    g->length_limited = d->length_limited;
+    g->reuse = d->reused;
+    g->prefill_s = d->prefill_us > 0 ? (double)d->prefill_us / 1e6 : 0;
     g->accepted = 1;
     pthread_mutex_unlock(&g->mu);
     gen_finish(g, GEN_DONE, NULL);
 }
 
-/* One frame whose header line is `line`. -1 = protocol error: the stream is out of sync. */
+/* One frame whose header line is `line` (wire.c decodes it). -1 = protocol error: the stream is
+ * out of sync. */
 static int handle_frame(eng *e, reader *r) {
-    char *line = r->line, *payload = r->payload;
-    char *f[ENG_FIELDS_MAX], *save = NULL;
-    int nf = 0;
-    for (char *tok = strtok_r(line, " ", &save); tok && nf < ENG_FIELDS_MAX; tok = strtok_r(NULL, " ", &save))
-        f[nf++] = tok;
-    if (nf == 0) return 0;
-    int has_payload = !strcmp(f[0], "DATA") || !strcmp(f[0], "ECHO") || !strcmp(f[0], "TOOL");
-    long n = 0;
-    if (has_payload) {
-        if (nf < 3 || parse_long(f[2], 0, ENG_PAYLOAD_MAX, &n)) {
-            fprintf(stderr, "cairn serve: engine sent a %s frame with a bad length\n", f[0]);
-            return -1;
-        }
-        char nl;
-        if (reader_bytes(r, payload, (size_t)n) || reader_bytes(r, &nl, 1) || nl != '\n') return -1;
+    wire_out o;
+    if (wire_parse_out(r->line, strlen(r->line), &o)) {
+        fprintf(stderr, "cairn serve: malformed frame from the engine: %.80s\n", r->line);
+        return -1;
     }
-    if (nf < 2) return 0;
-    if (!strcmp(f[0], "DATA")) {
-        gen *g = take_live(e, f[1], 0);
-        if (g) gen_append(g, payload, (size_t)n, f, nf);
-    } else if (!strcmp(f[0], "ACCEPT")) {
-        gen *g = take_live(e, f[1], 0);
-        long pt;
+    if (o.payload >= 0) {
+        char nl;
+        if (reader_bytes(r, r->payload, (size_t)o.payload) || reader_bytes(r, &nl, 1) || nl != '\n') return -1;
+    }
+    if (o.kind == WIRE_OUT_DATA) {
+        gen *g = take_live(e, o.id, 0);
+        if (g) gen_append(g, r->payload, (size_t)o.payload, &o);
+    } else if (o.kind == WIRE_OUT_ACCEPT) {
+        gen *g = take_live(e, o.id, 0);
         if (g) {
             pthread_mutex_lock(&g->mu);
             g->accepted = 1;
-            if (nf > 2 && !parse_long(f[2], 0, 1L << 30, &pt)) g->prompt_tokens = (int)pt;
+            if (o.prompt_tokens >= 0) g->prompt_tokens = o.prompt_tokens;
             pthread_cond_broadcast(&g->cv);
             pthread_mutex_unlock(&g->mu);
         }
-    } else if (!strcmp(f[0], "DONE")) {
-        if (nf < 7 || strcmp(f[2], "STAT")) {
-            fprintf(stderr, "cairn serve: malformed DONE frame from engine (%d fields)\n", nf);
-            return -1;
-        }
-        gen *g = take_live(e, f[1], 1);
-        if (g) on_done(g, f, nf);
-    } else if (!strcmp(f[0], "ERROR")) {
-        char text[256] = "";
-        for (int i = 2; i < nf; i++) {
-            size_t used = strlen(text);
-            snprintf(text + used, sizeof text - used, "%s%s", i > 2 ? " " : "", f[i]);
-        }
-        gen *g = take_live(e, f[1], 1);
-        if (g) gen_finish(g, GEN_ERROR, text);
-        else fprintf(stderr, "cairn serve: engine error for unknown request %s: %s\n", f[1], text);
+    } else if (o.kind == WIRE_OUT_DONE) {
+        gen *g = take_live(e, o.id, 1);
+        if (g) on_done(g, &o.done);
+    } else if (o.kind == WIRE_OUT_ERROR) {
+        gen *g = take_live(e, o.id, 1);
+        if (g) gen_finish(g, GEN_ERROR, o.error);
+        else fprintf(stderr, "cairn serve: engine error for unknown request %s: %s\n", o.id, o.error);
     }
     return 0;    /* STAT, CAPS, telemetry and unknown kinds are ignored */
 }
@@ -502,16 +470,15 @@ static int wait_ready(eng *e, double seconds) {
     return e->ready && !e->stopping;
 }
 
-int eng_submit(eng *e, gen *g, int slot, const char *payload, size_t n, const char *ext, size_t ext_n,
-               int max_tokens, double temperature, double top_p, const char *head_extra, double wait_ready_s,
-               char *err, size_t errlen) {
+int eng_submit(eng *e, gen *g, const wire_submit *s, const char *payload, size_t n, const char *ext, size_t ext_n,
+               double wait_ready_s, char *err, size_t errlen) {
     pthread_mutex_lock(&e->mu);
     if (!wait_ready(e, wait_ready_s)) {
         pthread_mutex_unlock(&e->mu);
         return errf(err, errlen, e->stopping ? "server is shutting down" : "engine is not running (restarting)");
     }
     snprintf(g->id, sizeof g->id, "%llu", e->next_id++);
-    g->slot = slot;
+    g->slot = s->slot;
     if (e->nlive == e->live_cap) {
         e->live_cap = e->live_cap ? e->live_cap * 2 : 16;
         e->live = xrealloc(e->live, sizeof(gen *) * e->live_cap);
@@ -520,11 +487,10 @@ int eng_submit(eng *e, gen *g, int slot, const char *payload, size_t n, const ch
     e->live[e->nlive++] = g;
     pthread_mutex_unlock(&e->mu);
 
-    char head[512];
-    int hl = snprintf(head, sizeof head, "SUBMIT %s %d %zu %d %.8g %.8g%s\n", g->id, slot, n, max_tokens,
-                      temperature, top_p, head_extra ? head_extra : "");
+    char head[WIRE_HEADER_MAX];
+    size_t hl = wire_fmt_submit(head, g->id, s, n, ext_n);
     pthread_mutex_lock(&e->wmu);
-    int bad = e->in_fd < 0 || (size_t)hl >= sizeof head || write_all(e->in_fd, head, (size_t)hl) ||
+    int bad = e->in_fd < 0 || hl >= sizeof head || write_all(e->in_fd, head, hl) ||
               write_all(e->in_fd, payload, n) || (ext_n && write_all(e->in_fd, ext, ext_n)) ||
               write_all(e->in_fd, "\n", 1);
     pthread_mutex_unlock(&e->wmu);
@@ -537,18 +503,18 @@ int eng_submit(eng *e, gen *g, int slot, const char *payload, size_t n, const ch
     return errf(err, errlen, "cannot write to the engine (it is restarting)");
 }
 
-static void send_control(eng *e, gen *g, const char *verb, int *flag) {
+static void send_control(eng *e, gen *g, wire_kind verb, int *flag) {
     pthread_mutex_lock(&g->mu);
     int send = g->status == GEN_RUNNING && !*flag && g->id[0];
     if (send) *flag = 1;
     pthread_mutex_unlock(&g->mu);
     if (!send) return;
-    char line[64];
-    int n = snprintf(line, sizeof line, "%s %s\n", verb, g->id);
+    char line[WIRE_HEADER_MAX];
+    size_t n = wire_fmt_control(line, verb, g->id);
     pthread_mutex_lock(&e->wmu);
-    if (e->in_fd >= 0) write_all(e->in_fd, line, (size_t)n);
+    if (e->in_fd >= 0) write_all(e->in_fd, line, n);
     pthread_mutex_unlock(&e->wmu);
 }
 
-void eng_cancel(eng *e, gen *g) { send_control(e, g, "CANCEL", &g->cancel_sent); }
-void eng_stop_gen(eng *e, gen *g) { send_control(e, g, "STOP", &g->stop_sent); }
+void eng_cancel(eng *e, gen *g) { send_control(e, g, WIRE_CANCEL, &g->cancel_sent); }
+void eng_stop_gen(eng *e, gen *g) { send_control(e, g, WIRE_STOP, &g->stop_sent); }

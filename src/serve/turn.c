@@ -47,14 +47,13 @@ static void on_finish(gen *g, void *user) {
 
 static int conn_gone(void *conn) { return conn && http_client_gone(conn); }
 
-static void submit_extras(const turn_req *rq, size_t ext_len, char *out, size_t cap) {
-    /* protocol.md §1.3: the 7th field (ext bytes) must be present whenever more follows. */
-    int n = snprintf(out, cap, " %zu", ext_len);
-    if (rq->prefix_bytes && !rq->prompt_is_ids) n += snprintf(out + n, cap - (size_t)n, " %zu", rq->prefix_bytes);
-    if (rq->prompt_is_ids) n += snprintf(out + n, cap - (size_t)n, " ids=1");
-    if (rq->logprobs) n += snprintf(out + n, cap - (size_t)n, " logprobs=%d", MAX(1, rq->top_logprobs));
-    if (rq->has_seed) n += snprintf(out + n, cap - (size_t)n, " seed=%llu", rq->seed);
-    if (ext_len) snprintf(out + n, cap - (size_t)n, " untrusted=%zu", ext_len);
+/* The request as SUBMIT fields and keys (wire.h wire_fmt_submit writes the header). */
+static wire_submit submit_fields(const turn_req *rq, int slot, size_t span_bytes) {
+    return (wire_submit){
+        .slot = slot, .max_tokens = rq->max_tokens, .temperature = (float)rq->temperature, .top_p = (float)rq->top_p,
+        .prefix_bytes = rq->prefix_bytes && !rq->prompt_is_ids ? (int)rq->prefix_bytes : -1,
+        .logprobs = rq->logprobs ? MAX(1, rq->top_logprobs) : 0, .ids = rq->prompt_is_ids,
+        .seed = rq->has_seed ? rq->seed : 0, .untrusted_bytes = span_bytes};
 }
 
 static int admit(turn *t, http_err *e) {
@@ -96,12 +95,12 @@ int turn_begin(turn *t, serve_ctx *sc, turn_req *rq, struct MHD_Connection *conn
     f->prompt_len = rq->prompt_len;
     t->g = gen_new(on_finish, f);
 
-    char extra[160], err[200];
+    char err[200];
     sbuf spans = {0};
     wire_fmt_spans(&spans, rq->untrusted, rq->nuntrusted);
-    submit_extras(rq, spans.len, extra, sizeof extra);
-    int bad = eng_submit(sc->engine, t->g, slot, rq->prompt, rq->prompt_len, spans.p, spans.len, rq->max_tokens,
-                         rq->temperature, rq->top_p, extra, sc->queue_timeout, err, sizeof err);
+    wire_submit ws = submit_fields(rq, slot, spans.len);
+    int bad = eng_submit(sc->engine, t->g, &ws, rq->prompt, rq->prompt_len, spans.p, spans.len, sc->queue_timeout, err,
+                         sizeof err);
     sbuf_free(&spans);
     if (bad) {
         slots_release(sc->sl, slot, NULL, 0);

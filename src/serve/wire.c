@@ -13,7 +13,7 @@ const char WIRE_READY[] = "\x01\x01READY\x01\x01\n";
 
 /* ---- field parsing ---------------------------------------------------------------------- */
 
-enum { MAX_FIELDS = 64 };
+enum { MAX_FIELDS = 80 };   /* a DATA frame with 32 logprob pairs has 69 */
 
 typedef struct {
     const char *s[MAX_FIELDS];
@@ -360,10 +360,140 @@ size_t wire_fmt_data(char *out, const char *id, size_t n, int k, float lp, const
     return w;
 }
 
-size_t wire_fmt_done(char *out, const char *id, int completion, double tok_s, double hit_pct, double rss_gb,
-                     int prompt_tokens, int length_limited, int reused, long prefill_us) {
-    return (size_t)snprintf(out, WIRE_HEADER_MAX, "DONE %s STAT %d %.3f %.1f %.2f %d %d %d %ld\n", id, completion, tok_s,
-                            hit_pct, rss_gb, prompt_tokens, length_limited ? 1 : 0, reused, prefill_us);
+size_t wire_fmt_done(char *out, const char *id, const wire_done *d) {
+    return (size_t)snprintf(out, WIRE_HEADER_MAX, "DONE %s STAT %d %.3f %.1f %.2f %d %d %d %ld\n", id, d->completion,
+                            d->tok_s, d->hit_pct, d->rss_gb, d->prompt_tokens, d->length_limited ? 1 : 0, d->reused,
+                            d->prefill_us);
+}
+
+/* The shortest decimal that strtof reads back as v, so a float field round-trips exactly. */
+static const char *float_str(char *buf, size_t cap, float v) {
+    for (int prec = 1; prec <= 9; prec++) {
+        snprintf(buf, cap, "%.*g", prec, v);
+        if (strtof(buf, NULL) == v) break;
+    }
+    return buf;
+}
+
+size_t wire_fmt_submit(char *out, const char *id, const wire_submit *s, size_t prompt_len, size_t ext_len) {
+    char t[32], p[32];
+    size_t w = (size_t)snprintf(out, WIRE_HEADER_MAX, "SUBMIT %s %d %zu %d %s %s", id, s->slot, prompt_len,
+                                s->max_tokens, float_str(t, sizeof t, s->temperature), float_str(p, sizeof p, s->top_p));
+    char keys[WIRE_EXT_MAX * 2] = "";
+    size_t k = 0;
+    if (s->logprobs) k += (size_t)snprintf(keys + k, sizeof keys - k, " logprobs=%d", s->logprobs);
+    if (s->ids) k += (size_t)snprintf(keys + k, sizeof keys - k, " ids=1");
+    if (s->pin) k += (size_t)snprintf(keys + k, sizeof keys - k, " pin=1");
+    if (s->seed) k += (size_t)snprintf(keys + k, sizeof keys - k, " seed=%llu", (unsigned long long)s->seed);
+    if (s->untrusted_bytes) k += (size_t)snprintf(keys + k, sizeof keys - k, " untrusted=%zu", s->untrusted_bytes);
+    /* protocol.md §1.3: the 7th field (ext bytes) must be present whenever more follows */
+    if (ext_len || k || s->prefix_bytes >= 0) w += (size_t)snprintf(out + w, WIRE_HEADER_MAX - w, " %zu", ext_len);
+    if (s->prefix_bytes >= 0) w += (size_t)snprintf(out + w, WIRE_HEADER_MAX - w, " %d", s->prefix_bytes);
+    w += (size_t)snprintf(out + w, WIRE_HEADER_MAX - w, "%s\n", keys);
+    return w;
+}
+
+size_t wire_fmt_control(char *out, wire_kind kind, const char *id) {
+    return (size_t)snprintf(out, WIRE_HEADER_MAX, "%s %s\n", kind == WIRE_STOP ? "STOP" : "CANCEL", id);
+}
+
+size_t wire_fmt_caps(char *out, const wire_caps *c) {
+    return (size_t)snprintf(out, WIRE_HEADER_MAX,
+                            "CAPS vision=%d slots=%d ctx=%d logprobs=%d ids=%d family=%s truncate=%d checkpoints=%d\n",
+                            c->vision, c->slots, c->ctx, c->logprobs, c->ids, c->family, c->truncate, c->checkpoints);
+}
+
+/* ---- engine output ---------------------------------------------------------------------- */
+
+static int parse_double(const fields *f, int i, double *out) {
+    char tmp[64], *end;
+    if (f->len[i] == 0 || f->len[i] >= (int)sizeof tmp) return -1;
+    *out = strtod(field_str(f, i, tmp, sizeof tmp), &end);
+    return *end ? -1 : 0;
+}
+
+/* A logprob: any float, nan and inf included. */
+static int parse_lp(const fields *f, int i, float *out) {
+    char tmp[64], *end;
+    if (f->len[i] == 0 || f->len[i] >= (int)sizeof tmp) return -1;
+    *out = strtof(field_str(f, i, tmp, sizeof tmp), &end);
+    return *end ? -1 : 0;
+}
+
+static void parse_data_lp(const fields *f, wire_out *o) {
+    if (f->n < 5 || parse_lp(f, 3, &o->lp) || parse_int(f, 4, 0, WIRE_LOGPROBS_MAX, &o->k) || f->n < 5 + 2 * o->k)
+        return;
+    for (int j = 0; j < o->k; j++)
+        if (parse_int(f, 5 + 2 * j, 0, 1 << 30, &o->top_ids[j]) || parse_lp(f, 6 + 2 * j, &o->top_lps[j])) return;
+    o->has_lp = 1;
+}
+
+/* STAT <completion> <tok_s> <hit%> <rss> [<prompt_tokens> [<length_limited> [<reused> [<prefill_us>]]]] */
+static int parse_done(const fields *f, wire_out *o) {
+    wire_done *d = &o->done;
+    if (f->n < 7 || !field_is(f, 2, "STAT")) return -1;
+    if (parse_int(f, 3, 0, 1 << 30, &d->completion)) d->completion = -1;
+    if (parse_double(f, 4, &d->tok_s)) d->tok_s = 0;
+    if (parse_double(f, 5, &d->hit_pct)) d->hit_pct = 0;
+    if (parse_double(f, 6, &d->rss_gb)) d->rss_gb = 0;
+    if (f->n < 8 || parse_int(f, 7, 0, 1 << 30, &d->prompt_tokens)) d->prompt_tokens = -1;
+    d->length_limited = f->n > 8 && field_is(f, 8, "1");
+    if (f->n < 10 || parse_int(f, 9, 0, 1 << 30, &d->reused)) d->reused = 0;
+    uint64_t us;
+    d->prefill_us = f->n > 10 && !parse_u64(f, 10, 1ULL << 50, &us) ? (long)us : 0;
+    return 0;
+}
+
+static void parse_caps(const fields *f, wire_caps *c) {
+    for (int i = 1; i < f->n; i++) {
+        const char *eq = memchr(f->s[i], '=', (size_t)f->len[i]);
+        if (!eq) continue;
+        int klen = (int)(eq - f->s[i]);
+        fields v = {.s = {eq + 1}, .len = {f->len[i] - klen - 1}, .n = 1};
+        char key[32];
+        snprintf(key, sizeof key, "%.*s", klen, f->s[i]);
+        int *num = !strcmp(key, "vision") ? &c->vision : !strcmp(key, "slots") ? &c->slots : !strcmp(key, "ctx") ? &c->ctx
+                 : !strcmp(key, "logprobs") ? &c->logprobs : !strcmp(key, "ids") ? &c->ids
+                 : !strcmp(key, "truncate") ? &c->truncate : !strcmp(key, "checkpoints") ? &c->checkpoints : NULL;
+        if (num) parse_int(&v, 0, 0, 1 << 30, num);
+        else if (!strcmp(key, "family")) field_str(&v, 0, c->family, sizeof c->family);
+    }
+}
+
+int wire_parse_out(const char *line, size_t n, wire_out *o) {
+    fields f;
+    memset(o, 0, sizeof *o);
+    o->payload = -1;
+    o->prompt_tokens = -1;
+    split(line, n, &f);
+    if (f.n == 0) return 0;
+    if (f.n >= 2 && f.len[1] < WIRE_ID_MAX) field_str(&f, 1, o->id, sizeof o->id);
+    if (field_is(&f, 0, "DATA") || field_is(&f, 0, "ECHO") || field_is(&f, 0, "TOOL")) {
+        uint64_t bytes;
+        if (f.n < 3 || parse_u64(&f, 2, 65536, &bytes)) return -1;
+        o->payload = (long)bytes;
+        if (!field_is(&f, 0, "DATA")) return 0;
+        o->kind = WIRE_OUT_DATA;
+        parse_data_lp(&f, o);
+    } else if (f.n < 2) {
+        return 0;
+    } else if (field_is(&f, 0, "ACCEPT")) {
+        o->kind = WIRE_OUT_ACCEPT;
+        if (f.n < 3 || parse_int(&f, 2, 0, 1 << 30, &o->prompt_tokens)) o->prompt_tokens = -1;
+    } else if (field_is(&f, 0, "DONE")) {
+        o->kind = WIRE_OUT_DONE;
+        return parse_done(&f, o);
+    } else if (field_is(&f, 0, "ERROR")) {
+        o->kind = WIRE_OUT_ERROR;
+        size_t used = 0;
+        for (int i = 2; i < f.n && used + 1 < sizeof o->error; i++)
+            used += (size_t)snprintf(o->error + used, sizeof o->error - used, "%s%.*s", i > 2 ? " " : "", f.len[i], f.s[i]);
+    } else if (field_is(&f, 0, "CAPS")) {
+        o->kind = WIRE_OUT_CAPS;
+        o->id[0] = 0;
+        parse_caps(&f, &o->caps);
+    }
+    return 0;
 }
 
 size_t wire_fmt_error(char *out, const char *id, const char *code, const char *detail) {

@@ -1,6 +1,9 @@
 /* wire.h — the engine line protocol codec (protocol.md §1), pure: bytes in, frames out, and
- * frames formatted into caller buffers. No I/O, no model: the engine loop feeds it what it
- * read from stdin and writes what it formats.
+ * frames formatted into caller buffers. No I/O, no model. It is the one codec of both ends:
+ * the engine loop parses what the gateway sends (wire_reader) and formats its answers
+ * (wire_fmt_accept/data/done/error/caps); the gateway formats SUBMIT, STOP and CANCEL
+ * (wire_fmt_submit, wire_fmt_control) and parses the engine's header lines (wire_parse_out).
+ * Every frame kind round-trips: parse(format(x)) == x (tests/c/test_wire.c).
  *
  * INPUT. wire_reader accumulates bytes (wire_reader_push) and hands out one complete frame at a
  * time (wire_reader_next). A frame is a header line of space-separated ASCII fields ended by
@@ -92,15 +95,66 @@ void wire_fmt_spans(sbuf *out, const tok_span *spans, int n);
 
 /* Frame formatting. Each returns the bytes written (the buffer must hold WIRE_HEADER_MAX). */
 extern const char WIRE_READY[];   /* "\x01\x01READY\x01\x01\n" */
+
+/* SUBMIT header (the caller writes prompt_len prompt bytes, ext_len extension bytes, "\n"). The
+ * shortest form the grammar allows: 6 fields; ext_bytes when anything follows; prefix_bytes when
+ * >= 0; then the keys that are set (logprobs, ids, pin, seed when non-zero, untrusted). */
+size_t wire_fmt_submit(char *out, const char *id, const wire_submit *s, size_t prompt_len, size_t ext_len);
+/* "STOP id\n" or "CANCEL id\n" (kind WIRE_STOP / WIRE_CANCEL). */
+size_t wire_fmt_control(char *out, wire_kind kind, const char *id);
+
+/* What the engine can do, announced once after READY (a cairn CAPS line). */
+typedef struct {
+    int vision, slots, ctx, logprobs, ids;
+    char family[WIRE_ID_MAX];     /* the model's family (its descriptor's name) */
+    int truncate;                 /* the state rewinds to any prefix */
+    int checkpoints;              /* a checkpoint store is configured */
+} wire_caps;
+size_t wire_fmt_caps(char *out, const wire_caps *c);
+
+/* DONE's statistics, in field order. */
+typedef struct {
+    int completion;               /* -1 when the engine sent no usable count */
+    double tok_s, hit_pct, rss_gb;
+    int prompt_tokens;            /* -1 when absent */
+    int length_limited;
+    int reused;                   /* first suffix field: prompt tokens reused; 0 when absent */
+    long prefill_us;              /* second suffix field: microseconds the engine spent prefilling this
+                                   * request's new tokens (prompt - reused); 0 when absent */
+} wire_done;
+size_t wire_fmt_done(char *out, const char *id, const wire_done *d);
 size_t wire_fmt_accept(char *out, const char *id, int prompt_tokens);
 /* DATA header for n payload bytes; with logprobs k > 0, the chosen token's logprob and k
  * (id, logprob) pairs follow. The caller writes the payload and the closing "\n". */
 size_t wire_fmt_data(char *out, const char *id, size_t n, int k, float lp, const int *top_ids, const float *top_lps);
-/* DONE's trailing ints: the reuse count, then the microseconds the engine spent prefilling this
- * request's new tokens (prompt - reused), which is what its measured prefill rate is made of. */
-size_t wire_fmt_done(char *out, const char *id, int completion, double tok_s, double hit_pct, double rss_gb,
-                     int prompt_tokens, int length_limited, int reused, long prefill_us);
 /* "ERROR id CODE[ detail]\n"; CR/LF in detail become spaces. */
 size_t wire_fmt_error(char *out, const char *id, const char *code, const char *detail);
+
+/* ---- engine output, as the gateway reads it ------------------------------------------------ */
+
+typedef enum {
+    WIRE_OUT_OTHER,               /* STAT, telemetry, unknown kinds: ignored (forward compatibility) */
+    WIRE_OUT_ACCEPT, WIRE_OUT_DATA, WIRE_OUT_DONE, WIRE_OUT_ERROR, WIRE_OUT_CAPS
+} wire_out_kind;
+
+typedef struct {
+    wire_out_kind kind;
+    char id[WIRE_ID_MAX];         /* "" when the frame has none */
+    long payload;                 /* bytes + "\n" that follow the header (DATA, ECHO, TOOL), else -1 */
+    int prompt_tokens;            /* ACCEPT; -1 when unusable */
+    int has_lp;                   /* DATA with logprobs: lp, k and the (unsorted) table */
+    float lp;
+    int k;
+    int top_ids[WIRE_LOGPROBS_MAX];
+    float top_lps[WIRE_LOGPROBS_MAX];
+    wire_done done;
+    char error[256];              /* ERROR: the code and detail after the id */
+    wire_caps caps;
+} wire_out;
+
+/* One engine header line (without its "\n"). 0 and *o filled, or -1 for a malformed frame of a
+ * known kind (a payload frame with a bad length, a DONE without STAT and 4 numbers): the stream
+ * can no longer be trusted. nan/inf logprobs are accepted, as the protocol allows. */
+int wire_parse_out(const char *line, size_t n, wire_out *o);
 
 #endif

@@ -99,6 +99,22 @@ static void test_errors(const cJSON *c) {
     CHECK(config_int(c, "Hidden_Size", &i, err, sizeof err) == 0 && i == 1, "case-sensitive %d", i);
 }
 
+/* Table-driven reads: every field filled, the first bad key named. */
+static void test_tables(const cJSON *c) {
+    char err[256] = "";
+    int hidden = 0, exact = 0, missing = -7;
+    double eps = 0, factor = 0, d;
+    const config_int_field ints[] = {{"hidden_size", &hidden}, {"Hidden_Size", &exact}};
+    CHECK(config_ints(c, ints, 2, err, sizeof err) == 0 && hidden == 4096 && exact == 1, "int table (%s)", err);
+    const config_double_field dbls[] = {{"rms_norm_eps", &eps}, {"rope_scaling.factor", &factor}};
+    CHECK(config_doubles(c, dbls, 2, err, sizeof err) == 0 && eps == 1e-6 && factor == 16, "double table (%s)", err);
+    const config_int_field bad[] = {{"hidden_size", &hidden}, {"vocab_size", &missing}, {"ratio", &exact}};
+    expect_err(config_ints(c, bad, 3, err, sizeof err), err, "missing key 'vocab_size'", "int table: first bad key");
+    CHECK(missing == -7, "a missing key leaves its field alone");
+    const config_double_field bad_d[] = {{"model_type", &d}};
+    expect_err(config_doubles(c, bad_d, 1, err, sizeof err), err, "'model_type' must be a number", "double table");
+}
+
 int main(void) {
     char root[] = "/tmp/cairn_cfg_XXXXXX";
     if (!mkdtemp(root)) { perror("mkdtemp"); return 2; }
@@ -110,6 +126,7 @@ int main(void) {
         test_reads(c);
         test_defaults(c);
         test_errors(c);
+        test_tables(c);
         cJSON_Delete(c);
     }
     char cmd[300];

@@ -186,7 +186,8 @@ static void test_bytewise_equals_whole(void) {
 
 static void test_format(void) {
     char out[WIRE_HEADER_MAX];
-    size_t n = wire_fmt_done(out, "req-v4", 3, 1.25, 50.0, 1.25, 7, 1, 5, 1234);
+    wire_done golden = {3, 1.25, 50.0, 1.25, 7, 1, 5, 1234};
+    size_t n = wire_fmt_done(out, "req-v4", &golden);
     CHECK(n == strlen("DONE req-v4 STAT 3 1.250 50.0 1.25 7 1 5 1234\n") &&
               !memcmp(out, "DONE req-v4 STAT 3 1.250 50.0 1.25 7 1 5 1234\n", n),
           "DONE golden: %.*s", (int)n, out);
@@ -236,6 +237,113 @@ static void test_untrusted_spans(void) {
     CHECK(wire_parse_spans("", 0, 6, &sp, &n, err, sizeof err) == 0 && n == 0, "an empty table is no spans");
 }
 
+/* ---- round trips: every frame formatted by one end parses back to the same values ---------- */
+
+/* A gateway-to-engine frame (header + payload + "\n") through the engine's reader. */
+static wire_frame reread(const char *head, size_t hn, const char *payload, size_t pn) {
+    char buf[WIRE_HEADER_MAX + 512];
+    memcpy(buf, head, hn);
+    memcpy(buf + hn, payload, pn);
+    buf[hn + pn] = '\n';
+    parse_all(buf, hn + (pn ? pn + 1 : 0), 0, &fr);
+    return fr.n == 1 ? fr.f[0] : (wire_frame){.kind = WIRE_NONE};
+}
+
+static int same_submit(const wire_submit *a, const wire_submit *b) {
+    return a->slot == b->slot && a->max_tokens == b->max_tokens && a->temperature == b->temperature &&
+           a->top_p == b->top_p && a->prefix_bytes == b->prefix_bytes && a->logprobs == b->logprobs &&
+           a->ids == b->ids && a->pin == b->pin && a->seed == b->seed && a->untrusted_bytes == b->untrusted_bytes;
+}
+
+static void test_submit_round_trip(void) {
+    char h[WIRE_HEADER_MAX];
+    const wire_submit cases[] = {
+        {.slot = 0, .max_tokens = 8, .temperature = 0, .top_p = 1, .prefix_bytes = -1},
+        {.slot = 3, .max_tokens = 100, .temperature = 0.7f, .top_p = 0.95f, .prefix_bytes = 2},
+        {.slot = 1, .max_tokens = 0, .temperature = 1.3333333f, .top_p = 0.1f, .prefix_bytes = -1, .logprobs = 32,
+         .ids = 1, .pin = 1, .seed = 18446744073709551615ULL},
+        {.slot = 2, .max_tokens = 5, .temperature = 1e-7f, .top_p = 0.33333334f, .prefix_bytes = 0, .logprobs = 1,
+         .untrusted_bytes = 3, .seed = 42},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        const char *body = "hello worldABCxyz";
+        size_t ext = cases[i].untrusted_bytes ? 6 : 0;
+        size_t hn = wire_fmt_submit(h, "rt-1", &cases[i], 11, ext);
+        wire_frame f = reread(h, hn, body, 11 + ext);
+        CHECK(f.kind == WIRE_SUBMIT && !strcmp(f.id, "rt-1"), "submit %zu parses back (%.80s)", i, h);
+        CHECK(same_submit(&f.sub, &cases[i]), "submit %zu fields round-trip (%.80s)", i, h);
+        CHECK(f.payload_len == 11 && f.ext_len == ext && !memcmp(f.payload, body, 11 + ext), "submit %zu payload", i);
+    }
+    size_t hn = wire_fmt_submit(h, "7", &cases[0], 5, 0);
+    CHECK(!strncmp(h, "SUBMIT 7 0 5 8 0 1\n", hn), "the plain header is the classic 6 fields: %.*s", (int)hn, h);
+    hn = wire_fmt_submit(h, "7", &cases[1], 5, 0);
+    CHECK(!strncmp(h, "SUBMIT 7 3 5 100 0.7 0.95 0 2\n", hn), "floats in their shortest form: %.*s", (int)hn, h);
+}
+
+static void test_control_round_trip(void) {
+    char h[WIRE_HEADER_MAX];
+    const wire_kind kinds[] = {WIRE_STOP, WIRE_CANCEL};
+    for (int i = 0; i < 2; i++) {
+        size_t n = wire_fmt_control(h, kinds[i], "abc-9");
+        wire_frame f = reread(h, n, "", 0);
+        CHECK(f.kind == kinds[i] && !strcmp(f.id, "abc-9"), "control %d round-trips (%.*s)", i, (int)n, h);
+    }
+}
+
+static wire_out out_of(const char *h, size_t n) {
+    wire_out o;
+    CHECK(n > 0 && h[n - 1] == '\n', "a frame ends its header with a newline");
+    CHECK(wire_parse_out(h, n - 1, &o) == 0, "engine frame parses: %.*s", (int)n - 1, h);
+    return o;
+}
+
+static void test_engine_frames_round_trip(void) {
+    char h[WIRE_HEADER_MAX];
+    wire_out o = out_of(h, wire_fmt_accept(h, "q1", 321));
+    CHECK(o.kind == WIRE_OUT_ACCEPT && !strcmp(o.id, "q1") && o.prompt_tokens == 321 && o.payload < 0, "ACCEPT");
+
+    o = out_of(h, wire_fmt_data(h, "q1", 7, 0, 0, NULL, NULL));
+    CHECK(o.kind == WIRE_OUT_DATA && o.payload == 7 && !o.has_lp, "DATA without logprobs");
+    int ids[WIRE_LOGPROBS_MAX];
+    float lps[WIRE_LOGPROBS_MAX];
+    for (int i = 0; i < WIRE_LOGPROBS_MAX; i++) ids[i] = 1000 + i, lps[i] = -0.125f * i;
+    lps[3] = -INFINITY;
+    o = out_of(h, wire_fmt_data(h, "q1", 2, WIRE_LOGPROBS_MAX, -1.5f, ids, lps));
+    int same = o.kind == WIRE_OUT_DATA && o.has_lp && o.lp == -1.5f && o.k == WIRE_LOGPROBS_MAX && o.payload == 2;
+    for (int i = 0; same && i < WIRE_LOGPROBS_MAX; i++) same = o.top_ids[i] == ids[i] && o.top_lps[i] == lps[i];
+    CHECK(same, "DATA with %d logprob pairs round-trips (-inf included)", WIRE_LOGPROBS_MAX);
+    float nanv = NAN;
+    o = out_of(h, wire_fmt_data(h, "q1", 0, 1, NAN, ids, &nanv));
+    CHECK(o.has_lp && isnan(o.lp) && isnan(o.top_lps[0]), "nan logprobs are allowed");
+
+    wire_done d = {17, 12.5, 33.3, 1.25, 40, 1, 39, 987654};
+    o = out_of(h, wire_fmt_done(h, "q2", &d));
+    CHECK(o.kind == WIRE_OUT_DONE && !strcmp(o.id, "q2") && o.done.completion == 17 && o.done.tok_s == 12.5 &&
+          fabs(o.done.hit_pct - 33.3) < 1e-9 && o.done.rss_gb == 1.25 && o.done.prompt_tokens == 40 &&
+          o.done.length_limited == 1 && o.done.reused == 39 && o.done.prefill_us == 987654, "DONE round-trips");
+    const char upstream[] = "DONE u STAT 3 1.000 0.0 0.50";
+    CHECK(wire_parse_out(upstream, strlen(upstream), &o) == 0 && o.done.completion == 3 && o.done.prompt_tokens == -1 &&
+          o.done.reused == 0 && o.done.prefill_us == 0 && !o.done.length_limited,
+          "the upstream minimum DONE (no optional fields)");
+    const char broken[] = "DONE u 3 1.0 0.0";
+    CHECK(wire_parse_out(broken, strlen(broken), &o) < 0, "a DONE without STAT is a protocol error");
+    const char bad_len[] = "DATA u x";
+    CHECK(wire_parse_out(bad_len, strlen(bad_len), &o) < 0, "a payload frame with a bad length is a protocol error");
+
+    o = out_of(h, wire_fmt_error(h, "q3", "CONTEXT_EXCEEDED", "300 128"));
+    CHECK(o.kind == WIRE_OUT_ERROR && !strcmp(o.id, "q3") && !strcmp(o.error, "CONTEXT_EXCEEDED 300 128"), "ERROR");
+
+    wire_caps c = {.vision = 0, .slots = 4, .ctx = 4096, .logprobs = 32, .ids = 1, .family = "fam-x", .truncate = 1,
+                   .checkpoints = 1};
+    o = out_of(h, wire_fmt_caps(h, &c));
+    CHECK(o.kind == WIRE_OUT_CAPS && !memcmp(&o.caps, &c, sizeof c), "CAPS round-trips: %s", h);
+    const char telemetry[] = "HWINFO 2 23 22 0 0 cpu";
+    CHECK(wire_parse_out(telemetry, strlen(telemetry), &o) == 0 && o.kind == WIRE_OUT_OTHER, "telemetry is ignored");
+    const char echo[] = "ECHO q1 5 0 nan 0";
+    CHECK(wire_parse_out(echo, strlen(echo), &o) == 0 && o.kind == WIRE_OUT_OTHER && o.payload == 5,
+          "an unhandled payload frame still says how much to skip");
+}
+
 int main(void) {
     test_submit_fields();
     test_refusals();
@@ -244,5 +352,8 @@ int main(void) {
     test_bytewise_equals_whole();
     test_format();
     test_untrusted_spans();
+    test_submit_round_trip();
+    test_control_round_trip();
+    test_engine_frames_round_trip();
     return TEST_END();
 }

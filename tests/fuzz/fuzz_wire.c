@@ -3,7 +3,9 @@
  * The input is delivered in chunks whose sizes come from its first byte, so frames split at every
  * point are exercised; every SUBMIT's untrusted span table goes through wire_parse_spans. Checked
  * beyond the sanitizers: a complete frame's payload and extension lie inside what was pushed, and
- * every span lies inside its prompt. */
+ * every span lies inside its prompt. Every line of the input is also read as an engine output
+ * header (wire_parse_out, the gateway's side): a logprob table never exceeds its bound and a
+ * payload length never exceeds the protocol's 65536. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +26,17 @@ static void check_frame(const wire_frame *f, const char *lo, const char *hi) {
     free(sp);
 }
 
+static void check_output_lines(const char *in, size_t n) {
+    for (size_t at = 0; at < n;) {
+        const char *nl = memchr(in + at, '\n', n - at);
+        size_t len = nl ? (size_t)(nl - in) - at : n - at;
+        wire_out o;
+        if (wire_parse_out(in + at, len, &o) == 0 && (o.k < 0 || o.k > WIRE_LOGPROBS_MAX || o.payload > 65536))
+            abort();
+        at += len + 1;
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size == 0) return 0;
     size_t step = (size_t)(data[0] % 16) + 1;
@@ -38,5 +51,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     wire_reader_eof(&r, &f);
     wire_reader_free(&r);
+    check_output_lines(in, n);
     return 0;
 }

@@ -98,6 +98,11 @@ def dequantise(tensors, name):
         return np.frombuffer(raw, dtype=np.int64).reshape(shape)
     base = name[: -len(".weight")]
     sdt, sshape, sraw = tensors[base + ".scale"]
+    if dt == "F8_E4M3" and sdt == "F32":
+        # block scales as plain factors (checkpoints converted from other layouts)
+        w = st.e4m3_decode(np.frombuffer(raw, dtype=np.uint8).reshape(shape))
+        s = np.frombuffer(sraw, dtype=np.float32).reshape(sshape).astype(np.float64)
+        return w * np.repeat(np.repeat(s, 128, 0), 128, 1)[: w.shape[0], : w.shape[1]]
     scale = np.frombuffer(sraw, dtype=np.uint8).reshape(sshape)
     if dt == "F8_E4M3":
         return st.fp8_dequantize(np.frombuffer(raw, dtype=np.uint8).reshape(shape), scale)

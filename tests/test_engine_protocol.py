@@ -99,6 +99,17 @@ def test_identical_prompt_reuses_all_but_the_last_token(spawn, cairn, model, fam
     assert kinds(e) == ["reset", want[1]]
 
 
+def test_done_reports_the_prefill_time(spawn, words):
+    """DONE's last field is the engine's time prefilling the request's new tokens: the gateway's
+    measured prefill rate (/metrics, the chat page's cold-prefill estimate) is made of it."""
+    e = spawn()
+    prompt = words(5, 40)
+    t1 = e.generate(prompt, 3)
+    assert t1.reuse == 0 and t1.prefill_us is not None and t1.prefill_us > 0
+    t2 = e.generate(prompt + t1.ids + words(6, 30), 3)
+    assert t2.reuse > 0 and t2.prefill_us is not None and t2.prefill_us > 0
+
+
 def test_divergent_prompt_resets_and_matches_cold(spawn, cairn, model, words):
     e = spawn()
     prompt = words(4, 16)

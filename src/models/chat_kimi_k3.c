@@ -262,6 +262,12 @@ static const char *find(const char *s, const char *end, const char *needle) {
     return s < end ? memmem(s, (size_t)(end - s), needle, strlen(needle)) : NULL;
 }
 
+/* Does [s, end) start with lit? (The reply text is not NUL-terminated: never read past end.) */
+static int starts(const char *s, const char *end, const char *lit) {
+    size_t n = strlen(lit);
+    return (size_t)(end - s) >= n && !memcmp(s, lit, n);
+}
+
 static const char *find_last(const char *s, const char *end, const char *needle) {
     const char *last = NULL;
     for (const char *p = s; (p = find(p, end, needle)); p++) last = p;
@@ -285,11 +291,11 @@ static char *attr_value(const char *s, const char *e, const char *key) {
     const char *q = find(v, e, "\"");
     sbuf b = {0};
     static const char *ent[][2] = {{"&amp;", "&"}, {"&quot;", "\""}, {"&lt;", "<"}, {"&gt;", ">"}};
-    for (const char *p = v; p < (q ? q : e);) {
-        size_t i, m = 0;
-        for (i = 0; i < 4; i++)
-            if (!strncmp(p, ent[i][0], (m = strlen(ent[i][0])))) break;
-        if (i < 4) { sbuf_puts(&b, ent[i][1]); p += m; }
+    const char *stop = q ? q : e;
+    for (const char *p = v; p < stop;) {
+        size_t i;
+        for (i = 0; i < 4 && !starts(p, stop, ent[i][0]); i++) {}
+        if (i < 4) { sbuf_puts(&b, ent[i][1]); p += strlen(ent[i][0]); }
         else sbuf_put(&b, p++, 1);
     }
     char *out = sbuf_take(&b);
@@ -304,7 +310,7 @@ static cJSON *parse_call(const char *s, const char *e, const char *text, size_t 
     cJSON *args = cJSON_CreateObject();
     char *raw = NULL;
     for (const char *p = body, *a; (a = find(p, e, OPEN "argument")) || (a = find(p, e, OPEN "json"));) {
-        int json = !strncmp(a, OPEN "json", strlen(OPEN "json"));
+        int json = starts(a, e, OPEN "json");
         const char *v = find(a, e, SEP), *ve;
         v = v ? v + strlen(SEP) : e;
         ve = find(v, e, json ? CLOSE "json" SEP : CLOSE "argument" SEP);
@@ -345,8 +351,7 @@ static void k3_parse(const char *text, size_t n, int thinking, chat_reply *out) 
         if (!r) return;
         p = r + strlen(CLOSE "think" SEP);
     }
-    size_t resp = strlen(OPEN "response" SEP);
-    if ((size_t)(end - p) >= resp && !memcmp(p, OPEN "response" SEP, resp)) p += resp;
+    if (starts(p, end, OPEN "response" SEP)) p += strlen(OPEN "response" SEP);
     const char *tools = find(p, end, OPEN "tools" SEP), *ce = find(p, tools ? tools : end, CLOSE "response" SEP);
     out->content = span(p, ce ? ce : tools ? tools : end);
     if (!tools) return;

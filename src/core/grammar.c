@@ -444,6 +444,7 @@ static int parse_postfix(parser *p, int rule, seqv *q, int from) {
     for (;;) {
         char c = cur(p);
         if (c != '*' && c != '+' && c != '?' && c != '{') return 0;
+        if (q->n == from) return fail_at(p, p->pos, "'%c' has nothing to repeat", c);
         if (q->n - from > 1 && wrap(p, rule, q, from)) return -1;
         if (c == '{') {
             if (parse_braces(p, rule, q)) return -1;

@@ -21,8 +21,10 @@
 #include <unistd.h>
 
 #include "../cli.h"
+#include "../core/grammar.h"
 #include "../core/sampler.h"
 #include "../core/threads.h"
+#include "../core/tokmask.h"
 #include "../core/util.h"
 #include "../state/persist.h"
 #include "../state/reuse.h"
@@ -50,6 +52,8 @@ typedef struct {
     sampler smp;
     tok_stream ts;
     double t_first;      /* first token sampled */
+    grammar *g;          /* SUBMIT extension payload: the grammar every sampled token must follow */
+    tokmask km;          /* its matcher over this request's output (never part of the slot state) */
 } request;
 
 typedef struct {
@@ -62,6 +66,7 @@ typedef struct {
     int markers[8], nmarkers;
     float *logits, *logprobs, *top_lps;
     int *top_ids;
+    tokvocab *vocab;     /* token trie for grammar masks (NULL without a tokenizer) */
     wire_reader rd;
     int eof;
     int log_prefix;
@@ -99,6 +104,8 @@ static void request_free(engine *e, request *r) {
     e->active[r->slot] = NULL;
     reuse_prefill_free(&r->pf);
     sampler_free(&r->smp);
+    if (r->g) tokmask_free(&r->km);
+    grammar_free(r->g);
     free(r->prompt);
     free(r);
 }
@@ -136,14 +143,28 @@ static void emit_token(engine *e, request *r, int t) {
     }
 }
 
+/* A request that cannot go on although its slot's state is sound (every id it holds was fed and
+ * recorded): answer the error, keep the state for the next turn. */
+static void refuse(engine *e, request *r, const char *code, const char *detail) {
+    put_error(r->id, code, detail);
+    save_slot(e, r->slot);
+    request_free(e, r);
+}
+
 /* Sample from e->logits. The token is emitted but not fed: it enters the state only if
- * generation continues (so the record never claims a token the state does not hold). */
+ * generation continues (so the record never claims a token the state does not hold). With a
+ * grammar, every token it does not allow is masked out first (so logprobs are those of the
+ * constrained distribution) and the matcher moves past the chosen one. */
 static void sample_next(engine *e, request *r) {
+    if (r->g && tokmask_apply(&r->km, e->logits) == 0)
+        return refuse(e, r, "GRAMMAR_DEAD_END", "no token of this vocabulary can continue the grammar here");
     int t = sampler_pick(&r->smp, e->logits);
     /* the sampler skips non-finite logits; a chosen one means they all were: the state is suspect */
     if (!isfinite(e->logits[t])) return fail(e, r, "ENGINE_ERROR", "the model produced non-finite logits");
     if (r->generated == 0) r->t_first = now_seconds();
     if (model_is_eos(e->m, t)) return finish(e, r, 0);
+    if (r->g && tokmask_feed(&r->km, t))
+        return fail(e, r, "ENGINE_ERROR", "sampled a token the grammar mask had excluded");
     emit_token(e, r, t);
     r->token = t;
     r->generated++;
@@ -253,6 +274,23 @@ static void start_request(engine *e, request *r, int sys_end) {
     e->active[r->slot] = r;
 }
 
+/* A SUBMIT refused before it touched any state. */
+static void reject(request *r, const char *code, const char *detail) {
+    put_error(r->id, code, detail);
+    free(r->prompt);
+    if (r->g) tokmask_free(&r->km);
+    grammar_free(r->g);
+    free(r);
+}
+
+/* The extension payload is GBNF text (the gateway compiles JSON Schemas and tool syntaxes to it). */
+static int open_grammar(engine *e, const wire_frame *f, request *r, char *err, size_t errlen) {
+    if (!e->vocab) return errf(err, errlen, "grammar: this model has no usable tokenizer.json to match tokens against");
+    if (!(r->g = grammar_parse(f->ext, f->ext_len, err, errlen))) return -1;
+    tokmask_init(&r->km, e->vocab, r->g);
+    return 0;
+}
+
 static void on_submit(engine *e, const wire_frame *f) {
     char err[256];
     if (find_active(e, f->id)) return put_error(f->id, "DUPLICATE_ID", "an in-flight request has this id");
@@ -265,34 +303,21 @@ static void on_submit(engine *e, const wire_frame *f) {
         e->image_id[0] = 0;
         return put_error(f->id, "BAD_REQUEST", "this model takes no images");
     }
-    if (f->ext_len) return put_error(f->id, "BAD_REQUEST", "extension payloads (grammar, audio) are not supported");
     if (f->payload_len == 0) return put_error(f->id, "EMPTY_PROMPT", NULL);
     request *r = xcalloc(1, sizeof *r);
     snprintf(r->id, sizeof r->id, "%s", f->id);
     r->slot = f->sub.slot;
     r->sub = f->sub;
     int sys_end;
-    if (tokenize(e, f, r, &sys_end, err, sizeof err)) {
-        put_error(f->id, "BAD_REQUEST", err);
-        free(r->prompt);
-        free(r);
-        return;
-    }
-    if (r->n == 0) {
-        put_error(f->id, "EMPTY_PROMPT", NULL);
-        free(r->prompt);
-        free(r);
-        return;
-    }
+    if (f->ext_len && open_grammar(e, f, r, err, sizeof err)) return reject(r, "BAD_REQUEST", err);
+    if (tokenize(e, f, r, &sys_end, err, sizeof err)) return reject(r, "BAD_REQUEST", err);
+    if (r->n == 0) return reject(r, "EMPTY_PROMPT", NULL);
     int cap = e->seqs[r->slot]->st.cap;
     if (r->n > cap) {
         /* the conversation no longer fits this slot: its state is not worth keeping either */
         snprintf(err, sizeof err, "%d %d", r->n, cap);
         state_taint(&e->seqs[r->slot]->st);
-        put_error(f->id, "CONTEXT_EXCEEDED", err);
-        free(r->prompt);
-        free(r);
-        return;
+        return reject(r, "CONTEXT_EXCEEDED", err);
     }
     char h[WIRE_HEADER_MAX];
     put_frame(h, wire_fmt_accept(h, r->id, r->n), NULL, 0);
@@ -442,6 +467,7 @@ static int engine_open(engine *e, char *err, size_t errlen) {
     e->top_ids = xmalloc(WIRE_LOGPROBS_MAX * sizeof *e->top_ids);
     e->top_lps = xmalloc(WIRE_LOGPROBS_MAX * sizeof *e->top_lps);
     resolve_markers(e);
+    if (e->m->tok) e->vocab = tokvocab_new(e->m->tok, v, e->m->eos_ids, e->m->n_eos);
     if (e->o.kv_dir && mkdir(e->o.kv_dir, 0755) && errno != EEXIST)
         return errf(err, errlen, "--kv-dir %s: %s", e->o.kv_dir, strerror(errno));
     if (e->o.kv_dir) load_slots(e);
@@ -463,6 +489,7 @@ static void engine_close(engine *e) {
     free(e->logprobs);
     free(e->top_ids);
     free(e->top_lps);
+    tokvocab_free(e->vocab);
     wire_reader_free(&e->rd);
     persist_forget();
     model_close(e->m);
@@ -479,8 +506,8 @@ int cmd_engine(int argc, char **argv) {
     }
     /* a gateway that went away must not kill us mid-write; the next read sees EOF */
     signal(SIGPIPE, SIG_IGN);
-    printf("%sCAPS vision=0 slots=%d ctx=%d logprobs=%d ids=1\nSTAT 0 0.0 0.0 %.2f 0 0\n", WIRE_READY, e.o.slots,
-           e.seqs[0]->st.cap, WIRE_LOGPROBS_MAX, rss_gb());
+    printf("%sCAPS vision=0 slots=%d ctx=%d logprobs=%d ids=1 grammar=%d\nSTAT 0 0.0 0.0 %.2f 0 0\n", WIRE_READY, e.o.slots,
+           e.seqs[0]->st.cap, WIRE_LOGPROBS_MAX, e.vocab != NULL, rss_gb());
     fflush(stdout);
     run_loop(&e);
     engine_close(&e);

@@ -685,3 +685,73 @@ int grammar_has_literal(const grammar *g, const char *s, size_t n) {
         if (g->lit_len[i] == n && !memcmp(g->lits[i], s, n)) return 1;
     return 0;
 }
+
+/* ---- writing GBNF ------------------------------------------------------------------------- */
+
+/* Code points of UTF-8 s into cp (at most cap); -1 if s is not valid UTF-8. */
+static int decode_all(const char *s, unsigned *cp, int cap) {
+    parser p = {.src = s, .len = strlen(s)};
+    int n = 0;
+    while (!at_end(&p)) {
+        if (n == cap || src_char(&p, &cp[n])) return -1;
+        n++;
+    }
+    return n;
+}
+
+int gbnf_literal(sbuf *out, const char *s) {
+    size_t n = strlen(s);
+    unsigned *cp = xmalloc((n + 1) * sizeof *cp);
+    int k = decode_all(s, cp, (int)n + 1);
+    if (k >= 0) {
+        sbuf_puts(out, "\"");
+        for (int i = 0; i < k; i++) {
+            if (cp[i] == '"' || cp[i] == '\\') sbuf_printf(out, "\\%c", (char)cp[i]);
+            else if (cp[i] < 0x20 || cp[i] == 0x7F) sbuf_printf(out, "\\x%02X", cp[i]);
+            else {
+                unsigned char b[4];
+                sbuf_put(out, (const char *)b, (size_t)utf8_encode(cp[i], b));
+            }
+        }
+        sbuf_puts(out, "\"");
+    }
+    free(cp);
+    return k >= 0 ? 0 : -1;
+}
+
+/* A KMP automaton over the code points of stop: state i = the last i characters written are
+ * stop's first i. Rule name-i lists the moves out of state i; the move that would complete stop
+ * is the one left out. */
+int gbnf_text_without(sbuf *out, const char *name, const char *stop) {
+    size_t len = strlen(stop);
+    unsigned *w = xmalloc((len + 1) * sizeof *w);
+    int k = decode_all(stop, w, (int)len + 1);
+    if (k <= 0) { free(w); return -1; }
+    int *fail = xcalloc((size_t)k, sizeof *fail);
+    for (int i = 1, f = 0; i < k; i++) {
+        while (f && w[i] != w[f]) f = fail[f - 1];
+        if (w[i] == w[f]) f++;
+        fail[i] = f;
+    }
+    sbuf_printf(out, "%s ::= %s-0\n", name, name);
+    for (int i = 0; i < k; i++) {
+        sbuf_printf(out, "%s-%d ::= \"\"", name, i);
+        sbuf other = {0};
+        for (int c = 0; c < k; c++) {
+            int dup = 0;
+            for (int d = 0; d < c; d++) dup |= w[d] == w[c];
+            if (dup) continue;
+            int t = i;
+            while (t && w[t] != w[c]) t = fail[t - 1];
+            if (w[t] == w[c]) t++;
+            if (t == 0) continue;
+            sbuf_printf(&other, "\\U%08X", w[c]);
+            if (t < k) sbuf_printf(out, " | \"\\U%08X\" %s-%d", w[c], name, t);
+        }
+        sbuf_printf(out, " | [^%s] %s-0\n", other.p ? other.p : "", name);
+        sbuf_free(&other);
+    }
+    free(w);
+    free(fail);
+    return 0;
+}

@@ -33,6 +33,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "sbuf.h"
+
 typedef struct grammar grammar;
 
 /* Parse and compile GBNF text src[0..len) (NUL bytes refused). NULL + err on any error. */
@@ -41,6 +43,13 @@ void grammar_free(grammar *g);
 /* 1 when bytes s[0..n) are exactly one "literal" written somewhere in the grammar (used to let
  * a special token through only where the grammar spells it out). */
 int grammar_has_literal(const grammar *g, const char *s, size_t n);
+
+/* GBNF writing helpers for grammar generators (json_schema.c, the families' tool-call syntax).
+ * gbnf_literal: UTF-8 text s as one "literal" (0 on success, -1 if s is not valid UTF-8).
+ * gbnf_text_without: rule `name` (plus helpers name-K) matching any text, including none, that
+ * does not contain `stop` (a non-empty UTF-8 string) — e.g. reasoning before "</think>". */
+int gbnf_literal(sbuf *out, const char *s);
+int gbnf_text_without(sbuf *out, const char *name, const char *stop);
 
 typedef struct gm gm;
 

@@ -73,23 +73,11 @@ static int utf8_ok(const char *s) {
     return 1;
 }
 
-/* s as a GBNF "literal" (s is valid UTF-8). */
-static void put_literal(sbuf *e, const char *s) {
-    sbuf_puts(e, "\"");
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\') sbuf_printf(e, "\\%c", *p);
-        else if (*p < 0x20 || *p == 0x7F) sbuf_printf(e, "\\x%02X", *p);
-        else sbuf_put(e, (const char *)p, 1);
-    }
-    sbuf_puts(e, "\"");
-}
-
 /* The compact JSON text of v as a GBNF literal. */
 static int put_json_literal(jsg *j, const cJSON *v, const char *ptr, sbuf *e) {
     char *text = cJSON_PrintUnformatted(v);
     if (!text) return fail(j, ptr, "cannot serialize this value");
-    int ok = utf8_ok(text);
-    if (ok) put_literal(e, text);
+    int ok = gbnf_literal(e, text) == 0;
     free(text);
     return ok ? 0 : fail(j, ptr, "invalid UTF-8 in a string");
 }
@@ -834,8 +822,8 @@ static int gen(jsg *j, const cJSON *s, const char *ptr, sbuf *e) {
     return rc;
 }
 
-int json_schema_rules(const cJSON *schema, const char *name, sbuf *out, char *err, size_t errlen) {
-    jsg j = {.out = out, .base = name, .root = schema, .err = err, .errlen = errlen};
+int json_schema_rules(const cJSON *root, const cJSON *schema, const char *name, sbuf *out, char *err, size_t errlen) {
+    jsg j = {.out = out, .base = name, .root = root, .err = err, .errlen = errlen};
     sbuf e = {0};
     int rc = gen(&j, schema, "", &e);
     if (!rc) sbuf_printf(out, "%s ::= %s\n", name, e.p);
@@ -848,7 +836,7 @@ int json_schema_grammar(const char *text, size_t len, sbuf *out, char *err, size
     cJSON *s = cJSON_ParseWithLength(text, len);
     if (!s) return errf(err, errlen, "schema: not valid JSON");
     sbuf g = {0};
-    int rc = json_schema_rules(s, "root", &g, err, errlen);
+    int rc = json_schema_rules(s, s, "root", &g, err, errlen);
     cJSON_Delete(s);
     if (!rc) sbuf_put(out, g.p, g.len);
     sbuf_free(&g);

@@ -34,9 +34,10 @@
 #include "sbuf.h"
 
 /* Append GBNF rules to out: `name ::= <the schema's JSON value>` plus helper rules whose names
- * start with name + "-". name must be a valid rule name ([A-Za-z0-9_-]). -1 + err (naming the
- * keyword and where it is, as a JSON pointer) when the schema cannot be compiled. */
-int json_schema_rules(const cJSON *schema, const char *name, sbuf *out, char *err, size_t errlen);
+ * start with name + "-". name must be a valid rule name ([A-Za-z0-9_-]); $ref resolves against
+ * root (the document the schema is part of; the schema itself when it stands alone). -1 + err
+ * (naming the keyword and where it is, as a JSON pointer) when the schema cannot be compiled. */
+int json_schema_rules(const cJSON *root, const cJSON *schema, const char *name, sbuf *out, char *err, size_t errlen);
 
 /* The pattern subset above, as a GBNF expression for the CONTENT of a JSON string (between the
  * quotes; characters the JSON text must escape are written escaped). char_rule names a rule for

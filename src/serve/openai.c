@@ -5,6 +5,7 @@
 #include <time.h>
 
 #include "../core/util.h"
+#include "constrain.h"
 #include "params.h"
 #include "sse.h"
 
@@ -249,12 +250,15 @@ static int parse_chat(serve_ctx *sc, const cJSON *body, oa_call *k, http_err *e)
     if (tools && check_tools(tools, e)) return -1;
     if (tools && cJSON_GetArraySize(tools) == 0) tools = NULL;
     chat_opts o = {0};
+    int parallel = 1;
     if (parse_tool_choice(body, tools, &o, e) || parse_thinking(body, &o, e)) return -1;
+    if (param_bool(body, "parallel_tool_calls", &parallel, e)) return -1;
     cJSON *msgs = openai_normalize_messages(cJSON_GetObjectItemCaseSensitive(body, "messages"), e);
     if (!msgs) return -1;
     int rc = openai_render(sc, msgs, tools, &o, &k->call.rq, e);
     cJSON_Delete(msgs);
-    return rc;
+    if (rc || constrain_grammar(body, &k->call.rq, e) || constrain_response_format(body, &k->call.rq, e)) return -1;
+    return constrain_tools(sc, tools, o.tool_choice, parallel, o.thinking, "tool_choice", &k->call.rq, e);
 }
 
 /* A completions prompt: a string, a list of token ids, or a one-element list of either. */
@@ -310,7 +314,8 @@ static int parse_completion(serve_ctx *sc, const cJSON *body, oa_call *k, http_e
     k->top_n = (int)lp;
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(body, "prompt");
     if (!p) return http_err_set(e, 400, "invalid_request_error", "invalid_value", "prompt", "'prompt' is required");
-    return parse_prompt(sc, p, &k->call.rq, e);
+    if (parse_prompt(sc, p, &k->call.rq, e)) return -1;
+    return constrain_grammar(body, &k->call.rq, e) || constrain_response_format(body, &k->call.rq, e) ? -1 : 0;
 }
 
 /* ---- responses ----------------------------------------------------------------------------- */

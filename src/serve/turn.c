@@ -9,6 +9,7 @@
 
 void turn_req_free(turn_req *rq) {
     free(rq->prompt);
+    free(rq->grammar);
     for (int i = 0; i < rq->nstops; i++) free(rq->stops[i]);
     memset(rq, 0, sizeof *rq);
 }
@@ -46,7 +47,7 @@ static int conn_gone(void *conn) { return conn && http_client_gone(conn); }
 
 static void submit_extras(const turn_req *rq, char *out, size_t cap) {
     /* protocol.md §1.3: the 7th field (ext bytes) must be present whenever more follows. */
-    int n = snprintf(out, cap, " 0");
+    int n = snprintf(out, cap, " %zu", rq->grammar_len);
     if (rq->prefix_bytes && !rq->prompt_is_ids) n += snprintf(out + n, cap - (size_t)n, " %zu", rq->prefix_bytes);
     if (rq->prompt_is_ids) n += snprintf(out + n, cap - (size_t)n, " ids=1");
     if (rq->logprobs) n += snprintf(out + n, cap - (size_t)n, " logprobs=%d", MAX(1, rq->top_logprobs));
@@ -94,8 +95,8 @@ int turn_begin(turn *t, serve_ctx *sc, turn_req *rq, struct MHD_Connection *conn
 
     char extra[160], err[200];
     submit_extras(rq, extra, sizeof extra);
-    if (eng_submit(sc->engine, t->g, slot, rq->prompt, rq->prompt_len, rq->max_tokens, rq->temperature, rq->top_p,
-                   extra, sc->queue_timeout, err, sizeof err)) {
+    if (eng_submit(sc->engine, t->g, slot, rq->prompt, rq->prompt_len, rq->grammar, rq->grammar_len, rq->max_tokens,
+                   rq->temperature, rq->top_p, extra, sc->queue_timeout, err, sizeof err)) {
         slots_release(sc->sl, slot, NULL, 0);
         free(f->prompt);
         free(f);

@@ -12,7 +12,6 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "core/config.h"
 #include "core/sampler.h"
 #include "core/threads.h"
 #include "core/util.h"
@@ -195,22 +194,21 @@ static int encode(const model *m, const char *text, prompt *pr, char *err, size_
 }
 
 static const chat_template *model_template(const model *m, char *err, size_t errlen) {
-    const char *type = NULL;
-    config_string(m->config, "model_type", &type, NULL, 0);
-    const chat_template *t = chat_find(type);
-    if (!t) errf(err, errlen, "no chat template for model_type '%s' (use --raw or --prompt-ids)", type ? type : "?");
+    const chat_template *t = m->ops->chat;
+    if (!t) errf(err, errlen, "family %s has no chat template (use --raw or --prompt-ids)", m->ops->name);
     return t;
 }
 
-/* Render messages with the chat template and tokenize the result. */
+/* Render messages with the chat template and tokenize the result, message text as plain text. */
 static int render_ids(const model *m, const cJSON *messages, prompt *pr, char *err, size_t errlen) {
     const chat_template *t = model_template(m, err, errlen);
     if (!t) return -1;
+    if (!m->tok) return errf(err, errlen, "the model has no usable tokenizer.json (use --prompt-ids)");
     chat_opts co = {0, NULL, NULL};
-    char *text = t->render(messages, NULL, &co, err, errlen);
-    if (!text) return -1;
-    int rc = encode(m, text, pr, err, errlen);
-    free(text);
+    chat_prompt p = {0};
+    int rc = t->render(messages, NULL, &co, &p, err, errlen);
+    if (!rc) rc = chat_prompt_encode(m->tok, &p, &pr->ids, &pr->n, err, errlen);
+    chat_prompt_free(&p);
     return rc;
 }
 

@@ -11,7 +11,6 @@
  * slot only (its next request resets); other slots are never touched.
  */
 #include <errno.h>
-#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,7 +26,7 @@
 #include "../core/tokmask.h"
 #include "../core/util.h"
 #include "../state/persist.h"
-#include "../state/reuse.h"
+#include "../models/model.h"
 #include "wire.h"
 
 typedef struct {
@@ -63,7 +62,6 @@ typedef struct {
     state **states;      /* &seqs[i]->st: kv-share donors */
     request **active;    /* per slot, NULL when idle */
     store *cs;
-    int markers[8], nmarkers;
     float *logits, *logprobs, *top_lps;
     int *top_ids;
     tokvocab *vocab;     /* token trie for grammar masks (NULL without a tokenizer) */
@@ -158,9 +156,7 @@ static void refuse(engine *e, request *r, const char *code, const char *detail) 
 static void sample_next(engine *e, request *r) {
     if (r->g && tokmask_apply(&r->km, e->logits) == 0)
         return refuse(e, r, "GRAMMAR_DEAD_END", "no token of this vocabulary can continue the grammar here");
-    int t = sampler_pick(&r->smp, e->logits);
-    /* the sampler skips non-finite logits; a chosen one means they all were: the state is suspect */
-    if (!isfinite(e->logits[t])) return fail(e, r, "ENGINE_ERROR", "the model produced non-finite logits");
+    int t = sampler_pick(&r->smp, e->logits);    /* seq_feed has checked every logit is finite */
     if (r->generated == 0) r->t_first = now_seconds();
     if (model_is_eos(e->m, t)) return finish(e, r, 0);
     if (r->g && tokmask_feed(&r->km, t))
@@ -217,13 +213,21 @@ static int parse_id_list(const char *p, size_t n, int vocab, int **out, int *nou
     return 0;
 }
 
-static int encode_text(const tokenizer *t, const char *p, size_t n, int **out, int *nout, char *err, size_t errlen) {
+/* The prompt text's ids; bytes in an untrusted span never become added tokens (wire.h). */
+typedef struct {
+    const char *p;
+    tok_span *untrusted;
+    int nuntrusted;
+} prompt_text;
+
+static int encode_text(const tokenizer *t, const prompt_text *pt, size_t n, int **out, int *nout, char *err,
+                       size_t errlen) {
     int cap = (int)MIN(n + 16, (size_t)WIRE_PROMPT_MAX + 16);
     int *ids = xmalloc((size_t)cap * sizeof *ids);
-    int k = tok_encode(t, p, n, ids, cap, err, errlen);
+    int k = tok_encode_untrusted(t, pt->p, n, pt->untrusted, pt->nuntrusted, ids, cap, err, errlen);
     if (k > cap) {
         ids = xrealloc(ids, (size_t)k * sizeof *ids);
-        k = tok_encode(t, p, n, ids, k, err, errlen);
+        k = tok_encode_untrusted(t, pt->p, n, pt->untrusted, pt->nuntrusted, ids, k, err, errlen);
     }
     if (k < 0) { free(ids); return -1; }
     *out = ids;
@@ -232,10 +236,10 @@ static int encode_text(const tokenizer *t, const char *p, size_t n, int **out, i
 }
 
 /* Token position of the gateway's system-prompt hint, if the prefix tokenizes to a prefix. */
-static int text_sys_end(const tokenizer *t, const char *p, int prefix_bytes, const int *ids, int n) {
+static int text_sys_end(const tokenizer *t, const prompt_text *pt, int prefix_bytes, const int *ids, int n) {
     int *pre, k;
     char err[64];
-    if (prefix_bytes <= 0 || encode_text(t, p, (size_t)prefix_bytes, &pre, &k, err, sizeof err)) return 0;
+    if (prefix_bytes <= 0 || encode_text(t, pt, (size_t)prefix_bytes, &pre, &k, err, sizeof err)) return 0;
     int ok = k > 0 && k < n && memcmp(pre, ids, (size_t)k * sizeof *ids) == 0;
     free(pre);
     return ok ? k : 0;
@@ -247,9 +251,14 @@ static int tokenize(engine *e, const wire_frame *f, request *r, int *sys_end, ch
         return parse_id_list(f->payload, f->payload_len, e->m->vocab_size, &r->prompt, &r->n, f->sub.prefix_bytes,
                              sys_end, err, errlen);
     if (!e->m->tok) return errf(err, errlen, "this model has no usable tokenizer.json: send token ids with ids=1");
-    if (encode_text(e->m->tok, f->payload, f->payload_len, &r->prompt, &r->n, err, errlen)) return -1;
-    *sys_end = text_sys_end(e->m->tok, f->payload, f->sub.prefix_bytes, r->prompt, r->n);
-    return 0;
+    prompt_text pt = {f->payload, NULL, 0};
+    if (f->sub.untrusted_bytes &&
+        wire_parse_spans(f->ext, f->sub.untrusted_bytes, f->payload_len, &pt.untrusted, &pt.nuntrusted, err, errlen))
+        return -1;
+    int rc = encode_text(e->m->tok, &pt, f->payload_len, &r->prompt, &r->n, err, errlen);
+    if (!rc) *sys_end = text_sys_end(e->m->tok, &pt, f->sub.prefix_bytes, r->prompt, r->n);
+    free(pt.untrusted);
+    return rc;
 }
 
 /* ---- commands ----------------------------------------------------------------------------- */
@@ -266,7 +275,7 @@ static void start_request(engine *e, request *r, int sys_end) {
     r->reused = rr.reused;
     if (e->log_prefix)
         fprintf(stderr, "prefix: slot %d reused %d/%d (%s)\n", r->slot, rr.reused, r->n, reuse_kind_name(rr.kind));
-    reuse_prefill_init(&r->pf, sq, e->cs, r->slot, r->prompt, r->n, sys_end, e->markers, e->nmarkers);
+    reuse_prefill_init(&r->pf, seq_feeder(sq), e->cs, r->slot, r->prompt, r->n, sys_end, e->m->markers.all, e->m->markers.n_all);
     sampler_params sp = {.temperature = r->sub.temperature, .top_p = r->sub.top_p, .seed = r->sub.seed};
     sampler_init(&r->smp, &sp, e->m->vocab_size);
     if (e->m->tok) tok_stream_init(&r->ts, e->m->tok);
@@ -283,10 +292,12 @@ static void reject(request *r, const char *code, const char *detail) {
     free(r);
 }
 
-/* The extension payload is GBNF text (the gateway compiles JSON Schemas and tool syntaxes to it). */
+/* The extension payload after the span table (wire.h) is GBNF text: the gateway compiles JSON
+ * Schemas and tool-call syntaxes to it (serve/constrain.h). */
 static int open_grammar(engine *e, const wire_frame *f, request *r, char *err, size_t errlen) {
     if (!e->vocab) return errf(err, errlen, "grammar: this model has no usable tokenizer.json to match tokens against");
-    if (!(r->g = grammar_parse(f->ext, f->ext_len, err, errlen))) return -1;
+    size_t skip = f->sub.untrusted_bytes;
+    if (!(r->g = grammar_parse(f->ext + skip, f->ext_len - skip, err, errlen))) return -1;
     tokmask_init(&r->km, e->vocab, r->g);
     return 0;
 }
@@ -303,13 +314,16 @@ static void on_submit(engine *e, const wire_frame *f) {
         e->image_id[0] = 0;
         return put_error(f->id, "BAD_REQUEST", "this model takes no images");
     }
+    if (f->sub.untrusted_bytes && f->sub.ids)
+        return put_error(f->id, "BAD_REQUEST", "untrusted spans apply to text prompts, not ids=1");
     if (f->payload_len == 0) return put_error(f->id, "EMPTY_PROMPT", NULL);
     request *r = xcalloc(1, sizeof *r);
     snprintf(r->id, sizeof r->id, "%s", f->id);
     r->slot = f->sub.slot;
     r->sub = f->sub;
     int sys_end;
-    if (f->ext_len && open_grammar(e, f, r, err, sizeof err)) return reject(r, "BAD_REQUEST", err);
+    if (f->ext_len > f->sub.untrusted_bytes && open_grammar(e, f, r, err, sizeof err))
+        return reject(r, "BAD_REQUEST", err);
     if (tokenize(e, f, r, &sys_end, err, sizeof err)) return reject(r, "BAD_REQUEST", err);
     if (r->n == 0) return reject(r, "EMPTY_PROMPT", NULL);
     int cap = e->seqs[r->slot]->st.cap;
@@ -430,15 +444,6 @@ static int parse_flags(int argc, char **argv, engine_opts *o) {
     return 0;
 }
 
-static void resolve_markers(engine *e) {
-    static const char *names[] = {"<｜User｜>", "<｜Assistant｜>", "<|user|>", "<|assistant|>", "<|system|>", "<|observation|>"};
-    if (!e->m->tok) return;
-    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
-        int id = tok_id(e->m->tok, names[i]);
-        if (id >= 0) e->markers[e->nmarkers++] = id;
-    }
-}
-
 static void load_slots(engine *e) {
     for (int i = 0; i < e->o.slots; i++) {
         char err[512];
@@ -466,7 +471,6 @@ static int engine_open(engine *e, char *err, size_t errlen) {
     e->logprobs = xmalloc((size_t)v * sizeof *e->logprobs);
     e->top_ids = xmalloc(WIRE_LOGPROBS_MAX * sizeof *e->top_ids);
     e->top_lps = xmalloc(WIRE_LOGPROBS_MAX * sizeof *e->top_lps);
-    resolve_markers(e);
     if (e->m->tok) e->vocab = tokvocab_new(e->m->tok, v, e->m->eos_ids, e->m->n_eos);
     if (e->o.kv_dir && mkdir(e->o.kv_dir, 0755) && errno != EEXIST)
         return errf(err, errlen, "--kv-dir %s: %s", e->o.kv_dir, strerror(errno));
@@ -506,8 +510,9 @@ int cmd_engine(int argc, char **argv) {
     }
     /* a gateway that went away must not kill us mid-write; the next read sees EOF */
     signal(SIGPIPE, SIG_IGN);
-    printf("%sCAPS vision=0 slots=%d ctx=%d logprobs=%d ids=1 grammar=%d\nSTAT 0 0.0 0.0 %.2f 0 0\n", WIRE_READY, e.o.slots,
-           e.seqs[0]->st.cap, WIRE_LOGPROBS_MAX, e.vocab != NULL, rss_gb());
+    printf("%sCAPS vision=0 slots=%d ctx=%d logprobs=%d ids=1 family=%s truncate=%d checkpoints=%d grammar=%d\n"
+           "STAT 0 0.0 0.0 %.2f 0 0\n", WIRE_READY, e.o.slots, e.seqs[0]->st.cap, WIRE_LOGPROBS_MAX, e.m->ops->name,
+           e.m->ops->truncates, e.cs != NULL, e.vocab != NULL, rss_gb());
     fflush(stdout);
     run_loop(&e);
     engine_close(&e);

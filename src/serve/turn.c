@@ -6,10 +6,12 @@
 #include <sys/random.h>
 
 #include "../core/util.h"
+#include "wire.h"
 
 void turn_req_free(turn_req *rq) {
     free(rq->prompt);
     free(rq->grammar);
+    free(rq->untrusted);
     for (int i = 0; i < rq->nstops; i++) free(rq->stops[i]);
     memset(rq, 0, sizeof *rq);
 }
@@ -45,13 +47,15 @@ static void on_finish(gen *g, void *user) {
 
 static int conn_gone(void *conn) { return conn && http_client_gone(conn); }
 
-static void submit_extras(const turn_req *rq, char *out, size_t cap) {
+/* ext_len: the whole extension payload (span table, then the grammar); span_bytes: the table. */
+static void submit_extras(const turn_req *rq, size_t ext_len, size_t span_bytes, char *out, size_t cap) {
     /* protocol.md §1.3: the 7th field (ext bytes) must be present whenever more follows. */
-    int n = snprintf(out, cap, " %zu", rq->grammar_len);
+    int n = snprintf(out, cap, " %zu", ext_len);
     if (rq->prefix_bytes && !rq->prompt_is_ids) n += snprintf(out + n, cap - (size_t)n, " %zu", rq->prefix_bytes);
     if (rq->prompt_is_ids) n += snprintf(out + n, cap - (size_t)n, " ids=1");
     if (rq->logprobs) n += snprintf(out + n, cap - (size_t)n, " logprobs=%d", MAX(1, rq->top_logprobs));
-    if (rq->has_seed) snprintf(out + n, cap - (size_t)n, " seed=%llu", rq->seed);
+    if (rq->has_seed) n += snprintf(out + n, cap - (size_t)n, " seed=%llu", rq->seed);
+    if (span_bytes) snprintf(out + n, cap - (size_t)n, " untrusted=%zu", span_bytes);
 }
 
 static int admit(turn *t, http_err *e) {
@@ -94,9 +98,15 @@ int turn_begin(turn *t, serve_ctx *sc, turn_req *rq, struct MHD_Connection *conn
     t->g = gen_new(on_finish, f);
 
     char extra[160], err[200];
-    submit_extras(rq, extra, sizeof extra);
-    if (eng_submit(sc->engine, t->g, slot, rq->prompt, rq->prompt_len, rq->grammar, rq->grammar_len, rq->max_tokens,
-                   rq->temperature, rq->top_p, extra, sc->queue_timeout, err, sizeof err)) {
+    sbuf ext = {0};
+    wire_fmt_spans(&ext, rq->untrusted, rq->nuntrusted);
+    size_t span_bytes = ext.len;
+    if (rq->grammar) sbuf_put(&ext, rq->grammar, rq->grammar_len);
+    submit_extras(rq, ext.len, span_bytes, extra, sizeof extra);
+    int bad = eng_submit(sc->engine, t->g, slot, rq->prompt, rq->prompt_len, ext.p, ext.len, rq->max_tokens,
+                         rq->temperature, rq->top_p, extra, sc->queue_timeout, err, sizeof err);
+    sbuf_free(&ext);
+    if (bad) {
         slots_release(sc->sl, slot, NULL, 0);
         free(f->prompt);
         free(f);

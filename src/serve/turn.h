@@ -30,7 +30,7 @@ typedef struct {
     metrics *mx;
     int nslots;
     const char *model_id;
-    const char *model_type;
+    const char *family;           /* the model's family name (its descriptor, models/model.h) */
     const chat_template *tpl;     /* NULL: the family has no chat template (completions only) */
     tokenizer *tok;               /* to spell logprob alternatives; NULL = "<token_id:N>" */
     int max_tokens;               /* server cap on generated tokens per request */
@@ -44,6 +44,8 @@ typedef struct {
 typedef struct {
     char *prompt;                 /* rendered prompt text, or decimal ids with prompt_is_ids */
     size_t prompt_len;
+    tok_span *untrusted;          /* chat prompts: the bytes a client wrote (chat.h), sent to the */
+    int nuntrusted;               /* engine as the SUBMIT span table (wire.h) */
     int prompt_is_ids;
     size_t prefix_bytes;          /* end of the system prompt (checkpoint hint), 0 = none */
     int max_tokens;

@@ -15,4 +15,6 @@ for fam in deepseek_v4 glm; do
     build/cairn bench -m build/models/$fam-bench-1234
     echo "== $fam: prefix reuse over a 10-turn conversation (warm/cold and warm/tail TTFT)"
     build/cairn bench reuse -m build/models/$fam-bench-1234
+    echo "== $fam: constrained decoding (grammar work per step / decode step, on this vocabulary)"
+    build/cairn bench grammar -m build/models/$fam-bench-1234
 done

@@ -133,22 +133,6 @@ static int add_byte_range(parser *p, seqv *q, unsigned lo, unsigned hi) {
     return seq_add(p, q, SYM_BYTES, set_id(p, &s));
 }
 
-static int utf8_encode(unsigned cp, unsigned char *out) {
-    if (cp < 0x80) { out[0] = (unsigned char)cp; return 1; }
-    if (cp < 0x800) { out[0] = (unsigned char)(0xC0 | cp >> 6); out[1] = (unsigned char)(0x80 | (cp & 0x3F)); return 2; }
-    if (cp < 0x10000) {
-        out[0] = (unsigned char)(0xE0 | cp >> 12);
-        out[1] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
-        out[2] = (unsigned char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    out[0] = (unsigned char)(0xF0 | cp >> 18);
-    out[1] = (unsigned char)(0x80 | ((cp >> 12) & 0x3F));
-    out[2] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
-    out[3] = (unsigned char)(0x80 | (cp & 0x3F));
-    return 4;
-}
-
 /* ---- lexing ----------------------------------------------------------------------------- */
 
 static int at_end(const parser *p) { return p->pos >= p->len; }
@@ -181,21 +165,9 @@ static void skip(parser *p, int nested) {
 
 /* One UTF-8 character of the source as a code point. */
 static int src_char(parser *p, unsigned *cp) {
-    const unsigned char *s = (const unsigned char *)p->src + p->pos;
-    size_t left = p->len - p->pos;
-    unsigned c = s[0];
-    int n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (!n || (size_t)n > left) return fail_at(p, p->pos, "invalid UTF-8 in the grammar text");
-    unsigned v = n == 1 ? c : c & (0x7F >> n);
-    for (int i = 1; i < n; i++) {
-        if ((s[i] & 0xC0) != 0x80) return fail_at(p, p->pos, "invalid UTF-8 in the grammar text");
-        v = v << 6 | (s[i] & 0x3F);
-    }
-    static const unsigned min[] = {0, 0, 0x80, 0x800, 0x10000};
-    if (v < min[n] || v > CP_MAX || (v >= 0xD800 && v <= 0xDFFF))
-        return fail_at(p, p->pos, "invalid UTF-8 in the grammar text");
+    int n = utf8_decode_one(p->src + p->pos, p->len - p->pos, cp);
+    if (!n) return fail_at(p, p->pos, "invalid UTF-8 in the grammar text");
     p->pos += (size_t)n;
-    *cp = v;
     return 0;
 }
 
@@ -278,8 +250,8 @@ static int utf8_alts(parser *p, rulev *r, unsigned lo, unsigned hi) {
     for (int i = 0; i < 3; i++)
         if (lo <= bound[i] && hi > bound[i]) return utf8_alts(p, r, lo, bound[i]) || utf8_alts(p, r, bound[i] + 1, hi);
     unsigned char a[4], b[4];
-    int n = utf8_encode(lo, a);
-    utf8_encode(hi, b);
+    int n = utf8_encode_one(lo, a);
+    utf8_encode_one(hi, b);
     for (int i = 1; i < n; i++) {
         unsigned m = (1u << (6 * i)) - 1;
         if ((lo & ~m) != (hi & ~m)) {
@@ -360,7 +332,7 @@ static int parse_literal(parser *p, seqv *q) {
         if (at_end(p) || cur(p) == '\n') { rc = fail_at(p, start, "unterminated string literal"); break; }
         unsigned cp;
         if ((rc = parse_char(p, &cp))) break;
-        nb += (size_t)utf8_encode(cp, (unsigned char *)bytes + nb);
+        nb += (size_t)utf8_encode_one(cp, (unsigned char *)bytes + nb);
     }
     if (!rc) {
         p->pos++;
@@ -710,7 +682,7 @@ int gbnf_literal(sbuf *out, const char *s) {
             else if (cp[i] < 0x20 || cp[i] == 0x7F) sbuf_printf(out, "\\x%02X", cp[i]);
             else {
                 unsigned char b[4];
-                sbuf_put(out, (const char *)b, (size_t)utf8_encode(cp[i], b));
+                sbuf_put(out, (const char *)b, (size_t)utf8_encode_one(cp[i], b));
             }
         }
         sbuf_puts(out, "\"");

@@ -135,13 +135,9 @@ static int at_end(const rx *r) { return r->i >= r->n; }
 static char cur(const rx *r) { return at_end(r) ? 0 : r->s[r->i]; }
 
 static int utf8_char(rx *r, unsigned *cp) {
-    const unsigned char *p = (const unsigned char *)r->s + r->i;
-    int n = *p < 0x80 ? 1 : (*p >> 5) == 6 ? 2 : (*p >> 4) == 14 ? 3 : 4;
-    if (r->i + (size_t)n > r->n) return errf(r->err, r->errlen, "invalid UTF-8");
-    unsigned v = n == 1 ? *p : *p & (0x7F >> n);
-    for (int i = 1; i < n; i++) v = v << 6 | (p[i] & 0x3F);
+    int n = utf8_decode_one(r->s + r->i, r->n - r->i, cp);
+    if (!n) return errf(r->err, r->errlen, "invalid UTF-8");
     r->i += (size_t)n;
-    *cp = v;
     return 0;
 }
 

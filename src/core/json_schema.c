@@ -57,19 +57,9 @@ static void new_name(jsg *j, char *name, size_t cap) { snprintf(name, cap, "%s-%
 /* ---- GBNF text helpers ---------------------------------------------------------------------- */
 
 static int utf8_ok(const char *s) {
-    const unsigned char *p = (const unsigned char *)s;
-    while (*p) {
-        int n = *p < 0x80 ? 1 : (*p >> 5) == 6 ? 2 : (*p >> 4) == 14 ? 3 : (*p >> 3) == 30 ? 4 : 0;
-        if (!n) return 0;
-        unsigned v = n == 1 ? *p : *p & (0x7F >> n);
-        for (int i = 1; i < n; i++) {
-            if ((p[i] & 0xC0) != 0x80) return 0;
-            v = v << 6 | (p[i] & 0x3F);
-        }
-        static const unsigned min[] = {0, 0, 0x80, 0x800, 0x10000};
-        if (v < min[n] || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) return 0;
-        p += n;
-    }
+    unsigned cp;
+    for (size_t n = strlen(s), i = 0, k; i < n; i += k)
+        if (!(k = (size_t)utf8_decode_one(s + i, n - i, &cp))) return 0;
     return 1;
 }
 

@@ -33,6 +33,12 @@ char *read_file(const char *path, size_t *len, char *err, size_t errlen);
 #define FNV64_INIT 0xcbf29ce484222325ULL
 uint64_t fnv64(uint64_t h, const void *data, size_t n);
 
+/* UTF-8: the scalar value starting at s[0..n) into *cp, returning its byte length, or 0 when the
+ * bytes there are not one valid encoding (overlong, surrogate, above U+10FFFF, cut short). */
+int utf8_decode_one(const char *s, size_t n, unsigned *cp);
+/* The UTF-8 bytes of scalar value cp (1..4, returned). */
+int utf8_encode_one(unsigned cp, unsigned char *out);
+
 #define MIN(a, b) ((a) < (b) ? (a) : (b))
 #define MAX(a, b) ((a) > (b) ? (a) : (b))
 

@@ -85,7 +85,7 @@ static int constraint_gbnf(const model *m, int k, sbuf *g, const char **name, ch
         const chat_template *t = m->ops->chat;
         if (!t || !t->tools) return 1;
         cJSON *tools = cJSON_Parse(TOOLS);
-        int rc = chat_tool_grammar(t, tools, "required", 1, 0, g, err, errlen);
+        int rc = chat_tool_grammar(t, tools, "required", 1, 0, NULL, g, err, errlen);
         cJSON_Delete(tools);
         return rc;
     }

@@ -89,13 +89,16 @@ typedef struct {
     size_t (*system_prefix_bytes)(const char *prompt, size_t n);
 } chat_template;
 
-/* GBNF for a reply in template t's syntax that calls tools: choice "required" (any of tools),
- * a function name (that one), or "auto" (free content, then optionally calls). parallel 0 allows
- * exactly one call (at most one for "auto"). thinking: the reply starts with reasoning closed
- * by t->tools->think_end. Each call's arguments follow its function's `parameters` schema
- * (json_schema.h). -1 + err (naming the tool and keyword) when a schema cannot be compiled. */
+/* GBNF (a whole grammar, rule root) for a reply in template t's syntax that calls tools: choice
+ * "required" (any of tools), a function name (that one), or "auto": then either content — the
+ * rule named `content`, which the caller appends, or free text (content NULL) — followed by
+ * optional calls, or calls alone. parallel 0 allows exactly one call (at most one for "auto").
+ * thinking: the reply starts with reasoning closed by t->tools->think_end. Each call's arguments
+ * follow its function's `parameters` schema (json_schema.h). -1 + err (naming the tool and the
+ * keyword) when a schema cannot be compiled. Rule names used: root, reasoning*, text*, call*,
+ * tool<N>*. */
 int chat_tool_grammar(const chat_template *t, const cJSON *tools, const char *choice, int parallel, int thinking,
-                      sbuf *out, char *err, size_t errlen);
+                      const char *content, sbuf *out, char *err, size_t errlen);
 
 /* JSON exactly as Python's json.dumps(ensure_ascii=False) writes it (", " and ": " separators,
  * non-ASCII kept): the official templates embed tool schemas and arguments that way, and a byte

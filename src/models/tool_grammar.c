@@ -89,7 +89,7 @@ static int args_rules(const tool_syntax *sx, const cJSON *params, const char *ba
 }
 
 int chat_tool_grammar(const chat_template *t, const cJSON *tools, const char *choice, int parallel, int thinking,
-                      sbuf *out, char *err, size_t errlen) {
+                      const char *content, sbuf *out, char *err, size_t errlen) {
     const tool_syntax *sx = t ? t->tools : NULL;
     if (!sx) return errf(err, errlen, "this model's chat template has no tool-call syntax to force");
     int any = !strcmp(choice, "required") || !strcmp(choice, "auto");
@@ -124,9 +124,11 @@ int chat_tool_grammar(const chat_template *t, const cJSON *tools, const char *ch
             sbuf_puts(&root, "reasoning ");
             rc |= gbnf_literal(&root, sx->think_end);
         }
-        if (!strcmp(choice, "auto")) {
-            rc |= gbnf_text_without(&g, "content", sx->calls_start);
-            sbuf_puts(&root, " content (calls)?");
+        if (!strcmp(choice, "auto") && content) {
+            sbuf_printf(&root, " (%s | calls)", content);
+        } else if (!strcmp(choice, "auto")) {
+            rc |= gbnf_text_without(&g, "text", sx->calls_start);
+            sbuf_puts(&root, " text (calls)?");
         } else {
             sbuf_puts(&root, " calls");
         }

@@ -257,9 +257,8 @@ static int parse_request(serve_ctx *sc, const cJSON *body, am_call *k, http_err 
     int rc = -1, parallel = 1;
     if (!translate_tool_choice(body, tools, &o, &parallel, e) && (msgs = translate_messages(body, e)))
         rc = openai_render(sc, msgs, tools, &o, &k->call.rq, e);
-    if (!rc && (constrain_grammar(body, &k->call.rq, e) ||
-                constrain_tools(sc, tools, o.tool_choice, parallel, o.thinking, "tool_choice", &k->call.rq, e)))
-        rc = -1;
+    constrain_opts c = {.tools = tools, .tool_choice = o.tool_choice, .parallel = parallel, .thinking = o.thinking};
+    if (!rc) rc = constrain_request(sc, body, &c, &k->call.rq, e);
     cJSON_Delete(msgs);
     cJSON_Delete(tools);
     return rc;

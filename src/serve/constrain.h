@@ -3,14 +3,18 @@
  *   grammar           raw GBNF, as llama.cpp accepts it (OpenAI and Anthropic bodies)
  *   response_format   OpenAI {type: text | json_object | json_schema, json_schema: {name, schema,
  *                     strict, description}} (json_schema.h; strict or not, output is constrained)
- *   forced tool calls OpenAI tool_choice "required" / {function: {name}}, parallel_tool_calls;
- *                     Anthropic tool_choice any / tool, disable_parallel_tool_use — in the
- *                     family's own tool-call syntax (chat.h chat_tool_grammar). With tool_choice
- *                     auto and parallel calls off, the grammar allows content and at most one call.
- * INVARIANTS
- *  - At most one source per request: combining two is a 400 naming both fields.
- *  - Everything is compiled AND parsed here, so a bad schema, keyword or grammar is a 400 naming
- *    the field before anything reaches the engine; the engine only ever sees GBNF.
+ *   tool calls        OpenAI tool_choice "required" / {function: {name}}, parallel_tool_calls,
+ *                     function.strict; Anthropic tool_choice any / tool, disable_parallel_tool_use —
+ *                     in the family's own tool-call syntax (chat.h chat_tool_grammar)
+ * How they combine:
+ *   forced calls (required / a name)        the reply is the calls (response_format has no
+ *                                           content to shape then)
+ *   tool_choice auto + response_format      the reply is the schema's JSON or calls
+ *   tool_choice auto, parallel calls off    free content, then at most one call
+ *     or some function strict               free content, then calls
+ *   the raw grammar field                   alone: with any of the above it is a 400
+ * INVARIANT: everything is compiled AND parsed here, so a bad schema, keyword or grammar is a 400
+ * naming the field before anything reaches the engine; the engine only ever sees GBNF.
  */
 #ifndef CAIRN_CONSTRAIN_H
 #define CAIRN_CONSTRAIN_H
@@ -20,13 +24,15 @@
 #include "http.h"
 #include "turn.h"
 
-/* body.grammar (a string, or absent/null). */
-int constrain_grammar(const cJSON *body, turn_req *rq, http_err *e);
-/* body.response_format (absent, null or {type: text}: nothing). */
-int constrain_response_format(const cJSON *body, turn_req *rq, http_err *e);
-/* Tool calls for tool_choice `choice` (NULL = auto; "none" and auto with parallel calls allowed
- * add nothing). param names the request field errors point at. */
-int constrain_tools(const serve_ctx *sc, const cJSON *tools, const char *choice, int parallel, int thinking,
-                    const char *param, turn_req *rq, http_err *e);
+typedef struct {
+    int response_format;          /* the API has response_format (OpenAI) */
+    const cJSON *tools;           /* declared tools (OpenAI shape) or NULL */
+    const char *tool_choice;      /* NULL = auto */
+    int parallel;                 /* several calls allowed in one reply */
+    int thinking;                 /* the reply starts with reasoning */
+} constrain_opts;
+
+/* Set rq->grammar from body and o (nothing when the request is unconstrained). */
+int constrain_request(const serve_ctx *sc, const cJSON *body, const constrain_opts *o, turn_req *rq, http_err *e);
 
 #endif

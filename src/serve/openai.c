@@ -261,8 +261,9 @@ static int parse_chat(serve_ctx *sc, const cJSON *body, oa_call *k, http_err *e)
     if (!msgs) return -1;
     int rc = openai_render(sc, msgs, tools, &o, &k->call.rq, e);
     cJSON_Delete(msgs);
-    if (rc || constrain_grammar(body, &k->call.rq, e) || constrain_response_format(body, &k->call.rq, e)) return -1;
-    return constrain_tools(sc, tools, o.tool_choice, parallel, o.thinking, "tool_choice", &k->call.rq, e);
+    constrain_opts c = {.response_format = 1, .tools = tools, .tool_choice = o.tool_choice, .parallel = parallel,
+                        .thinking = o.thinking};
+    return rc ? -1 : constrain_request(sc, body, &c, &k->call.rq, e);
 }
 
 /* A completions prompt: a string, a list of token ids, or a one-element list of either. */
@@ -319,7 +320,8 @@ static int parse_completion(serve_ctx *sc, const cJSON *body, oa_call *k, http_e
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(body, "prompt");
     if (!p) return http_err_set(e, 400, "invalid_request_error", "invalid_value", "prompt", "'prompt' is required");
     if (parse_prompt(sc, p, &k->call.rq, e)) return -1;
-    return constrain_grammar(body, &k->call.rq, e) || constrain_response_format(body, &k->call.rq, e) ? -1 : 0;
+    constrain_opts c = {.response_format = 1};
+    return constrain_request(sc, body, &c, &k->call.rq, e);
 }
 
 /* ---- responses ----------------------------------------------------------------------------- */

@@ -61,7 +61,6 @@ typedef struct {
     int thinking;
     char *grammar;                /* GBNF the output must follow (constrain.h), NULL = none */
     size_t grammar_len;
-    const char *grammar_field;    /* the request field it came from, for errors */
 } turn_req;
 
 void turn_req_free(turn_req *rq);

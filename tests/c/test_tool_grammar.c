@@ -57,7 +57,7 @@ static grammar *tool_grammar(const chat_template *t, const cJSON *tools, const c
     sbuf g = {0};
     char err[400];
     grammar *gr = NULL;
-    if (chat_tool_grammar(t, tools, choice, parallel, thinking, &g, err, sizeof err)) printf("tool grammar: %s\n", err);
+    if (chat_tool_grammar(t, tools, choice, parallel, thinking, NULL, &g, err, sizeof err)) printf("tool grammar: %s\n", err);
     else if (!(gr = grammar_parse(g.p, g.len, err, sizeof err))) printf("tool grammar does not parse: %s\n%s\n", err, g.p);
     sbuf_free(&g);
     return gr;
@@ -160,11 +160,11 @@ int main(void) {
     CHECK(families > 0, "no family has a tool-call syntax");
     char err[200];
     sbuf g = {0};
-    CHECK(chat_tool_grammar(family_at(0)->chat, tools, "nope", 1, 0, &g, err, sizeof err) == -1 && strstr(err, "'nope'"),
+    CHECK(chat_tool_grammar(family_at(0)->chat, tools, "nope", 1, 0, NULL, &g, err, sizeof err) == -1 && strstr(err, "'nope'"),
           "unknown forced name: %s", err);
     cJSON *bad = cJSON_Parse("[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\","
                              "\"properties\":{\"a\":{\"if\":{}}}}}}]");
-    CHECK(chat_tool_grammar(family_at(0)->chat, bad, "required", 1, 0, &g, err, sizeof err) == -1 && strstr(err, "'if'") &&
+    CHECK(chat_tool_grammar(family_at(0)->chat, bad, "required", 1, 0, NULL, &g, err, sizeof err) == -1 && strstr(err, "'if'") &&
               strstr(err, "tools[0] (f)"),
           "unsupported keyword names the tool: %s", err);
     sbuf_free(&g);

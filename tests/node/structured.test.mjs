@@ -209,6 +209,29 @@ test('openai tool_choice auto with parallel_tool_calls false: at most one call',
   }
 });
 
+test('tool_choice auto with response_format: the reply is the schema\'s JSON or valid tool calls', async () => {
+  const schema = SCHEMAS.flat;
+  let json = 0, calls = 0;
+  for (let seed = 1; seed <= 12; seed++) {
+    const r = await openai.chat.completions.create({
+      model: MODEL_ID, messages: user(`answer or call (${seed})`), tools: TOOLS, max_tokens: CALL_BUDGET, temperature: 1, seed,
+      response_format: { type: 'json_schema', json_schema: { name: 'flat', schema } },
+    });
+    const ch = r.choices[0];
+    if (ch.message.tool_calls?.length) {
+      calls++;
+      assert.equal(ch.finish_reason, 'tool_calls');
+      checkCalls(ch.message.tool_calls.map((c) => ({ name: c.function.name, args: JSON.parse(c.function.arguments) })), {});
+    } else {
+      json++;
+      assert.equal(ch.finish_reason, 'stop');
+      assertValid(schema, JSON.parse(ch.message.content), `seed ${seed}`);
+    }
+  }
+  assert.ok(json + calls === 12);
+});
+
+
 for (const stream of [false, true]) {
   test(`anthropic tool_choice any / tool (${stream ? 'stream' : 'non-stream'}) gives tool_use blocks that validate`, async () => {
     for (let seed = 1; seed <= 4; seed++) {

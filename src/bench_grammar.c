@@ -112,8 +112,7 @@ static int run_constraint(model *m, const tokvocab *v, const grammar_opts *o, in
     grammar *g = compile(m, k, v, &km, &r->name, err, errlen);
     r->compile_s = now_seconds() - t0;
     if (!g) return err[0] ? -1 : 1;
-    int prompt[8];
-    for (int i = 0; i < 8; i++) prompt[i] = 2 + (i * 7919) % (m->vocab_size - 2);
+    int *prompt = bench_prompt(8, m->vocab_size, 7);
     seq *s = seq_new(m, (int)o->steps + 16, err, errlen);
     float *logits = xmalloc(sizeof(float) * (size_t)m->vocab_size);
     sampler smp;
@@ -145,6 +144,7 @@ static int run_constraint(model *m, const tokvocab *v, const grammar_opts *o, in
     grammar_free(g);
     sampler_free(&smp);
     free(logits);
+    free(prompt);
     seq_free(s);
     return rc;
 }

@@ -45,6 +45,8 @@ def test_each_field_becomes_its_grammar(server):
     assert st == 200 and g.startswith("answer") and "root ::= answer" in g and '"\\"n\\""' in g
     st, _, g = chat(server, response_format={"type": "json_object"})
     assert st == 200 and "root ::= answer" in g
+    st, _, g = chat(server, response_format={"type": "json_object"}, reasoning_effort="high")
+    assert st == 200 and "root ::= reasoning" in g and g.rstrip().endswith("answer"), "thinking: reasoning, then JSON"
     st, _, g = chat(server, response_format={"type": "text"})
     assert st == 200 and g == ""
     st, _, g = submitted(server, "/v1/completions", {"prompt": "x", "grammar": 'root ::= "y"'})

@@ -71,7 +71,9 @@ int gm_feed(gm *m, const void *bytes, size_t n);
  * state has none yet; gm_set_mask stores a copy. Dropped when the cache is rebuilt. */
 const uint64_t *gm_mask(const gm *m, int s);
 void gm_set_mask(gm *m, int s, const uint64_t *mask, int words);
-/* Cache rebuilds so far (for tests and the bench). */
+/* Cache rebuilds so far, and the number of cached states that triggers one (default 65536; the
+ * cache is also bounded by 2^20 stack nodes and 64 MiB of masks). */
 int gm_rebuilds(const gm *m);
+void gm_set_cache_limit(gm *m, int states);
 
 #endif

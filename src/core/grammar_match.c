@@ -16,6 +16,7 @@
 #include "util.h"
 
 enum { UNKNOWN = -2, NODES_LIMIT = 1 << 20, STATES_LIMIT = 1 << 16 };
+#define MASK_BYTES_LIMIT ((size_t)64 << 20)   /* cached token masks (16 KiB each at a 129k vocabulary) */
 
 typedef struct {
     int pos, next;
@@ -46,6 +47,8 @@ struct gm {
     size_t npool, cappool;
     int cur;
     int rebuilds;
+    size_t mask_bytes;            /* held by cached masks */
+    int states_limit;
     /* closure scratch */
     int *work, nwork, capwork;
     int *out, nout, capout;
@@ -211,6 +214,7 @@ static void cache_reset(gm *m) {
     m->nodes[0] = (gnode){-1, -1};
     m->nstates = 0;
     m->npool = 0;
+    m->mask_bytes = 0;
     tab_init(&m->node_tab, 1024);
     tab_init(&m->state_tab, 256);
 }
@@ -253,6 +257,7 @@ gm *gm_new(const grammar *g) {
     m->capstates = 256;
     m->states = xmalloc((size_t)m->capstates * sizeof *m->states);
     m->cappool = 1024;
+    m->states_limit = STATES_LIMIT;
     m->pool = xmalloc(m->cappool * sizeof *m->pool);
     cache_reset(m);
     m->cur = initial_state(m);
@@ -308,7 +313,7 @@ int gm_feed(gm *m, const void *bytes, size_t n) {
     for (size_t i = 0; i < n && s >= 0; i++) s = gm_next(m, s, b[i]);
     if (s < 0) return -1;
     m->cur = s;
-    if (m->nnodes > NODES_LIMIT || m->nstates > STATES_LIMIT) rebuild(m);
+    if (m->nnodes > NODES_LIMIT || m->nstates > m->states_limit || m->mask_bytes > MASK_BYTES_LIMIT) rebuild(m);
     return 0;
 }
 
@@ -316,9 +321,13 @@ const uint64_t *gm_mask(const gm *m, int s) { return s >= 0 ? m->states[s].mask 
 
 void gm_set_mask(gm *m, int s, const uint64_t *mask, int words) {
     if (s < 0) return;
+    if (m->states[s].mask) m->mask_bytes -= (size_t)words * sizeof *mask;
     free(m->states[s].mask);
+    m->mask_bytes += (size_t)words * sizeof *mask;
     m->states[s].mask = xmalloc((size_t)words * sizeof *mask);
     memcpy(m->states[s].mask, mask, (size_t)words * sizeof *mask);
 }
 
 int gm_rebuilds(const gm *m) { return m->rebuilds; }
+
+void gm_set_cache_limit(gm *m, int states) { m->states_limit = states > 1 ? states : 1; }

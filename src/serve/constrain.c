@@ -78,6 +78,22 @@ static int tool_rules(const serve_ctx *sc, const constrain_opts *o, const char *
     return 0;
 }
 
+/* The root of a reply that is the schema's JSON; in thinking mode the reasoning comes first (the
+ * template's parser reads everything before the end-of-reasoning text as reasoning). */
+static int answer_root(const serve_ctx *sc, int thinking, sbuf *g, http_err *e) {
+    if (!thinking) {
+        sbuf_puts(g, "root ::= answer\n");
+        return 0;
+    }
+    const char *end = sc->tpl && sc->tpl->tools ? sc->tpl->tools->think_end : NULL;
+    if (!end) return bad(e, "response_format", "this model's template does not say how reasoning ends", "");
+    gbnf_text_without(g, "reasoning", end);
+    sbuf_puts(g, "root ::= reasoning ");
+    gbnf_literal(g, end);
+    sbuf_puts(g, " answer\n");
+    return 0;
+}
+
 int constrain_request(const serve_ctx *sc, const cJSON *body, const constrain_opts *o, turn_req *rq, http_err *e) {
     const cJSON *raw = cJSON_GetObjectItemCaseSensitive(body, "grammar");
     if (raw && cJSON_IsNull(raw)) raw = NULL;
@@ -98,7 +114,7 @@ int constrain_request(const serve_ctx *sc, const cJSON *body, const constrain_op
         if (schema && json_schema_rules(schema, schema, "answer", &g, err, sizeof err))
             rc = bad(e, "response_format", "'response_format': ", err);
         if (!rc) rc = tool_rules(sc, o, schema ? "answer" : NULL, &g, &tools_used, e);
-        if (!rc && schema && !tools_used) sbuf_puts(&g, "root ::= answer\n");
+        if (!rc && schema && !tools_used) rc = answer_root(sc, o->thinking, &g, e);
     }
     cJSON_Delete(schema);
     if (rc || !g.len) {

@@ -12,7 +12,10 @@
  *   tool_choice auto + response_format      the reply is the schema's JSON or calls
  *   tool_choice auto, parallel calls off    free content, then at most one call
  *     or some function strict               free content, then calls
- *   the raw grammar field                   alone: with any of the above it is a 400
+ *   the raw grammar field                   alone: with any of the above it is a 400; it
+ *                                           covers the whole reply, reasoning included
+ * In thinking mode the reply starts with reasoning (text up to the template's end-of-reasoning
+ * marker, which it cannot contain) before the schema's JSON or the calls.
  * INVARIANT: everything is compiled AND parsed here, so a bad schema, keyword or grammar is a 400
  * naming the field before anything reaches the engine; the engine only ever sees GBNF.
  */

@@ -128,7 +128,33 @@ static void test_cache(void) {
     grammar_free(g);
 }
 
+/* A tiny cache limit forces rebuilds mid-input; answers must not change. */
+static void test_rebuild(void) {
+    char err[256];
+    const char *src = "root ::= ([a-c]{0,40} \",\")* \"!\"";
+    grammar *g = grammar_parse(src, strlen(src), err, sizeof err);
+    gm *small = gm_new(g), *big = gm_new(g);
+    gm_set_cache_limit(small, 4);
+    char in[2000];
+    int n = 0;
+    for (int i = 0; i < 60; i++) {
+        for (int k = 0; k < i % 37; k++) in[n++] = (char)('a' + (i + k) % 3);
+        in[n++] = ',';
+    }
+    int same = 1;
+    for (int i = 0; i < n && same; i++) same = gm_feed(small, in + i, 1) == 0 && gm_feed(big, in + i, 1) == 0;
+    CHECK(same, "the small cache accepts what the big one does");
+    CHECK(gm_rebuilds(small) > 0 && gm_rebuilds(big) == 0, "rebuilds happened only with the small limit");
+    CHECK(gm_feed(small, "aaaa,", 5) == 0 && gm_feed(big, "aaaa,", 5) == 0, "prefix still valid");
+    CHECK(gm_feed(small, "!", 1) == 0 && gm_accepting(small, gm_state(small)), "complete after a rebuild");
+    CHECK(gm_feed(small, "a", 1) == -1, "nothing after the end");
+    gm_free(small);
+    gm_free(big);
+    grammar_free(g);
+}
+
 int main(void) {
+    test_rebuild();
     test_basics();
     test_utf8();
     test_errors();

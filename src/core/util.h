@@ -33,6 +33,11 @@ char *read_file(const char *path, size_t *len, char *err, size_t errlen);
 #define FNV64_INIT 0xcbf29ce484222325ULL
 uint64_t fnv64(uint64_t h, const void *data, size_t n);
 
+/* Crash-test point. With CAIRN_FAULT_KILL_AT=N in the environment the process SIGKILLs itself
+ * at the N-th call (counted over its lifetime from 1), as a power cut or kill -9 would stop it;
+ * without it a no-op. Code that must survive being cut anywhere (persistence) calls it before
+ * every step that changes a file, so tests can cut it at each step in turn. */
+void fault_point(void);
 /* UTF-8: the scalar value starting at s[0..n) into *cp, returning its byte length, or 0 when the
  * bytes there are not one valid encoding (overlong, surrogate, above U+10FFFF, cut short). */
 int utf8_decode_one(const char *s, size_t n, unsigned *cp);

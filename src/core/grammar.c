@@ -584,7 +584,7 @@ static grammar *flatten(parser *p, int root) {
         for (int a = 0; a < p->rules[r].nalts; a++) {
             seqv *q = &p->rules[r].alts[a];
             g->alt_start[k++] = s;
-            memcpy(g->sym + s, q->s, (size_t)q->n * sizeof *q->s);
+            if (q->n) memcpy(g->sym + s, q->s, (size_t)q->n * sizeof *q->s);
             s += q->n;
             g->sym[s++] = (gsym){SYM_END, 0};
         }

@@ -26,6 +26,8 @@
  *  - A compiled grammar is immutable; any number of matchers may share it.
  *  - gm_feed either consumes all n bytes and moves the matcher, or returns -1 and leaves the
  *    matcher exactly as it was.
+ *  - Matching is bounded in time and memory whatever the grammar: a state may hold at most 4096
+ *    parse stacks (beyond, gm_overflowed() and the byte is rejected).
  */
 #ifndef CAIRN_GRAMMAR_H
 #define CAIRN_GRAMMAR_H
@@ -75,5 +77,8 @@ void gm_set_mask(gm *m, int s, const uint64_t *mask, int words);
  * cache is also bounded by 2^20 stack nodes and 64 MiB of masks). */
 int gm_rebuilds(const gm *m);
 void gm_set_cache_limit(gm *m, int states);
+/* 1 once some state had more than 4096 live parses (a grammar too ambiguous to match in bounded
+ * time and memory): those transitions are treated as rejections. */
+int gm_overflowed(const gm *m);
 
 #endif

@@ -15,7 +15,7 @@
 #include "grammar_int.h"
 #include "util.h"
 
-enum { UNKNOWN = -2, NODES_LIMIT = 1 << 20, STATES_LIMIT = 1 << 16 };
+enum { UNKNOWN = -2, NODES_LIMIT = 1 << 20, STATES_LIMIT = 1 << 16, STACKS_MAX = 4096, CLOSURE_WORK_MAX = 1 << 18 };
 #define MASK_BYTES_LIMIT ((size_t)64 << 20)   /* cached token masks (16 KiB each at a 129k vocabulary) */
 
 typedef struct {
@@ -49,6 +49,7 @@ struct gm {
     int rebuilds;
     size_t mask_bytes;            /* held by cached masks */
     int states_limit;
+    int overflow;                 /* a closure went past STACKS_MAX / CLOSURE_WORK_MAX */
     /* closure scratch */
     int *work, nwork, capwork;
     int *out, nout, capout;
@@ -169,7 +170,13 @@ static int closure(gm *m) {
         memset(m->seen, 0, (size_t)m->capseen * sizeof *m->seen);
         m->stamp = 1;
     }
-    while (m->nwork) {
+    for (long work = 0; m->nwork; work++) {
+        if (work > CLOSURE_WORK_MAX || m->nout > STACKS_MAX) {
+            /* an ambiguous grammar (x++++ and the like) multiplies its parses: refuse, bounded */
+            m->overflow = 1;
+            m->nwork = 0;
+            return GM_DEAD;
+        }
         int id = m->work[--m->nwork];
         if (m->capseen < m->nnodes) {
             int old = m->capseen;
@@ -329,5 +336,7 @@ void gm_set_mask(gm *m, int s, const uint64_t *mask, int words) {
 }
 
 int gm_rebuilds(const gm *m) { return m->rebuilds; }
+
+int gm_overflowed(const gm *m) { return m->overflow; }
 
 void gm_set_cache_limit(gm *m, int states) { m->states_limit = states > 1 ? states : 1; }

@@ -164,7 +164,9 @@ static void refuse(engine *e, request *r, const char *code, const char *detail) 
  * constrained distribution) and the matcher moves past the chosen one. */
 static void sample_next(engine *e, request *r) {
     if (r->g && tokmask_apply(&r->km, e->logits) == 0)
-        return refuse(e, r, "GRAMMAR_DEAD_END", "no token of this vocabulary can continue the grammar here");
+        return refuse(e, r, "GRAMMAR_DEAD_END", gm_overflowed(r->km.m)
+                                                    ? "the grammar is too ambiguous (over 4096 parses at once) to continue"
+                                                    : "no token of this vocabulary can continue the grammar here");
     int t = sampler_pick(&r->smp, e->logits);    /* seq_feed has checked every logit is finite */
     if (r->generated == 0) r->t_first = now_seconds();
     if (model_is_eos(e->m, t)) return finish(e, r, 0);

@@ -153,8 +153,23 @@ static void test_rebuild(void) {
     grammar_free(g);
 }
 
+/* Exponentially ambiguous grammars are cut off, not followed into exhausting memory. */
+static void test_ambiguity_bound(void) {
+    char err[256];
+    const char *src = "root ::= (x | \"y\")++++++++++++++++++++++++++++++++\nx ::= [^z]";
+    grammar *g = grammar_parse(src, strlen(src), err, sizeof err);
+    CHECK(g != NULL, "%s", err);
+    gm *m = gm_new(g);
+    for (int i = 0; i < 64 && gm_feed(m, "y", 1) == 0; i++) continue;
+    CHECK(gm_overflowed(m), "this grammar multiplies its parses past the bound");
+    gm_free(m);
+    grammar_free(g);
+    CHECK(ok("root ::= (\"a\" | \"a\" | \"a\")*", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"), "bounded ambiguity still matches");
+}
+
 int main(void) {
     test_rebuild();
+    test_ambiguity_bound();
     test_basics();
     test_utf8();
     test_errors();

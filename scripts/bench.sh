@@ -25,6 +25,8 @@ for fam in deepseek_v4 glm; do
     cat $OUT/$fam-concurrency.json
     echo "== $fam: prefix reuse over a 10-turn conversation (warm/cold and warm/tail TTFT)"
     build/cairn bench reuse -m $m
+    echo "== $fam: constrained decoding (grammar work per step / decode step, on this vocabulary)"
+    build/cairn bench grammar -m $m
 done
 $PY - $OUT <<'EOF'
 import json, sys

@@ -25,6 +25,7 @@ static void bench_usage(FILE *f) {
             "       cairn bench -m DIR [options]          (prefill/decode speed of a model)\n"
             "       cairn bench reuse -m DIR [options]    (prefix-reuse speed of a model)\n"
             "       cairn bench concurrency -m DIR [options]  (batched decode of 1/2/4/8 conversations)\n"
+            "       cairn bench grammar -m DIR [options]  (constrained-decoding cost per decode step)\n"
             "\n"
             "kernels: measures the read bandwidth of this machine (stream-like sum over >= 1 GiB on all\n"
             "  threads, 4x the last-level cache), then for each weight layout (f32, bf16, fp8 with E8M0 and with F32 block\n"
@@ -48,6 +49,7 @@ int cmd_bench(int argc, char **argv) {
     if (!strcmp(sub, "kernels")) return bench_kernels(argc - 1, argv + 1);
     if (!strcmp(sub, "reuse")) return bench_reuse(argc - 1, argv + 1);
     if (!strcmp(sub, "concurrency")) return bench_concurrency(argc - 1, argv + 1);
+    if (!strcmp(sub, "grammar")) return bench_grammar(argc - 1, argv + 1);
     if (sub[0] == '-') return bench_model(argc, argv);
     fprintf(stderr, "cairn bench: unknown benchmark '%s'\n", sub);
     bench_usage(stderr);

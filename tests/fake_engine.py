@@ -5,7 +5,7 @@
 produce what a tiny random model cannot: slow prefills, slow tokens, a tool call in the reply,
 a crash mid-request, a slow CANCEL acknowledgement. Behaviour comes from the environment:
 
-  FAKE_LOG=path           append one JSON line per frame received ({"cmd","id","slot","prompt",...})
+  FAKE_LOG=path           append one JSON line per frame received ({"cmd","id","slot","prompt","grammar",...})
   FAKE_REPLY=text         the reply (default: "w0 w1 w2 ..." one word per token)
   FAKE_TOKEN_DELAY=s      pause between DATA frames (default 0)
   FAKE_ACCEPT_DELAY=s     pause between ACCEPT and the first DATA (a long prefill)
@@ -76,10 +76,11 @@ def take_frame():
         if len(buf) < need:
             return None
         payload = buf[nl + 1:nl + 1 + size]
+        extension = buf[nl + 1 + size:nl + 1 + size + ext]
         buf = buf[need:]
-        return f, payload
+        return f, payload, extension
     buf = buf[nl + 1:]
-    return f, b""
+    return f, b"", b""
 
 
 def tokens_of(text):
@@ -89,10 +90,14 @@ def tokens_of(text):
     return [f"w{i} ".encode() for i in range(10000)]
 
 
-def submit(f, payload):
+def submit(f, payload, extension):
+    """extension: the span table (untrusted=B), then the grammar (logged as text)."""
     rid, slot, max_tokens = f[1], int(f[2]), int(f[4])
     prompt = payload
-    log(cmd="SUBMIT", id=rid, slot=slot, max_tokens=max_tokens, header=f, prompt=prompt.decode(errors="replace"))
+    keys = dict(k.split("=", 1) for k in f if "=" in k)
+    grammar = extension[int(keys.get("untrusted", 0)):].decode(errors="replace")
+    log(cmd="SUBMIT", id=rid, slot=slot, max_tokens=max_tokens, header=f, prompt=prompt.decode(errors="replace"),
+        grammar=grammar)
     rec = records.get(slot, b"")
     reuse = len(rec) if rec and prompt.startswith(rec) and len(prompt) > len(rec) else 0
     if ODD:
@@ -151,11 +156,11 @@ def main():
             fr = take_frame()
             if fr is None:
                 break
-            f, payload = fr
+            f, payload, extension = fr
             if not f:
                 continue
             if f[0] == "SUBMIT":
-                submit(f, payload)
+                submit(f, payload, extension)
             elif f[0] in ("STOP", "CANCEL") and len(f) > 1:
                 log(cmd=f[0], id=f[1])
                 r = active.get(f[1])

@@ -93,3 +93,28 @@ void fault_point(void) {
     }
     if (at > 0 && ++calls == at) raise(SIGKILL);
 }
+
+int utf8_decode_one(const char *s, size_t n, unsigned *cp) {
+    const unsigned char *p = (const unsigned char *)s;
+    if (n == 0) return 0;
+    int len = p[0] < 0x80 ? 1 : (p[0] >> 5) == 6 ? 2 : (p[0] >> 4) == 14 ? 3 : (p[0] >> 3) == 30 ? 4 : 0;
+    if (!len || (size_t)len > n) return 0;
+    unsigned v = len == 1 ? p[0] : p[0] & (0x7Fu >> len);
+    for (int i = 1; i < len; i++) {
+        if ((p[i] & 0xC0) != 0x80) return 0;
+        v = v << 6 | (p[i] & 0x3F);
+    }
+    static const unsigned min[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (v < min[len] || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) return 0;
+    *cp = v;
+    return len;
+}
+
+int utf8_encode_one(unsigned cp, unsigned char *out) {
+    if (cp < 0x80) { out[0] = (unsigned char)cp; return 1; }
+    int n = cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
+    static const unsigned char lead[] = {0, 0, 0xC0, 0xE0, 0xF0};
+    for (int i = n - 1; i > 0; i--, cp >>= 6) out[i] = (unsigned char)(0x80 | (cp & 0x3F));
+    out[0] = (unsigned char)(lead[n] | cp);
+    return n;
+}

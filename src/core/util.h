@@ -38,6 +38,11 @@ uint64_t fnv64(uint64_t h, const void *data, size_t n);
  * without it a no-op. Code that must survive being cut anywhere (persistence) calls it before
  * every step that changes a file, so tests can cut it at each step in turn. */
 void fault_point(void);
+/* UTF-8: the scalar value starting at s[0..n) into *cp, returning its byte length, or 0 when the
+ * bytes there are not one valid encoding (overlong, surrogate, above U+10FFFF, cut short). */
+int utf8_decode_one(const char *s, size_t n, unsigned *cp);
+/* The UTF-8 bytes of scalar value cp (1..4, returned). */
+int utf8_encode_one(unsigned cp, unsigned char *out);
 
 #define MIN(a, b) ((a) < (b) ? (a) : (b))
 #define MAX(a, b) ((a) > (b) ? (a) : (b))

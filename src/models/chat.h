@@ -42,6 +42,22 @@ typedef struct {
     cJSON *tool_calls;            /* OpenAI tool_calls array or NULL */
 } chat_reply;
 
+/* How a family writes tool calls, for grammars that force them (tool_grammar.c). Every field is
+ * GBNF text — a sequence of literals, each special token spelled as its own literal so the token
+ * mask lets the family's token through there (tokmask.h) — or "" for nothing:
+ *   block_open CALL [call_sep CALL ...] block_close       the calls of one reply
+ *   CALL = call_open "NAME" call_mid ARGS call_close      ARGS = ARG [arg_sep ARG ...] or none
+ *   ARG  = arg_open "KEY" arg_mid JSON-VALUE arg_close
+ * calls_start is the plain text that begins the calls (free content before them never contains
+ * it) and think_end the text that ends reasoning. Argument values are always written as JSON
+ * text, which every family's parser reads back with its type. */
+typedef struct {
+    const char *block_open, *call_sep, *block_close;
+    const char *call_open, *call_mid, *call_close;
+    const char *arg_open, *arg_mid, *arg_close, *arg_sep;
+    const char *calls_start, *think_end;
+} tool_syntax;
+
 /* A rendered prompt: its text and the byte spans of it that came from the request. A zeroed
  * chat_prompt is empty; spans are ascending, disjoint, non-empty and adjacent ones are merged. */
 typedef struct {
@@ -64,6 +80,7 @@ int chat_prompt_encode(const tokenizer *t, const chat_prompt *p, int **ids, int 
 
 /* A family's template; its descriptor (model.h family_ops.chat) points at it. */
 typedef struct {
+    const tool_syntax *tools;     /* NULL: calls cannot be forced by a grammar */
     /* Render into a zeroed *out (the text ends with the generation cue): 0, or -1 + err (out may
      * hold partial text; the caller frees it either way). */
     int (*render)(const cJSON *messages, const cJSON *tools, const chat_opts *o, chat_prompt *out, char *err,
@@ -73,6 +90,17 @@ typedef struct {
     /* Byte length of the system-prompt prefix of a rendered prompt (checkpoint hint), 0 if none. */
     size_t (*system_prefix_bytes)(const char *prompt, size_t n);
 } chat_template;
+
+/* GBNF (a whole grammar, rule root) for a reply in template t's syntax that calls tools: choice
+ * "required" (any of tools), a function name (that one), or "auto": then either content — the
+ * rule named `content`, which the caller appends, or free text (content NULL) — followed by
+ * optional calls, or calls alone. parallel 0 allows exactly one call (at most one for "auto").
+ * thinking: the reply starts with reasoning closed by t->tools->think_end. Each call's arguments
+ * follow its function's `parameters` schema (json_schema.h). -1 + err (naming the tool and the
+ * keyword) when a schema cannot be compiled. Rule names used: root, reasoning*, text*, call*,
+ * tool<N>*. */
+int chat_tool_grammar(const chat_template *t, const cJSON *tools, const char *choice, int parallel, int thinking,
+                      const char *content, sbuf *out, char *err, size_t errlen);
 
 /* JSON exactly as Python's json.dumps(ensure_ascii=False) writes it (", " and ": " separators,
  * non-ASCII kept): the official templates embed tool schemas and arguments that way, and a byte

@@ -582,7 +582,24 @@ static size_t dsv4_system_prefix_bytes(const char *prompt, size_t n) {
     return first ? (size_t)(first - prompt) : 0;
 }
 
+/* DSML as render_call writes it; every value as JSON (string="false"), which the parser keeps. */
+static const tool_syntax dsv4_tools = {
+    .block_open = "\"\\n\\n\" \"<\" \"" DSML "\" \"tool_calls>\" \"\\n\"",
+    .call_sep = "\"\\n\"",
+    .block_close = "\"\\n\" \"</\" \"" DSML "\" \"tool_calls>\"",
+    .call_open = "\"<\" \"" DSML "\" \"invoke name=\\\"\"",
+    .call_mid = "\"\\\">\" \"\\n\"",
+    .call_close = "\"\\n\" \"</\" \"" DSML "\" \"invoke>\"",
+    .arg_open = "\"<\" \"" DSML "\" \"parameter name=\\\"\"",
+    .arg_mid = "\"\\\" string=\\\"false\\\">\"",
+    .arg_close = "\"</\" \"" DSML "\" \"parameter>\"",
+    .arg_sep = "\"\\n\"",
+    .calls_start = CALLS_OPEN,
+    .think_end = THINK_END,
+};
+
 const chat_template deepseek_v4_chat = {
+    .tools = &dsv4_tools,
     .render = dsv4_render,
     .parse = dsv4_parse,
     .system_prefix_bytes = dsv4_system_prefix_bytes,

@@ -312,7 +312,18 @@ static size_t glm_system_prefix_bytes(const char *prompt, size_t n) {
     return (size_t)(user - prompt);
 }
 
+/* render_tool_calls' layout; every value as JSON text, which arg_value reads back typed. */
+static const tool_syntax glm_tools = {
+    .block_open = "", .call_sep = "", .block_close = "",
+    .call_open = "\"<tool_call>\"", .call_mid = "", .call_close = "\"</tool_call>\"",
+    .arg_open = "\"<arg_key>\"", .arg_mid = "\"</arg_key>\" \"<arg_value>\"", .arg_close = "\"</arg_value>\"",
+    .arg_sep = "",
+    .calls_start = "<tool_call>",
+    .think_end = "</think>",
+};
+
 const chat_template glm_chat = {
+    .tools = &glm_tools,
     .render = glm_render,
     .parse = glm_parse,
     .system_prefix_bytes = glm_system_prefix_bytes,

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "../core/util.h"
+#include "constrain.h"
 #include "openai.h"
 #include "params.h"
 #include "sse.h"
@@ -211,10 +212,14 @@ static cJSON *translate_tools(const cJSON *tools, http_err *e) {
     return out;
 }
 
-/* tool_choice {type: auto|any|none|tool, name} -> chat_opts.tool_choice. */
-static int translate_tool_choice(const cJSON *body, const cJSON *tools, chat_opts *o, http_err *e) {
+/* tool_choice {type: auto|any|none|tool, name, disable_parallel_tool_use} -> chat_opts.tool_choice
+ * and *parallel. */
+static int translate_tool_choice(const cJSON *body, const cJSON *tools, chat_opts *o, int *parallel, http_err *e) {
     const cJSON *tc = cJSON_GetObjectItemCaseSensitive(body, "tool_choice");
     if (!tc || cJSON_IsNull(tc)) return 0;
+    int single = 0;
+    if (param_bool(tc, "disable_parallel_tool_use", &single, e)) return -1;
+    *parallel = !single;
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(tc, "type");
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(tc, "name");
     if (!cJSON_IsString(type)) return bad(e, "tool_choice", "'tool_choice' needs a type");
@@ -249,9 +254,11 @@ static int parse_request(serve_ctx *sc, const cJSON *body, am_call *k, http_err 
     if (atools && !cJSON_IsNull(atools) && !(tools = translate_tools(atools, e))) return -1;
     if (tools && cJSON_GetArraySize(tools) == 0) { cJSON_Delete(tools); tools = NULL; }
     cJSON *msgs = NULL;
-    int rc = -1;
-    if (!translate_tool_choice(body, tools, &o, e) && (msgs = translate_messages(body, e)))
+    int rc = -1, parallel = 1;
+    if (!translate_tool_choice(body, tools, &o, &parallel, e) && (msgs = translate_messages(body, e)))
         rc = openai_render(sc, msgs, tools, &o, &k->call.rq, e);
+    constrain_opts c = {.tools = tools, .tool_choice = o.tool_choice, .parallel = parallel, .thinking = o.thinking};
+    if (!rc) rc = constrain_request(sc, body, &c, &k->call.rq, e);
     cJSON_Delete(msgs);
     cJSON_Delete(tools);
     return rc;

@@ -25,8 +25,10 @@
 #include <unistd.h>
 
 #include "../cli.h"
+#include "../core/grammar.h"
 #include "../core/sampler.h"
 #include "../core/threads.h"
+#include "../core/tokmask.h"
 #include "../core/util.h"
 #include "../state/persist.h"
 #include "../models/model.h"
@@ -55,6 +57,8 @@ typedef struct {
     tok_stream ts;
     double t_first;      /* first token sampled */
     double prefill_s;    /* time spent in this request's prefill steps (not other slots' steps) */
+    grammar *g;          /* SUBMIT extension payload: the grammar every sampled token must follow */
+    tokmask km;          /* its matcher over this request's output (never part of the slot state) */
 } request;
 
 typedef struct {
@@ -69,6 +73,7 @@ typedef struct {
     request **stepping;  /* [slots]: the requests of that step */
     int log_steps;
     int *top_ids;
+    tokvocab *vocab;     /* token trie for grammar masks (NULL without a tokenizer) */
     wire_reader rd;
     int eof;
     int log_prefix;
@@ -106,6 +111,8 @@ static void request_free(engine *e, request *r) {
     e->active[r->slot] = NULL;
     reuse_prefill_free(&r->pf);
     sampler_free(&r->smp);
+    if (r->g) tokmask_free(&r->km);
+    grammar_free(r->g);
     free(r->prompt);
     free(r);
 }
@@ -146,12 +153,28 @@ static void emit_token(engine *e, request *r, int t) {
     }
 }
 
+/* A request that cannot go on although its slot's state is sound (every id it holds was fed and
+ * recorded): answer the error, keep the state for the next turn. */
+static void refuse(engine *e, request *r, const char *code, const char *detail) {
+    put_error(r->id, code, detail);
+    save_slot(e, r->slot);
+    request_free(e, r);
+}
+
 /* Sample from e->logits. The token is emitted but not fed: it enters the state only if
- * generation continues (so the record never claims a token the state does not hold). */
+ * generation continues (so the record never claims a token the state does not hold). With a
+ * grammar, every token it does not allow is masked out first (so logprobs are those of the
+ * constrained distribution) and the matcher moves past the chosen one. */
 static void sample_next(engine *e, request *r) {
+    if (r->g && tokmask_apply(&r->km, e->logits) == 0)
+        return refuse(e, r, "GRAMMAR_DEAD_END", gm_overflowed(r->km.m)
+                                                    ? "the grammar is too ambiguous (over 4096 parses at once) to continue"
+                                                    : "no token of this vocabulary can continue the grammar here");
     int t = sampler_pick(&r->smp, e->logits);    /* seq_feed has checked every logit is finite */
     if (r->generated == 0) r->t_first = now_seconds();
     if (model_is_eos(e->m, t)) return finish(e, r, 0);
+    if (r->g && tokmask_feed(&r->km, t))
+        return fail(e, r, "ENGINE_ERROR", "sampled a token the grammar mask had excluded");
     emit_token(e, r, t);
     r->token = t;
     r->generated++;
@@ -303,6 +326,25 @@ static void start_request(engine *e, request *r, int sys_end) {
     e->active[r->slot] = r;
 }
 
+/* A SUBMIT refused before it touched any state. */
+static void reject(request *r, const char *code, const char *detail) {
+    put_error(r->id, code, detail);
+    free(r->prompt);
+    if (r->g) tokmask_free(&r->km);
+    grammar_free(r->g);
+    free(r);
+}
+
+/* The extension payload after the span table (wire.h) is GBNF text: the gateway compiles JSON
+ * Schemas and tool-call syntaxes to it (serve/constrain.h). */
+static int open_grammar(engine *e, const wire_frame *f, request *r, char *err, size_t errlen) {
+    if (!e->vocab) return errf(err, errlen, "grammar: this model has no usable tokenizer.json to match tokens against");
+    size_t skip = f->sub.untrusted_bytes;
+    if (!(r->g = grammar_parse(f->ext + skip, f->ext_len - skip, err, errlen))) return -1;
+    tokmask_init(&r->km, e->vocab, r->g);
+    return 0;
+}
+
 static void on_submit(engine *e, const wire_frame *f) {
     char err[256];
     if (find_active(e, f->id)) return put_error(f->id, "DUPLICATE_ID", "an in-flight request has this id");
@@ -315,8 +357,6 @@ static void on_submit(engine *e, const wire_frame *f) {
         e->image_id[0] = 0;
         return put_error(f->id, "BAD_REQUEST", "this model takes no images");
     }
-    if (f->ext_len > f->sub.untrusted_bytes)
-        return put_error(f->id, "BAD_REQUEST", "extension payloads (grammar, audio) are not supported");
     if (f->sub.untrusted_bytes && f->sub.ids)
         return put_error(f->id, "BAD_REQUEST", "untrusted spans apply to text prompts, not ids=1");
     if (f->payload_len == 0) return put_error(f->id, "EMPTY_PROMPT", NULL);
@@ -325,27 +365,16 @@ static void on_submit(engine *e, const wire_frame *f) {
     r->slot = f->sub.slot;
     r->sub = f->sub;
     int sys_end;
-    if (tokenize(e, f, r, &sys_end, err, sizeof err)) {
-        put_error(f->id, "BAD_REQUEST", err);
-        free(r->prompt);
-        free(r);
-        return;
-    }
-    if (r->n == 0) {
-        put_error(f->id, "EMPTY_PROMPT", NULL);
-        free(r->prompt);
-        free(r);
-        return;
-    }
+    if (f->ext_len > f->sub.untrusted_bytes && open_grammar(e, f, r, err, sizeof err))
+        return reject(r, "BAD_REQUEST", err);
+    if (tokenize(e, f, r, &sys_end, err, sizeof err)) return reject(r, "BAD_REQUEST", err);
+    if (r->n == 0) return reject(r, "EMPTY_PROMPT", NULL);
     int cap = e->seqs[r->slot]->st.cap;
     if (r->n > cap) {
         /* the conversation no longer fits this slot: its state is not worth keeping either */
         snprintf(err, sizeof err, "%d %d", r->n, cap);
         state_taint(&e->seqs[r->slot]->st);
-        put_error(f->id, "CONTEXT_EXCEEDED", err);
-        free(r->prompt);
-        free(r);
-        return;
+        return reject(r, "CONTEXT_EXCEEDED", err);
     }
     char h[WIRE_HEADER_MAX];
     put_frame(h, wire_fmt_accept(h, r->id, r->n), NULL, 0);
@@ -493,6 +522,7 @@ static int engine_open(engine *e, char *err, size_t errlen) {
     e->stepping = xcalloc((size_t)e->o.slots, sizeof *e->stepping);
     e->top_ids = xmalloc(WIRE_LOGPROBS_MAX * sizeof *e->top_ids);
     e->top_lps = xmalloc(WIRE_LOGPROBS_MAX * sizeof *e->top_lps);
+    if (e->m->tok) e->vocab = tokvocab_new(e->m->tok, v, e->m->eos_ids, e->m->n_eos);
     /* the saved states hold conversations: only the engine's user may read them */
     if (e->o.kv_dir && mkdir(e->o.kv_dir, 0700) && errno != EEXIST)
         return errf(err, errlen, "--kv-dir %s: %s", e->o.kv_dir, strerror(errno));
@@ -519,6 +549,7 @@ static void engine_close(engine *e) {
     free(e->stepping);
     free(e->top_ids);
     free(e->top_lps);
+    tokvocab_free(e->vocab);
     wire_reader_free(&e->rd);
     persist_forget();
     model_close(e->m);
@@ -539,7 +570,8 @@ int cmd_engine(int argc, char **argv) {
     /* a gateway that went away must not kill us mid-write; the next read sees EOF */
     signal(SIGPIPE, SIG_IGN);
     wire_caps caps = {.slots = e.o.slots, .ctx = e.seqs[0]->st.cap, .logprobs = WIRE_LOGPROBS_MAX, .ids = 1,
-                      .truncate = e.m->ops->truncates, .checkpoints = e.cs != NULL};
+                      .truncate = e.m->ops->truncates, .checkpoints = e.cs != NULL,
+                      .grammar = e.vocab != NULL};
     snprintf(caps.family, sizeof caps.family, "%s", e.m->ops->name);
     char h[WIRE_HEADER_MAX];
     fputs(WIRE_READY, stdout);

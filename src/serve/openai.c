@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include "../core/util.h"
+#include "constrain.h"
 #include "params.h"
 #include "sse.h"
 
@@ -254,12 +255,16 @@ static int parse_chat(serve_ctx *sc, const cJSON *body, oa_call *k, http_err *e)
     if (tools && check_tools(tools, e)) return -1;
     if (tools && cJSON_GetArraySize(tools) == 0) tools = NULL;
     chat_opts o = {0};
+    int parallel = 1;
     if (parse_tool_choice(body, tools, &o, e) || parse_thinking(body, &o, e)) return -1;
+    if (param_bool(body, "parallel_tool_calls", &parallel, e)) return -1;
     cJSON *msgs = openai_normalize_messages(cJSON_GetObjectItemCaseSensitive(body, "messages"), e);
     if (!msgs) return -1;
     int rc = openai_render(sc, msgs, tools, &o, &k->call.rq, e);
     cJSON_Delete(msgs);
-    return rc;
+    constrain_opts c = {.response_format = 1, .tools = tools, .tool_choice = o.tool_choice, .parallel = parallel,
+                        .thinking = o.thinking};
+    return rc ? -1 : constrain_request(sc, body, &c, &k->call.rq, e);
 }
 
 /* A completions prompt: a string, a list of token ids, or a one-element list of either. */
@@ -315,7 +320,9 @@ static int parse_completion(serve_ctx *sc, const cJSON *body, oa_call *k, http_e
     k->top_n = (int)lp;
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(body, "prompt");
     if (!p) return http_err_set(e, 400, "invalid_request_error", "invalid_value", "prompt", "'prompt' is required");
-    return parse_prompt(sc, p, &k->call.rq, e);
+    if (parse_prompt(sc, p, &k->call.rq, e)) return -1;
+    constrain_opts c = {.response_format = 1};
+    return constrain_request(sc, body, &c, &k->call.rq, e);
 }
 
 /* ---- responses ----------------------------------------------------------------------------- */

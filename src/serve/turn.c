@@ -10,6 +10,7 @@
 
 void turn_req_free(turn_req *rq) {
     free(rq->prompt);
+    free(rq->grammar);
     free(rq->untrusted);
     for (int i = 0; i < rq->nstops; i++) free(rq->stops[i]);
     memset(rq, 0, sizeof *rq);
@@ -96,12 +97,13 @@ int turn_begin(turn *t, serve_ctx *sc, turn_req *rq, struct MHD_Connection *conn
     t->g = gen_new(on_finish, f);
 
     char err[200];
-    sbuf spans = {0};
-    wire_fmt_spans(&spans, rq->untrusted, rq->nuntrusted);
-    wire_submit ws = submit_fields(rq, slot, spans.len);
-    int bad = eng_submit(sc->engine, t->g, &ws, rq->prompt, rq->prompt_len, spans.p, spans.len, sc->queue_timeout, err,
+    sbuf ext = {0};
+    wire_fmt_spans(&ext, rq->untrusted, rq->nuntrusted);
+    wire_submit ws = submit_fields(rq, slot, ext.len);
+    if (rq->grammar) sbuf_put(&ext, rq->grammar, rq->grammar_len);   /* the grammar follows the span table */
+    int bad = eng_submit(sc->engine, t->g, &ws, rq->prompt, rq->prompt_len, ext.p, ext.len, sc->queue_timeout, err,
                          sizeof err);
-    sbuf_free(&spans);
+    sbuf_free(&ext);
     if (bad) {
         slots_release(sc->sl, slot, NULL, 0);
         free(f->prompt);

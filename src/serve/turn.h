@@ -59,6 +59,8 @@ typedef struct {
     int pinned_slot;              /* -1 = route by prefix */
     int chat;                     /* parse the reply with the chat template */
     int thinking;
+    char *grammar;                /* GBNF the output must follow (constrain.h), NULL = none */
+    size_t grammar_len;
 } turn_req;
 
 void turn_req_free(turn_req *rq);

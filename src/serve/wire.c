@@ -399,8 +399,9 @@ size_t wire_fmt_control(char *out, wire_kind kind, const char *id) {
 
 size_t wire_fmt_caps(char *out, const wire_caps *c) {
     return (size_t)snprintf(out, WIRE_HEADER_MAX,
-                            "CAPS vision=%d slots=%d ctx=%d logprobs=%d ids=%d family=%s truncate=%d checkpoints=%d\n",
-                            c->vision, c->slots, c->ctx, c->logprobs, c->ids, c->family, c->truncate, c->checkpoints);
+                            "CAPS vision=%d slots=%d ctx=%d logprobs=%d ids=%d family=%s truncate=%d checkpoints=%d grammar=%d\n",
+                            c->vision, c->slots, c->ctx, c->logprobs, c->ids, c->family, c->truncate, c->checkpoints,
+                            c->grammar);
 }
 
 /* ---- engine output ---------------------------------------------------------------------- */

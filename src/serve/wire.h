@@ -109,6 +109,7 @@ typedef struct {
     char family[WIRE_ID_MAX];     /* the model's family (its descriptor's name) */
     int truncate;                 /* the state rewinds to any prefix */
     int checkpoints;              /* a checkpoint store is configured */
+    int grammar;                  /* SUBMIT may carry a grammar in its extension payload */
 } wire_caps;
 size_t wire_fmt_caps(char *out, const wire_caps *c);
 

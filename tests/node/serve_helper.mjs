@@ -76,13 +76,14 @@ function freePort() {
 const PREFIX_LINE = /^prefix: slot (\d+) reused (\d+)\/(\d+) \((\w+)\)$/gm;
 const HANG_GUARD_MS = 60000;    // turns a line that never comes into a failure; no test is timed
 
-// Returns { url, port, log(), fakeFrames(), prefixLines(), prefixLinesUntil(n), stop() }.
-export async function startServer(args = [], env = {}, { fake = false } = {}) {
+// Returns { url, port, log(), fakeFrames(), prefixLines(), prefixLinesUntil(n), stop() }. `model`
+// serves another model directory than CAIRN_MODEL.
+export async function startServer(args = [], env = {}, { fake = false, model = MODEL } = {}) {
   if (!CAIRN || !MODEL) throw new Error('CAIRN and CAIRN_MODEL must be set (run through tests/test_node.py)');
   const port = await freePort();
   const dir = mkdtempSync(join(tmpdir(), 'cairn-node-'));
   const fakeLog = join(dir, 'fake.jsonl');
-  const argv = ['serve', '-m', MODEL, '--port', String(port), ...args];
+  const argv = ['serve', '-m', model, '--port', String(port), ...args];
   if (fake) argv.push('--engine', FAKE_ENGINE);
   const child = spawn(CAIRN, argv, {
     env: { ...process.env, CAIRN_PREFIX_LOG: '1', FAKE_LOG: fakeLog, ...env },

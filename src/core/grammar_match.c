@@ -1,0 +1,342 @@
+/* grammar_match.c — the pushdown matcher over a compiled grammar (grammar.h).
+ *
+ * A stack is a persistent linked list of parse positions, interned as nodes (pos, next) so equal
+ * stacks are one id and tails are shared; node 0 is the empty stack (the sentence is complete).
+ * Every stack in a state has a byte class on top (or is empty): the closure expands rule
+ * references on top into the first position of each alternative and pops finished alternatives
+ * (a reference in tail position pushes no continuation, so right recursion keeps stacks flat).
+ * A state is the sorted set of its stack ids, interned too, with a lazily filled table of its
+ * 256 byte transitions — after warm-up, matching a byte is one lookup.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "grammar.h"
+#include "grammar_int.h"
+#include "util.h"
+
+enum { UNKNOWN = -2, NODES_LIMIT = 1 << 20, STATES_LIMIT = 1 << 16, STACKS_MAX = 4096, CLOSURE_WORK_MAX = 1 << 18 };
+#define MASK_BYTES_LIMIT ((size_t)64 << 20)   /* cached token masks (16 KiB each at a 129k vocabulary) */
+
+typedef struct {
+    int pos, next;
+} gnode;
+
+typedef struct {
+    int off, n;                   /* stack ids in pool[off .. off + n) */
+    int accepting, can_continue;
+    int *trans;                   /* [256] or NULL; UNKNOWN until computed */
+    uint64_t *mask;
+} gstate;
+
+/* Open-addressing table of ids; keys live in the nodes/states themselves. */
+typedef struct {
+    int *slot;
+    size_t cap;                   /* power of two; slots hold id + 1, 0 = empty */
+} idtab;
+
+struct gm {
+    const grammar *g;
+    gnode *nodes;
+    int nnodes, capnodes;
+    idtab node_tab;
+    gstate *states;
+    int nstates, capstates;
+    idtab state_tab;
+    int *pool;
+    size_t npool, cappool;
+    int cur;
+    int rebuilds;
+    size_t mask_bytes;            /* held by cached masks */
+    int states_limit;
+    int overflow;                 /* a closure went past STACKS_MAX / CLOSURE_WORK_MAX */
+    /* closure scratch */
+    int *work, nwork, capwork;
+    int *out, nout, capout;
+    unsigned *seen;               /* per node: closure stamp */
+    unsigned stamp;
+    int capseen;
+};
+
+static uint64_t mix(uint64_t h) {
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdULL;
+    h ^= h >> 33;
+    return h;
+}
+
+static void push(int **v, int *n, int *cap, int x) {
+    if (*n == *cap) {
+        *cap = *cap ? 2 * *cap : 64;
+        *v = xrealloc(*v, (size_t)*cap * sizeof **v);
+    }
+    (*v)[(*n)++] = x;
+}
+
+static void tab_init(idtab *t, size_t cap) {
+    free(t->slot);
+    t->cap = cap;
+    t->slot = xcalloc(cap, sizeof *t->slot);
+}
+
+/* ---- nodes ------------------------------------------------------------------------------ */
+
+static uint64_t node_hash(int pos, int next) { return mix(((uint64_t)(unsigned)pos << 32) | (unsigned)next); }
+
+static void node_tab_grow(gm *m) {
+    tab_init(&m->node_tab, m->node_tab.cap * 2);
+    for (int id = 1; id < m->nnodes; id++) {
+        size_t i = node_hash(m->nodes[id].pos, m->nodes[id].next) & (m->node_tab.cap - 1);
+        while (m->node_tab.slot[i]) i = (i + 1) & (m->node_tab.cap - 1);
+        m->node_tab.slot[i] = id + 1;
+    }
+}
+
+static int node(gm *m, int pos, int next) {
+    size_t mask = m->node_tab.cap - 1, i = node_hash(pos, next) & mask;
+    for (; m->node_tab.slot[i]; i = (i + 1) & mask) {
+        int id = m->node_tab.slot[i] - 1;
+        if (m->nodes[id].pos == pos && m->nodes[id].next == next) return id;
+    }
+    if (m->nnodes == m->capnodes) {
+        m->capnodes *= 2;
+        m->nodes = xrealloc(m->nodes, (size_t)m->capnodes * sizeof *m->nodes);
+    }
+    int id = m->nnodes++;
+    m->nodes[id] = (gnode){pos, next};
+    m->node_tab.slot[i] = id + 1;
+    if ((size_t)m->nnodes * 2 > m->node_tab.cap) node_tab_grow(m);
+    return id;
+}
+
+/* ---- states ------------------------------------------------------------------------------ */
+
+static uint64_t ids_hash(const int *ids, int n) {
+    uint64_t h = FNV64_INIT;
+    return fnv64(h, ids, (size_t)n * sizeof *ids);
+}
+
+static void state_tab_insert(gm *m, int id) {
+    const gstate *s = &m->states[id];
+    size_t mask = m->state_tab.cap - 1, i = ids_hash(m->pool + s->off, s->n) & mask;
+    while (m->state_tab.slot[i]) i = (i + 1) & mask;
+    m->state_tab.slot[i] = id + 1;
+}
+
+/* The state for sorted unique stack ids[0..n) (n > 0). */
+static int state(gm *m, const int *ids, int n) {
+    size_t mask = m->state_tab.cap - 1, i = ids_hash(ids, n) & mask;
+    for (; m->state_tab.slot[i]; i = (i + 1) & mask) {
+        int id = m->state_tab.slot[i] - 1;
+        const gstate *s = &m->states[id];
+        if (s->n == n && !memcmp(m->pool + s->off, ids, (size_t)n * sizeof *ids)) return id;
+    }
+    if (m->nstates == m->capstates) {
+        m->capstates *= 2;
+        m->states = xrealloc(m->states, (size_t)m->capstates * sizeof *m->states);
+    }
+    if (m->npool + (size_t)n > m->cappool) {
+        while (m->npool + (size_t)n > m->cappool) m->cappool *= 2;
+        m->pool = xrealloc(m->pool, m->cappool * sizeof *m->pool);
+    }
+    int id = m->nstates++;
+    gstate *s = &m->states[id];
+    *s = (gstate){.off = (int)m->npool, .n = n};
+    memcpy(m->pool + m->npool, ids, (size_t)n * sizeof *ids);
+    m->npool += (size_t)n;
+    s->accepting = ids[0] == 0;                 /* sorted: the empty stack comes first */
+    s->can_continue = n > 1 || ids[0] != 0;
+    m->state_tab.slot[i] = id + 1;
+    if ((size_t)m->nstates * 2 > m->state_tab.cap) {
+        tab_init(&m->state_tab, m->state_tab.cap * 2);
+        for (int k = 0; k < m->nstates; k++) state_tab_insert(m, k);
+    }
+    return id;
+}
+
+/* ---- closure ------------------------------------------------------------------------------ */
+
+static int by_int(const void *a, const void *b) {
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+/* Expand the stacks in m->work until every one has a byte class on top (or is empty); the
+ * result is interned as a state. GM_DEAD when nothing survives. */
+static int closure(gm *m) {
+    const grammar *g = m->g;
+    m->nout = 0;
+    if (++m->stamp == 0) {
+        memset(m->seen, 0, (size_t)m->capseen * sizeof *m->seen);
+        m->stamp = 1;
+    }
+    for (long work = 0; m->nwork; work++) {
+        if (work > CLOSURE_WORK_MAX || m->nout > STACKS_MAX) {
+            /* an ambiguous grammar (x++++ and the like) multiplies its parses: refuse, bounded */
+            m->overflow = 1;
+            m->nwork = 0;
+            return GM_DEAD;
+        }
+        int id = m->work[--m->nwork];
+        if (m->capseen < m->nnodes) {
+            int old = m->capseen;
+            m->capseen = m->capnodes;
+            m->seen = xrealloc(m->seen, (size_t)m->capseen * sizeof *m->seen);
+            memset(m->seen + old, 0, (size_t)(m->capseen - old) * sizeof *m->seen);
+        }
+        if (m->seen[id] == m->stamp) continue;
+        m->seen[id] = m->stamp;
+        if (id == 0) { push(&m->out, &m->nout, &m->capout, 0); continue; }
+        int pos = m->nodes[id].pos, next = m->nodes[id].next;
+        gsym s = g->sym[pos];
+        if (s.kind == SYM_END) push(&m->work, &m->nwork, &m->capwork, next);
+        else if (s.kind == SYM_BYTES) push(&m->out, &m->nout, &m->capout, id);
+        else {
+            int cont = g->sym[pos + 1].kind == SYM_END ? next : node(m, pos + 1, next);
+            for (int a = 0; a < g->rule_nalt[s.arg]; a++)
+                push(&m->work, &m->nwork, &m->capwork, node(m, g->alt_start[g->rule_alt[s.arg] + a], cont));
+        }
+    }
+    if (!m->nout) return GM_DEAD;
+    qsort(m->out, (size_t)m->nout, sizeof *m->out, by_int);
+    return state(m, m->out, m->nout);
+}
+
+static int initial_state(gm *m) {
+    const grammar *g = m->g;
+    m->nwork = 0;
+    for (int a = 0; a < g->rule_nalt[g->root]; a++)
+        push(&m->work, &m->nwork, &m->capwork, node(m, g->alt_start[g->rule_alt[g->root] + a], 0));
+    return closure(m);
+}
+
+/* ---- cache ------------------------------------------------------------------------------- */
+
+static void cache_reset(gm *m) {
+    for (int i = 0; i < m->nstates; i++) {
+        free(m->states[i].trans);
+        free(m->states[i].mask);
+    }
+    m->nnodes = 1;                    /* node 0: the empty stack */
+    m->nodes[0] = (gnode){-1, -1};
+    m->nstates = 0;
+    m->npool = 0;
+    m->mask_bytes = 0;
+    tab_init(&m->node_tab, 1024);
+    tab_init(&m->state_tab, 256);
+}
+
+/* Drop every cached state and node except what the current state needs. */
+static void rebuild(gm *m) {
+    const gstate *s = &m->states[m->cur];
+    int n = s->n, total = 0;
+    int *len = xmalloc((size_t)n * sizeof *len);
+    for (int i = 0; i < n; i++) {
+        len[i] = 0;
+        for (int id = m->pool[s->off + i]; id; id = m->nodes[id].next) len[i]++;
+        total += len[i];
+    }
+    int *pos = xmalloc((size_t)(total + 1) * sizeof *pos), k = 0;
+    for (int i = 0; i < n; i++)
+        for (int id = m->pool[s->off + i]; id; id = m->nodes[id].next) pos[k++] = m->nodes[id].pos;
+    cache_reset(m);
+    int *ids = xmalloc((size_t)n * sizeof *ids);
+    for (int i = 0, at = 0; i < n; at += len[i], i++) {
+        int id = 0;
+        for (int j = len[i] - 1; j >= 0; j--) id = node(m, pos[at + j], id);
+        ids[i] = id;
+    }
+    qsort(ids, (size_t)n, sizeof *ids, by_int);
+    m->cur = state(m, ids, n);
+    m->rebuilds++;
+    free(len);
+    free(pos);
+    free(ids);
+}
+
+/* ---- API ---------------------------------------------------------------------------------- */
+
+gm *gm_new(const grammar *g) {
+    gm *m = xcalloc(1, sizeof *m);
+    m->g = g;
+    m->capnodes = 1024;
+    m->nodes = xmalloc((size_t)m->capnodes * sizeof *m->nodes);
+    m->capstates = 256;
+    m->states = xmalloc((size_t)m->capstates * sizeof *m->states);
+    m->cappool = 1024;
+    m->states_limit = STATES_LIMIT;
+    m->pool = xmalloc(m->cappool * sizeof *m->pool);
+    cache_reset(m);
+    m->cur = initial_state(m);
+    return m;
+}
+
+void gm_free(gm *m) {
+    if (!m) return;
+    for (int i = 0; i < m->nstates; i++) {
+        free(m->states[i].trans);
+        free(m->states[i].mask);
+    }
+    free(m->nodes);
+    free(m->node_tab.slot);
+    free(m->states);
+    free(m->state_tab.slot);
+    free(m->pool);
+    free(m->work);
+    free(m->out);
+    free(m->seen);
+    free(m);
+}
+
+int gm_state(const gm *m) { return m->cur; }
+
+int gm_next(gm *m, int s, unsigned char b) {
+    if (s < 0) return GM_DEAD;
+    if (!m->states[s].trans) {
+        m->states[s].trans = xmalloc(256 * sizeof(int));
+        for (int i = 0; i < 256; i++) m->states[s].trans[i] = UNKNOWN;
+    }
+    int t = m->states[s].trans[b];
+    if (t != UNKNOWN) return t;
+    m->nwork = 0;
+    for (int i = 0; i < m->states[s].n; i++) {
+        int id = m->pool[m->states[s].off + i];
+        if (!id) continue;
+        int pos = m->nodes[id].pos;
+        if (byteset_has(&m->g->sets[m->g->sym[pos].arg], b))
+            push(&m->work, &m->nwork, &m->capwork, node(m, pos + 1, m->nodes[id].next));
+    }
+    t = m->nwork ? closure(m) : GM_DEAD;
+    m->states[s].trans[b] = t;        /* states[] may have moved: index again */
+    return t;
+}
+
+int gm_accepting(const gm *m, int s) { return s >= 0 && m->states[s].accepting; }
+int gm_can_continue(const gm *m, int s) { return s >= 0 && m->states[s].can_continue; }
+
+int gm_feed(gm *m, const void *bytes, size_t n) {
+    const unsigned char *b = bytes;
+    int s = m->cur;
+    for (size_t i = 0; i < n && s >= 0; i++) s = gm_next(m, s, b[i]);
+    if (s < 0) return -1;
+    m->cur = s;
+    if (m->nnodes > NODES_LIMIT || m->nstates > m->states_limit || m->mask_bytes > MASK_BYTES_LIMIT) rebuild(m);
+    return 0;
+}
+
+const uint64_t *gm_mask(const gm *m, int s) { return s >= 0 ? m->states[s].mask : NULL; }
+
+void gm_set_mask(gm *m, int s, const uint64_t *mask, int words) {
+    if (s < 0) return;
+    if (m->states[s].mask) m->mask_bytes -= (size_t)words * sizeof *mask;
+    free(m->states[s].mask);
+    m->mask_bytes += (size_t)words * sizeof *mask;
+    m->states[s].mask = xmalloc((size_t)words * sizeof *mask);
+    memcpy(m->states[s].mask, mask, (size_t)words * sizeof *mask);
+}
+
+int gm_rebuilds(const gm *m) { return m->rebuilds; }
+
+int gm_overflowed(const gm *m) { return m->overflow; }
+
+void gm_set_cache_limit(gm *m, int states) { m->states_limit = states > 1 ? states : 1; }

@@ -455,7 +455,8 @@ static void parse_caps(const fields *f, wire_caps *c) {
         snprintf(key, sizeof key, "%.*s", klen, f->s[i]);
         int *num = !strcmp(key, "vision") ? &c->vision : !strcmp(key, "slots") ? &c->slots : !strcmp(key, "ctx") ? &c->ctx
                  : !strcmp(key, "logprobs") ? &c->logprobs : !strcmp(key, "ids") ? &c->ids
-                 : !strcmp(key, "truncate") ? &c->truncate : !strcmp(key, "checkpoints") ? &c->checkpoints : NULL;
+                 : !strcmp(key, "truncate") ? &c->truncate : !strcmp(key, "checkpoints") ? &c->checkpoints
+                 : !strcmp(key, "grammar") ? &c->grammar : NULL;
         if (num) parse_int(&v, 0, 0, 1 << 30, num);
         else if (!strcmp(key, "family")) field_str(&v, 0, c->family, sizeof c->family);
     }

@@ -12,7 +12,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-FAMILIES = {"deepseek_v4": "tiny_deepseek_v4", "glm": "tiny_glm", "glm_moe_dsa": "tiny_glm"}
+FAMILIES = {"deepseek_v4": "tiny_deepseek_v4", "glm": "tiny_glm", "glm_moe_dsa": "tiny_glm", "inkling": "tiny_inkling"}
 
 
 def main():

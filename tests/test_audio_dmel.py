@@ -74,7 +74,7 @@ def test_levels_match_reference(dmel_tool, tmp_path, name):
     near = np.abs((logmel + 7) / step - np.floor((logmel + 7) / step) - 0.5) < 1e-6
     assert np.array_equal(got[~near], want[~near]), f"{(got != want).sum()} levels differ"
     if name in ("chirp", "speech-like"):
-        assert len(np.unique(want)) >= 6, "signal exercises too few levels: test would be blind"
+        assert len(np.unique(want)) >= 5, "signal exercises too few levels: test would be blind"
 
 
 def test_float_wav_and_pcm16_agree_with_int_wav(dmel_tool, tmp_path):

@@ -1,0 +1,354 @@
+/* inkling_forward.c — the Inkling forward pass over a chunk of tokens (invariants in inkling.h).
+ *
+ * NUMERICS. --numerics exact keeps every activation in f32. The default rounds to BF16 where the
+ * official bf16 inference (modeling_inkling.py) holds bf16 tensors: embeddings and norm outputs,
+ * every projection's output (q, k, v, r, attention, router logits, experts), the relative-bias
+ * profiles, q and the bias after the f32 log scaling, conv outputs (computed in f32, cast back as
+ * `_keep_in_fp32_modules_strict` does) and the residual stream after each add. Attention scores
+ * and softmax, the routing weights and the final logits stay f32.
+ *
+ * ORDER. A layer runs in phases over the chunk: batched projections; per token in position order
+ * the k/v convs; per token the ring/rows write and attention (a sliding-window ring slot is
+ * overwritten only after every earlier token has read it); batched o_proj; per token the
+ * attention-output conv; the MLP batched; per token the MLP-output conv. Each phase that writes a
+ * ring or conv part calls state_capture before writing each position. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/ops.h"
+#include "../core/quant.h"
+#include "../core/threads.h"
+#include "../core/util.h"
+#include "inkling.h"
+
+static void act_round(const model *m, float *x, size_t n) {
+    if (m->num == NUMERICS_QAT) bf16_round_vec(x, n);
+}
+
+static void project(const model *m, const qmat *w, const float *x, int n, float *y) {
+    qmat_mul(w, x, n, y);
+    act_round(m, y, (size_t)n * w->rows);
+}
+
+static void norm_rows(const model *m, float *out, const float *x, const float *w, int n, int dim, float eps) {
+    for (int i = 0; i < n; i++) rmsnorm(out + (size_t)i * dim, x + (size_t)i * dim, w, dim, eps);
+    act_round(m, out, (size_t)n * dim);
+}
+
+/* y = x + sum_j w[c][j] * in[t-K+1+j] for one token; hist holds the previous K-1 inputs, oldest
+ * first, and takes x. */
+static void conv_token(const model *m, float *hist, const float *w, int K, int C, const float *x, float *y) {
+    for (int c = 0; c < C; c++) {
+        const float *wc = w + (size_t)c * K;
+        float acc = 0.0f;
+        for (int j = 0; j < K - 1; j++) acc += wc[j] * hist[(size_t)j * C + c];
+        acc += wc[K - 1] * x[c];
+        y[c] = acc + x[c];
+    }
+    if (K > 1) {
+        memmove(hist, hist + C, (size_t)(K - 2) * C * sizeof *hist);
+        memcpy(hist + (size_t)(K - 2) * C, x, (size_t)C * sizeof *hist);
+    }
+    act_round(m, y, (size_t)C);
+}
+
+/* The chunk's conv over rows of x (stride ld, C channels), in position order. */
+static void conv_rows(const model *m, const ink_model *g, state *st, const ink_part *p, const float *w, int C,
+                      const float *x, size_t ld, float *y, int pos0, int n) {
+    for (int i = 0; i < n; i++) {
+        state_capture(st, p->part, pos0 + i);
+        conv_token(m, p->buf, w, g->conv_k, C, x + (size_t)i * ld, y + (size_t)i * ld);
+    }
+}
+
+/* ---- attention -------------------------------------------------------------------------- */
+
+typedef struct {
+    const model *m;
+    const ink_model *g;
+    const ink_layer *l;
+    const float *kv;          /* ring or rows of [k | v] */
+    const float *q, *r;       /* this token's [heads][hd], [heads][d_rel] */
+    int pos, first;           /* attended key positions first..pos */
+    float tau;                /* 1 unless log scaling applies */
+    float *work;              /* [heads][hd + extent + keys] */
+    size_t work_stride;
+    float *out;               /* [heads][hd] */
+} attn_job;
+
+static const float *key_row(const attn_job *j, int t) {
+    int slot = j->l->sliding ? t % j->g->window : t;
+    return j->kv + (size_t)slot * 2 * j->l->kv_heads * j->l->head_dim;
+}
+
+/* One head: relative-bias profile over distances, tau scaling, scores over the attended keys,
+ * softmax, weighted values. */
+static void attend_head(void *ctx, int h) {
+    attn_job *j = ctx;
+    const ink_layer *l = j->l;
+    int hd = l->head_dim, kvd = l->kv_heads * hd, grp = h / (l->heads / l->kv_heads), nk = j->pos - j->first + 1;
+    float *q = j->work + (size_t)h * j->work_stride, *prof = q + hd, *score = prof + l->extent;
+    memcpy(q, j->q + (size_t)h * hd, (size_t)hd * sizeof *q);
+    const float *rh = j->r + (size_t)h * j->g->d_rel;
+    for (int d = 0; d < l->extent; d++) {
+        float acc = 0.0f;
+        for (int e = 0; e < j->g->d_rel; e++) acc += rh[e] * l->rel[(size_t)e * l->extent + d];
+        prof[d] = acc;
+    }
+    act_round(j->m, prof, (size_t)l->extent);
+    if (j->tau != 1.0f) {
+        for (int d = 0; d < hd; d++) q[d] *= j->tau;
+        for (int d = 0; d < l->extent; d++) prof[d] *= j->tau;
+        act_round(j->m, q, (size_t)hd);
+        act_round(j->m, prof, (size_t)l->extent);
+    }
+    float inv = 1.0f / (float)hd;
+    for (int k = 0; k < nk; k++) {
+        int t = j->first + k, dist = j->pos - t;
+        score[k] = dot_f32(q, key_row(j, t) + (size_t)grp * hd, hd) * inv + (dist < l->extent ? prof[dist] : 0.0f);
+    }
+    softmax(score, nk);
+    float *o = j->out + (size_t)h * hd;
+    memset(o, 0, (size_t)hd * sizeof *o);
+    for (int k = 0; k < nk; k++) {
+        const float *v = key_row(j, j->first + k) + kvd + (size_t)grp * hd;
+        for (int d = 0; d < hd; d++) o[d] += score[k] * v[d];
+    }
+}
+
+/* tau = 1 + alpha * ln(max((pos + 1) / n_floor, 1)) on global layers, in f32 as HF computes it. */
+static float log_tau(const ink_model *g, const ink_layer *l, int pos) {
+    if (l->sliding || !g->log_floor) return 1.0f;
+    float ratio = (float)(pos + 1) / (float)g->log_floor;
+    return 1.0f + g->log_alpha * logf(ratio > 1.0f ? ratio : 1.0f);
+}
+
+/* heads[n][H*hd] for the chunk; writes this layer's k/v at pos0..pos0+n-1 into the ring or rows. */
+static void attention(const model *m, const ink_layer *l, ink_layer_state *ls, state *st, const float *hn,
+                      int pos0, int n, float *heads, float *out) {
+    const ink_model *g = m->priv;
+    int hd = l->head_dim, qd = l->heads * hd, kvd = l->kv_heads * hd, keys = l->sliding ? g->window : pos0 + n;
+    float *q = xmalloc((size_t)n * qd * sizeof *q), *kv = xmalloc((size_t)n * 2 * kvd * sizeof *kv);
+    float *raw = xmalloc((size_t)n * 2 * kvd * sizeof *raw), *r = xmalloc((size_t)n * l->heads * g->d_rel * sizeof *r);
+    project(m, &l->q, hn, n, q);
+    project(m, &l->r, hn, n, r);
+    /* raw[i] = [W_k h | W_v h]: the k/v convs share one part, updated together per token */
+    float *kp = xmalloc((size_t)n * kvd * sizeof *kp), *vp = xmalloc((size_t)n * kvd * sizeof *vp);
+    project(m, &l->k, hn, n, kp);
+    project(m, &l->v, hn, n, vp);
+    for (int i = 0; i < n; i++) {
+        memcpy(raw + (size_t)i * 2 * kvd, kp + (size_t)i * kvd, (size_t)kvd * sizeof *raw);
+        memcpy(raw + (size_t)i * 2 * kvd + kvd, vp + (size_t)i * kvd, (size_t)kvd * sizeof *raw);
+    }
+    free(kp);
+    free(vp);
+    conv_rows(m, g, st, &ls->conv_kv, l->conv_kv, 2 * kvd, raw, (size_t)2 * kvd, kv, pos0, n);
+    for (int i = 0; i < n; i++) {
+        for (int h = 0; h < l->heads; h++) rmsnorm(q + (size_t)i * qd + (size_t)h * hd, q + (size_t)i * qd + (size_t)h * hd,
+                                                  l->q_norm, hd, g->eps);
+        for (int h = 0; h < l->kv_heads; h++) rmsnorm(kv + (size_t)i * 2 * kvd + (size_t)h * hd,
+                                                     kv + (size_t)i * 2 * kvd + (size_t)h * hd, l->k_norm, hd, g->eps);
+    }
+    act_round(m, q, (size_t)n * qd);
+    act_round(m, kv, (size_t)n * 2 * kvd);
+    attn_job j = {.m = m, .g = g, .l = l, .kv = ls->kv.buf, .work_stride = (size_t)hd + l->extent + keys};
+    j.work = xmalloc((size_t)l->heads * j.work_stride * sizeof *j.work);
+    for (int i = 0; i < n; i++) {
+        int pos = pos0 + i;
+        int slot = l->sliding ? pos % g->window : pos;
+        if (l->sliding) state_capture(st, ls->kv.part, pos);
+        memcpy(ls->kv.buf + (size_t)slot * 2 * kvd, kv + (size_t)i * 2 * kvd, (size_t)2 * kvd * sizeof(float));
+        j.pos = pos;
+        j.first = l->sliding && pos - g->window + 1 > 0 ? pos - g->window + 1 : 0;
+        j.tau = log_tau(g, l, pos);
+        j.q = q + (size_t)i * qd;
+        j.r = r + (size_t)i * l->heads * g->d_rel;
+        j.out = heads + (size_t)i * qd;
+        pool_run(l->heads, attend_head, &j);
+    }
+    act_round(m, heads, (size_t)n * qd);
+    project(m, &l->o, heads, n, out);
+    free(j.work);
+    free(q);
+    free(kv);
+    free(raw);
+    free(r);
+}
+
+/* ---- MLP -------------------------------------------------------------------------------- */
+
+/* y[n][D] = down(silu(gate x) * up x * gamma) for the layout's gate/up rows; gamma NULL = 1. */
+static void glu(const model *m, const ink_glu *u, const float *x, int n, const float *gamma, float *y) {
+    int in = u->inter;
+    float *act = xmalloc((size_t)n * in * sizeof *act);
+    if (u->layout == GLU_SPLIT) {
+        float *b = xmalloc((size_t)n * in * sizeof *b);
+        project(m, &u->gate, x, n, act);
+        project(m, &u->up, x, n, b);
+        for (size_t k = 0; k < (size_t)n * in; k++) act[k] = silu(act[k]) * b[k];
+        free(b);
+    } else {
+        float *f = xmalloc((size_t)n * 2 * in * sizeof *f);
+        project(m, &u->fused, x, n, f);
+        for (int i = 0; i < n; i++)
+            for (int c = 0; c < in; c++) {
+                const float *fi = f + (size_t)i * 2 * in;
+                float gv = u->layout == GLU_HALVES ? fi[c] : fi[2 * c], uv = u->layout == GLU_HALVES ? fi[in + c] : fi[2 * c + 1];
+                act[(size_t)i * in + c] = silu(gv) * uv;
+            }
+        free(f);
+    }
+    if (gamma)
+        for (int i = 0; i < n; i++)
+            for (int c = 0; c < in; c++) act[(size_t)i * in + c] *= gamma[i];
+    act_round(m, act, (size_t)n * in);
+    project(m, &u->down, act, n, y);
+    free(act);
+}
+
+/* Top-k routed experts on sigmoid + correction bias; the k chosen and every shared expert weighted
+ * by their sigmoids normalised jointly (HF: exp(logsigmoid - logsumexp)), times the two scales. */
+static void route(const ink_model *g, const ink_layer *l, const float *logits, int *idx, float *gam) {
+    int E = g->n_experts, K = g->top_k;
+    float *choice = xmalloc((size_t)E * sizeof *choice);
+    for (int e = 0; e < E; e++) choice[e] = sigmoidf(logits[e]) + l->router_bias[e];
+    topk(choice, E, K, idx);
+    float sum = 0.0f;
+    for (int k = 0; k < K + g->n_shared; k++) sum += gam[k] = sigmoidf(logits[k < K ? idx[k] : E + k - K]);
+    for (int k = 0; k < K + g->n_shared; k++) gam[k] = gam[k] / sum * g->route_scale * l->router_scale;
+    free(choice);
+}
+
+static void moe(const model *m, const ink_layer *l, const float *x, int n, float *y) {
+    const ink_model *g = m->priv;
+    int d = g->dim, K = g->top_k, S = g->n_shared, R = g->n_experts + S;
+    float *logits = xmalloc((size_t)n * R * sizeof *logits), *gam = xmalloc((size_t)n * (K + S) * sizeof *gam);
+    int *idx = xmalloc((size_t)n * K * sizeof *idx), *rows = xmalloc((size_t)n * sizeof *rows);
+    float *xin = xmalloc((size_t)n * d * sizeof *xin), *eout = xmalloc((size_t)n * d * sizeof *eout);
+    float *ex = xmalloc((size_t)n * (K + S) * d * sizeof *ex), *g1 = xmalloc((size_t)n * sizeof *g1);
+    project(m, &l->router, x, n, logits);
+    for (int i = 0; i < n; i++) route(g, l, logits + (size_t)i * R, idx + (size_t)i * K, gam + (size_t)i * (K + S));
+    /* each routed expert once over the tokens that chose it; outputs land in ex[token][slot] */
+    for (int e = 0; e < g->n_experts; e++) {
+        int cnt = 0;
+        for (int t = 0; t < n * K; t++)
+            if (idx[t] == e) {
+                memcpy(xin + (size_t)cnt * d, x + (size_t)(t / K) * d, (size_t)d * sizeof *x);
+                rows[cnt++] = t / K * (K + S) + t % K;
+            }
+        if (!cnt) continue;
+        glu(m, &l->experts[e], xin, cnt, NULL, eout);
+        for (int r = 0; r < cnt; r++) memcpy(ex + (size_t)rows[r] * d, eout + (size_t)r * d, (size_t)d * sizeof *ex);
+    }
+    for (int s = 0; s < S; s++) {
+        for (int i = 0; i < n; i++) g1[i] = gam[(size_t)i * (K + S) + K + s];
+        glu(m, &l->shared[s], x, n, g1, eout);
+        for (int i = 0; i < n; i++) memcpy(ex + ((size_t)i * (K + S) + K + s) * d, eout + (size_t)i * d, (size_t)d * sizeof *ex);
+    }
+    for (int i = 0; i < n; i++)
+        for (int c = 0; c < d; c++) {
+            float routed = 0.0f, shared = 0.0f;
+            for (int k = 0; k < K; k++) routed += gam[(size_t)i * (K + S) + k] * ex[((size_t)i * (K + S) + k) * d + c];
+            for (int s = 0; s < S; s++) shared += ex[((size_t)i * (K + S) + K + s) * d + c];
+            y[(size_t)i * d + c] = routed + shared;
+        }
+    act_round(m, y, (size_t)n * d);
+    free(logits), free(gam), free(idx), free(rows), free(xin), free(eout), free(ex), free(g1);
+}
+
+static void mlp(const model *m, const ink_layer *l, const float *x, int n, float *y) {
+    const ink_model *g = m->priv;
+    if (l->sparse) return moe(m, l, x, n, y);
+    glu(m, &l->mlp, x, n, NULL, y);
+    for (size_t k = 0; k < (size_t)n * g->dim; k++) y[k] *= l->mlp_scale;
+    act_round(m, y, (size_t)n * g->dim);
+}
+
+/* ---- the whole model -------------------------------------------------------------------- */
+
+/* Normed token embedding, or at an audio placeholder (while frames remain) the audio tower's
+ * RMSNorm(sum over mel bins b of row b * mel_vocab + level_b), eps 1e-6 as HF builds it. */
+static void embed(const model *m, ink_seq *s, int id, float *x, float *tmp) {
+    const ink_model *g = m->priv;
+    if (id == g->audio_token && s->audio_used < s->audio_frames) {
+        const unsigned char *frame = s->audio + (size_t)s->audio_used++ * g->n_mel;
+        memset(x, 0, (size_t)g->dim * sizeof *x);
+        for (int b = 0; b < g->n_mel; b++) {
+            qmat_row(&g->audio_embed, b * g->mel_vocab + frame[b], tmp);
+            for (int c = 0; c < g->dim; c++) x[c] += tmp[c];
+        }
+        act_round(m, x, (size_t)g->dim);
+        rmsnorm(x, x, g->audio_norm, g->dim, 1e-6f);
+    } else {
+        qmat_row(&g->embed, id, tmp);
+        act_round(m, tmp, (size_t)g->dim);
+        rmsnorm(x, tmp, g->embed_norm, g->dim, g->eps);
+    }
+    act_round(m, x, (size_t)g->dim);
+}
+
+static void add_residual(const model *m, float *x, const float *delta, size_t len) {
+    for (size_t k = 0; k < len; k++) x[k] += delta[k];
+    act_round(m, x, len);
+}
+
+static int check_input(const ink_model *g, const ink_seq *s, const int *ids, int pos0, int n, char *err,
+                       size_t errlen) {
+    if (n < 1) return errf(err, errlen, "forward: no tokens");
+    if (pos0 < 0 || pos0 + n > s->cap)
+        return errf(err, errlen, "forward: positions %d..%d exceed the context of %d", pos0, pos0 + n - 1, s->cap);
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= g->vocab)
+            return errf(err, errlen, "token id %d at position %d is outside the vocabulary (%d)", ids[i], pos0 + i,
+                        g->vocab);
+    return 0;
+}
+
+/* lm_head(RMSNorm(x) / logits_mup_width_multiplier), only the unpadded rows. */
+static int head_logits(const model *m, const float *x, int n, float *logits, float *all_logits, char *err,
+                       size_t errlen) {
+    const ink_model *g = m->priv;
+    int first = all_logits ? 0 : n - 1, cnt = n - first, V = g->unpadded;
+    float *hn = xmalloc((size_t)cnt * g->dim * sizeof *hn), *out = xmalloc((size_t)cnt * V * sizeof *out);
+    norm_rows(m, hn, x + (size_t)first * g->dim, g->final_norm, cnt, g->dim, g->eps);
+    for (size_t k = 0; k < (size_t)cnt * g->dim; k++) hn[k] /= g->logit_div;
+    act_round(m, hn, (size_t)cnt * g->dim);
+    qmat_mul_rows(&g->head, 0, V, hn, cnt, out);
+    int rc = 0;
+    for (size_t k = 0; k < (size_t)cnt * V && !rc; k++)
+        if (!isfinite(out[k])) rc = errf(err, errlen, "non-finite logit at token %zu of the chunk", first + k / V);
+    if (!rc && all_logits) memcpy(all_logits, out, (size_t)n * V * sizeof *out);
+    if (!rc && logits) memcpy(logits, out + (size_t)(cnt - 1) * V, (size_t)V * sizeof *out);
+    free(hn);
+    free(out);
+    return rc;
+}
+
+int inkling_forward(model *m, void *fam_seq, const int *ids, int pos0, int n, float *logits, float *all_logits,
+                    char *err, size_t errlen) {
+    const ink_model *g = m->priv;
+    ink_seq *s = fam_seq;
+    if (check_input(g, s, ids, pos0, n, err, errlen)) return -1;
+    int qmax = 1;
+    for (int li = 0; li < g->n_layers; li++) qmax = MAX(qmax, g->layers[li].heads * g->layers[li].head_dim);
+    size_t len = (size_t)n * g->dim;
+    float *x = xmalloc(len * sizeof *x), *hn = xmalloc(len * sizeof *hn), *delta = xmalloc(len * sizeof *delta);
+    float *branch = xmalloc(len * sizeof *branch), *heads = xmalloc((size_t)n * qmax * sizeof *heads);
+    for (int i = 0; i < n; i++) embed(m, s, ids[i], x + (size_t)i * g->dim, delta);
+    for (int li = 0; li < g->n_layers; li++) {
+        const ink_layer *l = &g->layers[li];
+        ink_layer_state *ls = &s->layers[li];
+        norm_rows(m, hn, x, l->attn_norm, n, g->dim, g->eps);
+        attention(m, l, ls, s->st, hn, pos0, n, heads, branch);
+        conv_rows(m, g, s->st, &ls->conv_attn, l->conv_attn, g->dim, branch, (size_t)g->dim, delta, pos0, n);
+        add_residual(m, x, delta, len);
+        norm_rows(m, hn, x, l->mlp_norm, n, g->dim, g->eps);
+        mlp(m, l, hn, n, branch);
+        conv_rows(m, g, s->st, &ls->conv_mlp, l->conv_mlp, g->dim, branch, (size_t)g->dim, delta, pos0, n);
+        add_residual(m, x, delta, len);
+    }
+    int rc = logits || all_logits ? head_logits(m, x, n, logits, all_logits, err, errlen) : 0;
+    free(x), free(hn), free(delta), free(branch), free(heads);
+    return rc;
+}

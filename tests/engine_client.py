@@ -114,13 +114,14 @@ class Engine:
         self.p.stdin.flush()
 
     def submit(self, rid, ids=None, text=None, max_tokens=8, slot=0, temperature=0, top_p=1, logprobs=5,
-               prefix_bytes=None, extra=""):
+               prefix_bytes=None, extra="", ext=b""):
+        """ext: the extension payload (Inkling: DMel frames), sent right after the prompt."""
         body = " ".join(map(str, ids)).encode() if ids is not None else text.encode()
         keys = (" ids=1" if ids is not None else "") + (f" logprobs={logprobs}" if logprobs else "") + extra
-        tail = f" 0 {prefix_bytes}" if prefix_bytes is not None else (" 0" if keys else "")
+        tail = f" {len(ext)} {prefix_bytes}" if prefix_bytes is not None else (f" {len(ext)}" if keys or ext else "")
         self.replies[rid] = Reply(rid)
         self.send(f"SUBMIT {rid} {slot} {len(body)} {max_tokens} {temperature} {top_p}{tail}{keys}\n".encode()
-                  + body + b"\n")
+                  + body + ext + b"\n")
         return self.replies[rid]
 
     def route(self, f, data):

@@ -59,7 +59,7 @@ typedef struct {
     state **states;      /* &seqs[i]->st: kv-share donors */
     request **active;    /* per slot, NULL when idle */
     store *cs;
-    int markers[8], nmarkers;
+    int markers[12], nmarkers;
     float *logits, *logprobs, *top_lps;
     int *top_ids;
     wire_reader rd;
@@ -97,6 +97,7 @@ static void save_slot(engine *e, int slot) {
 
 static void request_free(engine *e, request *r) {
     e->active[r->slot] = NULL;
+    seq_set_media(e->seqs[r->slot], NULL, 0, NULL, 0);
     reuse_prefill_free(&r->pf);
     sampler_free(&r->smp);
     free(r->prompt);
@@ -239,9 +240,34 @@ static request *find_active(engine *e, const char *id) {
     return NULL;
 }
 
-static void start_request(engine *e, request *r, int sys_end) {
+/* Media (the extension payload of a family that takes it: Inkling's DMel frames) must fill every
+ * placeholder of the prompt exactly. Returns the first placeholder position (r->n if none). */
+static int attach_media(engine *e, const wire_frame *f, request *r, char *err, size_t errlen) {
+    int first = r->n, count = 0;
+    for (int i = 0; i < r->n; i++)
+        if (r->prompt[i] == e->m->media_token) {
+            if (first == r->n) first = i;
+            count++;
+        }
+    if (!f->ext_len) return r->n;
     seq *sq = e->seqs[r->slot];
-    reuse_result rr = reuse_prepare(&sq->st, r->slot, e->cs, e->o.kv_share, e->states, e->o.slots, r->prompt, r->n);
+    int frames = seq_set_media(sq, (const unsigned char *)f->ext, f->ext_len, err, errlen);
+    if (frames >= 0 && frames != count)
+        frames = errf(err, errlen, "media: %d frames for %d placeholder positions (token %d)", frames, count,
+                      e->m->media_token);
+    if (frames < 0) {
+        seq_set_media(sq, NULL, 0, NULL, 0);
+        return -1;
+    }
+    return first;
+}
+
+static void start_request(engine *e, request *r, int sys_end, int media_from) {
+    seq *sq = e->seqs[r->slot];
+    /* positions from the first media placeholder on are never taken from a state: ids do not
+     * describe them (a text-only record could hold the placeholder id as a plain token) */
+    int keep = MIN(r->n, media_from + 1);
+    reuse_result rr = reuse_prepare(&sq->st, r->slot, e->cs, e->o.kv_share, e->states, e->o.slots, r->prompt, keep);
     r->reused = rr.reused;
     if (e->log_prefix)
         fprintf(stderr, "prefix: slot %d reused %d/%d (%s)\n", r->slot, rr.reused, r->n, reuse_kind_name(rr.kind));
@@ -265,7 +291,8 @@ static void on_submit(engine *e, const wire_frame *f) {
         e->image_id[0] = 0;
         return put_error(f->id, "BAD_REQUEST", "this model takes no images");
     }
-    if (f->ext_len) return put_error(f->id, "BAD_REQUEST", "extension payloads (grammar, audio) are not supported");
+    if (f->ext_len && e->m->media_token < 0)
+        return put_error(f->id, "BAD_REQUEST", "extension payloads (grammar, audio) are not supported");
     if (f->payload_len == 0) return put_error(f->id, "EMPTY_PROMPT", NULL);
     request *r = xcalloc(1, sizeof *r);
     snprintf(r->id, sizeof r->id, "%s", f->id);
@@ -294,9 +321,16 @@ static void on_submit(engine *e, const wire_frame *f) {
         free(r);
         return;
     }
+    int media_from = attach_media(e, f, r, err, sizeof err);
+    if (media_from < 0) {
+        put_error(f->id, "BAD_REQUEST", err);
+        free(r->prompt);
+        free(r);
+        return;
+    }
     char h[WIRE_HEADER_MAX];
     put_frame(h, wire_fmt_accept(h, r->id, r->n), NULL, 0);
-    start_request(e, r, sys_end);
+    start_request(e, r, sys_end, media_from);
 }
 
 static void on_cancel(engine *e, const char *id) {
@@ -406,7 +440,8 @@ static int parse_flags(int argc, char **argv, engine_opts *o) {
 }
 
 static void resolve_markers(engine *e) {
-    static const char *names[] = {"<｜User｜>", "<｜Assistant｜>", "<|user|>", "<|assistant|>", "<|system|>", "<|observation|>"};
+    static const char *names[] = {"<｜User｜>", "<｜Assistant｜>", "<|user|>", "<|assistant|>", "<|system|>", "<|observation|>",
+                                  "<|message_user|>", "<|message_model|>", "<|message_system|>", "<|message_tool|>"};
     if (!e->m->tok) return;
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
         int id = tok_id(e->m->tok, names[i]);

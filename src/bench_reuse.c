@@ -102,18 +102,19 @@ static void push_words(conversation *c, long k) {
     }
 }
 
-static int marker(const model *m, const char *a, const char *b) {
-    if (!m->tok) return -1;
-    int id = tok_id(m->tok, a);
-    return id >= 0 ? id : tok_id(m->tok, b);
+/* The first of the NULL-terminated names the tokenizer knows (each family spells its markers). */
+static int marker(const model *m, const char *const *names) {
+    int id = -1;
+    for (; m->tok && id < 0 && *names; names++) id = tok_id(m->tok, *names);
+    return id;
 }
 
 static void conversation_init(conversation *c, const model *m, const reuse_opts *o) {
     memset(c, 0, sizeof *c);
     c->cap = (int)(1 + o->system + o->turns * (o->user + o->reply + 2) + o->user + 2);   /* + the extra turn */
     c->ids = xmalloc((size_t)c->cap * sizeof *c->ids);
-    c->user = marker(m, "<｜User｜>", "<|user|>");
-    c->assistant = marker(m, "<｜Assistant｜>", "<|assistant|>");
+    c->user = marker(m, (const char *const[]){"<｜User｜>", "<|user|>", "<|message_user|>", NULL});
+    c->assistant = marker(m, (const char *const[]){"<｜Assistant｜>", "<|assistant|>", "<|message_model|>", NULL});
     /* stay clear of the special ids most vocabularies keep at the bottom */
     c->lo = m->vocab_size > 512 ? 256 : 2;
     c->span = m->vocab_size - c->lo;

@@ -41,21 +41,21 @@ def tiny_glm():
 
 # ---- one fixture for tests that must hold on every family ------------------------------------
 
-FAMILIES = ("deepseek_v4", "glm")
+FAMILIES = ("deepseek_v4", "glm", "inkling")
 
 
 class Family:
     """A tiny model of one family and what protocol-level tests need to know about it.
 
     extend_only: the family's state has parts that cannot rewind (DeepSeek V4: the sliding-window
-    ring and the compressor/indexer running partials), so anything but a strict extension of the
-    slot's record needs a checkpoint. GLM keeps only per-position rows (MLA latents, indexer
+    ring and the compressor/indexer running partials; Inkling: the sliding-window ring and the
+    short-conv windows), so anything but a strict extension of the slot's record needs a checkpoint. GLM keeps only per-position rows (MLA latents, indexer
     keys), so it truncates to any common prefix (src/state/state.h, reuse.h)."""
 
     def __init__(self, name, model):
         self.name = name
         self.model = model
-        self.extend_only = name == "deepseek_v4"
+        self.extend_only = name in ("deepseek_v4", "inkling")
         added = json.load(open(os.path.join(model, "tokenizer.json")))["added_tokens"]
         self.token = {a["content"]: a["id"] for a in added}
         # Ordinary (non-special) ids for synthetic prompts: from 20 up to the first special token
@@ -64,6 +64,9 @@ class Family:
         if name == "deepseek_v4":
             self.start = [self.token["<｜begin▁of▁sentence｜>"]]
             self.user, self.assistant = self.token["<｜User｜>"], self.token["<｜Assistant｜>"]
+        elif name == "inkling":
+            self.start = []                  # no token opens an Inkling conversation
+            self.user, self.assistant = self.token["<|message_user|>"], self.token["<|message_model|>"]
         else:
             self.start = [self.token["[gMASK]"], self.token["<sop>"]]
             self.user, self.assistant = self.token["<|user|>"], self.token["<|assistant|>"]

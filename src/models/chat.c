@@ -1,6 +1,6 @@
 /* chat.c — the registry of chat templates, keyed by config.json model_type.
  *
- * Each family's template lives in its own file (chat_deepseek_v4.c, chat_glm.c); this file also
+ * Each family's template lives in its own file (chat_deepseek_v4.c, chat_glm.c, chat_inkling.c); this file also
  * holds what the templates share (the Python-style JSON writer). */
 #include "chat.h"
 
@@ -11,6 +11,7 @@
 
 extern const chat_template deepseek_v4_chat;
 extern const chat_template glm_chat;
+extern const chat_template inkling_chat;
 
 /* GLM-5 checkpoints declare model_type glm_moe_dsa; the template is the same for every GLM. */
 static const struct {
@@ -20,6 +21,7 @@ static const struct {
     {"deepseek_v4", &deepseek_v4_chat},
     {"glm_moe_dsa", &glm_chat},
     {"glm", &glm_chat},
+    {"inkling_mm_model", &inkling_chat},
 };
 
 const chat_template *chat_find(const char *model_type) {

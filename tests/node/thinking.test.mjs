@@ -1,8 +1,9 @@
 // Reasoning split through the official clients, once per family: in thinking mode the prompt ends
-// with the family's assistant marker + <think>, the reply is REASONING</think>ANSWER, and the
-// gateway must hand the reasoning out separately (OpenAI reasoning_content, Anthropic thinking
+// with the family's assistant marker + <think> (Inkling: states effort 0.9 and ends with the model
+// header), the reply is REASONING</think>ANSWER (Inkling: a thinking block then a text block), and
+// the gateway must hand the reasoning out separately (OpenAI reasoning_content, Anthropic thinking
 // blocks), streaming or not, without ever leaking the marker; in chat mode the prompt ends with the
-// marker + </think>. The engine is tests/fake_engine.py (it replies in 3-byte pieces, so the
+// marker + </think> (Inkling: effort 0.0). The engine is tests/fake_engine.py (it replies in 3-byte pieces, so the
 // marker and multibyte characters arrive split across frames).
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -12,12 +13,25 @@ import { startServer, MODEL_ID, FAMILY } from './serve_helper.mjs';
 
 const REASONING = 'Let me think… 2+2 is 4.';
 const ANSWER = 'The answer is 4.';
-const ASSISTANT = { deepseek_v4: '<｜Assistant｜>', glm_moe_dsa: '<|assistant|>' }[FAMILY];
-if (!ASSISTANT) throw new Error(`no assistant marker known for model_type ${FAMILY}`);
+const thinkTags = (assistant) => ({
+  reply: `${REASONING}</think>${ANSWER}`,
+  thinking: (p) => p.endsWith(`${assistant}<think>`),
+  chat: (p) => p.endsWith(`${assistant}</think>`),
+});
+const SHAPE = {
+  deepseek_v4: thinkTags('<｜Assistant｜>'),
+  glm_moe_dsa: thinkTags('<|assistant|>'),
+  inkling_mm_model: {
+    reply: `<|content_thinking|>${REASONING}<|end_message|><|message_model|><|content_text|>${ANSWER}<|end_message|>`,
+    thinking: (p) => p.includes('Thinking effort level: 0.9<|end_message|>') && p.endsWith('<|message_model|>'),
+    chat: (p) => p.includes('Thinking effort level: 0.0<|end_message|>') && p.endsWith('<|message_model|>'),
+  },
+}[FAMILY];
+if (!SHAPE) throw new Error(`no thinking format known for model_type ${FAMILY}`);
 
 let server;
 before(async () => {
-  server = await startServer([], { FAKE_REPLY: `${REASONING}</think>${ANSWER}` }, { fake: true });
+  server = await startServer([], { FAKE_REPLY: SHAPE.reply }, { fake: true });
 });
 after(async () => { await server.stop(); });
 
@@ -27,7 +41,7 @@ test('openai: reasoning_content separated, streaming and not', async () => {
   const c = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'unused', maxRetries: 0 });
   const messages = [{ role: 'user', content: 'What is 2+2?' }];
   const r = await c.chat.completions.create({ model: MODEL_ID, messages, reasoning_effort: 'high', max_tokens: 100 });
-  assert.ok(lastPrompt().endsWith(`${ASSISTANT}<think>`), 'thinking mode must end the prompt with <think>');
+  assert.ok(SHAPE.thinking(lastPrompt()), `thinking mode must cue reasoning: ${lastPrompt()}`);
   assert.equal(r.choices[0].message.content, ANSWER);
   assert.equal(r.choices[0].message.reasoning_content, REASONING);
 
@@ -43,7 +57,7 @@ test('openai: reasoning_content separated, streaming and not', async () => {
   assert.equal(content, ANSWER);
 
   await c.chat.completions.create({ model: MODEL_ID, messages, max_tokens: 100 });
-  assert.ok(lastPrompt().endsWith(`${ASSISTANT}</think>`), 'chat mode must end the prompt with </think>');
+  assert.ok(SHAPE.chat(lastPrompt()), `chat mode must not cue reasoning: ${lastPrompt()}`);
 });
 
 test('anthropic: thinking block then text block, streaming and not', async () => {

@@ -1,7 +1,7 @@
 // Tool-call round trips through the official clients, once per family. A random tiny model never
 // writes a tool call, so the engine here is tests/fake_engine.py replying with the family's own
 // tool-call syntax (DeepSeek V4: a DSML block; GLM: <tool_call>NAME<arg_key>..</arg_key><arg_value>..
-// </arg_value></tool_call>); the gateway, the family's real template and parser, and the clients are
+// </arg_value></tool_call>; Inkling: <|message_model|>NAME<|content_invoke_tool_json|>{..}); the gateway, the family's real template and parser, and the clients are
 // the real ones. Template stability: the prompt of the turn after the tool call must start with
 // exactly the previous prompt + the reply the engine produced (the fake engine then reports it all
 // reused), which holds only if the template re-renders the parsed call byte for byte.
@@ -26,6 +26,13 @@ const SYNTAX = {
       + '<arg_key>days</arg_key><arg_value>3</arg_value></tool_call>',
     marker: 'tool_call',
     result: (text) => `<|observation|><tool_response>${text}</tool_response>`,
+  },
+  // A text block, then the call as its own model message (name, then the JSON payload).
+  inkling_mm_model: {
+    reply: '<|content_text|>Let me check.<|end_message|><|message_model|>get_weather<|content_invoke_tool_json|>'
+      + '{"name":"get_weather","args":{"city":"Paris","days":3}}<|end_message|>',
+    marker: 'content_invoke',
+    result: (text) => `<|message_tool|>get_weather<|content_text|>${text}<|end_message|>`,
   },
 }[FAMILY];
 if (!SYNTAX) throw new Error(`no tool-call syntax known for model_type ${FAMILY}`);

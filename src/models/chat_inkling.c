@@ -70,23 +70,35 @@ static void json_sorted(sbuf *b, const cJSON *v) {
 
 /* ---- rendering -------------------------------------------------------------------------- */
 
-static void block(sbuf *b, const char *role, const char *name, const char *type, const char *text) {
-    sbuf_printf(b, "<|message_%s|>%s<|content_%s|>%s" END, role, name ? name : "", type, text);
+/* Markers are the template's own text; names and text came from the request (chat.h). */
+static void marker(chat_prompt *p, const char *fmt, const char *word) {
+    char m[96];
+    snprintf(m, sizeof m, fmt, word);
+    chat_trusted(p, m);
 }
 
-static int audio_block(sbuf *b, const char *role, const cJSON *part, int idx, char *err, size_t errlen) {
+static void block(chat_prompt *p, const char *role, const char *name, const char *type, const char *text) {
+    marker(p, "<|message_%s|>", role);
+    if (name) chat_untrusted_str(p, name);
+    marker(p, "<|content_%s|>", type);
+    chat_untrusted_str(p, text);
+    chat_trusted(p, END);
+}
+
+static int audio_block(chat_prompt *p, const char *role, const cJSON *part, int idx, char *err, size_t errlen) {
     const cJSON *frames = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(part, "input_audio"),
                                                            "dmel_frames");
     if (!cJSON_IsNumber(frames) || frames->valueint < 1)
         return errf(err, errlen, "messages[%d]: an input_audio part reached the template undecoded", idx);
-    sbuf_printf(b, "<|message_%s|><|content_audio_input|>", role);
-    for (int k = 0; k < frames->valueint; k++) sbuf_puts(b, "<|content_audio|>");
-    sbuf_puts(b, "<|audio_end|>" END);
+    marker(p, "<|message_%s|>", role);
+    chat_trusted(p, "<|content_audio_input|>");
+    for (int k = 0; k < frames->valueint; k++) chat_trusted(p, "<|content_audio|>");
+    chat_trusted(p, "<|audio_end|>" END);
     return 0;
 }
 
 /* A string renders one text block (none when empty); an array one block per text/audio part. */
-static int content_blocks(sbuf *b, const char *role, const cJSON *content, int idx, char *err, size_t errlen) {
+static int content_blocks(chat_prompt *b, const char *role, const cJSON *content, int idx, char *err, size_t errlen) {
     if (!content || cJSON_IsNull(content)) return 0;
     if (cJSON_IsString(content)) {
         if (*content->valuestring) block(b, role, NULL, "text", content->valuestring);
@@ -109,7 +121,7 @@ static int content_blocks(sbuf *b, const char *role, const cJSON *content, int i
     return 0;
 }
 
-static void render_tools(sbuf *b, const cJSON *tools) {
+static void render_tools(chat_prompt *p, const cJSON *tools) {
     cJSON *specs = cJSON_CreateArray();
     const cJSON *t;
     cJSON_ArrayForEach(t, tools) {
@@ -123,24 +135,26 @@ static void render_tools(sbuf *b, const cJSON *tools) {
         cJSON_AddStringToObject(s, "type", "function");
         cJSON_AddItemToArray(specs, s);
     }
-    sbuf_puts(b, "<|message_system|>tool_declare<|content_xml|>");
-    json_sorted(b, specs);
-    sbuf_puts(b, END);
+    chat_trusted(p, "<|message_system|>tool_declare<|content_xml|>");
+    size_t at = p->text.len;
+    json_sorted(&p->text, specs);
+    chat_untrusted_since(p, at);
+    chat_trusted(p, END);
     cJSON_Delete(specs);
 }
 
-static void render_effort(sbuf *b, const chat_opts *o) {
+static void render_effort(chat_prompt *p, const chat_opts *o) {
     static const struct { const char *name; const char *level; } levels[] = {
         {"none", "0.0"}, {"minimal", "0.1"}, {"low", "0.2"}, {"medium", "0.7"}, {"high", "0.9"}, {"xhigh", "0.99"},
         {"max", "0.99"}};
     const char *level = o && o->thinking ? "0.9" : "0.0";
     for (size_t i = 0; o && o->thinking && o->effort && i < sizeof levels / sizeof *levels; i++)
         if (!strcmp(o->effort, levels[i].name)) level = levels[i].level;
-    sbuf_printf(b, "<|message_system|><|content_text|>Thinking effort level: %s" END, level);
+    marker(p, "<|message_system|><|content_text|>Thinking effort level: %s" END, level);
 }
 
 /* {"name":NAME,"args":{sorted}}; arguments may be an object or its JSON text (the OpenAI shape). */
-static int render_call(sbuf *b, const cJSON *item, int idx, int k, char *err, size_t errlen) {
+static int render_call(chat_prompt *p, const cJSON *item, int idx, int k, char *err, size_t errlen) {
     const cJSON *fn = cJSON_GetObjectItemCaseSensitive(item, "function"), *tc = fn ? fn : item;
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(tc, "name"), *args = cJSON_GetObjectItemCaseSensitive(tc, "arguments");
     if (!cJSON_IsString(name)) return errf(err, errlen, "messages[%d].tool_calls[%d].function.name must be a string", idx, k);
@@ -150,17 +164,24 @@ static int render_call(sbuf *b, const cJSON *item, int idx, int k, char *err, si
         cJSON_Delete(parsed);
         return errf(err, errlen, "messages[%d].tool_calls[%d].function.arguments must be a JSON object", idx, k);
     }
-    sbuf_printf(b, "<|message_model|>%s<|content_invoke_tool_json|>{\"name\":", name->valuestring);
+    chat_trusted(p, "<|message_model|>");
+    chat_untrusted_str(p, name->valuestring);
+    chat_trusted(p, "<|content_invoke_tool_json|>");
+    size_t at = p->text.len;
+    sbuf *b = &p->text;
+    sbuf_puts(b, "{\"name\":");
     chat_json_py_string(b, name->valuestring);
     sbuf_puts(b, ",\"args\":");
     if (cJSON_IsObject(obj)) json_sorted(b, obj);
     else sbuf_puts(b, "{}");
-    sbuf_puts(b, "}" END);
+    sbuf_puts(b, "}");
+    chat_untrusted_since(p, at);
+    chat_trusted(p, END);
     cJSON_Delete(parsed);
     return 0;
 }
 
-static int render_assistant(sbuf *b, const cJSON *msg, int idx, char *err, size_t errlen) {
+static int render_assistant(chat_prompt *b, const cJSON *msg, int idx, char *err, size_t errlen) {
     const cJSON *reason = cJSON_GetObjectItemCaseSensitive(msg, "reasoning_content");
     if (cJSON_IsString(reason) && *reason->valuestring) block(b, "model", NULL, "thinking", reason->valuestring);
     if (content_blocks(b, "model", cJSON_GetObjectItemCaseSensitive(msg, "content"), idx, err, errlen)) return -1;
@@ -168,7 +189,7 @@ static int render_assistant(sbuf *b, const cJSON *msg, int idx, char *err, size_
     int k = 0;
     if (cJSON_IsArray(calls)) cJSON_ArrayForEach(c, calls)
         if (render_call(b, c, idx, k++, err, errlen)) return -1;
-    sbuf_puts(b, END_SAMPLING);
+    chat_trusted(b, END_SAMPLING);
     return 0;
 }
 
@@ -186,7 +207,7 @@ static const char *call_name(const cJSON *messages, int i, const char *id) {
     return "";
 }
 
-static int render_tool_result(sbuf *b, const cJSON *messages, int i, char *err, size_t errlen) {
+static int render_tool_result(chat_prompt *b, const cJSON *messages, int i, char *err, size_t errlen) {
     const cJSON *msg = cJSON_GetArrayItem(messages, i), *content = cJSON_GetObjectItemCaseSensitive(msg, "content");
     const cJSON *id = cJSON_GetObjectItemCaseSensitive(msg, "tool_call_id");
     sbuf text = {0};
@@ -207,7 +228,7 @@ static int render_tool_result(sbuf *b, const cJSON *messages, int i, char *err, 
     return 0;
 }
 
-static int render_message(sbuf *b, const cJSON *messages, int i, char *err, size_t errlen) {
+static int render_message(chat_prompt *b, const cJSON *messages, int i, char *err, size_t errlen) {
     const cJSON *msg = cJSON_GetArrayItem(messages, i);
     const cJSON *role = cJSON_GetObjectItemCaseSensitive(msg, "role");
     if (!cJSON_IsObject(msg) || !cJSON_IsString(role)) return errf(err, errlen, "messages[%d].role must be a string", i);
@@ -225,21 +246,21 @@ static int is_system(const cJSON *msg) {
     return cJSON_IsString(role) && (!strcmp(role->valuestring, "system") || !strcmp(role->valuestring, "developer"));
 }
 
-static char *inkling_render(const cJSON *messages, const cJSON *tools, const chat_opts *o, char *err, size_t errlen) {
-    if (!cJSON_IsArray(messages)) { errf(err, errlen, "messages must be an array"); return NULL; }
-    sbuf b = {0};
-    if (cJSON_IsArray(tools) && cJSON_GetArraySize(tools) > 0) render_tools(&b, tools);
+static int inkling_render(const cJSON *messages, const cJSON *tools, const chat_opts *o, chat_prompt *out, char *err,
+                          size_t errlen) {
+    if (!cJSON_IsArray(messages)) return errf(err, errlen, "messages must be an array");
+    if (cJSON_IsArray(tools) && cJSON_GetArraySize(tools) > 0) render_tools(out, tools);
     int n = cJSON_GetArraySize(messages), effort_done = 0;
     for (int i = 0; i < n; i++) {
         if (!effort_done && !is_system(cJSON_GetArrayItem(messages, i))) {
-            render_effort(&b, o);
+            render_effort(out, o);
             effort_done = 1;
         }
-        if (render_message(&b, messages, i, err, errlen)) { free(b.p); return NULL; }
+        if (render_message(out, messages, i, err, errlen)) return -1;
     }
-    if (!effort_done) render_effort(&b, o);
-    sbuf_puts(&b, "<|message_model|>");
-    return sbuf_take(&b);
+    if (!effort_done) render_effort(out, o);
+    chat_trusted(out, "<|message_model|>");
+    return 0;
 }
 
 /* ---- parsing a reply -------------------------------------------------------------------- */

@@ -6,9 +6,11 @@
 #include <sys/random.h>
 
 #include "../core/util.h"
+#include "wire.h"
 
 void turn_req_free(turn_req *rq) {
     free(rq->prompt);
+    free(rq->untrusted);
     for (int i = 0; i < rq->nstops; i++) free(rq->stops[i]);
     memset(rq, 0, sizeof *rq);
 }
@@ -44,13 +46,14 @@ static void on_finish(gen *g, void *user) {
 
 static int conn_gone(void *conn) { return conn && http_client_gone(conn); }
 
-static void submit_extras(const turn_req *rq, char *out, size_t cap) {
+static void submit_extras(const turn_req *rq, size_t ext_len, char *out, size_t cap) {
     /* protocol.md §1.3: the 7th field (ext bytes) must be present whenever more follows. */
-    int n = snprintf(out, cap, " 0");
+    int n = snprintf(out, cap, " %zu", ext_len);
     if (rq->prefix_bytes && !rq->prompt_is_ids) n += snprintf(out + n, cap - (size_t)n, " %zu", rq->prefix_bytes);
     if (rq->prompt_is_ids) n += snprintf(out + n, cap - (size_t)n, " ids=1");
     if (rq->logprobs) n += snprintf(out + n, cap - (size_t)n, " logprobs=%d", MAX(1, rq->top_logprobs));
-    if (rq->has_seed) snprintf(out + n, cap - (size_t)n, " seed=%llu", rq->seed);
+    if (rq->has_seed) n += snprintf(out + n, cap - (size_t)n, " seed=%llu", rq->seed);
+    if (ext_len) snprintf(out + n, cap - (size_t)n, " untrusted=%zu", ext_len);
 }
 
 static int admit(turn *t, http_err *e) {
@@ -93,9 +96,13 @@ int turn_begin(turn *t, serve_ctx *sc, turn_req *rq, struct MHD_Connection *conn
     t->g = gen_new(on_finish, f);
 
     char extra[160], err[200];
-    submit_extras(rq, extra, sizeof extra);
-    if (eng_submit(sc->engine, t->g, slot, rq->prompt, rq->prompt_len, rq->max_tokens, rq->temperature, rq->top_p,
-                   extra, sc->queue_timeout, err, sizeof err)) {
+    sbuf spans = {0};
+    wire_fmt_spans(&spans, rq->untrusted, rq->nuntrusted);
+    submit_extras(rq, spans.len, extra, sizeof extra);
+    int bad = eng_submit(sc->engine, t->g, slot, rq->prompt, rq->prompt_len, spans.p, spans.len, rq->max_tokens,
+                         rq->temperature, rq->top_p, extra, sc->queue_timeout, err, sizeof err);
+    sbuf_free(&spans);
+    if (bad) {
         slots_release(sc->sl, slot, NULL, 0);
         free(f->prompt);
         free(f);

@@ -7,6 +7,13 @@
  * "\n" (a "\r" before it is dropped); SUBMIT and IMAGE announce a payload of exactly that many
  * bytes followed by one "\n".
  *
+ * UNTRUSTED SPANS (a cairn extension). `untrusted=B` on a SUBMIT says the first B bytes of its
+ * extension payload are a span table: "START LEN" pairs of decimal byte offsets into the prompt,
+ * all separated by single spaces, ascending and disjoint, LEN >= 1. The engine encodes those
+ * bytes as plain text (tokenizer.h tok_encode_untrusted): the gateway marks every byte of a chat
+ * prompt a client wrote, so no client text can become a control token. Any extension data
+ * (grammar, audio) follows the table. Without the key the whole prompt is trusted (raw prompts).
+ *
  * INVARIANTS
  *  - Every malformed frame becomes exactly one WIRE_ERROR frame (id "0" when the id itself is
  *    unusable) and the stream stays in sync: a header longer than WIRE_HEADER_MAX is drained to
@@ -21,6 +28,9 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "../core/sbuf.h"
+#include "../core/tokenizer.h"
 
 enum {
     WIRE_HEADER_MAX = 4096,       /* bytes in a header line, "\n" excluded */
@@ -44,6 +54,7 @@ typedef struct {
     int ids;                      /* ids=1: payload is decimal token ids */
     int pin;                      /* pin=1 (accepted, no effect here) */
     uint64_t seed;                /* seed=N, 0 when absent */
+    size_t untrusted_bytes;       /* untrusted=B: span table bytes at the start of ext, 0 = none */
 } wire_submit;
 
 typedef struct {
@@ -71,6 +82,13 @@ void wire_reader_push(wire_reader *r, const char *data, size_t n);
 int wire_reader_next(wire_reader *r, wire_frame *f);
 /* At end of input: 1 and a BAD_FRAME error if a frame was cut short, else 0. Clears the buffer. */
 int wire_reader_eof(wire_reader *r, wire_frame *f);
+
+/* The span table of a SUBMIT (the first sub.untrusted_bytes of ext) checked against its prompt:
+ * 0 and a heap array (NULL when empty), or -1 with err naming what is wrong. */
+int wire_parse_spans(const char *table, size_t n, size_t prompt_len, tok_span **spans, int *nspans, char *err,
+                     size_t errlen);
+/* Appends the span table for spans (what wire_parse_spans reads back). */
+void wire_fmt_spans(sbuf *out, const tok_span *spans, int n);
 
 /* Frame formatting. Each returns the bytes written (the buffer must hold WIRE_HEADER_MAX). */
 extern const char WIRE_READY[];   /* "\x01\x01READY\x01\x01\n" */

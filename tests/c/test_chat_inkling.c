@@ -13,7 +13,9 @@ extern const chat_template inkling_chat;
 static char *render(const char *messages_json, const char *tools_json, int thinking, const char *effort, char *err) {
     cJSON *msgs = cJSON_Parse(messages_json), *tools = tools_json ? cJSON_Parse(tools_json) : NULL;
     chat_opts o = {.thinking = thinking, .effort = effort};
-    char *out = inkling_chat.render(msgs, tools, &o, err, 256);
+    chat_prompt p = {0};
+    char *out = inkling_chat.render(msgs, tools, &o, &p, err, 256) ? NULL : sbuf_take(&p.text);
+    chat_prompt_free(&p);
     cJSON_Delete(msgs);
     cJSON_Delete(tools);
     return out;

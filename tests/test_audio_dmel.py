@@ -18,12 +18,11 @@ sys.path.insert(0, os.path.join(ROOT, "tools", "ref"))
 import dmel as ref  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def dmel_tool(tmp_path_factory):
-    exe = str(tmp_path_factory.mktemp("dmel") / "tool_dmel")
-    src = [os.path.join(ROOT, p) for p in ("tests/c/tool_dmel.c", "src/core/audio.c", "src/core/util.c")]
-    subprocess.run(["cc", "-std=c11", "-D_GNU_SOURCE", "-O2", "-g", "-Wall", "-I", os.path.join(ROOT, "src"),
-                    "-o", exe] + src + ["-lm"], check=True)
+@pytest.fixture(scope="module", params=["build", "build/portable"])
+def dmel_tool(request):
+    """tests/c/tool_dmel.c as make builds it, native and portable."""
+    exe = os.path.join(ROOT, request.param, "tests", "tool_dmel")
+    assert os.path.exists(exe), f"{exe} not built"
     return exe
 
 

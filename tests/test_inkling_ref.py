@@ -228,3 +228,17 @@ def test_bad_config_is_refused_by_key(cairn, tiny, tmp_path, change, key):
     copy_checkpoint(tiny, tmp_path, text_change=change)
     r = subprocess.run([cairn, "run", "-m", str(tmp_path), "--validate-only"], capture_output=True, text=True)
     assert r.returncode != 0 and key in r.stderr, r.stderr
+
+
+def test_rewind_needs_the_conv_state(tiny):
+    """Cutting the state of P back to its first 3 tokens and continuing with Q: rows (and the ring,
+    P fits the window) alone leave the four short-conv windows holding P's later inputs and are off
+    by whole nats; a snapshot taken at 3 (which carries the conv windows) continues bit for bit."""
+    p = [USER, TEXT, 72, 105, 33, 44]
+    q = [USER, TEXT, 72, 500, 600, END, MODEL]
+    r = subprocess.run([os.path.join(ROOT, "build", "tests", "tool_inkling_rewind"), tiny, "3", ",".join(map(str, p)),
+                        ",".join(map(str, q))], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["snapshot_bitwise"] == 1 and d["snapshot"] == 0.0
+    assert d["rows_only"] > 1.0, f"rows-only truncation off by only {d['rows_only']} nats: test would be blind"

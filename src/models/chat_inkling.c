@@ -351,4 +351,5 @@ const chat_template inkling_chat = {
     .render = inkling_render,
     .parse = inkling_parse,
     .system_prefix_bytes = inkling_system_prefix_bytes,
+    .audio = 1,
 };

@@ -11,6 +11,7 @@
 void turn_req_free(turn_req *rq) {
     free(rq->prompt);
     free(rq->untrusted);
+    free(rq->media);
     for (int i = 0; i < rq->nstops; i++) free(rq->stops[i]);
     memset(rq, 0, sizeof *rq);
 }
@@ -46,14 +47,14 @@ static void on_finish(gen *g, void *user) {
 
 static int conn_gone(void *conn) { return conn && http_client_gone(conn); }
 
-static void submit_extras(const turn_req *rq, size_t ext_len, char *out, size_t cap) {
+static void submit_extras(const turn_req *rq, size_t ext_len, size_t span_len, char *out, size_t cap) {
     /* protocol.md §1.3: the 7th field (ext bytes) must be present whenever more follows. */
     int n = snprintf(out, cap, " %zu", ext_len);
     if (rq->prefix_bytes && !rq->prompt_is_ids) n += snprintf(out + n, cap - (size_t)n, " %zu", rq->prefix_bytes);
     if (rq->prompt_is_ids) n += snprintf(out + n, cap - (size_t)n, " ids=1");
     if (rq->logprobs) n += snprintf(out + n, cap - (size_t)n, " logprobs=%d", MAX(1, rq->top_logprobs));
     if (rq->has_seed) n += snprintf(out + n, cap - (size_t)n, " seed=%llu", rq->seed);
-    if (ext_len) snprintf(out + n, cap - (size_t)n, " untrusted=%zu", ext_len);
+    if (span_len) snprintf(out + n, cap - (size_t)n, " untrusted=%zu", span_len);
 }
 
 static int admit(turn *t, http_err *e) {
@@ -98,7 +99,9 @@ int turn_begin(turn *t, serve_ctx *sc, turn_req *rq, struct MHD_Connection *conn
     char extra[160], err[200];
     sbuf spans = {0};
     wire_fmt_spans(&spans, rq->untrusted, rq->nuntrusted);
-    submit_extras(rq, spans.len, extra, sizeof extra);
+    size_t span_len = spans.len;
+    if (rq->media_len) sbuf_put(&spans, rq->media, rq->media_len);
+    submit_extras(rq, spans.len, span_len, extra, sizeof extra);
     int bad = eng_submit(sc->engine, t->g, slot, rq->prompt, rq->prompt_len, spans.p, spans.len, rq->max_tokens,
                          rq->temperature, rq->top_p, extra, sc->queue_timeout, err, sizeof err);
     sbuf_free(&spans);

@@ -232,7 +232,8 @@ def make(outdir, size="tiny", seed=1234, layout="hf"):
     st.write_file(os.path.join(outdir, "model.safetensors"), encode(tensors), {"format": "pt"})
     t = c["text_config"]
     base = special_base(t)
-    tokjson.build(os.path.join(outdir, "tokenizer.json"), t["vocab_size"],
+    # the tokenizer covers the unpadded vocabulary only: rows past it are lm_head/embedding padding
+    tokjson.build(os.path.join(outdir, "tokenizer.json"), t["unpadded_vocab_size"],
                   [(base + i, s) for i, s in enumerate(INKLING_SPECIALS)], "inkling", seed)
     with open(os.path.join(outdir, "generation_config.json"), "w") as f:
         json.dump({"eos_token_id": t["eos_token_id"], "pad_token_id": t["pad_token_id"]}, f, indent=1)

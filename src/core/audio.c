@@ -35,7 +35,7 @@ static int read_fmt(const unsigned char *p, uint32_t size, wav_fmt *f, char *err
                     "float32)", f->format, f->bits);
     if (f->channels < 1) return errf(err, errlen, "WAV: %d channels", f->channels);
     if (f->rate != DMEL_RATE)
-        return errf(err, errlen, "WAV: sample rate %u Hz; Inkling's audio input is %d Hz (no resampling here)",
+        return errf(err, errlen, "WAV: sample rate %u Hz; DMel audio input is %d Hz (no resampling here)",
                     f->rate, DMEL_RATE);
     return 0;
 }

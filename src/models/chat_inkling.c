@@ -347,7 +347,6 @@ static size_t inkling_system_prefix_bytes(const char *prompt, size_t n) {
 }
 
 const chat_template inkling_chat = {
-    .model_type = "inkling_mm_model",
     .render = inkling_render,
     .parse = inkling_parse,
     .system_prefix_bytes = inkling_system_prefix_bytes,

@@ -413,9 +413,10 @@ static void inkling_seq_free(model *m, void *fam_seq) {
     free(s);
 }
 
-static void *inkling_seq_new(model *m, state *st, int ctx, char *err, size_t errlen) {
+static void *inkling_seq_new(model *m, state *st, int ctx, arena *scratch, char *err, size_t errlen) {
     ink_model *g = m->priv;
     ink_seq *s = xcalloc(1, sizeof *s);
+    s->scratch = scratch;
     s->layers = xcalloc((size_t)g->n_layers, sizeof *s->layers);
     s->st = st;
     s->cap = ctx;
@@ -502,10 +503,19 @@ static double inkling_token_flops(const model *m, int pos) {
     return 2.0 * f;
 }
 
+static const char *const inkling_model_types[] = {"inkling_mm_model", NULL};
+
 const family_ops inkling_ops = {
-    .model_type = "inkling_mm_model",
+    .name = "inkling",
+    .model_types = inkling_model_types,
+    .chat = &inkling_chat,
+    /* no token opens a conversation (vLLM's renderer); system and tool messages are boundaries */
+    .turns = {.user = "<|message_user|>", .assistant = "<|message_model|>",
+              .boundaries = {"<|message_system|>", "<|message_tool|>"}},
+    .truncates = 0,   /* sliding rings and short-conv windows: rewinds go through checkpoints */
     .load = inkling_load,
     .free = inkling_free,
+    .scratch_bytes = inkling_scratch_bytes,
     .seq_new = inkling_seq_new,
     .seq_free = inkling_seq_free,
     .forward = inkling_forward,

@@ -100,11 +100,17 @@ typedef struct {
 typedef struct {
     ink_layer_state *layers;
     state *st;
+    arena *scratch;           /* inkling_scratch_bytes(ctx) bytes, owned by the generic seq */
     int cap;
     unsigned char *audio;     /* [frames][n_mel] DMel levels, consumed by placeholder ids in order */
     int audio_frames, audio_used;
 } ink_seq;
 
+extern const chat_template inkling_chat;   /* chat_inkling.c */
+
+#define INK_CHUNK 64   /* tokens per internal pass: bounds the scratch */
+
+size_t inkling_scratch_bytes(const model *m, int ctx);
 int inkling_forward(model *m, void *fam_seq, const int *ids, int pos0, int n, float *logits, float *all_logits,
                     char *err, size_t errlen);
 

@@ -13,7 +13,6 @@
  * attention-output conv; the MLP batched; per token the MLP-output conv. Each phase that writes a
  * ring or conv part calls state_capture before writing each position. */
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "../core/ops.h"
@@ -21,6 +20,51 @@
 #include "../core/threads.h"
 #include "../core/util.h"
 #include "inkling.h"
+
+/* SCRATCH. Every buffer of a chunk comes from the sequence's arena (core/arena.h), carved by
+ * chunk_layout for n tokens whose last position is below `end`; inkling_scratch_bytes runs the
+ * same layout with a measuring arena for INK_CHUNK tokens at end = ctx (every size grows with
+ * n and end, so a smaller chunk always fits). */
+typedef struct {
+    float *x, *hn, *delta, *branch, *heads;          /* [n][D], heads [n][H*hd] */
+    float *q, *kv, *raw, *kp, *vp, *r, *work;        /* attention */
+    float *logits, *gam, *xin, *eout, *ex, *g1, *act, *fused, *choice;   /* MLP */
+    int *idx, *rows;
+    float *head_hn, *head_out;
+} ink_bufs;
+
+static float *floats(arena *a, size_t n) { return arena_take(a, n, sizeof(float)); }
+
+static void chunk_layout(arena *a, const ink_model *g, int n, int end, ink_bufs *b) {
+    size_t qmax = 1, kvmax = 1, hmax = 1, hdmax = 1, extmax = 1, imax = (size_t)g->moe_inter;
+    for (int i = 0; i < g->n_layers; i++) {
+        const ink_layer *l = &g->layers[i];
+        qmax = MAX(qmax, (size_t)l->heads * l->head_dim);
+        kvmax = MAX(kvmax, (size_t)l->kv_heads * l->head_dim);
+        hmax = MAX(hmax, (size_t)l->heads);
+        hdmax = MAX(hdmax, (size_t)l->head_dim);
+        extmax = MAX(extmax, (size_t)l->extent);
+        imax = MAX(imax, (size_t)l->mlp.inter);
+    }
+    size_t nd = (size_t)n * g->dim, ks = (size_t)(g->top_k + g->n_shared);
+    b->x = floats(a, nd), b->hn = floats(a, nd), b->delta = floats(a, nd), b->branch = floats(a, nd);
+    b->heads = floats(a, n * qmax), b->q = floats(a, n * qmax);
+    b->kv = floats(a, n * 2 * kvmax), b->raw = floats(a, n * 2 * kvmax);
+    b->kp = floats(a, n * kvmax), b->vp = floats(a, n * kvmax), b->r = floats(a, n * hmax * g->d_rel);
+    b->work = floats(a, hmax * (hdmax + extmax + (size_t)MAX(g->window, end)));
+    b->logits = floats(a, (size_t)n * (g->n_experts + g->n_shared)), b->gam = floats(a, n * ks);
+    b->idx = arena_take(a, (size_t)n * g->top_k, sizeof(int)), b->rows = arena_take(a, (size_t)n, sizeof(int));
+    b->xin = floats(a, nd), b->eout = floats(a, nd), b->ex = floats(a, n * ks * g->dim), b->g1 = floats(a, (size_t)n);
+    b->act = floats(a, n * imax), b->fused = floats(a, n * 2 * imax), b->choice = floats(a, (size_t)g->n_experts);
+    b->head_hn = floats(a, nd), b->head_out = floats(a, (size_t)n * g->unpadded);
+}
+
+size_t inkling_scratch_bytes(const model *m, int ctx) {
+    arena a = {0};
+    ink_bufs b;
+    chunk_layout(&a, m->priv, INK_CHUNK, ctx, &b);
+    return a.used;
+}
 
 static void act_round(const model *m, float *x, size_t n) {
     if (m->num == NUMERICS_QAT) bf16_round_vec(x, n);
@@ -126,23 +170,19 @@ static float log_tau(const ink_model *g, const ink_layer *l, int pos) {
 
 /* heads[n][H*hd] for the chunk; writes this layer's k/v at pos0..pos0+n-1 into the ring or rows. */
 static void attention(const model *m, const ink_layer *l, ink_layer_state *ls, state *st, const float *hn,
-                      int pos0, int n, float *heads, float *out) {
+                      int pos0, int n, ink_bufs *b, float *out) {
     const ink_model *g = m->priv;
-    int hd = l->head_dim, qd = l->heads * hd, kvd = l->kv_heads * hd, keys = l->sliding ? g->window : pos0 + n;
-    float *q = xmalloc((size_t)n * qd * sizeof *q), *kv = xmalloc((size_t)n * 2 * kvd * sizeof *kv);
-    float *raw = xmalloc((size_t)n * 2 * kvd * sizeof *raw), *r = xmalloc((size_t)n * l->heads * g->d_rel * sizeof *r);
+    int hd = l->head_dim, qd = l->heads * hd, kvd = l->kv_heads * hd;
+    float *q = b->q, *kv = b->kv, *raw = b->raw, *r = b->r, *heads = b->heads;
     project(m, &l->q, hn, n, q);
     project(m, &l->r, hn, n, r);
     /* raw[i] = [W_k h | W_v h]: the k/v convs share one part, updated together per token */
-    float *kp = xmalloc((size_t)n * kvd * sizeof *kp), *vp = xmalloc((size_t)n * kvd * sizeof *vp);
-    project(m, &l->k, hn, n, kp);
-    project(m, &l->v, hn, n, vp);
+    project(m, &l->k, hn, n, b->kp);
+    project(m, &l->v, hn, n, b->vp);
     for (int i = 0; i < n; i++) {
-        memcpy(raw + (size_t)i * 2 * kvd, kp + (size_t)i * kvd, (size_t)kvd * sizeof *raw);
-        memcpy(raw + (size_t)i * 2 * kvd + kvd, vp + (size_t)i * kvd, (size_t)kvd * sizeof *raw);
+        memcpy(raw + (size_t)i * 2 * kvd, b->kp + (size_t)i * kvd, (size_t)kvd * sizeof *raw);
+        memcpy(raw + (size_t)i * 2 * kvd + kvd, b->vp + (size_t)i * kvd, (size_t)kvd * sizeof *raw);
     }
-    free(kp);
-    free(vp);
     conv_rows(m, g, st, &ls->conv_kv, l->conv_kv, 2 * kvd, raw, (size_t)2 * kvd, kv, pos0, n);
     for (int i = 0; i < n; i++) {
         for (int h = 0; h < l->heads; h++) rmsnorm(q + (size_t)i * qd + (size_t)h * hd, q + (size_t)i * qd + (size_t)h * hd,
@@ -152,8 +192,8 @@ static void attention(const model *m, const ink_layer *l, ink_layer_state *ls, s
     }
     act_round(m, q, (size_t)n * qd);
     act_round(m, kv, (size_t)n * 2 * kvd);
-    attn_job j = {.m = m, .g = g, .l = l, .kv = ls->kv.buf, .work_stride = (size_t)hd + l->extent + keys};
-    j.work = xmalloc((size_t)l->heads * j.work_stride * sizeof *j.work);
+    int keys = l->sliding ? g->window : pos0 + n;
+    attn_job j = {.m = m, .g = g, .l = l, .kv = ls->kv.buf, .work = b->work, .work_stride = (size_t)hd + l->extent + keys};
     for (int i = 0; i < n; i++) {
         int pos = pos0 + i;
         int slot = l->sliding ? pos % g->window : pos;
@@ -169,27 +209,19 @@ static void attention(const model *m, const ink_layer *l, ink_layer_state *ls, s
     }
     act_round(m, heads, (size_t)n * qd);
     project(m, &l->o, heads, n, out);
-    free(j.work);
-    free(q);
-    free(kv);
-    free(raw);
-    free(r);
 }
 
 /* ---- MLP -------------------------------------------------------------------------------- */
 
 /* y[n][D] = down(silu(gate x) * up x * gamma) for the layout's gate/up rows; gamma NULL = 1. */
-static void glu(const model *m, const ink_glu *u, const float *x, int n, const float *gamma, float *y) {
+static void glu(const model *m, const ink_glu *u, const float *x, int n, const float *gamma, float *y, ink_bufs *bf) {
     int in = u->inter;
-    float *act = xmalloc((size_t)n * in * sizeof *act);
+    float *act = bf->act, *f = bf->fused;
     if (u->layout == GLU_SPLIT) {
-        float *b = xmalloc((size_t)n * in * sizeof *b);
         project(m, &u->gate, x, n, act);
-        project(m, &u->up, x, n, b);
-        for (size_t k = 0; k < (size_t)n * in; k++) act[k] = silu(act[k]) * b[k];
-        free(b);
+        project(m, &u->up, x, n, f);
+        for (size_t k = 0; k < (size_t)n * in; k++) act[k] = silu(act[k]) * f[k];
     } else {
-        float *f = xmalloc((size_t)n * 2 * in * sizeof *f);
         project(m, &u->fused, x, n, f);
         for (int i = 0; i < n; i++)
             for (int c = 0; c < in; c++) {
@@ -197,38 +229,33 @@ static void glu(const model *m, const ink_glu *u, const float *x, int n, const f
                 float gv = u->layout == GLU_HALVES ? fi[c] : fi[2 * c], uv = u->layout == GLU_HALVES ? fi[in + c] : fi[2 * c + 1];
                 act[(size_t)i * in + c] = silu(gv) * uv;
             }
-        free(f);
     }
     if (gamma)
         for (int i = 0; i < n; i++)
             for (int c = 0; c < in; c++) act[(size_t)i * in + c] *= gamma[i];
     act_round(m, act, (size_t)n * in);
     project(m, &u->down, act, n, y);
-    free(act);
 }
 
 /* Top-k routed experts on sigmoid + correction bias; the k chosen and every shared expert weighted
  * by their sigmoids normalised jointly (HF: exp(logsigmoid - logsumexp)), times the two scales. */
-static void route(const ink_model *g, const ink_layer *l, const float *logits, int *idx, float *gam) {
+static void route(const ink_model *g, const ink_layer *l, const float *logits, int *idx, float *gam, float *choice) {
     int E = g->n_experts, K = g->top_k;
-    float *choice = xmalloc((size_t)E * sizeof *choice);
     for (int e = 0; e < E; e++) choice[e] = sigmoidf(logits[e]) + l->router_bias[e];
     topk(choice, E, K, idx);
     float sum = 0.0f;
     for (int k = 0; k < K + g->n_shared; k++) sum += gam[k] = sigmoidf(logits[k < K ? idx[k] : E + k - K]);
     for (int k = 0; k < K + g->n_shared; k++) gam[k] = gam[k] / sum * g->route_scale * l->router_scale;
-    free(choice);
 }
 
-static void moe(const model *m, const ink_layer *l, const float *x, int n, float *y) {
+static void moe(const model *m, const ink_layer *l, const float *x, int n, float *y, ink_bufs *b) {
     const ink_model *g = m->priv;
     int d = g->dim, K = g->top_k, S = g->n_shared, R = g->n_experts + S;
-    float *logits = xmalloc((size_t)n * R * sizeof *logits), *gam = xmalloc((size_t)n * (K + S) * sizeof *gam);
-    int *idx = xmalloc((size_t)n * K * sizeof *idx), *rows = xmalloc((size_t)n * sizeof *rows);
-    float *xin = xmalloc((size_t)n * d * sizeof *xin), *eout = xmalloc((size_t)n * d * sizeof *eout);
-    float *ex = xmalloc((size_t)n * (K + S) * d * sizeof *ex), *g1 = xmalloc((size_t)n * sizeof *g1);
+    float *logits = b->logits, *gam = b->gam, *xin = b->xin, *eout = b->eout, *ex = b->ex, *g1 = b->g1;
+    int *idx = b->idx, *rows = b->rows;
     project(m, &l->router, x, n, logits);
-    for (int i = 0; i < n; i++) route(g, l, logits + (size_t)i * R, idx + (size_t)i * K, gam + (size_t)i * (K + S));
+    for (int i = 0; i < n; i++)
+        route(g, l, logits + (size_t)i * R, idx + (size_t)i * K, gam + (size_t)i * (K + S), b->choice);
     /* each routed expert once over the tokens that chose it; outputs land in ex[token][slot] */
     for (int e = 0; e < g->n_experts; e++) {
         int cnt = 0;
@@ -238,12 +265,12 @@ static void moe(const model *m, const ink_layer *l, const float *x, int n, float
                 rows[cnt++] = t / K * (K + S) + t % K;
             }
         if (!cnt) continue;
-        glu(m, &l->experts[e], xin, cnt, NULL, eout);
+        glu(m, &l->experts[e], xin, cnt, NULL, eout, b);
         for (int r = 0; r < cnt; r++) memcpy(ex + (size_t)rows[r] * d, eout + (size_t)r * d, (size_t)d * sizeof *ex);
     }
     for (int s = 0; s < S; s++) {
         for (int i = 0; i < n; i++) g1[i] = gam[(size_t)i * (K + S) + K + s];
-        glu(m, &l->shared[s], x, n, g1, eout);
+        glu(m, &l->shared[s], x, n, g1, eout, b);
         for (int i = 0; i < n; i++) memcpy(ex + ((size_t)i * (K + S) + K + s) * d, eout + (size_t)i * d, (size_t)d * sizeof *ex);
     }
     for (int i = 0; i < n; i++)
@@ -254,13 +281,12 @@ static void moe(const model *m, const ink_layer *l, const float *x, int n, float
             y[(size_t)i * d + c] = routed + shared;
         }
     act_round(m, y, (size_t)n * d);
-    free(logits), free(gam), free(idx), free(rows), free(xin), free(eout), free(ex), free(g1);
 }
 
-static void mlp(const model *m, const ink_layer *l, const float *x, int n, float *y) {
+static void mlp(const model *m, const ink_layer *l, const float *x, int n, float *y, ink_bufs *b) {
     const ink_model *g = m->priv;
-    if (l->sparse) return moe(m, l, x, n, y);
-    glu(m, &l->mlp, x, n, NULL, y);
+    if (l->sparse) return moe(m, l, x, n, y, b);
+    glu(m, &l->mlp, x, n, NULL, y, b);
     for (size_t k = 0; k < (size_t)n * g->dim; k++) y[k] *= l->mlp_scale;
     act_round(m, y, (size_t)n * g->dim);
 }
@@ -293,62 +319,53 @@ static void add_residual(const model *m, float *x, const float *delta, size_t le
     act_round(m, x, len);
 }
 
-static int check_input(const ink_model *g, const ink_seq *s, const int *ids, int pos0, int n, char *err,
-                       size_t errlen) {
-    if (n < 1) return errf(err, errlen, "forward: no tokens");
-    if (pos0 < 0 || pos0 + n > s->cap)
-        return errf(err, errlen, "forward: positions %d..%d exceed the context of %d", pos0, pos0 + n - 1, s->cap);
-    for (int i = 0; i < n; i++)
-        if (ids[i] < 0 || ids[i] >= g->vocab)
-            return errf(err, errlen, "token id %d at position %d is outside the vocabulary (%d)", ids[i], pos0 + i,
-                        g->vocab);
-    return 0;
-}
-
 /* lm_head(RMSNorm(x) / logits_mup_width_multiplier), only the unpadded rows. */
-static int head_logits(const model *m, const float *x, int n, float *logits, float *all_logits, char *err,
-                       size_t errlen) {
+static void head_logits(const model *m, const float *x, int n, float *logits, float *all_logits, ink_bufs *b) {
     const ink_model *g = m->priv;
     int first = all_logits ? 0 : n - 1, cnt = n - first, V = g->unpadded;
-    float *hn = xmalloc((size_t)cnt * g->dim * sizeof *hn), *out = xmalloc((size_t)cnt * V * sizeof *out);
+    float *hn = b->head_hn, *out = b->head_out;
     norm_rows(m, hn, x + (size_t)first * g->dim, g->final_norm, cnt, g->dim, g->eps);
     for (size_t k = 0; k < (size_t)cnt * g->dim; k++) hn[k] /= g->logit_div;
     act_round(m, hn, (size_t)cnt * g->dim);
     qmat_mul_rows(&g->head, 0, V, hn, cnt, out);
-    int rc = 0;
-    for (size_t k = 0; k < (size_t)cnt * V && !rc; k++)
-        if (!isfinite(out[k])) rc = errf(err, errlen, "non-finite logit at token %zu of the chunk", first + k / V);
-    if (!rc && all_logits) memcpy(all_logits, out, (size_t)n * V * sizeof *out);
-    if (!rc && logits) memcpy(logits, out + (size_t)(cnt - 1) * V, (size_t)V * sizeof *out);
-    free(hn);
-    free(out);
-    return rc;
+    if (all_logits) memcpy(all_logits, out, (size_t)n * V * sizeof *out);
+    if (logits) memcpy(logits, out + (size_t)(cnt - 1) * V, (size_t)V * sizeof *out);
 }
 
-int inkling_forward(model *m, void *fam_seq, const int *ids, int pos0, int n, float *logits, float *all_logits,
-                    char *err, size_t errlen) {
+/* One chunk of at most INK_CHUNK tokens; all its scratch is given back at the end. */
+static void forward_chunk(const model *m, ink_seq *s, const int *ids, int pos0, int n, float *logits,
+                          float *all_logits) {
     const ink_model *g = m->priv;
-    ink_seq *s = fam_seq;
-    if (check_input(g, s, ids, pos0, n, err, errlen)) return -1;
-    int qmax = 1;
-    for (int li = 0; li < g->n_layers; li++) qmax = MAX(qmax, g->layers[li].heads * g->layers[li].head_dim);
-    size_t len = (size_t)n * g->dim;
-    float *x = xmalloc(len * sizeof *x), *hn = xmalloc(len * sizeof *hn), *delta = xmalloc(len * sizeof *delta);
-    float *branch = xmalloc(len * sizeof *branch), *heads = xmalloc((size_t)n * qmax * sizeof *heads);
+    size_t start = arena_mark(s->scratch), len = (size_t)n * g->dim;
+    ink_bufs b;
+    chunk_layout(s->scratch, g, n, pos0 + n, &b);
+    float *x = b.x, *hn = b.hn, *delta = b.delta, *branch = b.branch;
     for (int i = 0; i < n; i++) embed(m, s, ids[i], x + (size_t)i * g->dim, delta);
     for (int li = 0; li < g->n_layers; li++) {
         const ink_layer *l = &g->layers[li];
         ink_layer_state *ls = &s->layers[li];
         norm_rows(m, hn, x, l->attn_norm, n, g->dim, g->eps);
-        attention(m, l, ls, s->st, hn, pos0, n, heads, branch);
+        attention(m, l, ls, s->st, hn, pos0, n, &b, branch);
         conv_rows(m, g, s->st, &ls->conv_attn, l->conv_attn, g->dim, branch, (size_t)g->dim, delta, pos0, n);
         add_residual(m, x, delta, len);
         norm_rows(m, hn, x, l->mlp_norm, n, g->dim, g->eps);
-        mlp(m, l, hn, n, branch);
+        mlp(m, l, hn, n, branch, &b);
         conv_rows(m, g, s->st, &ls->conv_mlp, l->conv_mlp, g->dim, branch, (size_t)g->dim, delta, pos0, n);
         add_residual(m, x, delta, len);
     }
-    int rc = logits || all_logits ? head_logits(m, x, n, logits, all_logits, err, errlen) : 0;
-    free(x), free(hn), free(delta), free(branch), free(heads);
-    return rc;
+    if (logits || all_logits) head_logits(m, x, n, logits, all_logits, &b);
+    arena_release(s->scratch, start);
+}
+
+/* Chunks of INK_CHUNK bound the scratch; by chunking invariance the split changes no bit. */
+int inkling_forward(model *m, void *fam_seq, const int *ids, int pos0, int n, float *logits, float *all_logits,
+                    char *err, size_t errlen) {
+    const ink_model *g = m->priv;
+    for (int done = 0; done < n;) {
+        int k = MIN(INK_CHUNK, n - done);
+        float *all = all_logits ? all_logits + (size_t)done * g->unpadded : NULL;
+        forward_chunk(m, fam_seq, ids + done, pos0 + done, k, done + k == n ? logits : NULL, all);
+        done += k;
+    }
+    return 0;
 }

@@ -11,7 +11,6 @@
  * slot only (its next request resets); other slots are never touched.
  */
 #include <errno.h>
-#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,7 +24,7 @@
 #include "../core/threads.h"
 #include "../core/util.h"
 #include "../state/persist.h"
-#include "../state/reuse.h"
+#include "../models/model.h"
 #include "wire.h"
 
 typedef struct {
@@ -59,7 +58,6 @@ typedef struct {
     state **states;      /* &seqs[i]->st: kv-share donors */
     request **active;    /* per slot, NULL when idle */
     store *cs;
-    int markers[12], nmarkers;
     float *logits, *logprobs, *top_lps;
     int *top_ids;
     wire_reader rd;
@@ -140,9 +138,7 @@ static void emit_token(engine *e, request *r, int t) {
 /* Sample from e->logits. The token is emitted but not fed: it enters the state only if
  * generation continues (so the record never claims a token the state does not hold). */
 static void sample_next(engine *e, request *r) {
-    int t = sampler_pick(&r->smp, e->logits);
-    /* the sampler skips non-finite logits; a chosen one means they all were: the state is suspect */
-    if (!isfinite(e->logits[t])) return fail(e, r, "ENGINE_ERROR", "the model produced non-finite logits");
+    int t = sampler_pick(&r->smp, e->logits);    /* seq_feed has checked every logit is finite */
     if (r->generated == 0) r->t_first = now_seconds();
     if (model_is_eos(e->m, t)) return finish(e, r, 0);
     emit_token(e, r, t);
@@ -285,7 +281,7 @@ static void start_request(engine *e, request *r, int sys_end, int media_from) {
     r->reused = rr.reused;
     if (e->log_prefix)
         fprintf(stderr, "prefix: slot %d reused %d/%d (%s)\n", r->slot, rr.reused, r->n, reuse_kind_name(rr.kind));
-    reuse_prefill_init(&r->pf, sq, e->cs, r->slot, r->prompt, r->n, sys_end, e->markers, e->nmarkers);
+    reuse_prefill_init(&r->pf, seq_feeder(sq), e->cs, r->slot, r->prompt, r->n, sys_end, e->m->markers.all, e->m->markers.n_all);
     sampler_params sp = {.temperature = r->sub.temperature, .top_p = r->sub.top_p, .seed = r->sub.seed};
     sampler_init(&r->smp, &sp, e->m->vocab_size);
     if (e->m->tok) tok_stream_init(&r->ts, e->m->tok);
@@ -456,16 +452,6 @@ static int parse_flags(int argc, char **argv, engine_opts *o) {
     return 0;
 }
 
-static void resolve_markers(engine *e) {
-    static const char *names[] = {"<｜User｜>", "<｜Assistant｜>", "<|user|>", "<|assistant|>", "<|system|>", "<|observation|>",
-                                  "<|message_user|>", "<|message_model|>", "<|message_system|>", "<|message_tool|>"};
-    if (!e->m->tok) return;
-    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
-        int id = tok_id(e->m->tok, names[i]);
-        if (id >= 0) e->markers[e->nmarkers++] = id;
-    }
-}
-
 static void load_slots(engine *e) {
     for (int i = 0; i < e->o.slots; i++) {
         char err[512];
@@ -493,7 +479,6 @@ static int engine_open(engine *e, char *err, size_t errlen) {
     e->logprobs = xmalloc((size_t)v * sizeof *e->logprobs);
     e->top_ids = xmalloc(WIRE_LOGPROBS_MAX * sizeof *e->top_ids);
     e->top_lps = xmalloc(WIRE_LOGPROBS_MAX * sizeof *e->top_lps);
-    resolve_markers(e);
     if (e->o.kv_dir && mkdir(e->o.kv_dir, 0755) && errno != EEXIST)
         return errf(err, errlen, "--kv-dir %s: %s", e->o.kv_dir, strerror(errno));
     if (e->o.kv_dir) load_slots(e);
@@ -531,8 +516,9 @@ int cmd_engine(int argc, char **argv) {
     }
     /* a gateway that went away must not kill us mid-write; the next read sees EOF */
     signal(SIGPIPE, SIG_IGN);
-    printf("%sCAPS vision=0 slots=%d ctx=%d logprobs=%d ids=1\nSTAT 0 0.0 0.0 %.2f 0 0\n", WIRE_READY, e.o.slots,
-           e.seqs[0]->st.cap, WIRE_LOGPROBS_MAX, rss_gb());
+    printf("%sCAPS vision=0 slots=%d ctx=%d logprobs=%d ids=1 family=%s truncate=%d checkpoints=%d\n"
+           "STAT 0 0.0 0.0 %.2f 0 0\n", WIRE_READY, e.o.slots, e.seqs[0]->st.cap, WIRE_LOGPROBS_MAX, e.m->ops->name,
+           e.m->ops->truncates, e.cs != NULL, rss_gb());
     fflush(stdout);
     run_loop(&e);
     engine_close(&e);

@@ -412,20 +412,6 @@ static int listen_on(const char *host, long port, int *bound_port, char *err, si
     return fd;
 }
 
-static char *model_type_of(const char *dir, char *err, size_t errlen) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    char *text = read_file(path, NULL, err, errlen);
-    if (!text) return NULL;
-    cJSON *cfg = cJSON_Parse(text);
-    free(text);
-    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(cfg, "model_type");
-    char *r = cJSON_IsString(mt) ? xstrdup(mt->valuestring) : NULL;
-    if (!r) errf(err, errlen, "%s: %s", path, cfg ? "no string model_type" : "not valid JSON");
-    cJSON_Delete(cfg);
-    return r;
-}
-
 static void forget_records(void *user) { slots_forget_all(((serve_ctx *)user)->sl); }
 
 /* The engine could not start at all: stop the server the same way a SIGTERM would. */
@@ -496,7 +482,6 @@ static void teardown(server *s, struct MHD_Daemon *d, char **eargv, int lfd) {
     if (sc->sl) slots_free(sc->sl);
     if (sc->mx) metrics_free(sc->mx);
     if (sc->tok) tok_free(sc->tok);
-    free((char *)sc->model_type);
     free(s->model_dir_copy);
 }
 
@@ -509,10 +494,12 @@ int cmd_serve(int argc, char **argv) {
     struct MHD_Daemon *d = NULL;
     char **eargv = NULL;
     int lfd = -1, port = 0;
-    if (!(sc->model_type = model_type_of(o.model_dir, err, sizeof err))) goto fail;
+    const family_ops *fam = family_of_dir(o.model_dir, err, sizeof err);
+    if (!fam) goto fail;
+    sc->family = fam->name;
     s.model_dir_copy = xstrdup(o.model_dir);
     sc->model_id = o.model_id ? o.model_id : basename(s.model_dir_copy);
-    sc->tpl = chat_find(sc->model_type);
+    sc->tpl = fam->chat;
     sc->nslots = (int)o.slots;
     sc->max_tokens = (int)o.max_tokens;
     sc->queue_timeout = o.queue_timeout;
@@ -521,7 +508,7 @@ int cmd_serve(int argc, char **argv) {
     snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", o.model_dir);
     sc->tok = access(tok_path, R_OK) == 0 ? tok_load(tok_path, err, sizeof err) : NULL;
     if (!sc->tpl)
-        fprintf(stderr, "cairn serve: model type %s has no chat template: only /v1/completions works\n", sc->model_type);
+        fprintf(stderr, "cairn serve: family %s has no chat template: only /v1/completions works\n", sc->family);
 
     /* Signals are taken by sigwait below; every thread inherits the blocked mask. */
     sigset_t sigs;

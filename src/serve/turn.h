@@ -30,7 +30,7 @@ typedef struct {
     metrics *mx;
     int nslots;
     const char *model_id;
-    const char *model_type;
+    const char *family;           /* the model's family name (its descriptor, models/model.h) */
     const chat_template *tpl;     /* NULL: the family has no chat template (completions only) */
     tokenizer *tok;               /* to spell logprob alternatives; NULL = "<token_id:N>" */
     int max_tokens;               /* server cap on generated tokens per request */

@@ -27,17 +27,18 @@ function client(server) {
 // but the unfed last token after max_tokens); the new prompt starts with prev's prompt (it ends
 // in special tokens, so it tokenizes the same) and then the re-rendered reply, whose tokens may
 // or may not be the ids the model generated — a client cannot see them. By src/state/reuse.h:
-// GLM truncates to the common prefix, so somewhere from prev's prompt to the whole record;
-// DeepSeek V4 and Inkling cannot rewind: the whole record (extension) or else the checkpoint the
-// previous prefill took at n - 1 (no later checkpoint can exist: none was taken past that prompt).
+// A state that truncates (descriptor `truncates`, rows only) keeps the common prefix, so somewhere
+// from prev's prompt to the whole record; one that cannot rewind keeps the whole record
+// (extension) or else the checkpoint its previous prefill took at n - 1 (no later checkpoint can
+// exist: none was taken past that prompt).
 function followTurn(reused, prev) {
   const record = prev.total + prev.completion - (prev.finish === 'length' ? 1 : 0);
-  if (FAMILY === 'deepseek_v4' || FAMILY === 'inkling_mm_model') {
+  if (FAMILY.truncates) {
+    assert.ok(reused >= prev.total && reused <= record, `reuse ${reused} outside [${prev.total}, ${record}]`);
+  } else {
     assert.ok(reused === record || reused === prev.total - 1,
       `reuse ${reused}: neither the record (${record}) nor the previous prompt's n - 1 (${prev.total - 1})`);
-  } else if (FAMILY === 'glm_moe_dsa') {
-    assert.ok(reused >= prev.total && reused <= record, `reuse ${reused} outside [${prev.total}, ${record}]`);
-  } else assert.fail(`no reuse rule known for model_type ${FAMILY}`);
+  }
 }
 
 // The engine's reuse decision for the request just answered.

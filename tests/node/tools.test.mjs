@@ -21,21 +21,21 @@ const SYNTAX = {
     result: (text) => `<tool_result>${text}</tool_result>`,
   },
   // The template renders the content stripped, then each call with no whitespace between tags.
-  glm_moe_dsa: {
+  glm: {
     reply: 'Let me check.<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>'
       + '<arg_key>days</arg_key><arg_value>3</arg_value></tool_call>',
     marker: 'tool_call',
     result: (text) => `<|observation|><tool_response>${text}</tool_response>`,
   },
   // A text block, then the call as its own model message (name, then the JSON payload).
-  inkling_mm_model: {
+  inkling: {
     reply: '<|content_text|>Let me check.<|end_message|><|message_model|>get_weather<|content_invoke_tool_json|>'
       + '{"name":"get_weather","args":{"city":"Paris","days":3}}<|end_message|>',
     marker: 'content_invoke',
     result: (text) => `<|message_tool|>get_weather<|content_text|>${text}<|end_message|>`,
   },
-}[FAMILY];
-if (!SYNTAX) throw new Error(`no tool-call syntax known for model_type ${FAMILY}`);
+}[FAMILY.name];
+if (!SYNTAX) throw new Error(`no tool-call syntax known for family ${FAMILY.name}: add its reply here`);
 const REPLY = SYNTAX.reply;
 
 const TOOL = {

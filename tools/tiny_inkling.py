@@ -46,11 +46,12 @@ SIZES = {
                  swa_num_attention_heads=4, swa_num_key_value_heads=1, swa_head_dim=8, sliding_window_size=6,
                  d_rel=4, rel_extent=12, log_scaling_n_floor=4, intermediate_size=96, moe_intermediate_size=32,
                  n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=2),
-    "bench": dict(vocab_size=4096, unpadded_vocab_size=4000, hidden_size=1024, num_hidden_layers=6,
-                  num_attention_heads=8, num_key_value_heads=2, head_dim=128,
-                  swa_num_attention_heads=8, swa_num_key_value_heads=4, swa_head_dim=128,
+    # ~1.1 B parameters (2.3 GB BF16): the real layer structure at 1/3 width, 64 experts.
+    "bench": dict(vocab_size=8192, unpadded_vocab_size=8000, hidden_size=2048, num_hidden_layers=6,
+                  num_attention_heads=16, num_key_value_heads=2, head_dim=128,
+                  swa_num_attention_heads=16, swa_num_key_value_heads=4, swa_head_dim=128,
                   sliding_window_size=128, d_rel=16, rel_extent=512, log_scaling_n_floor=256,
-                  intermediate_size=2048, moe_intermediate_size=256, n_routed_experts=32, num_experts_per_tok=4,
+                  intermediate_size=4096, moe_intermediate_size=512, n_routed_experts=64, num_experts_per_tok=6,
                   n_shared_experts=2),
 }
 N_MEL_BINS, MEL_VOCAB = 80, 16
@@ -77,25 +78,28 @@ def config_for(size):
 
 
 def canonical_weights(c, seed):
-    """{HF text-model-relative name: float64 array}, scaled so activations stay near unit size through
-    the layers and the logits spread over several nats."""
+    """(HF text-model-relative name, float32 array) in file order, scaled so activations stay near
+    unit size through the layers and the logits spread over several nats. A generator, so the
+    bench size is encoded tensor by tensor instead of held in full precision."""
     rng = np.random.default_rng(seed)
     t = c["text_config"]
     d, k = t["hidden_size"], t["sconv_kernel_size"]
-    w = {}
+
+    def normal(shape):
+        return rng.standard_normal(shape, dtype=np.float32)
 
     def mat(name, rows, cols, gain=1.0):
-        w[name] = rng.standard_normal((rows, cols)) * (gain / np.sqrt(cols))
+        return name, normal((rows, cols)) * np.float32(gain / np.sqrt(cols))
 
     def vec(name, n, mean=1.0, spread=0.1):
-        w[name] = mean + spread * rng.standard_normal(n)
+        return name, np.float32(mean) + np.float32(spread) * normal(n)
 
     def conv(name, ch):
         # depthwise [C, 1, K]; small taps: the residual inside the conv keeps x itself
-        w[name] = 0.3 * rng.standard_normal((ch, 1, k))
+        return name, np.float32(0.3) * normal((ch, 1, k))
 
-    w["embed_tokens.weight"] = rng.standard_normal((t["vocab_size"], d))
-    vec("embed_tokens.embed_norm.weight", d)
+    yield "embed_tokens.weight", normal((t["vocab_size"], d))
+    yield vec("embed_tokens.embed_norm.weight", d)
     for i in range(t["num_hidden_layers"]):
         p = f"layers.{i}."
         sliding = (i + 1) % 6 != 0
@@ -103,47 +107,46 @@ def canonical_weights(c, seed):
         kv = t["swa_num_key_value_heads"] if sliding else t["num_key_value_heads"]
         hd = t["swa_head_dim"] if sliding else t["head_dim"]
         extent = t["sliding_window_size"] if sliding else t["rel_extent"]
-        vec(p + "input_layernorm.weight", d)
-        vec(p + "post_attention_layernorm.weight", d)
+        yield vec(p + "input_layernorm.weight", d)
+        yield vec(p + "post_attention_layernorm.weight", d)
         a = p + "self_attn."
-        mat(a + "q_proj.weight", h * hd, d)
-        mat(a + "k_proj.weight", kv * hd, d)
-        mat(a + "v_proj.weight", kv * hd, d)
-        mat(a + "r_proj.weight", h * t["d_rel"], d)
-        mat(a + "o_proj.weight", d, h * hd, gain=0.7)
-        conv(a + "k_sconv.conv1d.weight", kv * hd)
-        conv(a + "v_sconv.conv1d.weight", kv * hd)
-        vec(a + "q_norm.weight", hd)
-        vec(a + "k_norm.weight", hd)
-        w[a + "rel_logits_proj.proj"] = 2.0 * rng.standard_normal((t["d_rel"], extent)) / np.sqrt(t["d_rel"])
-        conv(p + "attn_sconv.conv1d.weight", d)
-        conv(p + "mlp_sconv.conv1d.weight", d)
+        yield mat(a + "q_proj.weight", h * hd, d)
+        yield mat(a + "k_proj.weight", kv * hd, d)
+        yield mat(a + "v_proj.weight", kv * hd, d)
+        yield mat(a + "r_proj.weight", h * t["d_rel"], d)
+        yield mat(a + "o_proj.weight", d, h * hd, gain=0.7)
+        yield conv(a + "k_sconv.conv1d.weight", kv * hd)
+        yield conv(a + "v_sconv.conv1d.weight", kv * hd)
+        yield vec(a + "q_norm.weight", hd)
+        yield vec(a + "k_norm.weight", hd)
+        yield a + "rel_logits_proj.proj", normal((t["d_rel"], extent)) * np.float32(2.0 / np.sqrt(t["d_rel"]))
+        yield conv(p + "attn_sconv.conv1d.weight", d)
+        yield conv(p + "mlp_sconv.conv1d.weight", d)
         m = p + "mlp."
         if i < t["dense_mlp_idx"]:
-            mat(m + "gate_proj.weight", t["intermediate_size"], d)
-            mat(m + "up_proj.weight", t["intermediate_size"], d)
-            mat(m + "down_proj.weight", d, t["intermediate_size"], gain=0.7)
-            vec(m + "global_scale", 1, mean=0.9)
+            yield mat(m + "gate_proj.weight", t["intermediate_size"], d)
+            yield mat(m + "up_proj.weight", t["intermediate_size"], d)
+            yield mat(m + "down_proj.weight", d, t["intermediate_size"], gain=0.7)
+            yield vec(m + "global_scale", 1, mean=0.9)
             continue
         e, ns, mi = t["n_routed_experts"], t["n_shared_experts"], t["moe_intermediate_size"]
-        mat(m + "gate.weight", e + ns, d, gain=2.0)
-        vec(m + "gate.global_scale", 1, mean=0.12, spread=0.01)
-        vec(m + "gate.e_score_correction_bias", e, mean=0.0, spread=0.2)
-        w[m + "experts.gate_up_proj"] = rng.standard_normal((e, 2 * mi, d)) / np.sqrt(d)
-        w[m + "experts.down_proj"] = rng.standard_normal((e, d, mi)) * (0.7 / np.sqrt(mi))
-        w[m + "shared_experts.gate_proj"] = rng.standard_normal((ns, mi, d)) / np.sqrt(d)
-        w[m + "shared_experts.up_proj"] = rng.standard_normal((ns, mi, d)) / np.sqrt(d)
-        w[m + "shared_experts.down_proj"] = rng.standard_normal((ns, d, mi)) * (0.7 / np.sqrt(mi))
-    vec("norm.weight", d)
-    mat("lm_head.weight", t["vocab_size"], d, gain=4.0 * t["logits_mup_width_multiplier"])
-    w["audio.embed"] = rng.standard_normal((N_MEL_BINS * MEL_VOCAB, d)) * 0.3
-    vec("audio.norm", d)
-    return w
+        yield mat(m + "gate.weight", e + ns, d, gain=2.0)
+        yield vec(m + "gate.global_scale", 1, mean=0.12, spread=0.01)
+        yield vec(m + "gate.e_score_correction_bias", e, mean=0.0, spread=0.2)
+        yield m + "experts.gate_up_proj", normal((e, 2 * mi, d)) * np.float32(1 / np.sqrt(d))
+        yield m + "experts.down_proj", normal((e, d, mi)) * np.float32(0.7 / np.sqrt(mi))
+        yield m + "shared_experts.gate_proj", normal((ns, mi, d)) * np.float32(1 / np.sqrt(d))
+        yield m + "shared_experts.up_proj", normal((ns, mi, d)) * np.float32(1 / np.sqrt(d))
+        yield m + "shared_experts.down_proj", normal((ns, d, mi)) * np.float32(0.7 / np.sqrt(mi))
+    yield vec("norm.weight", d)
+    yield mat("lm_head.weight", t["vocab_size"], d, gain=4.0 * t["logits_mup_width_multiplier"])
+    yield "audio.embed", normal((N_MEL_BINS * MEL_VOCAB, d)) * np.float32(0.3)
+    yield vec("audio.norm", d)
 
 
 def interleave(gate, up, axis):
     """[g0, u0, g1, u1, ...] along axis: the released checkpoint's fused gate/up row order."""
-    out = np.empty(gate.shape[:axis] + (2 * gate.shape[axis],) + gate.shape[axis + 1:])
+    out = np.empty(gate.shape[:axis] + (2 * gate.shape[axis],) + gate.shape[axis + 1:], dtype=gate.dtype)
     idx = [slice(None)] * gate.ndim
     idx[axis] = slice(0, None, 2)
     out[tuple(idx)] = gate
@@ -212,9 +215,10 @@ def raw_tensors(w):
 
 
 def encode(tensors):
-    """BF16 everywhere except the F32 convolutions, router score bias and scale scalars."""
+    """BF16 everywhere except the F32 convolutions, router score bias and scale scalars; one
+    tensor at a time, so only the encoded bytes stay in memory."""
     out = {}
-    for name, v in tensors.items():
+    for name, v in tensors:
         if "sconv" in name or name.endswith(("global_scale", "e_score_correction_bias", "gate.bias")):
             out[name] = v.astype(np.float32)
         else:
@@ -227,7 +231,7 @@ def make(outdir, size="tiny", seed=1234, layout="hf"):
         raise ValueError(f"layout {layout!r}: hf or raw")
     c = config_for(size)
     w = canonical_weights(c, seed)
-    tensors = {hf_name(k): v for k, v in w.items()} if layout == "hf" else raw_tensors(w)
+    tensors = ((hf_name(k), v) for k, v in w) if layout == "hf" else raw_tensors(dict(w)).items()
     os.makedirs(outdir, exist_ok=True)
     st.write_file(os.path.join(outdir, "model.safetensors"), encode(tensors), {"format": "pt"})
     t = c["text_config"]

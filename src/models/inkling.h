@@ -34,7 +34,9 @@
  * forward calls state_capture before the first write of each position to each ring / conv part.
  *
  * CHUNKING INVARIANCE: projections are batched qmat_mul (row-exact); convs, attention and expert
- * sums run per token in position order with fixed reduction orders.
+ * sums run per token in position order with fixed reduction orders. A pass takes rows from several
+ * sequences (the engine's batched decode): the token-parallel work is the same per row whatever
+ * shares the batch, and the stateful work reads and writes each row's own sequence.
  */
 #ifndef CAIRN_INKLING_H
 #define CAIRN_INKLING_H
@@ -108,10 +110,18 @@ typedef struct {
 
 extern const chat_template inkling_chat;   /* chat_inkling.c */
 
-#define INK_CHUNK 64   /* tokens per internal pass: bounds the scratch */
+#define INK_CHUNK 64   /* rows per internal pass: bounds the scratch */
+
+/* The rows of one pass: row i is token ids[i] at position pos[i] of sequence seq[i]; its logits
+ * go to all[i] or last[i] when set. end = 1 + the largest position. */
+typedef struct {
+    ink_seq **seq;
+    const int *pos, *ids;
+    float **all, **last;
+    int n, end;
+} ink_rows;
 
 size_t inkling_scratch_bytes(const model *m, int ctx);
-int inkling_forward(model *m, void *fam_seq, const int *ids, int pos0, int n, float *logits, float *all_logits,
-                    char *err, size_t errlen);
+int inkling_forward(model *m, const fwd_seg *segs, int nseg, char *err, size_t errlen);
 
 #endif

@@ -30,7 +30,7 @@ typedef struct {
     float *q, *kv, *raw, *kp, *vp, *r, *work;        /* attention */
     float *logits, *gam, *xin, *eout, *ex, *g1, *act, *fused, *choice;   /* MLP */
     int *idx, *rows;
-    float *head_hn, *head_out;
+    float *head_hn;
 } ink_bufs;
 
 static float *floats(arena *a, size_t n) { return arena_take(a, n, sizeof(float)); }
@@ -56,7 +56,7 @@ static void chunk_layout(arena *a, const ink_model *g, int n, int end, ink_bufs 
     b->idx = arena_take(a, (size_t)n * g->top_k, sizeof(int)), b->rows = arena_take(a, (size_t)n, sizeof(int));
     b->xin = floats(a, nd), b->eout = floats(a, nd), b->ex = floats(a, n * ks * g->dim), b->g1 = floats(a, (size_t)n);
     b->act = floats(a, n * imax), b->fused = floats(a, n * 2 * imax), b->choice = floats(a, (size_t)g->n_experts);
-    b->head_hn = floats(a, nd), b->head_out = floats(a, (size_t)n * g->unpadded);
+    b->head_hn = floats(a, (size_t)g->dim);
 }
 
 size_t inkling_scratch_bytes(const model *m, int ctx) {
@@ -97,11 +97,21 @@ static void conv_token(const model *m, float *hist, const float *w, int K, int C
     act_round(m, y, (size_t)C);
 }
 
-/* The chunk's conv over rows of x (stride ld, C channels), in position order. */
-static void conv_rows(const model *m, const ink_model *g, state *st, const ink_part *p, const float *w, int C,
-                      const float *x, size_t ld, float *y, int pos0, int n) {
-    for (int i = 0; i < n; i++) {
-        state_capture(st, p->part, pos0 + i);
+/* Which conv of a layer a pass runs (each is its own RECUR part, see inkling.h). */
+typedef enum { CONV_KV, CONV_ATTN, CONV_MLP } conv_which;
+
+static ink_part *conv_part(ink_layer_state *ls, conv_which w) {
+    return w == CONV_KV ? &ls->conv_kv : w == CONV_ATTN ? &ls->conv_attn : &ls->conv_mlp;
+}
+
+/* The conv over the chunk's rows of x (stride ld, C channels), each row in its own sequence's
+ * window; rows of one sequence come in position order. */
+static void conv_rows(const model *m, const ink_rows *rw, int li, conv_which which, const float *w, int C,
+                      const float *x, size_t ld, float *y) {
+    const ink_model *g = m->priv;
+    for (int i = 0; i < rw->n; i++) {
+        ink_part *p = conv_part(&rw->seq[i]->layers[li], which);
+        state_capture(rw->seq[i]->st, p->part, rw->pos[i]);
         conv_token(m, p->buf, w, g->conv_k, C, x + (size_t)i * ld, y + (size_t)i * ld);
     }
 }
@@ -168,10 +178,11 @@ static float log_tau(const ink_model *g, const ink_layer *l, int pos) {
     return 1.0f + g->log_alpha * logf(ratio > 1.0f ? ratio : 1.0f);
 }
 
-/* heads[n][H*hd] for the chunk; writes this layer's k/v at pos0..pos0+n-1 into the ring or rows. */
-static void attention(const model *m, const ink_layer *l, ink_layer_state *ls, state *st, const float *hn,
-                      int pos0, int n, ink_bufs *b, float *out) {
+/* heads[n][H*hd] for the pass; writes each row's k/v at its position into its sequence's ring or rows. */
+static void attention(const model *m, int li, const ink_rows *rw, const float *hn, ink_bufs *b, float *out) {
     const ink_model *g = m->priv;
+    const ink_layer *l = &g->layers[li];
+    int n = rw->n;
     int hd = l->head_dim, qd = l->heads * hd, kvd = l->kv_heads * hd;
     float *q = b->q, *kv = b->kv, *raw = b->raw, *r = b->r, *heads = b->heads;
     project(m, &l->q, hn, n, q);
@@ -183,7 +194,7 @@ static void attention(const model *m, const ink_layer *l, ink_layer_state *ls, s
         memcpy(raw + (size_t)i * 2 * kvd, b->kp + (size_t)i * kvd, (size_t)kvd * sizeof *raw);
         memcpy(raw + (size_t)i * 2 * kvd + kvd, b->vp + (size_t)i * kvd, (size_t)kvd * sizeof *raw);
     }
-    conv_rows(m, g, st, &ls->conv_kv, l->conv_kv, 2 * kvd, raw, (size_t)2 * kvd, kv, pos0, n);
+    conv_rows(m, rw, li, CONV_KV, l->conv_kv, 2 * kvd, raw, (size_t)2 * kvd, kv);
     for (int i = 0; i < n; i++) {
         for (int h = 0; h < l->heads; h++) rmsnorm(q + (size_t)i * qd + (size_t)h * hd, q + (size_t)i * qd + (size_t)h * hd,
                                                   l->q_norm, hd, g->eps);
@@ -192,13 +203,15 @@ static void attention(const model *m, const ink_layer *l, ink_layer_state *ls, s
     }
     act_round(m, q, (size_t)n * qd);
     act_round(m, kv, (size_t)n * 2 * kvd);
-    int keys = l->sliding ? g->window : pos0 + n;
-    attn_job j = {.m = m, .g = g, .l = l, .kv = ls->kv.buf, .work = b->work, .work_stride = (size_t)hd + l->extent + keys};
+    int keys = l->sliding ? g->window : rw->end;
+    attn_job j = {.m = m, .g = g, .l = l, .work = b->work, .work_stride = (size_t)hd + l->extent + keys};
     for (int i = 0; i < n; i++) {
-        int pos = pos0 + i;
+        int pos = rw->pos[i];
         int slot = l->sliding ? pos % g->window : pos;
-        if (l->sliding) state_capture(st, ls->kv.part, pos);
-        memcpy(ls->kv.buf + (size_t)slot * 2 * kvd, kv + (size_t)i * 2 * kvd, (size_t)2 * kvd * sizeof(float));
+        ink_part *kvp = &rw->seq[i]->layers[li].kv;
+        if (l->sliding) state_capture(rw->seq[i]->st, kvp->part, pos);
+        memcpy(kvp->buf + (size_t)slot * 2 * kvd, kv + (size_t)i * 2 * kvd, (size_t)2 * kvd * sizeof(float));
+        j.kv = kvp->buf;
         j.pos = pos;
         j.first = l->sliding && pos - g->window + 1 > 0 ? pos - g->window + 1 : 0;
         j.tau = log_tau(g, l, pos);
@@ -319,53 +332,69 @@ static void add_residual(const model *m, float *x, const float *delta, size_t le
     act_round(m, x, len);
 }
 
-/* lm_head(RMSNorm(x) / logits_mup_width_multiplier), only the unpadded rows. */
-static void head_logits(const model *m, const float *x, int n, float *logits, float *all_logits, ink_bufs *b) {
+/* lm_head(RMSNorm(x) / logits_mup_width_multiplier) of one row, only the unpadded rows. (With
+ * all_logits a segment's rows go through one at a time: the kernel's result for a row does not
+ * depend on the batch, and echo is not a hot path.) */
+static void head_logits(const model *m, const float *x, float *out, ink_bufs *b) {
     const ink_model *g = m->priv;
-    int first = all_logits ? 0 : n - 1, cnt = n - first, V = g->unpadded;
-    float *hn = b->head_hn, *out = b->head_out;
-    norm_rows(m, hn, x + (size_t)first * g->dim, g->final_norm, cnt, g->dim, g->eps);
-    for (size_t k = 0; k < (size_t)cnt * g->dim; k++) hn[k] /= g->logit_div;
-    act_round(m, hn, (size_t)cnt * g->dim);
-    qmat_mul_rows(&g->head, 0, V, hn, cnt, out);
-    if (all_logits) memcpy(all_logits, out, (size_t)n * V * sizeof *out);
-    if (logits) memcpy(logits, out + (size_t)(cnt - 1) * V, (size_t)V * sizeof *out);
+    float *hn = b->head_hn;
+    norm_rows(m, hn, x, g->final_norm, 1, g->dim, g->eps);
+    for (int k = 0; k < g->dim; k++) hn[k] /= g->logit_div;
+    act_round(m, hn, (size_t)g->dim);
+    qmat_mul_rows(&g->head, 0, g->unpadded, hn, 1, out);
 }
 
-/* One chunk of at most INK_CHUNK tokens; all its scratch is given back at the end. */
-static void forward_chunk(const model *m, ink_seq *s, const int *ids, int pos0, int n, float *logits,
-                          float *all_logits) {
+/* One pass over at most INK_CHUNK rows (from one or more sequences); all its scratch is given
+ * back at the end. Token-parallel work runs over all rows, stateful work per row in its own
+ * sequence. */
+static void forward_rows(const model *m, const ink_rows *rw, arena *sc) {
     const ink_model *g = m->priv;
-    size_t start = arena_mark(s->scratch), len = (size_t)n * g->dim;
+    size_t start = arena_mark(sc), len = (size_t)rw->n * g->dim;
     ink_bufs b;
-    chunk_layout(s->scratch, g, n, pos0 + n, &b);
+    chunk_layout(sc, g, rw->n, rw->end, &b);
     float *x = b.x, *hn = b.hn, *delta = b.delta, *branch = b.branch;
-    for (int i = 0; i < n; i++) embed(m, s, ids[i], x + (size_t)i * g->dim, delta);
+    for (int i = 0; i < rw->n; i++) embed(m, rw->seq[i], rw->ids[i], x + (size_t)i * g->dim, delta);
     for (int li = 0; li < g->n_layers; li++) {
         const ink_layer *l = &g->layers[li];
-        ink_layer_state *ls = &s->layers[li];
-        norm_rows(m, hn, x, l->attn_norm, n, g->dim, g->eps);
-        attention(m, l, ls, s->st, hn, pos0, n, &b, branch);
-        conv_rows(m, g, s->st, &ls->conv_attn, l->conv_attn, g->dim, branch, (size_t)g->dim, delta, pos0, n);
+        norm_rows(m, hn, x, l->attn_norm, rw->n, g->dim, g->eps);
+        attention(m, li, rw, hn, &b, branch);
+        conv_rows(m, rw, li, CONV_ATTN, l->conv_attn, g->dim, branch, (size_t)g->dim, delta);
         add_residual(m, x, delta, len);
-        norm_rows(m, hn, x, l->mlp_norm, n, g->dim, g->eps);
-        mlp(m, l, hn, n, branch, &b);
-        conv_rows(m, g, s->st, &ls->conv_mlp, l->conv_mlp, g->dim, branch, (size_t)g->dim, delta, pos0, n);
+        norm_rows(m, hn, x, l->mlp_norm, rw->n, g->dim, g->eps);
+        mlp(m, l, hn, rw->n, branch, &b);
+        conv_rows(m, rw, li, CONV_MLP, l->conv_mlp, g->dim, branch, (size_t)g->dim, delta);
         add_residual(m, x, delta, len);
     }
-    if (logits || all_logits) head_logits(m, x, n, logits, all_logits, &b);
-    arena_release(s->scratch, start);
+    /* logits: every row a segment asked all of, and each segment's last row */
+    for (int i = 0; i < rw->n; i++) {
+        float *out = rw->all[i] ? rw->all[i] : rw->last[i];
+        if (out) head_logits(m, x + (size_t)i * g->dim, out, &b);
+    }
+    arena_release(sc, start);
 }
 
-/* Chunks of INK_CHUNK bound the scratch; by chunking invariance the split changes no bit. */
-int inkling_forward(model *m, void *fam_seq, const int *ids, int pos0, int n, float *logits, float *all_logits,
-                    char *err, size_t errlen) {
+/* Rows of INK_CHUNK at most, taken from the segments in order (a segment may span passes);
+ * by chunking invariance and per-row state the grouping changes no bit. The passes use the
+ * first segment's scratch. */
+int inkling_forward(model *m, const fwd_seg *segs, int nseg, char *err, size_t errlen) {
     const ink_model *g = m->priv;
-    for (int done = 0; done < n;) {
-        int k = MIN(INK_CHUNK, n - done);
-        float *all = all_logits ? all_logits + (size_t)done * g->unpadded : NULL;
-        forward_chunk(m, fam_seq, ids + done, pos0 + done, k, done + k == n ? logits : NULL, all);
-        done += k;
-    }
+    ink_seq *first = segs[0].fam_seq;
+    ink_seq *seq[INK_CHUNK];
+    int pos[INK_CHUNK], ids[INK_CHUNK];
+    float *all[INK_CHUNK], *last[INK_CHUNK];
+    ink_rows rw = {.seq = seq, .pos = pos, .ids = ids, .all = all, .last = last};
+    for (int si = 0; si < nseg; si++)
+        for (int t = 0; t < segs[si].n; t++) {
+            const fwd_seg *sg = &segs[si];
+            int k = rw.n++;
+            seq[k] = sg->fam_seq, pos[k] = sg->pos0 + t, ids[k] = sg->ids[t];
+            all[k] = sg->all_logits ? sg->all_logits + (size_t)t * g->unpadded : NULL;
+            last[k] = t == sg->n - 1 ? sg->logits : NULL;
+            rw.end = MAX(rw.end, pos[k] + 1);
+            if (rw.n == INK_CHUNK || (si == nseg - 1 && t == sg->n - 1)) {
+                forward_rows(m, &rw, first->scratch);
+                rw.n = rw.end = 0;
+            }
+        }
     return 0;
 }

@@ -19,7 +19,7 @@ TEST_SRC := $(sort $(wildcard tests/c/test_*.c tests/c/tool_*.c))
 TEST_BIN := $(TEST_SRC:tests/c/%.c=$(BUILD)/tests/%)
 PYTHON   := /usr/bin/python3
 
-.PHONY: all deps test test-c run bench asan clean deepseek-v4-tiny-check
+.PHONY: all deps test test-c run bench asan clean deepseek-v4-tiny-check fuzz fuzz-build soak
 all: $(BUILD)/cairn $(TEST_BIN)
 
 $(BUILD)/cairn: $(OBJ)
@@ -43,7 +43,25 @@ deps:
 test: deps
 	@$(MAKE) --no-print-directory all
 	@$(MAKE) --no-print-directory BUILD=build/portable SIMD=portable all
+	@$(MAKE) --no-print-directory fuzz-build
 	$(PYTHON) -m pytest -q tests
+
+# libFuzzer targets (tests/fuzz/fuzz_*.c): every reader of untrusted bytes, under ASan + UBSan,
+# built with clang into build/fuzz. `make fuzz` runs each for FUZZ_TIME seconds (niced) from the
+# committed corpus; make test runs a short smoke pass over the same binaries.
+FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+FUZZ_SRC := $(sort $(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_TIME ?= 60
+
+fuzz-build:
+	@$(MAKE) --no-print-directory BUILD=build/fuzz CC=clang SIMD=portable \
+	    OPT="-O1 $(FUZZ_SAN) -fsanitize=fuzzer-no-link" $(FUZZ_SRC:tests/fuzz/%.c=build/fuzz/%)
+
+$(BUILD)/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h $(LIB_OBJ)
+	$(CC) $(CFLAGS) -fsanitize=fuzzer -Isrc -o $@ $< $(LIB_OBJ) $(LDLIBS)
+
+fuzz: deps fuzz-build
+	$(PYTHON) tests/fuzz/run.py --seconds $(FUZZ_TIME)
 
 # Address/UB sanitizer build of everything (the loader's corrupt-file tests run under it).
 asan:
@@ -51,6 +69,11 @@ asan:
 
 run: deps all
 	@scripts/demo.sh
+
+# Not in CI: 500 connections of mixed load + 200 slow-loris ones for SOAK_SECONDS, then leak checks.
+SOAK_SECONDS ?= 600
+soak: deps all
+	$(PYTHON) scripts/soak.py --seconds $(SOAK_SECONDS)
 
 bench: deps all
 	@scripts/bench.sh

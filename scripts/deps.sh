@@ -1,7 +1,8 @@
 #!/bin/sh
 # Installs the Debian packages cairn needs (as root), or prints the exact command and stops.
 set -e
-PKGS="build-essential libcjson-dev libpcre2-dev libmicrohttpd-dev python3-numpy python3-pytest nodejs npm"
+# clang + libclang-rt-14-dev: the libFuzzer targets (make fuzz-build, run by make test).
+PKGS="build-essential libcjson-dev libpcre2-dev libmicrohttpd-dev python3-numpy python3-pytest nodejs npm clang libclang-rt-14-dev"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

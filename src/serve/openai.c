@@ -1,5 +1,6 @@
 #include "openai.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -331,7 +332,7 @@ static int parse_prompt(serve_ctx *sc, const cJSON *p, turn_req *rq, http_err *e
     const cJSON *id;
     cJSON_ArrayForEach(id, p) {
         double d = id->valuedouble;
-        if (!cJSON_IsNumber(id) || d != (double)(long)d || d < 0 || d >= vocab) {
+        if (!cJSON_IsNumber(id) || !(d >= 0 && d < vocab) || d != floor(d)) {   /* range first: (long)1e300 is UB */
             sbuf_free(&b);
             return http_err_set(e, 400, "invalid_request_error", "invalid_value", "prompt",
                                 "'prompt' token ids must be integers in [0, %d)", vocab);
@@ -721,4 +722,11 @@ enum MHD_Result openai_models(serve_ctx *sc, struct MHD_Connection *c, const cha
     cJSON_AddStringToObject(r, "object", "list");
     cJSON_AddItemToArray(cJSON_AddArrayToObject(r, "data"), model_json(sc));
     return http_send_json(c, 200, r);
+}
+
+int openai_request(serve_ctx *sc, int chat, const cJSON *body, turn_req *rq, http_err *e) {
+    oa_call k = {.sc = sc, .chat = chat};
+    int rc = chat ? parse_chat(sc, body, &k, e) : parse_completion(sc, body, &k, e);
+    *rq = k.call.rq;
+    return rc;
 }

@@ -378,6 +378,21 @@ static cJSON *usage_json(const turn *t) {
     return u;
 }
 
+/* usage, and beside it llama.cpp's `timings` from the engine's own clocks: prompt_n tokens were
+ * prefilled in prompt_ms (cache_n came from the state), decoding ran at predicted_per_second.
+ * The chat page's per-message line reads it; clients that do not know the field ignore it. */
+static void add_usage(cJSON *r, const turn *t) {
+    cJSON_AddItemToObject(r, "usage", usage_json(t));
+    cJSON *tm = cJSON_AddObjectToObject(r, "timings");
+    int prefilled = t->prompt_tokens - t->reused;
+    cJSON_AddNumberToObject(tm, "cache_n", t->reused);
+    cJSON_AddNumberToObject(tm, "prompt_n", prefilled);
+    cJSON_AddNumberToObject(tm, "prompt_ms", t->prefill_s * 1e3);
+    if (t->prefill_s > 0) cJSON_AddNumberToObject(tm, "prompt_per_second", prefilled / t->prefill_s);
+    cJSON_AddNumberToObject(tm, "predicted_n", t->completion_tokens);
+    cJSON_AddNumberToObject(tm, "predicted_per_second", t->tok_s);
+}
+
 /* One generated token for the logprob tables: the DATA frame that carried its logprobs, plus
  * any following frames without logprobs (bytes the engine's decoder released late). */
 typedef struct {
@@ -523,7 +538,7 @@ static cJSON *chat_response(oa_call *k) {
     else cJSON_AddNullToObject(ch, "logprobs");
     cJSON_AddStringToObject(ch, "finish_reason", turn_finish_reason(&k->call.t, ncalls > 0));
     cJSON_AddItemToArray(choices, ch);
-    cJSON_AddItemToObject(r, "usage", usage_json(&k->call.t));
+    add_usage(r, &k->call.t);
     chat_reply_free(&cr);
     return r;
 }
@@ -537,7 +552,7 @@ static cJSON *completion_response(oa_call *k) {
     else cJSON_AddNullToObject(ch, "logprobs");
     cJSON_AddStringToObject(ch, "finish_reason", turn_finish_reason(&k->call.t, 0));
     cJSON_AddItemToArray(choices, ch);
-    cJSON_AddItemToObject(r, "usage", usage_json(&k->call.t));
+    add_usage(r, &k->call.t);
     return r;
 }
 
@@ -597,7 +612,7 @@ static void emit_end(oa_call *k, sbuf *out, const chat_reply *cr) {
     if (k->include_usage) {
         cJSON *r = envelope(k);
         cJSON_AddArrayToObject(r, "choices");
-        cJSON_AddItemToObject(r, "usage", usage_json(&k->call.t));
+        add_usage(r, &k->call.t);
         sse_data(out, r);
     }
     sbuf_puts(out, "data: [DONE]\n\n");

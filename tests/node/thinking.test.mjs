@@ -1,9 +1,9 @@
 // Reasoning split through the official clients, once per family: in thinking mode the prompt ends
-// with the family's assistant marker + <think> (Inkling: states effort 0.9 and ends with the model
-// header), the reply is REASONING</think>ANSWER (Inkling: a thinking block then a text block), and
-// the gateway must hand the reasoning out separately (OpenAI reasoning_content, Anthropic thinking
-// blocks), streaming or not, without ever leaking the marker; in chat mode the prompt ends with the
-// marker + </think> (Inkling: effort 0.0). The engine is tests/fake_engine.py (it replies in 3-byte pieces, so the
+// with the family's thinking cue (its assistant marker + <think>, or the family's own, below), the
+// reply is REASONING, the end-of-reasoning markup, ANSWER, and the gateway must hand the reasoning
+// out separately (OpenAI reasoning_content, Anthropic thinking blocks), streaming or not, without
+// ever leaking the markup; in chat mode the prompt ends with the chat cue (marker + </think>).
+// The engine is tests/fake_engine.py (it replies in 3-byte pieces, so the
 // marker and multibyte characters arrive split across frames).
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -13,23 +13,27 @@ import { startServer, MODEL_ID, FAMILY } from './serve_helper.mjs';
 
 const REASONING = 'Let me think… 2+2 is 4.';
 const ANSWER = 'The answer is 4.';
-const thinkTags = (assistant) => ({
-  reply: `${REASONING}</think>${ANSWER}`,
-  thinking: (p) => p.endsWith(`${assistant}<think>`),
-  chat: (p) => p.endsWith(`${assistant}</think>`),
-});
-// Families whose format is not <think> tags after the assistant marker say so here.
-const SHAPE = {
-  inkling: {
-    reply: `<|content_thinking|>${REASONING}<|end_message|><|message_model|><|content_text|>${ANSWER}<|end_message|>`,
-    thinking: (p) => p.includes('Thinking effort level: 0.9<|end_message|>') && p.endsWith('<|message_model|>'),
-    chat: (p) => p.includes('Thinking effort level: 0.0<|end_message|>') && p.endsWith('<|message_model|>'),
+const ASSISTANT = FAMILY.turns.assistant;
+// Kimi K3 (XTML) has no <think> tags: the cue opens the assistant message and its think or
+// response channel, and the reply closes the think channel and opens the response one.
+const K3_ASSISTANT = '<|open|>message role="assistant"<|sep|>';
+const FORMAT = {
+  kimi_k3: {
+    think: `${K3_ASSISTANT}<|open|>think<|sep|>`, chat: `${K3_ASSISTANT}<|open|>response<|sep|>`,
+    reply: `${REASONING}<|close|>think<|sep|><|open|>response<|sep|>${ANSWER}<|close|>response<|sep|><|close|>message<|sep|>`,
   },
-}[FAMILY.name] ?? thinkTags(FAMILY.turns.assistant);
+  // Inkling: the prompt always ends with the model header; the effort line tells the modes apart,
+  // and the reply is a thinking block then a text block.
+  inkling: {
+    think: '<|message_model|>', chat: '<|message_model|>',
+    effort: { think: 'Thinking effort level: 0.9<|end_message|>', chat: 'Thinking effort level: 0.0<|end_message|>' },
+    reply: `<|content_thinking|>${REASONING}<|end_message|><|message_model|><|content_text|>${ANSWER}<|end_message|>`,
+  },
+}[FAMILY.name] ?? { think: `${ASSISTANT}<think>`, chat: `${ASSISTANT}</think>`, reply: `${REASONING}</think>${ANSWER}` };
 
 let server;
 before(async () => {
-  server = await startServer([], { FAKE_REPLY: SHAPE.reply }, { fake: true });
+  server = await startServer([], { FAKE_REPLY: FORMAT.reply }, { fake: true });
 });
 after(async () => { await server.stop(); });
 
@@ -39,7 +43,8 @@ test('openai: reasoning_content separated, streaming and not', async () => {
   const c = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'unused', maxRetries: 0 });
   const messages = [{ role: 'user', content: 'What is 2+2?' }];
   const r = await c.chat.completions.create({ model: MODEL_ID, messages, reasoning_effort: 'high', max_tokens: 100 });
-  assert.ok(SHAPE.thinking(lastPrompt()), `thinking mode must cue reasoning: ${lastPrompt()}`);
+  assert.ok(lastPrompt().endsWith(FORMAT.think) && lastPrompt().includes(FORMAT.effort?.think ?? ''),
+    'thinking mode must end the prompt with the thinking cue');
   assert.equal(r.choices[0].message.content, ANSWER);
   assert.equal(r.choices[0].message.reasoning_content, REASONING);
 
@@ -55,7 +60,8 @@ test('openai: reasoning_content separated, streaming and not', async () => {
   assert.equal(content, ANSWER);
 
   await c.chat.completions.create({ model: MODEL_ID, messages, max_tokens: 100 });
-  assert.ok(SHAPE.chat(lastPrompt()), `chat mode must not cue reasoning: ${lastPrompt()}`);
+  assert.ok(lastPrompt().endsWith(FORMAT.chat) && lastPrompt().includes(FORMAT.effort?.chat ?? ''),
+    'chat mode must end the prompt with the chat cue');
 });
 
 test('anthropic: thinking block then text block, streaming and not', async () => {

@@ -1,7 +1,7 @@
 // Tool-call round trips through the official clients, once per family. A random tiny model never
 // writes a tool call, so the engine here is tests/fake_engine.py replying with the family's own
 // tool-call syntax (DeepSeek V4: a DSML block; GLM: <tool_call>NAME<arg_key>..</arg_key><arg_value>..
-// </arg_value></tool_call>; Inkling: <|message_model|>NAME<|content_invoke_tool_json|>{..}); the gateway, the family's real template and parser, and the clients are
+// </arg_value></tool_call>); the gateway, the family's real template and parser, and the clients are
 // the real ones. Template stability: the prompt of the turn after the tool call must start with
 // exactly the previous prompt + the reply the engine produced (the fake engine then reports it all
 // reused), which holds only if the template re-renders the parsed call byte for byte.
@@ -9,43 +9,11 @@ import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
 import Anthropic from '@anthropic-ai/sdk';
-import { startServer, MODEL_ID, FAMILY } from './serve_helper.mjs';
+import { startServer, MODEL_ID, FAMILY, TOOL_SYNTAX, TOOL } from './serve_helper.mjs';
 
-const D = '｜DSML｜';
-const SYNTAX = {
-  deepseek_v4: {
-    reply: `Let me check.\n\n<${D}tool_calls>\n<${D}invoke name="get_weather">\n`
-      + `<${D}parameter name="city" string="true">Paris</${D}parameter>\n`
-      + `<${D}parameter name="days" string="false">3</${D}parameter>\n</${D}invoke>\n</${D}tool_calls>`,
-    marker: 'DSML',
-    result: (text) => `<tool_result>${text}</tool_result>`,
-  },
-  // The template renders the content stripped, then each call with no whitespace between tags.
-  glm: {
-    reply: 'Let me check.<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>'
-      + '<arg_key>days</arg_key><arg_value>3</arg_value></tool_call>',
-    marker: 'tool_call',
-    result: (text) => `<|observation|><tool_response>${text}</tool_response>`,
-  },
-  // A text block, then the call as its own model message (name, then the JSON payload).
-  inkling: {
-    reply: '<|content_text|>Let me check.<|end_message|><|message_model|>get_weather<|content_invoke_tool_json|>'
-      + '{"name":"get_weather","args":{"city":"Paris","days":3}}<|end_message|>',
-    marker: 'content_invoke',
-    result: (text) => `<|message_tool|>get_weather<|content_text|>${text}<|end_message|>`,
-  },
-}[FAMILY.name];
-if (!SYNTAX) throw new Error(`no tool-call syntax known for family ${FAMILY.name}: add its reply here`);
+const SYNTAX = TOOL_SYNTAX[FAMILY.name];
+if (!SYNTAX) throw new Error(`no tool-call syntax known for family ${FAMILY.name}: add its reply to TOOL_SYNTAX (serve_helper.mjs)`);
 const REPLY = SYNTAX.reply;
-
-const TOOL = {
-  type: 'function',
-  function: {
-    name: 'get_weather',
-    description: 'Weather forecast for a city',
-    parameters: { type: 'object', properties: { city: { type: 'string' }, days: { type: 'integer' } }, required: ['city'] },
-  },
-};
 
 let server;
 before(async () => { server = await startServer(['--slots', '2'], { FAKE_REPLY: REPLY }, { fake: true }); });

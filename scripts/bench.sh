@@ -8,13 +8,13 @@ cd "$(dirname "$0")/.."
 PY=/usr/bin/python3
 OUT=build/bench
 mkdir -p $OUT
-for fam in deepseek_v4 glm; do
+for fam in deepseek_v4 glm inkling; do
     dir=build/models/$fam-bench-1234
     [ -f "$dir/config.json" ] || { echo "bench: generating $dir (once)"; $PY tools/make_tiny.py $fam "$dir" --size bench; }
 done
 echo "== kernels: matvec weight bytes/s / measured read bandwidth, batched GFLOP/s / measured FMA peak"
 build/cairn bench kernels
-for fam in deepseek_v4 glm; do
+for fam in deepseek_v4 glm inkling; do
     m=build/models/$fam-bench-1234
     echo "== $fam: prefill / decode (decode_efficiency = weight bytes per token x tok/s / read bandwidth)"
     build/cairn bench -m $m --prompt 256 --json > $OUT/$fam-model.json
@@ -35,9 +35,10 @@ def load(name):
     with open(f"{out}/{name}.json") as f:
         return json.load(f)
 print("\n== issue 12 targets (measured in this run)")
-print(f"{'target':58} {'deepseek_v4':>14} {'glm':>14}")
+fams = ("deepseek_v4", "glm", "inkling")
+print(f"{'target':58}" + "".join(f" {f:>14}" for f in fams))
 rows = []
-for fam in ("deepseek_v4", "glm"):
+for fam in fams:
     m, m1, c = load(f"{fam}-model"), load(f"{fam}-model-1t"), load(f"{fam}-concurrency")
     rows.append({
         "prefill GFLOP/s >= 1.2 x llama.cpp Q8_0 (235 Xeon, 110 Zen 3)": f"{m['prefill_gflops']:.1f}",
@@ -49,5 +50,5 @@ for fam in ("deepseek_v4", "glm"):
         "MTP: not built; a 4-token verify call / one decode step": f"{m['verify4_cost_ratio']:.2f}",
     })
 for k in rows[0]:
-    print(f"{k:58} {rows[0][k]:>14} {rows[1][k]:>14}")
+    print(f"{k:58}" + "".join(f" {r[k]:>14}" for r in rows))
 EOF

@@ -118,15 +118,16 @@ class Engine:
         self.p.stdin.flush()
 
     def submit(self, rid, ids=None, text=None, max_tokens=8, slot=0, temperature=0, top_p=1, logprobs=5,
-               prefix_bytes=None, extra="", grammar=b""):
-        """grammar: GBNF bytes sent as the SUBMIT extension payload (protocol.md §1.3 field 7)."""
+               prefix_bytes=None, extra="", grammar=b"", ext=b""):
+        """grammar: GBNF bytes, or ext: a media family's extension bytes (Inkling: DMel frames), sent as
+        the SUBMIT extension payload right after the prompt (protocol.md §1.3 field 7)."""
         body = " ".join(map(str, ids)).encode() if ids is not None else text.encode()
         keys = (" ids=1" if ids is not None else "") + (f" logprobs={logprobs}" if logprobs else "") + extra
-        ext = len(grammar)
-        tail = f" {ext} {prefix_bytes}" if prefix_bytes is not None else (f" {ext}" if keys or ext else "")
+        ext = grammar + ext
+        tail = f" {len(ext)} {prefix_bytes}" if prefix_bytes is not None else (f" {len(ext)}" if keys or ext else "")
         self.replies[rid] = Reply(rid)
         self.send(f"SUBMIT {rid} {slot} {len(body)} {max_tokens} {temperature} {top_p}{tail}{keys}\n".encode()
-                  + body + grammar + b"\n")
+                  + body + ext + b"\n")
         return self.replies[rid]
 
     def route(self, f, data):

@@ -124,6 +124,57 @@ def test_glm_expected_names(sparse_glm):
     assert "model.layers.3.mlp.gate_proj.weight" not in wm
 
 
+@pytest.mark.parametrize("family", ["inkling", "inkling-hf"])
+def test_inkling_layouts_are_real_and_sparse(family):
+    """Inkling at full size (no published index here: totals follow from the config): 66 layers, 5
+    sliding for each global, stacked [E, 2I, D] experts, and the MTP block the loader ignores (its
+    160 tensors are the difference to the validated count)."""
+    d = sparse_model(family)
+    wm = inventory(d)["weight_map"]
+    raw = family == "inkling"
+    assert len(wm) == (1552 if raw else 1618) and inventory(d)["metadata"]["total_size"] == 1961217240212
+    assert sum(k.startswith("model.mtp.") for k in wm) == 160
+    names = ["model.llm.layers.65.mlp.experts.w13_weight", "model.llm.layers.4.attn.rel_logits_proj.proj",
+             "model.llm.unembed.weight", "model.audio.encoder.weight"] if raw else \
+        ["model.language_model.layers.65.mlp.experts.gate_up_proj", "lm_head.weight",
+         "model.language_model.layers.5.self_attn.k_sconv.conv1d.weight",
+         "model.audio_tower.embed_audio_tokens.embed_audio_tokens.weight"]
+    for name in names:
+        assert name in wm, name
+    shapes = {k: v["shape"] for h in read_headers(d).values() for k, v in h.items() if k != "__metadata__"}
+    lm = "model.llm.layers" if raw else "model.language_model.layers"
+    att = "attn.wk_dv" if raw else "self_attn.k_proj"
+    assert shapes[f"{lm}.4.{att}.weight"] == [16 * 128, 6144] and shapes[f"{lm}.5.{att}.weight"] == [8 * 128, 6144]
+    on_disk = sum(os.stat(os.path.join(d, s)).st_blocks * 512 for s in read_headers(d))
+    assert on_disk < 200 << 20
+
+
+def test_inkling_sparse_rejects_wrong_shape(cairn, tmp_path):
+    """A transposed fused gate/up (same bytes) in the released layout is named by the loader."""
+    src = sparse_model("inkling")
+    name = "model.llm.layers.3.mlp.experts.w13_weight"
+    shard = inventory(src)["weight_map"][name]
+    dst = str(tmp_path / "bad")
+    os.makedirs(dst)
+    for f in os.listdir(src):
+        s, t = os.path.join(src, f), os.path.join(dst, f)
+        if f.endswith(".safetensors") and f != shard:
+            os.symlink(s, t)
+        elif not f.endswith(".safetensors"):
+            shutil.copy(s, t)
+    with open(os.path.join(src, shard), "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        text = f.read(n).decode()
+    edited = text.replace(f'"{name}":{{"dtype":"BF16","shape":[256,6144,6144]',
+                          f'"{name}":{{"dtype":"BF16","shape":[256,6144,6144]'.replace("[256,6144,6144]", "[6144,256,6144]"))
+    assert edited != text
+    with open(os.path.join(dst, shard), "wb") as f:
+        f.write(struct.pack("<Q", n) + edited.encode())
+        f.truncate(os.path.getsize(os.path.join(src, shard)))
+    r = run_cairn(cairn, "-m", dst, "--validate-only")
+    assert r.returncode != 0 and name in r.stderr and "[256,6144,6144]" in r.stderr, r.stderr[-2000:]
+
+
 def run_cairn(cairn, *args):
     return subprocess.run([cairn, "run", *args], capture_output=True, text=True)
 
@@ -164,7 +215,9 @@ def test_dsv4_sparse_runs_one_token(cairn, sparse_dsv4):
 
 
 # Kimi K3: every tensor but layer 0's attention-site residual mixer, which the release ships unused.
-@pytest.mark.parametrize("family,count", [("deepseek_v4", 69187), ("glm", 59870), ("kimi_k3", 497050)])
+# Inkling: every tensor but the 160 of the MTP block (ignored, as HF does).
+@pytest.mark.parametrize("family,count", [("deepseek_v4", 69187), ("glm", 59870), ("kimi_k3", 497050),
+                                          ("inkling", 1392), ("inkling-hf", 1458)])
 def test_sparse_validate_only(cairn, family, count):
     d = sparse_model(family)
     r = run_cairn(cairn, "-m", d, "--validate-only")

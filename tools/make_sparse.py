@@ -4,9 +4,10 @@ size without writing data, so a 160 GB (DeepSeek-V4-Flash) or 1.5 TB (GLM-5) che
 few MB of disk. Every weight reads as zero. The loader, the tensor validation of each family and
 the memory behaviour of mmap can then be tested at full scale on an ordinary machine.
 
-FAMILY is deepseek_v4 (DeepSeek-V4-Flash), glm (GLM-5, glm_moe_dsa, BF16 official layout) or
-kimi_k3 (Kimi K3, the text model of the MXFP4 release). Each inventory checks itself against the
-published totals (tensor count and index total_size) where they are known here.
+FAMILY is deepseek_v4 (DeepSeek-V4-Flash), glm (GLM-5, glm_moe_dsa, BF16 official layout), kimi_k3
+(Kimi K3, the text model of the MXFP4 release), inkling (Inkling 975B, the released raw layout) or
+inkling-hf (the same in the transformers names). Each inventory checks itself against the published
+totals (tensor count and index total_size) where they are known here (no Inkling or K3 index was).
 No tokenizer.json is written: the real vocabularies are not available here.
 """
 import argparse
@@ -271,6 +272,113 @@ def glm_inventory(c):
     return out
 
 
+# ---- Inkling (HF transformers models/inkling configuration_inkling.py defaults) --------------
+#
+# The text config is configuration_inkling.py's InklingTextConfig defaults (66 layers, hidden 6144,
+# 64/8/128 global and 64/16/128 sliding heads, window 512, d_rel 16, rel_extent 1024, 256 experts
+# top-6 with 2 shared, moe 3072, dense 24576, vocab 201024) with unpadded_vocab_size 200058 (the
+# config comment's "big model" value). Uncertain points:
+#  - dense_mlp_idx: the HF default 0 (every layer MoE); 66 MoE layers + MTP give ~973B parameters,
+#    the published "975B".
+#  - log_scaling_n_floor: the HF default None (off); the released value is not known here.
+#  - dtypes: the release is NVFP4 for the main model (not a format cairn reads); this writes the
+#    unquantized BF16 form, with the score-correction bias in F32.
+#  - the MTP block (model.mtp.layers.0..7, 20 tensors each, local_layer_ids [0,2,4,5,6,7]) is
+#    written with the names a vLLM port lists; cairn, like HF, ignores model.mtp.*.
+#  - audio tensor names in the raw layout (model.audio.encoder / final_norm) follow colibri.
+#  - the vision tower is not written: its raw tensor names are not known here, and cairn takes no images.
+
+INKLING_TEXT = {
+    "model_type": "inkling_text", "vocab_size": 201024, "unpadded_vocab_size": 200058, "hidden_size": 6144,
+    "num_hidden_layers": 66, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128,
+    "swa_num_attention_heads": 64, "swa_num_key_value_heads": 16, "swa_head_dim": 128,
+    "sliding_window_size": 512, "d_rel": 16, "rel_extent": 1024, "log_scaling_n_floor": None,
+    "log_scaling_alpha": 0.1, "max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "sconv_kernel_size": 4,
+    "intermediate_size": 3072, "dense_intermediate_size": 24576, "moe_intermediate_size": 3072,
+    "n_routed_experts": 256, "num_experts_per_tok": 6, "n_shared_experts": 2, "shared_expert_sink": True,
+    "route_scale": 8.0, "logits_mup_width_multiplier": 24.0, "hidden_act": "silu", "dense_mlp_idx": 0,
+    "bos_token_id": 1, "eos_token_id": 2,
+}
+INKLING_CONFIG = {
+    "architectures": ["InklingForConditionalGeneration"], "model_type": "inkling_mm_model", "dtype": "bfloat16",
+    "text_config": INKLING_TEXT,
+    "audio_config": {"model_type": "inkling_audio", "n_mel_bins": 80, "mel_vocab_size": 16},
+    "mtp_config": {"num_nextn_predict_layers": 8, "chain_hidden_post_norm": False, "local_layer_ids": [0, 2, 4, 5, 6, 7]},
+    "image_token_id": 200007, "audio_token_id": 200021, "image_bos_token_id": 200005, "audio_bos_token_id": 200020,
+    "tie_word_embeddings": False,
+}
+
+
+def inkling_attention(out, p, sliding, c, raw):
+    d, pre = c["hidden_size"], "swa_" if sliding else ""
+    h, kv, hd = c[pre + "num_attention_heads"], c[pre + "num_key_value_heads"], c[pre + "head_dim"]
+    ext = c["sliding_window_size"] if sliding else c["rel_extent"]
+    a, cv = (f"{p}.attn", "") if raw else (f"{p}.self_attn", ".conv1d")
+    names = ("wq_du", "wk_dv", "wv_dv", "wr_du", "wo_ud") if raw else ("q_proj", "k_proj", "v_proj", "r_proj", "o_proj")
+    shapes = ([h * hd, d], [kv * hd, d], [kv * hd, d], [h * c["d_rel"], d], [d, h * hd])
+    out += [(f"{a}.{n}.weight", "BF16", s) for n, s in zip(names, shapes)]
+    out += [(f"{a}.q_norm.weight", "BF16", [hd]), (f"{a}.k_norm.weight", "BF16", [hd]),
+            (f"{a}.k_sconv{cv}.weight", "BF16", [kv * hd, 1, c["sconv_kernel_size"]]),
+            (f"{a}.v_sconv{cv}.weight", "BF16", [kv * hd, 1, c["sconv_kernel_size"]]),
+            (f"{a}.rel_logits_proj.proj", "BF16", [c["d_rel"], ext])]
+
+
+def inkling_block(out, p, sliding, sparse, c, raw):
+    d, k = c["hidden_size"], c["sconv_kernel_size"]
+    cv = "" if raw else ".conv1d"
+    norms = ("attn_norm", "mlp_norm") if raw else ("input_layernorm", "post_attention_layernorm")
+    out += [(f"{p}.{norms[0]}.weight", "BF16", [d]), (f"{p}.{norms[1]}.weight", "BF16", [d]),
+            (f"{p}.attn_sconv{cv}.weight", "BF16", [d, 1, k]), (f"{p}.mlp_sconv{cv}.weight", "BF16", [d, 1, k])]
+    inkling_attention(out, p, sliding, c, raw)
+    m = f"{p}.mlp"
+    if not sparse:
+        di = c["dense_intermediate_size"]
+        out += [(f"{m}.global_scale", "BF16", [1])]
+        out += ([(f"{m}.w13_dn.weight", "BF16", [2 * di, d]), (f"{m}.w2_md.weight", "BF16", [d, di])] if raw else
+                [(f"{m}.gate_proj.weight", "BF16", [di, d]), (f"{m}.up_proj.weight", "BF16", [di, d]),
+                 (f"{m}.down_proj.weight", "BF16", [d, di])])
+        return
+    e, ns, mi = c["n_routed_experts"], c["n_shared_experts"], c["moe_intermediate_size"]
+    out += [(f"{m}.gate.weight", "BF16", [e + ns, d]), (f"{m}.gate.global_scale", "BF16", [1]),
+            (f"{m}.gate.{'bias' if raw else 'e_score_correction_bias'}", "F32", [e])]
+    if raw:
+        out += [(f"{m}.experts.w13_weight", "BF16", [e, 2 * mi, d]), (f"{m}.experts.w2_weight", "BF16", [e, d, mi]),
+                (f"{m}.shared_experts.shared_w13_weight", "BF16", [ns, 2 * mi, d]),
+                (f"{m}.shared_experts.shared_w2_weight", "BF16", [ns, d, mi])]
+    else:
+        out += [(f"{m}.experts.gate_up_proj", "BF16", [e, 2 * mi, d]), (f"{m}.experts.down_proj", "BF16", [e, d, mi]),
+                (f"{m}.shared_experts.gate_proj", "BF16", [ns, mi, d]), (f"{m}.shared_experts.up_proj", "BF16", [ns, mi, d]),
+                (f"{m}.shared_experts.down_proj", "BF16", [ns, d, mi])]
+
+
+def inkling_inventory(config, raw=True):
+    c = config["text_config"]
+    d, v, n = c["hidden_size"], c["vocab_size"], c["num_hidden_layers"]
+    a = config["audio_config"]
+    lm = "model.llm" if raw else "model.language_model"
+    out = [(f"{lm}.embed.weight" if raw else f"{lm}.embed_tokens.weight", "BF16", [v, d]),
+           (f"{lm}.embed_norm.weight" if raw else f"{lm}.embed_tokens.embed_norm.weight", "BF16", [d]),
+           (f"{lm}.norm.weight", "BF16", [d]),
+           ("model.llm.unembed.weight" if raw else "lm_head.weight", "BF16", [v, d]),
+           ("model.audio.encoder.weight" if raw else "model.audio_tower.embed_audio_tokens.embed_audio_tokens.weight",
+            "BF16", [a["n_mel_bins"] * a["mel_vocab_size"], d]),
+           ("model.audio.final_norm.weight" if raw else "model.audio_tower.norm.weight", "BF16", [d])]
+    for i in range(n):
+        inkling_block(out, f"{lm}.layers.{i}", (i + 1) % 6 != 0, i >= c["dense_mlp_idx"], c, raw)
+    mtp = config["mtp_config"]
+    for k in range(mtp["num_nextn_predict_layers"]):
+        p = f"model.mtp.layers.{k}"
+        out += [(f"{p}.embed_norm.weight", "BF16", [d]), (f"{p}.hidden_norm.weight", "BF16", [d]),
+                (f"{p}.input_proj.weight", "BF16", [d, 2 * d])]
+        inkling_block(out, f"{p}.transformer_block", k in mtp["local_layer_ids"], False, c, True)
+    return out
+
+
+def inkling_hf_inventory(config):
+    return inkling_inventory(config, raw=False)
+
+
+
 # ---- Kimi K3 (glm_kimi_inkling.md Corrections, §3, §5) ----------------------------------------
 #
 # config.json: the published moonshotai/Kimi-K3 config (root model_type kimi_k3, text_config
@@ -382,6 +490,8 @@ FAMILIES = {
     "deepseek_v4": (DSV4_CONFIG, dsv4_inventory, DSV4_TENSORS, DSV4_TOTAL_SIZE),
     "glm": (GLM_CONFIG, glm_inventory, GLM_TENSORS, GLM_TOTAL_SIZE),
     "kimi_k3": (K3_CONFIG, k3_inventory, None, None),
+    "inkling": (INKLING_CONFIG, inkling_inventory, None, None),
+    "inkling-hf": (INKLING_CONFIG, inkling_hf_inventory, None, None),
 }
 
 # ---- writing ---------------------------------------------------------------------------------

@@ -12,7 +12,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-FAMILIES = {"deepseek_v4": "tiny_deepseek_v4", "glm": "tiny_glm", "glm_moe_dsa": "tiny_glm", "kimi_k3": "tiny_kimi_k3"}
+FAMILIES = {"deepseek_v4": "tiny_deepseek_v4", "glm": "tiny_glm", "glm_moe_dsa": "tiny_glm", "kimi_k3": "tiny_kimi_k3",
+            "inkling": "tiny_inkling"}
 
 
 def main():

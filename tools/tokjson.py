@@ -2,8 +2,9 @@
 
 build(path, vocab_size, special_tokens, style, seed=0, byte_fallback=False)
     special_tokens: [(id, content), ...] written as special added tokens at the caller's ids.
-    style: "deepseek" (DeepSeek V3/V4 pre_tokenizer: three isolating Splits, then ByteLevel) or
-           "glm" (GLM-4.5/5: one cl100k-style Split, then ByteLevel).
+    style: "deepseek" (DeepSeek V3/V4 pre_tokenizer: three isolating Splits, then ByteLevel),
+           "glm" (GLM-4.5/5: one cl100k-style Split, then ByteLevel) or
+           "inkling" (Inkling: one o200k-style Split, then ByteLevel).
     The 256 byte-level base tokens and merges learned from an embedded multilingual corpus fill
     the remaining ids, so every id below vocab_size exists.
     byte_fallback: instead of ByteLevel, a character-level BPE (SentencePiece-like layout): the
@@ -13,10 +14,10 @@ build(path, vocab_size, special_tokens, style, seed=0, byte_fallback=False)
     no shipped DeepSeek/GLM file looks like this, but it exercises a reader's byte-fallback path.
 
 The regex strings are the ones the public DeepSeek-V3/V4 and GLM-4.5/5 tokenizer.json files
-ship (facts, not code). The merge trainer is plain BPE: count adjacent symbol pairs over the
+ship, and tiktoken's o200k_base pattern for Inkling's o200k family (facts, not code). The merge trainer is plain BPE: count adjacent symbol pairs over the
 pre-split corpus words, merge the most frequent (ties: lexicographically smallest pair), repeat.
 
-CLI: python3 tools/tokjson.py OUT.json --vocab N --style deepseek|glm [--seed S] [--byte-fallback]
+CLI: python3 tools/tokjson.py OUT.json --vocab N --style deepseek|glm|inkling [--seed S] [--byte-fallback]
 """
 import argparse
 import json
@@ -29,6 +30,10 @@ DEEPSEEK_SPLITS = [
     "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+|"
     " ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
 ]
+O200K_SPLIT = ("[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+"
+               "(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+"
+               "[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|"
+               "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
 GLM_SPLIT = ("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}|"
              " ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
 
@@ -207,8 +212,8 @@ def learn_merges(n_tokens, seed, base, symbols, reserved=()):
 
 
 def tokenizer_dict(vocab_size, special_tokens, style, seed=0, byte_fallback=False):
-    if style not in ("deepseek", "glm"):
-        raise ValueError(f"unknown style {style!r} (deepseek or glm)")
+    if style not in ("deepseek", "glm", "inkling"):
+        raise ValueError(f"unknown style {style!r} (deepseek, glm or inkling)")
     specials = sorted(special_tokens)
     taken = {i for i, _ in specials}
     if len(taken) != len(specials) or any(i < 0 or i >= vocab_size for i in taken):
@@ -237,7 +242,7 @@ def tokenizer_dict(vocab_size, special_tokens, style, seed=0, byte_fallback=Fals
         merges_out = [[a, b] for a, b in merges] if byte_fallback else [f"{a} {b}" for a, b in merges]
     else:
         normalizer = None
-        splits = [GLM_SPLIT]
+        splits = [GLM_SPLIT if style == "glm" else O200K_SPLIT]
         merges_out = [[a, b] for a, b in merges]
     pre = [{"type": "Split", "pattern": {"Regex": r}, "behavior": "Isolated", "invert": False} for r in splits]
     decoder = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
@@ -273,6 +278,8 @@ DEFAULT_SPECIALS = {
                  "<think>", "</think>"],
     "glm": ["<|endoftext|>", "[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>",
             "<think>", "</think>"],
+    "inkling": ["<|endoftext|>", "<|message_system|>", "<|message_user|>", "<|message_model|>",
+                "<|content_text|>", "<|end_message|>", "<|content_model_end_sampling|>"],
 }
 
 
@@ -280,7 +287,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out")
     ap.add_argument("--vocab", type=int, required=True)
-    ap.add_argument("--style", choices=["deepseek", "glm"], required=True)
+    ap.add_argument("--style", choices=["deepseek", "glm", "inkling"], required=True)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--byte-fallback", action="store_true")
     a = ap.parse_args()

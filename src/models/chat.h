@@ -89,6 +89,9 @@ typedef struct {
     void (*parse)(const char *text, size_t n, int thinking, chat_reply *out);
     /* Byte length of the system-prompt prefix of a rendered prompt (checkpoint hint), 0 if none. */
     size_t (*system_prefix_bytes)(const char *prompt, size_t n);
+    /* 1: renders input_audio parts {"input_audio": {"dmel_frames": N}} as N audio placeholders,
+     * whose frames the engine takes as media (model.h set_media). */
+    int audio;
 } chat_template;
 
 /* GBNF (a whole grammar, rule root) for a reply in template t's syntax that calls tools: choice

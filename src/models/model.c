@@ -42,6 +42,7 @@ model *model_open(const char *dir, numerics num, int progress, char *err, size_t
     m->dir = xstrdup(dir);
     m->num = num;
     m->bos_id = -1;
+    m->media_token = -1;
     if (!(m->config = config_load(dir, err, errlen))) goto fail;
     const char *type;
     if (config_string(m->config, "model_type", &type, err, errlen)) goto fail;
@@ -116,6 +117,20 @@ seq *seq_new(model *m, int ctx, char *err, size_t errlen) {
     return s;
 }
 
+int seq_set_media(seq *s, const unsigned char *bytes, size_t len, char *err, size_t errlen) {
+    s->media = 0;
+    if (!s->m->ops->set_media) return bytes ? errf(err, errlen, "this model takes no media input") : 0;
+    int n = s->m->ops->set_media(s->m, s->fam, bytes, len, err, errlen);
+    s->media = bytes && n > 0;
+    return n;
+}
+
+static int holds_media_token(const seq *s, const int *ids, int n) {
+    for (int i = 0; s->media && i < n; i++)
+        if (ids[i] == s->m->media_token) return 1;
+    return 0;
+}
+
 void seq_free(seq *s) {
     if (!s) return;
     s->m->ops->seq_free(s->m, s->fam);
@@ -160,6 +175,8 @@ static int feed(seq *s, const int *ids, int n, float *logits, float *all_logits,
             return -1;
         }
         state_record(&s->st, ids + done, pos0, k);
+        /* the ids do not describe what the placeholders carried: never reuse this state */
+        if (holds_media_token(s, ids + done, k)) state_taint(&s->st);
         done += k;
     }
     return 0;

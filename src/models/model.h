@@ -44,6 +44,11 @@
  *              passes take rows from several sequences (token-parallel work over all rows,
  *              stateful work per row in its own sequence, the first segment's scratch), so one
  *              sequence is simply the one-segment case.
+ *   set_media — (optional) non-text input for the following feeds: bytes the family consumes at
+ *              the positions of its placeholder id `model.media_token` (Inkling: DMel frames at
+ *              audio placeholders). Validates them, returns how many placeholders they fill;
+ *              NULL bytes clears. Ids cannot describe such input, so seq_feed taints the state
+ *              after any chunk in which placeholders met attached media.
  *   capture  — a family with RING or RECUR parts calls state_capture(st, part, pos) immediately
  *              before the first write position pos makes to each such part (and after every
  *              write of earlier positions, batched phases included). That lets reuse take light
@@ -110,6 +115,7 @@ typedef struct {
     void *(*seq_new)(model *m, state *st, int ctx, arena *scratch, char *err, size_t errlen);
     void (*seq_free)(model *m, void *fam_seq);
     int (*forward)(model *m, const fwd_seg *segs, int nseg, char *err, size_t errlen);
+    int (*set_media)(model *m, void *fam_seq, const unsigned char *bytes, size_t len, char *err, size_t errlen);
     /* Weight bytes a decode step reads (dense + active experts), for bandwidth reports. */
     size_t (*decode_bytes)(const model *m);
     /* FLOPs of one token at position pos (for prefill GFLOP/s). */
@@ -136,6 +142,7 @@ struct model {
     int eos_ids[8];            /* stop ids from config (+ tokenizer) */
     int n_eos;
     int max_ctx;               /* max_position_embeddings */
+    int media_token;           /* placeholder id consuming set_media input, -1 if the family takes none */
     uint64_t fingerprint;      /* st_fingerprint: identifies the checkpoint for persisted state */
     int n_validated;           /* tensors the family's load looked up and checked (dtype + shape) */
     model_markers markers;     /* all -1 / empty without a usable tokenizer */
@@ -154,6 +161,7 @@ typedef struct {
     void *fam;
     arena scratch;             /* the forward pass's scratch, sized once (family_ops.scratch_bytes) */
     int chunk;                 /* prefill chunk size (tokens per forward call) */
+    int media;                 /* media attached (seq_set_media) */
 } seq;
 
 seq *seq_new(model *m, int ctx, char *err, size_t errlen);
@@ -162,6 +170,9 @@ void seq_free(seq *s);
  * the state. logits: last token's logits (vocab floats) or NULL. On failure the state is tainted
  * and -1 returned with err. */
 int seq_feed(seq *s, const int *ids, int n, float *logits, char *err, size_t errlen);
+/* Attach media for the following feeds (bytes NULL detaches). Returns the number of placeholder
+ * positions it fills, or -1 with err (bad media, or a family that takes none). */
+int seq_set_media(seq *s, const unsigned char *bytes, size_t len, char *err, size_t errlen);
 /* seq_feed that writes every fed token's logits into all_logits[n][vocab] (echo / scoring). */
 int seq_feed_all(seq *s, const int *ids, int n, float *all_logits, char *err, size_t errlen);
 /* One decode step of k distinct sequences of one model (one context size) in a single forward

@@ -180,7 +180,7 @@ static cJSON *translate_messages(const cJSON *body, http_err *e) {
         else if (user ? user_blocks(out, content, e) : assistant_blocks(out, content, e)) goto fail;
     }
     /* The same validation as the OpenAI endpoint gives both APIs one notion of a good message. */
-    cJSON *norm = openai_normalize_messages(out, e);
+    cJSON *norm = openai_normalize_messages(out, NULL, e);
     cJSON_Delete(out);
     return norm;
 fail:

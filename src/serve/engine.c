@@ -109,6 +109,7 @@ static void save_slot(engine *e, int slot) {
 
 static void request_free(engine *e, request *r) {
     e->active[r->slot] = NULL;
+    seq_set_media(e->seqs[r->slot], NULL, 0, NULL, 0);
     reuse_prefill_free(&r->pf);
     sampler_free(&r->smp);
     if (r->g) tokmask_free(&r->km);
@@ -312,9 +313,35 @@ static request *find_active(engine *e, const char *id) {
     return NULL;
 }
 
-static void start_request(engine *e, request *r, int sys_end) {
+/* Media (the extension payload of a family that takes it: Inkling's DMel frames) must fill every
+ * placeholder of the prompt exactly. Returns the first placeholder position (r->n if none). */
+static int attach_media(engine *e, const wire_frame *f, request *r, char *err, size_t errlen) {
+    int first = r->n, count = 0;
+    for (int i = 0; i < r->n; i++)
+        if (r->prompt[i] == e->m->media_token) {
+            if (first == r->n) first = i;
+            count++;
+        }
+    size_t len = f->ext_len - f->sub.untrusted_bytes;
+    if (!len) return r->n;
     seq *sq = e->seqs[r->slot];
-    reuse_result rr = reuse_prepare(&sq->st, r->slot, e->cs, e->o.kv_share, e->states, e->o.slots, r->prompt, r->n);
+    int frames = seq_set_media(sq, (const unsigned char *)f->ext + f->sub.untrusted_bytes, len, err, errlen);
+    if (frames >= 0 && frames != count)
+        frames = errf(err, errlen, "media: %d frames for %d placeholder positions (token %d)", frames, count,
+                      e->m->media_token);
+    if (frames < 0) {
+        seq_set_media(sq, NULL, 0, NULL, 0);
+        return -1;
+    }
+    return first;
+}
+
+static void start_request(engine *e, request *r, int sys_end, int media_from) {
+    seq *sq = e->seqs[r->slot];
+    /* positions from the first media placeholder on are never taken from a state: ids do not
+     * describe them (a text-only record could hold the placeholder id as a plain token) */
+    int keep = MIN(r->n, media_from + 1);
+    reuse_result rr = reuse_prepare(&sq->st, r->slot, e->cs, e->o.kv_share, e->states, e->o.slots, r->prompt, keep);
     r->reused = rr.reused;
     if (e->log_prefix)
         fprintf(stderr, "prefix: slot %d reused %d/%d (%s)\n", r->slot, rr.reused, r->n, reuse_kind_name(rr.kind));
@@ -365,7 +392,10 @@ static void on_submit(engine *e, const wire_frame *f) {
     r->slot = f->sub.slot;
     r->sub = f->sub;
     int sys_end;
-    if (f->ext_len > f->sub.untrusted_bytes && open_grammar(e, f, r, err, sizeof err))
+    /* after the span table the extension payload is the family's media (DMel audio) for a family
+     * that takes media, else a grammar (protocol.md field 7); the gateway never sends both */
+    int takes_media = e->m->media_token >= 0;
+    if (f->ext_len > f->sub.untrusted_bytes && !takes_media && open_grammar(e, f, r, err, sizeof err))
         return reject(r, "BAD_REQUEST", err);
     if (tokenize(e, f, r, &sys_end, err, sizeof err)) return reject(r, "BAD_REQUEST", err);
     if (r->n == 0) return reject(r, "EMPTY_PROMPT", NULL);
@@ -376,9 +406,11 @@ static void on_submit(engine *e, const wire_frame *f) {
         state_taint(&e->seqs[r->slot]->st);
         return reject(r, "CONTEXT_EXCEEDED", err);
     }
+    int media_from = takes_media ? attach_media(e, f, r, err, sizeof err) : r->n;
+    if (media_from < 0) return reject(r, "BAD_REQUEST", err);
     char h[WIRE_HEADER_MAX];
     put_frame(h, wire_fmt_accept(h, r->id, r->n), NULL, 0);
-    start_request(e, r, sys_end);
+    start_request(e, r, sys_end, media_from);
 }
 
 static void on_cancel(engine *e, const char *id) {

@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include "../core/util.h"
+#include "audio_in.h"
 #include "constrain.h"
 #include "params.h"
 #include "sse.h"
@@ -30,6 +31,47 @@ static int is_role(const char *r) {
     static const char *const roles[] = {"system", "developer", "user", "assistant", "tool"};
     for (size_t i = 0; i < sizeof roles / sizeof roles[0]; i++)
         if (!strcmp(r, roles[i])) return 1;
+    return 0;
+}
+
+static int is_part(const cJSON *part, const char *type) {
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(part, "type");
+    return cJSON_IsString(t) && !strcmp(t->valuestring, type);
+}
+
+/* A user content with input_audio parts, for a model that takes audio (media != NULL): the list of
+ * its text parts and decoded audio parts (audio_in.h), the frames appended to media. */
+static cJSON *audio_content(const cJSON *c, int index, const char *role, sbuf *media, http_err *e) {
+    if (!media)
+        return http_err_set(e, 400, "invalid_request_error", "invalid_value", "messages",
+                            "messages[%d].content: input_audio parts need a model that takes audio input", index), NULL;
+    if (strcmp(role, "user"))
+        return http_err_set(e, 400, "invalid_request_error", "invalid_value", "messages",
+                            "messages[%d].content: input_audio parts belong in user messages", index), NULL;
+    cJSON *out = cJSON_CreateArray();
+    int k = 0;
+    const cJSON *part;
+    cJSON_ArrayForEach(part, c) {
+        const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
+        cJSON *p = NULL;
+        if (is_part(part, "input_audio")) p = audio_in_part(part, index, k, media, e);
+        else if ((is_part(part, "text") || is_part(part, "input_text")) && cJSON_IsString(text)) {
+            p = cJSON_CreateObject();
+            cJSON_AddStringToObject(p, "type", "text");
+            cJSON_AddStringToObject(p, "text", text->valuestring);
+        } else
+            http_err_set(e, 400, "invalid_request_error", "invalid_value", "messages",
+                         "messages[%d].content[%d]: only text and input_audio parts are supported", index, k);
+        if (!p) { cJSON_Delete(out); return NULL; }
+        cJSON_AddItemToArray(out, p);
+        k++;
+    }
+    return out;
+}
+
+static int has_audio(const cJSON *c) {
+    const cJSON *part;
+    cJSON_ArrayForEach(part, c) if (is_part(part, "input_audio")) return 1;
     return 0;
 }
 
@@ -76,7 +118,7 @@ bad:
                         "messages[%d].tool_calls must be a list of {id, type, function:{name, arguments}}", index);
 }
 
-cJSON *openai_normalize_messages(const cJSON *messages, http_err *e) {
+cJSON *openai_normalize_messages(const cJSON *messages, sbuf *media, http_err *e) {
     if (!cJSON_IsArray(messages) || cJSON_GetArraySize(messages) == 0) {
         http_err_set(e, 400, "invalid_request_error", "invalid_value", "messages", "'messages' must be a non-empty list");
         return NULL;
@@ -91,11 +133,14 @@ cJSON *openai_normalize_messages(const cJSON *messages, http_err *e) {
                          "messages[%d] needs a role of system, developer, user, assistant or tool", i);
             goto fail;
         }
-        char *text = content_text(cJSON_GetObjectItemCaseSensitive(m, "content"), i, e);
-        if (!text) goto fail;
+        const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
+        int audio = cJSON_IsArray(content) && has_audio(content);
+        cJSON *value = audio ? audio_content(content, i, role->valuestring, media, e) : NULL;
+        char *text = audio ? NULL : content_text(content, i, e);
+        if (!value && !text) goto fail;
         cJSON *n = cJSON_CreateObject();
         cJSON_AddStringToObject(n, "role", role->valuestring);
-        cJSON_AddStringToObject(n, "content", text);
+        cJSON_AddItemToObject(n, "content", value ? value : cJSON_CreateString(text));
         free(text);
         cJSON_AddItemToArray(out, n);
         const char *copy_str[] = {"reasoning_content", "tool_call_id", "name"};
@@ -258,10 +303,13 @@ static int parse_chat(serve_ctx *sc, const cJSON *body, oa_call *k, http_err *e)
     int parallel = 1;
     if (parse_tool_choice(body, tools, &o, e) || parse_thinking(body, &o, e)) return -1;
     if (param_bool(body, "parallel_tool_calls", &parallel, e)) return -1;
-    cJSON *msgs = openai_normalize_messages(cJSON_GetObjectItemCaseSensitive(body, "messages"), e);
-    if (!msgs) return -1;
-    int rc = openai_render(sc, msgs, tools, &o, &k->call.rq, e);
+    sbuf media = {0};
+    cJSON *msgs = openai_normalize_messages(cJSON_GetObjectItemCaseSensitive(body, "messages"),
+                                            sc->tpl && sc->tpl->audio ? &media : NULL, e);
+    int rc = msgs ? openai_render(sc, msgs, tools, &o, &k->call.rq, e) : -1;
     cJSON_Delete(msgs);
+    k->call.rq.media_len = media.len;           /* the DMel frames travel after the span table */
+    k->call.rq.media = sbuf_take(&media);
     constrain_opts c = {.response_format = 1, .tools = tools, .tool_choice = o.tool_choice, .parallel = parallel,
                         .thinking = o.thinking};
     return rc ? -1 : constrain_request(sc, body, &c, &k->call.rq, e);

@@ -22,8 +22,10 @@ enum MHD_Result openai_completions(serve_ctx *sc, struct MHD_Connection *c, cons
 enum MHD_Result openai_models(serve_ctx *sc, struct MHD_Connection *c, const char *id);
 
 /* Validate OpenAI-shaped messages (roles, content as a string or text parts, tool calls) into a
- * normalized copy with string contents; NULL + e on a bad message. Shared with anthropic.c. */
-cJSON *openai_normalize_messages(const cJSON *messages, http_err *e);
+ * normalized copy with string contents; NULL + e on a bad message. Shared with anthropic.c.
+ * media: for a model that takes audio, input_audio parts of user messages are decoded into it
+ * (audio_in.h) and such a content stays a list of text and audio parts; NULL refuses them. */
+cJSON *openai_normalize_messages(const cJSON *messages, sbuf *media, http_err *e);
 /* Render normalized messages + tools with the family template into rq->prompt. */
 int openai_render(serve_ctx *sc, const cJSON *messages, const cJSON *tools, const chat_opts *o, turn_req *rq,
                   http_err *e);

@@ -12,6 +12,7 @@ void turn_req_free(turn_req *rq) {
     free(rq->prompt);
     free(rq->grammar);
     free(rq->untrusted);
+    free(rq->media);
     for (int i = 0; i < rq->nstops; i++) free(rq->stops[i]);
     memset(rq, 0, sizeof *rq);
 }
@@ -100,7 +101,9 @@ int turn_begin(turn *t, serve_ctx *sc, turn_req *rq, struct MHD_Connection *conn
     sbuf ext = {0};
     wire_fmt_spans(&ext, rq->untrusted, rq->nuntrusted);
     wire_submit ws = submit_fields(rq, slot, ext.len);
-    if (rq->grammar) sbuf_put(&ext, rq->grammar, rq->grammar_len);   /* the grammar follows the span table */
+    /* after the span table: the grammar, or a media family's frames (constrain_request never pairs them) */
+    if (rq->grammar) sbuf_put(&ext, rq->grammar, rq->grammar_len);
+    if (rq->media_len) sbuf_put(&ext, rq->media, rq->media_len);
     int bad = eng_submit(sc->engine, t->g, &ws, rq->prompt, rq->prompt_len, ext.p, ext.len, sc->queue_timeout, err,
                          sizeof err);
     sbuf_free(&ext);

@@ -46,6 +46,8 @@ typedef struct {
     size_t prompt_len;
     tok_span *untrusted;          /* chat prompts: the bytes a client wrote (chat.h), sent to the */
     int nuntrusted;               /* engine as the SUBMIT span table (wire.h) */
+    char *media;                  /* media for the template's placeholders (Inkling DMel frames), */
+    size_t media_len;             /* sent after the span table in the extension payload */
     int prompt_is_ids;
     size_t prefix_bytes;          /* end of the system prompt (checkpoint hint), 0 = none */
     int max_tokens;

@@ -23,7 +23,8 @@ if (MODEL && CAIRN && !FAMILY) throw new Error(`no registered family loads model
 const D = '｜DSML｜';
 // Each family's own tool-call syntax (by family name), for replies a scripted engine gives: a random tiny model
 // never writes a tool call. reply = what the model writes; result(text) = how the template
-// renders a tool's answer in the next prompt; thinkEnd = what closes the reasoning when it is not </think>.
+// renders a tool's answer in the next prompt; thinkEnd = what closes the reasoning when it is not </think>,
+// thinkStart = what opens it when the prompt's cue does not.
 export const TOOL_SYNTAX = {
   deepseek_v4: {
     reply: `Let me check.\n\n<${D}tool_calls>\n<${D}invoke name="get_weather">\n`
@@ -50,6 +51,15 @@ export const TOOL_SYNTAX = {
     // In thinking mode the prompt leaves the think channel open; the reply closes it and opens the response one.
     thinkEnd: '<|close|>think<|sep|><|open|>response<|sep|>',
     result: (text) => `<|open|>message role="tool" tool="get_weather" index="1"<|sep|>${text}<|close|>message<|sep|><|end_of_msg|>`,
+  },
+  // A text block, then the call as its own model message (name, then the JSON payload).
+  inkling: {
+    reply: '<|content_text|>Let me check.<|end_message|><|message_model|>get_weather<|content_invoke_tool_json|>'
+      + '{"name":"get_weather","args":{"city":"Paris","days":3}}<|end_message|>',
+    marker: 'content_invoke',
+    thinkStart: '<|content_thinking|>',        // the model opens the thinking block itself
+    thinkEnd: '<|end_message|><|message_model|>',
+    result: (text) => `<|message_tool|>get_weather<|content_text|>${text}<|end_message|>`,
   },
 };
 

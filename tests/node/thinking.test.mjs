@@ -22,6 +22,13 @@ const FORMAT = {
     think: `${K3_ASSISTANT}<|open|>think<|sep|>`, chat: `${K3_ASSISTANT}<|open|>response<|sep|>`,
     reply: `${REASONING}<|close|>think<|sep|><|open|>response<|sep|>${ANSWER}<|close|>response<|sep|><|close|>message<|sep|>`,
   },
+  // Inkling: the prompt always ends with the model header; the effort line tells the modes apart,
+  // and the reply is a thinking block then a text block.
+  inkling: {
+    think: '<|message_model|>', chat: '<|message_model|>',
+    effort: { think: 'Thinking effort level: 0.9<|end_message|>', chat: 'Thinking effort level: 0.0<|end_message|>' },
+    reply: `<|content_thinking|>${REASONING}<|end_message|><|message_model|><|content_text|>${ANSWER}<|end_message|>`,
+  },
 }[FAMILY.name] ?? { think: `${ASSISTANT}<think>`, chat: `${ASSISTANT}</think>`, reply: `${REASONING}</think>${ANSWER}` };
 
 let server;
@@ -36,7 +43,8 @@ test('openai: reasoning_content separated, streaming and not', async () => {
   const c = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'unused', maxRetries: 0 });
   const messages = [{ role: 'user', content: 'What is 2+2?' }];
   const r = await c.chat.completions.create({ model: MODEL_ID, messages, reasoning_effort: 'high', max_tokens: 100 });
-  assert.ok(lastPrompt().endsWith(FORMAT.think), 'thinking mode must end the prompt with the thinking cue');
+  assert.ok(lastPrompt().endsWith(FORMAT.think) && lastPrompt().includes(FORMAT.effort?.think ?? ''),
+    'thinking mode must end the prompt with the thinking cue');
   assert.equal(r.choices[0].message.content, ANSWER);
   assert.equal(r.choices[0].message.reasoning_content, REASONING);
 
@@ -52,7 +60,8 @@ test('openai: reasoning_content separated, streaming and not', async () => {
   assert.equal(content, ANSWER);
 
   await c.chat.completions.create({ model: MODEL_ID, messages, max_tokens: 100 });
-  assert.ok(lastPrompt().endsWith(FORMAT.chat), 'chat mode must end the prompt with the chat cue');
+  assert.ok(lastPrompt().endsWith(FORMAT.chat) && lastPrompt().includes(FORMAT.effort?.chat ?? ''),
+    'chat mode must end the prompt with the chat cue');
 });
 
 test('anthropic: thinking block then text block, streaming and not', async () => {

@@ -278,7 +278,7 @@ test('model output cannot inject script: <script>, onerror, javascript: links re
 test('thinking is a collapsible block; tool calls are shown and answered with a tool result', async () => {
   const syntax = TOOL_SYNTAX[FAMILY.name];
   assert.ok(syntax, `no tool-call syntax known for family ${FAMILY.name}`);
-  const server = await startServer([], { FAKE_REPLY: `Weighing it up.${syntax.thinkEnd ?? '</think>'}${syntax.reply}` }, { fake: true });
+  const server = await startServer([], { FAKE_REPLY: `${syntax.thinkStart ?? ''}Weighing it up.${syntax.thinkEnd ?? '</think>'}${syntax.reply}` }, { fake: true });
   try {
     const page = await openPage(`${server.url}/`);
     await ready(page);

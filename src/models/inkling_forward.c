@@ -1,0 +1,400 @@
+/* inkling_forward.c — the Inkling forward pass over a chunk of tokens (invariants in inkling.h).
+ *
+ * NUMERICS. --numerics exact keeps every activation in f32. The default rounds to BF16 where the
+ * official bf16 inference (modeling_inkling.py) holds bf16 tensors: embeddings and norm outputs,
+ * every projection's output (q, k, v, r, attention, router logits, experts), the relative-bias
+ * profiles, q and the bias after the f32 log scaling, conv outputs (computed in f32, cast back as
+ * `_keep_in_fp32_modules_strict` does) and the residual stream after each add. Attention scores
+ * and softmax, the routing weights and the final logits stay f32.
+ *
+ * ORDER. A layer runs in phases over the chunk: batched projections; per token in position order
+ * the k/v convs; per token the ring/rows write and attention (a sliding-window ring slot is
+ * overwritten only after every earlier token has read it); batched o_proj; per token the
+ * attention-output conv; the MLP batched; per token the MLP-output conv. Each phase that writes a
+ * ring or conv part calls state_capture before writing each position. */
+#include <math.h>
+#include <string.h>
+
+#include "../core/ops.h"
+#include "../core/quant.h"
+#include "../core/threads.h"
+#include "../core/util.h"
+#include "inkling.h"
+
+/* SCRATCH. Every buffer of a chunk comes from the sequence's arena (core/arena.h), carved by
+ * chunk_layout for n tokens whose last position is below `end`; inkling_scratch_bytes runs the
+ * same layout with a measuring arena for INK_CHUNK tokens at end = ctx (every size grows with
+ * n and end, so a smaller chunk always fits). */
+typedef struct {
+    float *x, *hn, *delta, *branch, *heads;          /* [n][D], heads [n][H*hd] */
+    float *q, *kv, *raw, *kp, *vp, *r, *work;        /* attention */
+    float *logits, *gam, *xin, *eout, *ex, *g1, *act, *fused, *choice;   /* MLP */
+    int *idx, *rows;
+    float *head_hn;
+} ink_bufs;
+
+static float *floats(arena *a, size_t n) { return arena_take(a, n, sizeof(float)); }
+
+static void chunk_layout(arena *a, const ink_model *g, int n, int end, ink_bufs *b) {
+    size_t qmax = 1, kvmax = 1, hmax = 1, hdmax = 1, extmax = 1, imax = (size_t)g->moe_inter;
+    for (int i = 0; i < g->n_layers; i++) {
+        const ink_layer *l = &g->layers[i];
+        qmax = MAX(qmax, (size_t)l->heads * l->head_dim);
+        kvmax = MAX(kvmax, (size_t)l->kv_heads * l->head_dim);
+        hmax = MAX(hmax, (size_t)l->heads);
+        hdmax = MAX(hdmax, (size_t)l->head_dim);
+        extmax = MAX(extmax, (size_t)l->extent);
+        imax = MAX(imax, (size_t)l->mlp.inter);
+    }
+    size_t nd = (size_t)n * g->dim, ks = (size_t)(g->top_k + g->n_shared);
+    b->x = floats(a, nd), b->hn = floats(a, nd), b->delta = floats(a, nd), b->branch = floats(a, nd);
+    b->heads = floats(a, n * qmax), b->q = floats(a, n * qmax);
+    b->kv = floats(a, n * 2 * kvmax), b->raw = floats(a, n * 2 * kvmax);
+    b->kp = floats(a, n * kvmax), b->vp = floats(a, n * kvmax), b->r = floats(a, n * hmax * g->d_rel);
+    b->work = floats(a, hmax * (hdmax + extmax + (size_t)MAX(g->window, end)));
+    b->logits = floats(a, (size_t)n * (g->n_experts + g->n_shared)), b->gam = floats(a, n * ks);
+    b->idx = arena_take(a, (size_t)n * g->top_k, sizeof(int)), b->rows = arena_take(a, (size_t)n, sizeof(int));
+    b->xin = floats(a, nd), b->eout = floats(a, nd), b->ex = floats(a, n * ks * g->dim), b->g1 = floats(a, (size_t)n);
+    b->act = floats(a, n * imax), b->fused = floats(a, n * 2 * imax), b->choice = floats(a, (size_t)g->n_experts);
+    b->head_hn = floats(a, (size_t)g->dim);
+}
+
+size_t inkling_scratch_bytes(const model *m, int ctx) {
+    arena a = {0};
+    ink_bufs b;
+    chunk_layout(&a, m->priv, INK_CHUNK, ctx, &b);
+    return a.used;
+}
+
+static void act_round(const model *m, float *x, size_t n) {
+    if (m->num == NUMERICS_QAT) bf16_round_vec(x, n);
+}
+
+static void project(const model *m, const qmat *w, const float *x, int n, float *y) {
+    qmat_mul(w, x, n, y);
+    act_round(m, y, (size_t)n * w->rows);
+}
+
+static void norm_rows(const model *m, float *out, const float *x, const float *w, int n, int dim, float eps) {
+    for (int i = 0; i < n; i++) rmsnorm(out + (size_t)i * dim, x + (size_t)i * dim, w, dim, eps);
+    act_round(m, out, (size_t)n * dim);
+}
+
+/* y = x + sum_j w[c][j] * in[t-K+1+j] for one token; hist holds the previous K-1 inputs, oldest
+ * first, and takes x. */
+static void conv_token(const model *m, float *hist, const float *w, int K, int C, const float *x, float *y) {
+    for (int c = 0; c < C; c++) {
+        const float *wc = w + (size_t)c * K;
+        float acc = 0.0f;
+        for (int j = 0; j < K - 1; j++) acc += wc[j] * hist[(size_t)j * C + c];
+        acc += wc[K - 1] * x[c];
+        y[c] = acc + x[c];
+    }
+    if (K > 1) {
+        memmove(hist, hist + C, (size_t)(K - 2) * C * sizeof *hist);
+        memcpy(hist + (size_t)(K - 2) * C, x, (size_t)C * sizeof *hist);
+    }
+    act_round(m, y, (size_t)C);
+}
+
+/* Which conv of a layer a pass runs (each is its own RECUR part, see inkling.h). */
+typedef enum { CONV_KV, CONV_ATTN, CONV_MLP } conv_which;
+
+static ink_part *conv_part(ink_layer_state *ls, conv_which w) {
+    return w == CONV_KV ? &ls->conv_kv : w == CONV_ATTN ? &ls->conv_attn : &ls->conv_mlp;
+}
+
+/* The conv over the chunk's rows of x (stride ld, C channels), each row in its own sequence's
+ * window; rows of one sequence come in position order. */
+static void conv_rows(const model *m, const ink_rows *rw, int li, conv_which which, const float *w, int C,
+                      const float *x, size_t ld, float *y) {
+    const ink_model *g = m->priv;
+    for (int i = 0; i < rw->n; i++) {
+        ink_part *p = conv_part(&rw->seq[i]->layers[li], which);
+        state_capture(rw->seq[i]->st, p->part, rw->pos[i]);
+        conv_token(m, p->buf, w, g->conv_k, C, x + (size_t)i * ld, y + (size_t)i * ld);
+    }
+}
+
+/* ---- attention -------------------------------------------------------------------------- */
+
+typedef struct {
+    const model *m;
+    const ink_model *g;
+    const ink_layer *l;
+    const float *kv;          /* ring or rows of [k | v] */
+    const float *q, *r;       /* this token's [heads][hd], [heads][d_rel] */
+    int pos, first;           /* attended key positions first..pos */
+    float tau;                /* 1 unless log scaling applies */
+    float *work;              /* [heads][hd + extent + keys] */
+    size_t work_stride;
+    float *out;               /* [heads][hd] */
+} attn_job;
+
+static const float *key_row(const attn_job *j, int t) {
+    int slot = j->l->sliding ? t % j->g->window : t;
+    return j->kv + (size_t)slot * 2 * j->l->kv_heads * j->l->head_dim;
+}
+
+/* One head: relative-bias profile over distances, tau scaling, scores over the attended keys,
+ * softmax, weighted values. */
+static void attend_head(void *ctx, int h) {
+    attn_job *j = ctx;
+    const ink_layer *l = j->l;
+    int hd = l->head_dim, kvd = l->kv_heads * hd, grp = h / (l->heads / l->kv_heads), nk = j->pos - j->first + 1;
+    float *q = j->work + (size_t)h * j->work_stride, *prof = q + hd, *score = prof + l->extent;
+    memcpy(q, j->q + (size_t)h * hd, (size_t)hd * sizeof *q);
+    const float *rh = j->r + (size_t)h * j->g->d_rel;
+    for (int d = 0; d < l->extent; d++) {
+        float acc = 0.0f;
+        for (int e = 0; e < j->g->d_rel; e++) acc += rh[e] * l->rel[(size_t)e * l->extent + d];
+        prof[d] = acc;
+    }
+    act_round(j->m, prof, (size_t)l->extent);
+    if (j->tau != 1.0f) {
+        for (int d = 0; d < hd; d++) q[d] *= j->tau;
+        for (int d = 0; d < l->extent; d++) prof[d] *= j->tau;
+        act_round(j->m, q, (size_t)hd);
+        act_round(j->m, prof, (size_t)l->extent);
+    }
+    float inv = 1.0f / (float)hd;
+    for (int k = 0; k < nk; k++) {
+        int t = j->first + k, dist = j->pos - t;
+        score[k] = dot_f32(q, key_row(j, t) + (size_t)grp * hd, hd) * inv + (dist < l->extent ? prof[dist] : 0.0f);
+    }
+    softmax(score, nk);
+    float *o = j->out + (size_t)h * hd;
+    memset(o, 0, (size_t)hd * sizeof *o);
+    for (int k = 0; k < nk; k++) {
+        const float *v = key_row(j, j->first + k) + kvd + (size_t)grp * hd;
+        for (int d = 0; d < hd; d++) o[d] += score[k] * v[d];
+    }
+}
+
+/* tau = 1 + alpha * ln(max((pos + 1) / n_floor, 1)) on global layers, in f32 as HF computes it. */
+static float log_tau(const ink_model *g, const ink_layer *l, int pos) {
+    if (l->sliding || !g->log_floor) return 1.0f;
+    float ratio = (float)(pos + 1) / (float)g->log_floor;
+    return 1.0f + g->log_alpha * logf(ratio > 1.0f ? ratio : 1.0f);
+}
+
+/* heads[n][H*hd] for the pass; writes each row's k/v at its position into its sequence's ring or rows. */
+static void attention(const model *m, int li, const ink_rows *rw, const float *hn, ink_bufs *b, float *out) {
+    const ink_model *g = m->priv;
+    const ink_layer *l = &g->layers[li];
+    int n = rw->n;
+    int hd = l->head_dim, qd = l->heads * hd, kvd = l->kv_heads * hd;
+    float *q = b->q, *kv = b->kv, *raw = b->raw, *r = b->r, *heads = b->heads;
+    project(m, &l->q, hn, n, q);
+    project(m, &l->r, hn, n, r);
+    /* raw[i] = [W_k h | W_v h]: the k/v convs share one part, updated together per token */
+    project(m, &l->k, hn, n, b->kp);
+    project(m, &l->v, hn, n, b->vp);
+    for (int i = 0; i < n; i++) {
+        memcpy(raw + (size_t)i * 2 * kvd, b->kp + (size_t)i * kvd, (size_t)kvd * sizeof *raw);
+        memcpy(raw + (size_t)i * 2 * kvd + kvd, b->vp + (size_t)i * kvd, (size_t)kvd * sizeof *raw);
+    }
+    conv_rows(m, rw, li, CONV_KV, l->conv_kv, 2 * kvd, raw, (size_t)2 * kvd, kv);
+    for (int i = 0; i < n; i++) {
+        for (int h = 0; h < l->heads; h++) rmsnorm(q + (size_t)i * qd + (size_t)h * hd, q + (size_t)i * qd + (size_t)h * hd,
+                                                  l->q_norm, hd, g->eps);
+        for (int h = 0; h < l->kv_heads; h++) rmsnorm(kv + (size_t)i * 2 * kvd + (size_t)h * hd,
+                                                     kv + (size_t)i * 2 * kvd + (size_t)h * hd, l->k_norm, hd, g->eps);
+    }
+    act_round(m, q, (size_t)n * qd);
+    act_round(m, kv, (size_t)n * 2 * kvd);
+    int keys = l->sliding ? g->window : rw->end;
+    attn_job j = {.m = m, .g = g, .l = l, .work = b->work, .work_stride = (size_t)hd + l->extent + keys};
+    for (int i = 0; i < n; i++) {
+        int pos = rw->pos[i];
+        int slot = l->sliding ? pos % g->window : pos;
+        ink_part *kvp = &rw->seq[i]->layers[li].kv;
+        if (l->sliding) state_capture(rw->seq[i]->st, kvp->part, pos);
+        memcpy(kvp->buf + (size_t)slot * 2 * kvd, kv + (size_t)i * 2 * kvd, (size_t)2 * kvd * sizeof(float));
+        j.kv = kvp->buf;
+        j.pos = pos;
+        j.first = l->sliding && pos - g->window + 1 > 0 ? pos - g->window + 1 : 0;
+        j.tau = log_tau(g, l, pos);
+        j.q = q + (size_t)i * qd;
+        j.r = r + (size_t)i * l->heads * g->d_rel;
+        j.out = heads + (size_t)i * qd;
+        pool_run(l->heads, attend_head, &j);
+    }
+    act_round(m, heads, (size_t)n * qd);
+    project(m, &l->o, heads, n, out);
+}
+
+/* ---- MLP -------------------------------------------------------------------------------- */
+
+/* y[n][D] = down(silu(gate x) * up x * gamma) for the layout's gate/up rows; gamma NULL = 1. */
+static void glu(const model *m, const ink_glu *u, const float *x, int n, const float *gamma, float *y, ink_bufs *bf) {
+    int in = u->inter;
+    float *act = bf->act, *f = bf->fused;
+    if (u->layout == GLU_SPLIT) {
+        project(m, &u->gate, x, n, act);
+        project(m, &u->up, x, n, f);
+        for (size_t k = 0; k < (size_t)n * in; k++) act[k] = silu(act[k]) * f[k];
+    } else {
+        project(m, &u->fused, x, n, f);
+        for (int i = 0; i < n; i++)
+            for (int c = 0; c < in; c++) {
+                const float *fi = f + (size_t)i * 2 * in;
+                float gv = u->layout == GLU_HALVES ? fi[c] : fi[2 * c], uv = u->layout == GLU_HALVES ? fi[in + c] : fi[2 * c + 1];
+                act[(size_t)i * in + c] = silu(gv) * uv;
+            }
+    }
+    if (gamma)
+        for (int i = 0; i < n; i++)
+            for (int c = 0; c < in; c++) act[(size_t)i * in + c] *= gamma[i];
+    act_round(m, act, (size_t)n * in);
+    project(m, &u->down, act, n, y);
+}
+
+/* Top-k routed experts on sigmoid + correction bias; the k chosen and every shared expert weighted
+ * by their sigmoids normalised jointly (HF: exp(logsigmoid - logsumexp)), times the two scales. */
+static void route(const ink_model *g, const ink_layer *l, const float *logits, int *idx, float *gam, float *choice) {
+    int E = g->n_experts, K = g->top_k;
+    for (int e = 0; e < E; e++) choice[e] = sigmoidf(logits[e]) + l->router_bias[e];
+    topk(choice, E, K, idx);
+    float sum = 0.0f;
+    for (int k = 0; k < K + g->n_shared; k++) sum += gam[k] = sigmoidf(logits[k < K ? idx[k] : E + k - K]);
+    for (int k = 0; k < K + g->n_shared; k++) gam[k] = gam[k] / sum * g->route_scale * l->router_scale;
+}
+
+static void moe(const model *m, const ink_layer *l, const float *x, int n, float *y, ink_bufs *b) {
+    const ink_model *g = m->priv;
+    int d = g->dim, K = g->top_k, S = g->n_shared, R = g->n_experts + S;
+    float *logits = b->logits, *gam = b->gam, *xin = b->xin, *eout = b->eout, *ex = b->ex, *g1 = b->g1;
+    int *idx = b->idx, *rows = b->rows;
+    project(m, &l->router, x, n, logits);
+    for (int i = 0; i < n; i++)
+        route(g, l, logits + (size_t)i * R, idx + (size_t)i * K, gam + (size_t)i * (K + S), b->choice);
+    /* each routed expert once over the tokens that chose it; outputs land in ex[token][slot] */
+    for (int e = 0; e < g->n_experts; e++) {
+        int cnt = 0;
+        for (int t = 0; t < n * K; t++)
+            if (idx[t] == e) {
+                memcpy(xin + (size_t)cnt * d, x + (size_t)(t / K) * d, (size_t)d * sizeof *x);
+                rows[cnt++] = t / K * (K + S) + t % K;
+            }
+        if (!cnt) continue;
+        glu(m, &l->experts[e], xin, cnt, NULL, eout, b);
+        for (int r = 0; r < cnt; r++) memcpy(ex + (size_t)rows[r] * d, eout + (size_t)r * d, (size_t)d * sizeof *ex);
+    }
+    for (int s = 0; s < S; s++) {
+        for (int i = 0; i < n; i++) g1[i] = gam[(size_t)i * (K + S) + K + s];
+        glu(m, &l->shared[s], x, n, g1, eout, b);
+        for (int i = 0; i < n; i++) memcpy(ex + ((size_t)i * (K + S) + K + s) * d, eout + (size_t)i * d, (size_t)d * sizeof *ex);
+    }
+    for (int i = 0; i < n; i++)
+        for (int c = 0; c < d; c++) {
+            float routed = 0.0f, shared = 0.0f;
+            for (int k = 0; k < K; k++) routed += gam[(size_t)i * (K + S) + k] * ex[((size_t)i * (K + S) + k) * d + c];
+            for (int s = 0; s < S; s++) shared += ex[((size_t)i * (K + S) + K + s) * d + c];
+            y[(size_t)i * d + c] = routed + shared;
+        }
+    act_round(m, y, (size_t)n * d);
+}
+
+static void mlp(const model *m, const ink_layer *l, const float *x, int n, float *y, ink_bufs *b) {
+    const ink_model *g = m->priv;
+    if (l->sparse) return moe(m, l, x, n, y, b);
+    glu(m, &l->mlp, x, n, NULL, y, b);
+    for (size_t k = 0; k < (size_t)n * g->dim; k++) y[k] *= l->mlp_scale;
+    act_round(m, y, (size_t)n * g->dim);
+}
+
+/* ---- the whole model -------------------------------------------------------------------- */
+
+/* Normed token embedding, or at an audio placeholder (while frames remain) the audio tower's
+ * RMSNorm(sum over mel bins b of row b * mel_vocab + level_b), eps 1e-6 as HF builds it. */
+static void embed(const model *m, ink_seq *s, int id, float *x, float *tmp) {
+    const ink_model *g = m->priv;
+    if (id == g->audio_token && s->audio_used < s->audio_frames) {
+        const unsigned char *frame = s->audio + (size_t)s->audio_used++ * g->n_mel;
+        memset(x, 0, (size_t)g->dim * sizeof *x);
+        for (int b = 0; b < g->n_mel; b++) {
+            qmat_row(&g->audio_embed, b * g->mel_vocab + frame[b], tmp);
+            for (int c = 0; c < g->dim; c++) x[c] += tmp[c];
+        }
+        act_round(m, x, (size_t)g->dim);
+        rmsnorm(x, x, g->audio_norm, g->dim, 1e-6f);
+    } else {
+        qmat_row(&g->embed, id, tmp);
+        act_round(m, tmp, (size_t)g->dim);
+        rmsnorm(x, tmp, g->embed_norm, g->dim, g->eps);
+    }
+    act_round(m, x, (size_t)g->dim);
+}
+
+static void add_residual(const model *m, float *x, const float *delta, size_t len) {
+    for (size_t k = 0; k < len; k++) x[k] += delta[k];
+    act_round(m, x, len);
+}
+
+/* lm_head(RMSNorm(x) / logits_mup_width_multiplier) of one row, only the unpadded rows. (With
+ * all_logits a segment's rows go through one at a time: the kernel's result for a row does not
+ * depend on the batch, and echo is not a hot path.) */
+static void head_logits(const model *m, const float *x, float *out, ink_bufs *b) {
+    const ink_model *g = m->priv;
+    float *hn = b->head_hn;
+    norm_rows(m, hn, x, g->final_norm, 1, g->dim, g->eps);
+    for (int k = 0; k < g->dim; k++) hn[k] /= g->logit_div;
+    act_round(m, hn, (size_t)g->dim);
+    qmat_mul_rows(&g->head, 0, g->unpadded, hn, 1, out);
+}
+
+/* One pass over at most INK_CHUNK rows (from one or more sequences); all its scratch is given
+ * back at the end. Token-parallel work runs over all rows, stateful work per row in its own
+ * sequence. */
+static void forward_rows(const model *m, const ink_rows *rw, arena *sc) {
+    const ink_model *g = m->priv;
+    size_t start = arena_mark(sc), len = (size_t)rw->n * g->dim;
+    ink_bufs b;
+    chunk_layout(sc, g, rw->n, rw->end, &b);
+    float *x = b.x, *hn = b.hn, *delta = b.delta, *branch = b.branch;
+    for (int i = 0; i < rw->n; i++) embed(m, rw->seq[i], rw->ids[i], x + (size_t)i * g->dim, delta);
+    for (int li = 0; li < g->n_layers; li++) {
+        const ink_layer *l = &g->layers[li];
+        norm_rows(m, hn, x, l->attn_norm, rw->n, g->dim, g->eps);
+        attention(m, li, rw, hn, &b, branch);
+        conv_rows(m, rw, li, CONV_ATTN, l->conv_attn, g->dim, branch, (size_t)g->dim, delta);
+        add_residual(m, x, delta, len);
+        norm_rows(m, hn, x, l->mlp_norm, rw->n, g->dim, g->eps);
+        mlp(m, l, hn, rw->n, branch, &b);
+        conv_rows(m, rw, li, CONV_MLP, l->conv_mlp, g->dim, branch, (size_t)g->dim, delta);
+        add_residual(m, x, delta, len);
+    }
+    /* logits: every row a segment asked all of, and each segment's last row */
+    for (int i = 0; i < rw->n; i++) {
+        float *out = rw->all[i] ? rw->all[i] : rw->last[i];
+        if (out) head_logits(m, x + (size_t)i * g->dim, out, &b);
+    }
+    arena_release(sc, start);
+}
+
+/* Rows of INK_CHUNK at most, taken from the segments in order (a segment may span passes);
+ * by chunking invariance and per-row state the grouping changes no bit. The passes use the
+ * first segment's scratch. */
+int inkling_forward(model *m, const fwd_seg *segs, int nseg, char *err, size_t errlen) {
+    const ink_model *g = m->priv;
+    ink_seq *first = segs[0].fam_seq;
+    ink_seq *seq[INK_CHUNK];
+    int pos[INK_CHUNK], ids[INK_CHUNK];
+    float *all[INK_CHUNK], *last[INK_CHUNK];
+    ink_rows rw = {.seq = seq, .pos = pos, .ids = ids, .all = all, .last = last};
+    for (int si = 0; si < nseg; si++)
+        for (int t = 0; t < segs[si].n; t++) {
+            const fwd_seg *sg = &segs[si];
+            int k = rw.n++;
+            seq[k] = sg->fam_seq, pos[k] = sg->pos0 + t, ids[k] = sg->ids[t];
+            all[k] = sg->all_logits ? sg->all_logits + (size_t)t * g->unpadded : NULL;
+            last[k] = t == sg->n - 1 ? sg->logits : NULL;
+            rw.end = MAX(rw.end, pos[k] + 1);
+            if (rw.n == INK_CHUNK || (si == nseg - 1 && t == sg->n - 1)) {
+                forward_rows(m, &rw, first->scratch);
+                rw.n = rw.end = 0;
+            }
+        }
+    return 0;
+}

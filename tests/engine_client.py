@@ -123,6 +123,7 @@ class Engine:
         the SUBMIT extension payload right after the prompt (protocol.md §1.3 field 7)."""
         body = " ".join(map(str, ids)).encode() if ids is not None else text.encode()
         keys = (" ids=1" if ids is not None else "") + (f" logprobs={logprobs}" if logprobs else "") + extra
+        keys += f" grammar={len(grammar)}" if grammar else ""
         ext = grammar + ext
         tail = f" {len(ext)} {prefix_bytes}" if prefix_bytes is not None else (f" {len(ext)}" if keys or ext else "")
         self.replies[rid] = Reply(rid)

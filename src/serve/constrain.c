@@ -121,12 +121,6 @@ int constrain_request(const serve_ctx *sc, const cJSON *body, const constrain_op
         sbuf_free(&g);
         return rc;
     }
-    /* a media family's extension payload carries its audio frames (protocol.md field 7) */
-    if (sc->tpl && sc->tpl->audio) {
-        sbuf_free(&g);
-        return bad(e, field, "constrained decoding is not available for this model (its SUBMIT extension payload "
-                             "carries audio)", "");
-    }
     /* parse it once here: a 400 beats an engine error */
     char err[300];
     grammar *parsed = memchr(g.p, 0, g.len) ? NULL : grammar_parse(g.p, g.len, err, sizeof err);

@@ -313,6 +313,13 @@ static request *find_active(engine *e, const char *id) {
     return NULL;
 }
 
+/* After the span table: the grammar (grammar=B bytes, else all of the rest unless the family takes
+ * media), then the family's media. */
+static size_t grammar_len(const engine *e, const wire_frame *f) {
+    if (f->sub.has_grammar_bytes) return f->sub.grammar_bytes;
+    return e->m->media_token >= 0 ? 0 : f->ext_len - f->sub.untrusted_bytes;
+}
+
 /* Media (the extension payload of a family that takes it: Inkling's DMel frames) must fill every
  * placeholder of the prompt exactly. Returns the first placeholder position (r->n if none). */
 static int attach_media(engine *e, const wire_frame *f, request *r, char *err, size_t errlen) {
@@ -322,10 +329,11 @@ static int attach_media(engine *e, const wire_frame *f, request *r, char *err, s
             if (first == r->n) first = i;
             count++;
         }
-    size_t len = f->ext_len - f->sub.untrusted_bytes;
+    size_t skip = f->sub.untrusted_bytes + grammar_len(e, f), len = f->ext_len - skip;
     if (!len) return r->n;
+    if (e->m->media_token < 0) return errf(err, errlen, "this model takes no media in the extension payload");
     seq *sq = e->seqs[r->slot];
-    int frames = seq_set_media(sq, (const unsigned char *)f->ext + f->sub.untrusted_bytes, len, err, errlen);
+    int frames = seq_set_media(sq, (const unsigned char *)f->ext + skip, len, err, errlen);
     if (frames >= 0 && frames != count)
         frames = errf(err, errlen, "media: %d frames for %d placeholder positions (token %d)", frames, count,
                       e->m->media_token);
@@ -366,8 +374,7 @@ static void reject(request *r, const char *code, const char *detail) {
  * Schemas and tool-call syntaxes to it (serve/constrain.h). */
 static int open_grammar(engine *e, const wire_frame *f, request *r, char *err, size_t errlen) {
     if (!e->vocab) return errf(err, errlen, "grammar: this model has no usable tokenizer.json to match tokens against");
-    size_t skip = f->sub.untrusted_bytes;
-    if (!(r->g = grammar_parse(f->ext + skip, f->ext_len - skip, err, errlen))) return -1;
+    if (!(r->g = grammar_parse(f->ext + f->sub.untrusted_bytes, grammar_len(e, f), err, errlen))) return -1;
     tokmask_init(&r->km, e->vocab, r->g);
     return 0;
 }
@@ -392,10 +399,7 @@ static void on_submit(engine *e, const wire_frame *f) {
     r->slot = f->sub.slot;
     r->sub = f->sub;
     int sys_end;
-    /* after the span table the extension payload is the family's media (DMel audio) for a family
-     * that takes media, else a grammar (protocol.md field 7); the gateway never sends both */
-    int takes_media = e->m->media_token >= 0;
-    if (f->ext_len > f->sub.untrusted_bytes && !takes_media && open_grammar(e, f, r, err, sizeof err))
+    if (grammar_len(e, f) && open_grammar(e, f, r, err, sizeof err))
         return reject(r, "BAD_REQUEST", err);
     if (tokenize(e, f, r, &sys_end, err, sizeof err)) return reject(r, "BAD_REQUEST", err);
     if (r->n == 0) return reject(r, "EMPTY_PROMPT", NULL);
@@ -406,7 +410,7 @@ static void on_submit(engine *e, const wire_frame *f) {
         state_taint(&e->seqs[r->slot]->st);
         return reject(r, "CONTEXT_EXCEEDED", err);
     }
-    int media_from = takes_media ? attach_media(e, f, r, err, sizeof err) : r->n;
+    int media_from = attach_media(e, f, r, err, sizeof err);
     if (media_from < 0) return reject(r, "BAD_REQUEST", err);
     char h[WIRE_HEADER_MAX];
     put_frame(h, wire_fmt_accept(h, r->id, r->n), NULL, 0);

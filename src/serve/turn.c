@@ -55,7 +55,8 @@ static wire_submit submit_fields(const turn_req *rq, int slot, size_t span_bytes
         .slot = slot, .max_tokens = rq->max_tokens, .temperature = (float)rq->temperature, .top_p = (float)rq->top_p,
         .prefix_bytes = rq->prefix_bytes && !rq->prompt_is_ids ? (int)rq->prefix_bytes : -1,
         .logprobs = rq->logprobs ? MAX(1, rq->top_logprobs) : 0, .ids = rq->prompt_is_ids,
-        .seed = rq->has_seed ? rq->seed : 0, .untrusted_bytes = span_bytes};
+        .seed = rq->has_seed ? rq->seed : 0, .untrusted_bytes = span_bytes, .grammar_bytes = rq->grammar_len,
+        .has_grammar_bytes = rq->grammar != NULL};
 }
 
 static int admit(turn *t, http_err *e) {
@@ -101,7 +102,7 @@ int turn_begin(turn *t, serve_ctx *sc, turn_req *rq, struct MHD_Connection *conn
     sbuf ext = {0};
     wire_fmt_spans(&ext, rq->untrusted, rq->nuntrusted);
     wire_submit ws = submit_fields(rq, slot, ext.len);
-    /* after the span table: the grammar, or a media family's frames (constrain_request never pairs them) */
+    /* after the span table: the grammar, then a media family's frames */
     if (rq->grammar) sbuf_put(&ext, rq->grammar, rq->grammar_len);
     if (rq->media_len) sbuf_put(&ext, rq->media, rq->media_len);
     int bad = eng_submit(sc->engine, t->g, &ws, rq->prompt, rq->prompt_len, ext.p, ext.len, sc->queue_timeout, err,

@@ -115,10 +115,11 @@ static int parse_key(const fields *f, int i, wire_submit *s, wire_frame *fr) {
     else if (!strcmp(key, "ids")) ok = parse_int(&v, 0, 0, 1, &s->ids) == 0;
     else if (!strcmp(key, "pin")) ok = parse_int(&v, 0, 0, 1, &s->pin) == 0;
     else if (!strcmp(key, "seed")) ok = parse_u64(&v, 0, UINT64_MAX, &s->seed) == 0;
-    else if (!strcmp(key, "untrusted")) {
+    else if (!strcmp(key, "untrusted") || !strcmp(key, "grammar")) {
         uint64_t b;
         ok = parse_u64(&v, 0, WIRE_EXT_BYTES_MAX, &b) == 0;
-        s->untrusted_bytes = (size_t)b;
+        *(key[0] == 'u' ? &s->untrusted_bytes : &s->grammar_bytes) = (size_t)b;
+        if (key[0] == 'g') s->has_grammar_bytes = 1;
     }
     else ok = 1;                  /* unknown keys are ignored, like unknown frames */
     if (!ok) fail(fr, "BAD_REQUEST", "bad value for extension key %s", key);
@@ -198,6 +199,8 @@ static void parse_header(const char *h, size_t n, wire_frame *fr, int64_t *paylo
         fr->ext_len = ext;
         if (fr->kind == WIRE_SUBMIT && fr->sub.untrusted_bytes > ext)
             fail(fr, "BAD_REQUEST", "%s larger than ext_bytes", "untrusted span table");
+        else if (fr->kind == WIRE_SUBMIT && fr->sub.grammar_bytes > ext - fr->sub.untrusted_bytes)
+            fail(fr, "BAD_REQUEST", "%s larger than ext_bytes", "grammar");
     } else if (image) {
         parse_image(&f, fr);
         fr->payload_len = bytes;
@@ -386,6 +389,7 @@ size_t wire_fmt_submit(char *out, const char *id, const wire_submit *s, size_t p
     if (s->pin) k += (size_t)snprintf(keys + k, sizeof keys - k, " pin=1");
     if (s->seed) k += (size_t)snprintf(keys + k, sizeof keys - k, " seed=%llu", (unsigned long long)s->seed);
     if (s->untrusted_bytes) k += (size_t)snprintf(keys + k, sizeof keys - k, " untrusted=%zu", s->untrusted_bytes);
+    if (s->has_grammar_bytes) k += (size_t)snprintf(keys + k, sizeof keys - k, " grammar=%zu", s->grammar_bytes);
     /* protocol.md §1.3: the 7th field (ext bytes) must be present whenever more follows */
     if (ext_len || k || s->prefix_bytes >= 0) w += (size_t)snprintf(out + w, WIRE_HEADER_MAX - w, " %zu", ext_len);
     if (s->prefix_bytes >= 0) w += (size_t)snprintf(out + w, WIRE_HEADER_MAX - w, " %d", s->prefix_bytes);

@@ -58,6 +58,10 @@ typedef struct {
     int pin;                      /* pin=1 (accepted, no effect here) */
     uint64_t seed;                /* seed=N, 0 when absent */
     size_t untrusted_bytes;       /* untrusted=B: span table bytes at the start of ext, 0 = none */
+    size_t grammar_bytes;         /* grammar=B: grammar bytes right after the span table; the rest of ext is
+                                   * media (DMel audio). Without the key the rest is all grammar, or all
+                                   * media for a family that takes media (protocol.md field 7). */
+    int has_grammar_bytes;
 } wire_submit;
 
 typedef struct {

@@ -291,6 +291,7 @@ test('unsupported schemas, bad grammars and conflicting constraints are 400s nam
     [{ tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'object', properties: { a: { not: {} } } } } }], tool_choice: 'required' }, 'tools', /'not'/],
   ];
   for (const [extra, param, re] of cases) {
+    if (!canForce && extra.tool_choice) continue;   // refused by the template itself (see before())
     const r = await chat(extra);
     assert.equal(r.status, 400, JSON.stringify(extra));
     assert.equal(r.body.error.param, param, JSON.stringify(r.body));

@@ -99,7 +99,7 @@ static int parse_flags(int argc, char **argv, run_opts *o) {
     memset(o, 0, sizeof *o);
     o->n_gen = 256;
     o->snapshot_at = -1;
-    o->sp = (sampler_params){1.0f, 1.0f, 0, 0.0f, 0};
+    o->sp = (sampler_params){.temperature = 1.0f, .top_p = 1.0f};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         double d;

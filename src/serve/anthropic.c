@@ -233,7 +233,6 @@ static int parse_request(serve_ctx *sc, const cJSON *body, am_call *k, http_err 
     if (!cJSON_IsObject(body)) return bad(e, NULL, "the body must be a JSON object");
     if (param_model(sc, body, e) || param_max_tokens(sc, body, budget, 1, &k->call.rq, e)) return -1;
     if (param_sampling(body, 1.0, &k->call.rq, e) || param_stops(body, "stop_sequences", &k->call.rq, e)) return -1;
-    if (cJSON_GetObjectItemCaseSensitive(body, "top_k")) return bad(e, "top_k", "'top_k' is not supported");
     if (param_bool(body, "stream", &k->stream, e)) return -1;
     const char *user = NULL;
     const cJSON *meta = cJSON_GetObjectItemCaseSensitive(body, "metadata");

@@ -66,6 +66,10 @@ typedef struct {
     int eof;
     int log_prefix;
     char image_id[WIRE_ID_MAX];   /* an IMAGE announced for this id: its SUBMIT is refused */
+    char bias_id[WIRE_ID_MAX];    /* a BIAS announced for this id, for its SUBMIT */
+    int *bias_ids, nbias;         /* nbias < 0: the BIAS was bad and its SUBMIT is refused */
+    float *bias_vals;
+    char bias_error[160];
 } engine;
 
 /* ---- output ----------------------------------------------------------------------------- */
@@ -106,7 +110,7 @@ static void request_free(engine *e, request *r) {
 static void finish(engine *e, request *r, int length_limited) {
     char tail[64], h[WIRE_HEADER_MAX];
     size_t n = e->m->tok ? tok_stream_finish(&r->ts, tail, sizeof tail) : 0;
-    if (n) put_frame(h, wire_fmt_data(h, r->id, n, 0, 0, NULL, NULL), tail, n);
+    if (n) put_frame(h, wire_fmt_data(h, r->id, n, 0, 0, NULL, NULL, -1), tail, n);
     double dt = r->generated > 1 ? now_seconds() - r->t_first : 0;
     double tok_s = dt > 0 ? (r->generated - 1) / dt : 0;
     put_frame(h, wire_fmt_done(h, r->id, r->generated, tok_s, 100.0 * r->reused / r->n, rss_gb(), r->n, length_limited,
@@ -122,17 +126,19 @@ static void fail(engine *e, request *r, const char *code, const char *detail) {
     request_free(e, r);
 }
 
+/* One DATA frame per token when logprobs or token ids are asked for (even with no bytes yet),
+ * otherwise only when the token released bytes. */
 static void emit_token(engine *e, request *r, int t) {
     char text[4096], h[WIRE_HEADER_MAX];
     size_t n = e->m->tok ? tok_stream_put(&r->ts, t, text, sizeof text) : 0;
-    int k = r->sub.logprobs;
+    int k = r->sub.logprobs, tok = r->sub.tokids ? t : -1;
     if (k > 0) {
         log_softmax(e->logits, e->m->vocab_size, e->logprobs);
         top_logprobs(e->logprobs, e->m->vocab_size, k, e->top_ids);
         for (int i = 0; i < k; i++) e->top_lps[i] = e->logprobs[e->top_ids[i]];
-        put_frame(h, wire_fmt_data(h, r->id, n, k, e->logprobs[t], e->top_ids, e->top_lps), text, n);
-    } else if (n) {
-        put_frame(h, wire_fmt_data(h, r->id, n, 0, 0, NULL, NULL), text, n);
+        put_frame(h, wire_fmt_data(h, r->id, n, k, e->logprobs[t], e->top_ids, e->top_lps, tok), text, n);
+    } else if (n || tok >= 0) {
+        put_frame(h, wire_fmt_data(h, r->id, n, 0, 0, NULL, NULL, tok), text, n);
     }
 }
 
@@ -144,6 +150,7 @@ static void sample_next(engine *e, request *r) {
     if (!isfinite(e->logits[t])) return fail(e, r, "ENGINE_ERROR", "the model produced non-finite logits");
     if (r->generated == 0) r->t_first = now_seconds();
     if (model_is_eos(e->m, t)) return finish(e, r, 0);
+    sampler_note(&r->smp, &t, 1, 1);
     emit_token(e, r, t);
     r->token = t;
     r->generated++;
@@ -246,8 +253,13 @@ static void start_request(engine *e, request *r, int sys_end) {
     if (e->log_prefix)
         fprintf(stderr, "prefix: slot %d reused %d/%d (%s)\n", r->slot, rr.reused, r->n, reuse_kind_name(rr.kind));
     reuse_prefill_init(&r->pf, sq, e->cs, r->slot, r->prompt, r->n, sys_end, e->markers, e->nmarkers);
-    sampler_params sp = {.temperature = r->sub.temperature, .top_p = r->sub.top_p, .seed = r->sub.seed};
+    const wire_submit *w = &r->sub;
+    sampler_params sp = {.temperature = w->temperature, .top_p = w->top_p, .seed = w->seed, .top_k = w->top_k,
+                         .min_p = w->min_p, .repetition_penalty = w->repetition, .presence_penalty = w->presence,
+                         .frequency_penalty = w->frequency};
     sampler_init(&r->smp, &sp, e->m->vocab_size);
+    sampler_note(&r->smp, r->prompt, r->n, 0);
+    if (e->bias_id[0] && !strcmp(e->bias_id, r->id)) sampler_bias(&r->smp, e->bias_ids, e->bias_vals, e->nbias);
     if (e->m->tok) tok_stream_init(&r->ts, e->m->tok);
     r->prefilling = 1;
     e->active[r->slot] = r;
@@ -266,6 +278,7 @@ static void on_submit(engine *e, const wire_frame *f) {
         return put_error(f->id, "BAD_REQUEST", "this model takes no images");
     }
     if (f->ext_len) return put_error(f->id, "BAD_REQUEST", "extension payloads (grammar, audio) are not supported");
+    if (e->bias_id[0] && !strcmp(e->bias_id, f->id) && e->nbias < 0) return put_error(f->id, "BAD_REQUEST", e->bias_error);
     if (f->payload_len == 0) return put_error(f->id, "EMPTY_PROMPT", NULL);
     request *r = xcalloc(1, sizeof *r);
     snprintf(r->id, sizeof r->id, "%s", f->id);
@@ -299,6 +312,13 @@ static void on_submit(engine *e, const wire_frame *f) {
     start_request(e, r, sys_end);
 }
 
+/* A BIAS frame: kept for the SUBMIT with its id, which comes next (a bad one refuses that SUBMIT,
+ * so the request has one ERROR and never runs without the bias it asked for). */
+static void on_bias(engine *e, const wire_frame *f) {
+    e->nbias = wire_parse_bias(f->payload, f->payload_len, e->m->vocab_size, e->bias_ids, e->bias_vals, e->bias_error);
+    snprintf(e->bias_id, sizeof e->bias_id, "%s", f->id);
+}
+
 static void on_cancel(engine *e, const char *id) {
     request *r = find_active(e, id);
     if (!r) return put_error(id, "NOT_FOUND", NULL);
@@ -311,7 +331,10 @@ static void on_cancel(engine *e, const char *id) {
 
 static void on_frame(engine *e, const wire_frame *f) {
     switch (f->kind) {
-    case WIRE_SUBMIT: return on_submit(e, f);
+    case WIRE_SUBMIT:
+        on_submit(e, f);
+        e->bias_id[0] = 0;        /* a BIAS belongs to the SUBMIT right after it only */
+        return;
     case WIRE_CANCEL: return on_cancel(e, f->id);
     case WIRE_STOP: {
         request *r = find_active(e, f->id);
@@ -320,6 +343,7 @@ static void on_frame(engine *e, const wire_frame *f) {
         return;
     }
     case WIRE_IMAGE: snprintf(e->image_id, sizeof e->image_id, "%s", f->id); return;
+    case WIRE_BIAS: return on_bias(e, f);
     case WIRE_ERROR: return put_error(f->id, f->code, f->detail);
     default: return;
     }
@@ -440,6 +464,8 @@ static int engine_open(engine *e, char *err, size_t errlen) {
     e->logits = xmalloc((size_t)v * sizeof *e->logits);
     e->logprobs = xmalloc((size_t)v * sizeof *e->logprobs);
     e->top_ids = xmalloc(WIRE_LOGPROBS_MAX * sizeof *e->top_ids);
+    e->bias_ids = xmalloc(WIRE_BIAS_ENTRIES * sizeof *e->bias_ids);
+    e->bias_vals = xmalloc(WIRE_BIAS_ENTRIES * sizeof *e->bias_vals);
     e->top_lps = xmalloc(WIRE_LOGPROBS_MAX * sizeof *e->top_lps);
     resolve_markers(e);
     if (e->o.kv_dir && mkdir(e->o.kv_dir, 0755) && errno != EEXIST)
@@ -462,6 +488,8 @@ static void engine_close(engine *e) {
     free(e->logits);
     free(e->logprobs);
     free(e->top_ids);
+    free(e->bias_ids);
+    free(e->bias_vals);
     free(e->top_lps);
     wire_reader_free(&e->rd);
     persist_forget();

@@ -237,11 +237,16 @@ static void gen_append(gen *g, const char *bytes, size_t n, char **f, int nf) {
     memset(t, 0, sizeof *t);
     t->off = g->data_len;
     t->len = n;
+    t->tok = -1;
     memcpy(g->data + g->data_len, bytes, n);
     g->data_len += n;
     g->data[g->data_len] = 0;
-    /* DATA id n lp k [tid tlp]xk — nan/inf are allowed, the table is unsorted. */
-    long k;
+    /* DATA id n [lp k [tid tlp]xk] [tok=ID] — nan/inf are allowed, the table is unsorted. */
+    long k, tok;
+    if (nf > 3 && !strncmp(f[nf - 1], "tok=", 4) && !parse_long(f[nf - 1] + 4, 0, INT32_MAX, &tok)) {
+        t->tok = (int)tok;
+        nf--;
+    }
     if (nf >= 5 && !parse_long(f[4], 0, ENG_TOPK_MAX, &k) && nf >= 5 + 2 * k) {
         t->has_lp = 1;
         t->lp = strtof(f[3], NULL);
@@ -502,7 +507,7 @@ static int wait_ready(eng *e, double seconds) {
 }
 
 int eng_submit(eng *e, gen *g, int slot, const char *payload, size_t n, int max_tokens, double temperature,
-               double top_p, const char *head_extra, double wait_ready_s, char *err, size_t errlen) {
+               double top_p, const char *head_extra, const char *bias, double wait_ready_s, char *err, size_t errlen) {
     pthread_mutex_lock(&e->mu);
     if (!wait_ready(e, wait_ready_s)) {
         pthread_mutex_unlock(&e->mu);
@@ -518,12 +523,16 @@ int eng_submit(eng *e, gen *g, int slot, const char *payload, size_t n, int max_
     e->live[e->nlive++] = g;
     pthread_mutex_unlock(&e->mu);
 
-    char head[512];
+    char head[512], bias_head[64];
     int hl = snprintf(head, sizeof head, "SUBMIT %s %d %zu %d %.8g %.8g%s\n", g->id, slot, n, max_tokens,
                       temperature, top_p, head_extra ? head_extra : "");
+    size_t bl = bias ? strlen(bias) : 0;
+    int bh = snprintf(bias_head, sizeof bias_head, "BIAS %s %zu\n", g->id, bl);
     pthread_mutex_lock(&e->wmu);
-    int bad = e->in_fd < 0 || (size_t)hl >= sizeof head || write_all(e->in_fd, head, (size_t)hl) ||
-              write_all(e->in_fd, payload, n) || write_all(e->in_fd, "\n", 1);
+    int bad = e->in_fd < 0 || (size_t)hl >= sizeof head ||
+              (bias && (write_all(e->in_fd, bias_head, (size_t)bh) || write_all(e->in_fd, bias, bl) ||
+                        write_all(e->in_fd, "\n", 1))) ||
+              write_all(e->in_fd, head, (size_t)hl) || write_all(e->in_fd, payload, n) || write_all(e->in_fd, "\n", 1);
     pthread_mutex_unlock(&e->wmu);
     if (!bad) return 0;
     pthread_mutex_lock(&e->mu);

@@ -26,6 +26,7 @@
 /* One generated token as a DATA frame delivers it. */
 typedef struct {
     size_t off, len;              /* its bytes in gen.data */
+    int tok;                      /* the sampled token id (tok= field), -1 when the frame has none */
     int has_lp;                   /* the frame carried logprobs */
     float lp;                     /* logprob of the sampled token */
     int k;
@@ -88,10 +89,11 @@ int eng_start_failed(eng *e);
 pid_t eng_pid(eng *e);
 
 /* Send SUBMIT for g (id is assigned here). head_extra is appended to the header (e.g. " 0 12"
- * or " 0 ids=1 logprobs=5"). Waits up to wait_ready seconds for a running engine. On failure
- * returns -1 with err, and g is NOT registered (on_finish will not run). */
+ * or " 0 ids=1 logprobs=5"); bias (or NULL) goes first as a BIAS frame for the same id. Waits up
+ * to wait_ready seconds for a running engine. On failure returns -1 with err, and g is NOT
+ * registered (on_finish will not run). */
 int eng_submit(eng *e, gen *g, int slot, const char *payload, size_t n, int max_tokens, double temperature,
-               double top_p, const char *head_extra, double wait_ready, char *err, size_t errlen);
+               double top_p, const char *head_extra, const char *bias, double wait_ready, char *err, size_t errlen);
 /* Send CANCEL / STOP for g once (no-op if already sent or finished). */
 void eng_cancel(eng *e, gen *g);
 void eng_stop_gen(eng *e, gen *g);

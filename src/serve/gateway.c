@@ -44,6 +44,8 @@ typedef struct {
     const char *cors_origins[MAX_CORS_ORIGINS];   /* none given: http.c's default list */
     int n_cors;
     int loopback, allow_insecure;
+    int reply_ids;                /* --reply-ids on|off */
+    const char *kv_dir;           /* also passed to the engine; the gateway keeps reply ids there */
     char *engine_args[MAX_ENGINE_ARGS];   /* flags passed through to `cairn engine` */
     int n_engine_args;
 } serve_opts;
@@ -93,6 +95,9 @@ static void usage(FILE *f) {
             "                           http://127.0.0.1:8000, http://localhost:5173, http://127.0.0.1:5173,\n"
             "                           tauri://localhost, http://tauri.localhost, https://tauri.localhost\n"
             "  --grace S                on SIGTERM, wait this long for requests in flight (default 30)\n"
+            "  --reply-ids on|off       remember the exact ids of every generated reply and feed them back\n"
+            "                           when the reply returns in a conversation's history, instead of\n"
+            "                           re-tokenizing its text (default on; kept under --kv-dir)\n"
             "  --engine PATH            engine binary (default: this cairn)\n"
             "  --allow-insecure-bind    allow a non-loopback bind without --api-key\n"
             "  --numerics M, --threads N, --ckpt-mb N, --kv-dir DIR, --kv-share 0|1\n"
@@ -125,7 +130,7 @@ static int parse_flags(int argc, char **argv, serve_opts *o) {
     static const char *const passthrough[] = {"--numerics", "--threads", "--ckpt-mb", "--kv-dir", "--kv-share"};
     *o = (serve_opts){.host = "127.0.0.1", .port = 8080, .slots = 2, .max_tokens = 1024, .max_queue = 8,
                       .max_conn = 64, .max_conn_ip = 16, .read_timeout = 30, .max_header = 32768,
-                      .max_body = 4 << 20, .queue_timeout = 300, .keepalive = 10, .grace = 30};
+                      .max_body = 4 << 20, .queue_timeout = 300, .keepalive = 10, .grace = 30, .reply_ids = 1};
     o->api_key = getenv("CAIRN_API_KEY");
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -156,7 +161,10 @@ static int parse_flags(int argc, char **argv, serve_opts *o) {
             if (o->n_allowed == MAX_ALLOWED_HOSTS) { fprintf(stderr, "cairn serve: too many --allowed-host\n"); return -1; }
             o->allowed_hosts[o->n_allowed++] = v;
         } else if (!strcmp(a, "--cors-origin")) rc = add_cors_origin(o, v);
-        else {
+        else if (!strcmp(a, "--reply-ids")) {
+            if (strcmp(v, "on") && strcmp(v, "off")) { fprintf(stderr, "cairn serve: --reply-ids takes on or off\n"); return -1; }
+            o->reply_ids = !strcmp(v, "on");
+        } else {
             size_t k = 0;
             while (k < sizeof passthrough / sizeof passthrough[0] && strcmp(a, passthrough[k])) k++;
             if (k == sizeof passthrough / sizeof passthrough[0]) {
@@ -164,6 +172,7 @@ static int parse_flags(int argc, char **argv, serve_opts *o) {
                 return -1;
             }
             if (o->n_engine_args + 2 > MAX_ENGINE_ARGS) return -1;
+            if (!strcmp(a, "--kv-dir")) o->kv_dir = v;
             o->engine_args[o->n_engine_args++] = (char *)a;
             o->engine_args[o->n_engine_args++] = (char *)v;
         }
@@ -426,6 +435,17 @@ static char *model_type_of(const char *dir, char *err, size_t errlen) {
     return r;
 }
 
+/* Reply ids belong to the tokenizer that produced them: a file under --kv-dir written with
+ * another tokenizer.json is not trusted. */
+static uint64_t tokenizer_hash(const char *path) {
+    size_t n = 0;
+    char err[256];
+    char *p = read_file(path, &n, err, sizeof err);
+    uint64_t h = p ? fnv64(FNV64_INIT, p, n) : 0;
+    free(p);
+    return h;
+}
+
 static void forget_records(void *user) { slots_forget_all(((serve_ctx *)user)->sl); }
 
 /* The engine could not start at all: stop the server the same way a SIGTERM would. */
@@ -496,6 +516,7 @@ static void teardown(server *s, struct MHD_Daemon *d, char **eargv, int lfd) {
     if (sc->sl) slots_free(sc->sl);
     if (sc->mx) metrics_free(sc->mx);
     if (sc->tok) tok_free(sc->tok);
+    replies_close(sc->replies);
     free((char *)sc->model_type);
     free(s->model_dir_copy);
 }
@@ -522,6 +543,7 @@ int cmd_serve(int argc, char **argv) {
     sc->tok = access(tok_path, R_OK) == 0 ? tok_load(tok_path, err, sizeof err) : NULL;
     if (!sc->tpl)
         fprintf(stderr, "cairn serve: model type %s has no chat template: only /v1/completions works\n", sc->model_type);
+    if (o.reply_ids && sc->tok) sc->replies = replies_open(o.kv_dir, tokenizer_hash(tok_path));
 
     /* Signals are taken by sigwait below; every thread inherits the blocked mask. */
     sigset_t sigs;

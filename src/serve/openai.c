@@ -134,6 +134,14 @@ int openai_render(serve_ctx *sc, const cJSON *messages, const cJSON *tools, cons
     rq->prefix_bytes = sc->tpl->system_prefix_bytes ? sc->tpl->system_prefix_bytes(prompt, rq->prompt_len) : 0;
     rq->chat = 1;
     rq->thinking = o->thinking;
+    if (!sc->replies || !sc->tok) return 0;
+    sbuf ids = {0};
+    int rc = replies_splice(sc->replies, sc->tok, sc->tpl, o, messages, prompt, rq->prompt_len, rq->prefix_bytes, &ids,
+                            &rq->ids_prefix, err, sizeof err);
+    if (rc < 0)
+        return http_err_set(e, 400, "invalid_request_error", "invalid_value", "messages", "cannot tokenize the chat: %s", err);
+    rq->ids_len = ids.len;
+    rq->ids = rc > 0 ? sbuf_take(&ids) : NULL;
     return 0;
 }
 
@@ -222,9 +230,7 @@ static int parse_common(serve_ctx *sc, const cJSON *body, oa_call *k, http_err *
     long n;
     int present;
     if (param_int(body, "n", 1, 1, &n, &present, e)) return -1;
-    double pen;
-    if (param_num(body, "frequency_penalty", 0, 0, &pen, &present, e)) return -1;
-    if (param_num(body, "presence_penalty", 0, 0, &pen, &present, e)) return -1;
+    if (param_penalties(body, sc->tok ? tok_vocab_size(sc->tok) : 1 << 30, &k->call.rq, e)) return -1;
     const char *user = NULL;
     if (param_str(body, "user", &user, e)) return -1;
     if (param_slot(sc, body, user, &k->call.rq, e)) return -1;

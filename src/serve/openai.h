@@ -6,7 +6,8 @@
  *  - usage.prompt_tokens_details.cached_tokens is always present and equals the engine's
  *    reuse count for this request (0 when nothing was reused).
  *  - The prompt sent to the engine is exactly the family template's rendering of the messages,
- *    so an assistant turn fed back in history re-renders to the text the model generated.
+ *    so an assistant turn fed back in history re-renders to the text the model generated; with
+ *    --reply-ids on, a reply this server generated goes back as the ids it was generated as.
  */
 #ifndef CAIRN_OPENAI_H
 #define CAIRN_OPENAI_H
@@ -24,7 +25,8 @@ enum MHD_Result openai_models(serve_ctx *sc, struct MHD_Connection *c, const cha
 /* Validate OpenAI-shaped messages (roles, content as a string or text parts, tool calls) into a
  * normalized copy with string contents; NULL + e on a bad message. Shared with anthropic.c. */
 cJSON *openai_normalize_messages(const cJSON *messages, http_err *e);
-/* Render normalized messages + tools with the family template into rq->prompt. */
+/* Render normalized messages + tools with the family template into rq->prompt (and rq->ids
+ * when remembered replies are spliced back in). */
 int openai_render(serve_ctx *sc, const cJSON *messages, const cJSON *tools, const chat_opts *o, turn_req *rq,
                   http_err *e);
 

@@ -26,8 +26,12 @@ int param_stops(const cJSON *body, const char *key, turn_req *rq, http_err *e);
  * `required` makes its absence a 400. */
 int param_max_tokens(const serve_ctx *sc, const cJSON *body, const char *const *keys, int required, turn_req *rq,
                      http_err *e);
-/* temperature [0,2] (default 1), top_p (0,1] (default 1), seed. */
+/* temperature [0, max] (default 1), top_p (0,1] (default 1), top_k (0 = off), seed (a random
+ * one when absent). */
 int param_sampling(const cJSON *body, double max_temperature, turn_req *rq, http_err *e);
+/* OpenAI's presence_penalty and frequency_penalty [-2, 2], logit_bias {token id: [-100, 100]}, and
+ * the min_p [0, 1] and repetition_penalty (> 0, 1 = off) extensions vLLM and llama.cpp accept. */
+int param_penalties(const cJSON *body, int vocab, turn_req *rq, http_err *e);
 /* Slot pinning: cache_slot (0..slots-1) wins, else a non-empty user string hashes to a slot. */
 int param_slot(const serve_ctx *sc, const cJSON *body, const char *user, turn_req *rq, http_err *e);
 

@@ -9,6 +9,8 @@
 
 void turn_req_free(turn_req *rq) {
     free(rq->prompt);
+    free(rq->ids);
+    free(rq->bias);
     for (int i = 0; i < rq->nstops; i++) free(rq->stops[i]);
     memset(rq, 0, sizeof *rq);
 }
@@ -44,13 +46,23 @@ static void on_finish(gen *g, void *user) {
 
 static int conn_gone(void *conn) { return conn && http_client_gone(conn); }
 
-static void submit_extras(const turn_req *rq, char *out, size_t cap) {
+static int remembers(const turn *t) { return t->sc->replies && t->sc->tok && t->sc->tpl && t->rq->chat; }
+
+static void submit_extras(const turn *t, char *out, size_t cap) {
+    const turn_req *rq = t->rq;
     /* protocol.md §1.3: the 7th field (ext bytes) must be present whenever more follows. */
     int n = snprintf(out, cap, " 0");
-    if (rq->prefix_bytes && !rq->prompt_is_ids) n += snprintf(out + n, cap - (size_t)n, " %zu", rq->prefix_bytes);
-    if (rq->prompt_is_ids) n += snprintf(out + n, cap - (size_t)n, " ids=1");
+    if (rq->ids && rq->ids_prefix) n += snprintf(out + n, cap - (size_t)n, " %zu", rq->ids_prefix);
+    else if (rq->prefix_bytes && !rq->ids && !rq->prompt_is_ids) n += snprintf(out + n, cap - (size_t)n, " %zu", rq->prefix_bytes);
+    if (rq->prompt_is_ids || rq->ids) n += snprintf(out + n, cap - (size_t)n, " ids=1");
+    if (remembers(t)) n += snprintf(out + n, cap - (size_t)n, " tokids=1");
     if (rq->logprobs) n += snprintf(out + n, cap - (size_t)n, " logprobs=%d", MAX(1, rq->top_logprobs));
-    if (rq->has_seed) snprintf(out + n, cap - (size_t)n, " seed=%llu", rq->seed);
+    n += snprintf(out + n, cap - (size_t)n, " seed=%llu", rq->seed);
+    if (rq->top_k) n += snprintf(out + n, cap - (size_t)n, " top_k=%d", rq->top_k);
+    if (rq->min_p) n += snprintf(out + n, cap - (size_t)n, " min_p=%g", rq->min_p);
+    if (rq->repetition) n += snprintf(out + n, cap - (size_t)n, " rep=%g", rq->repetition);
+    if (rq->presence) n += snprintf(out + n, cap - (size_t)n, " pres=%g", rq->presence);
+    if (rq->frequency) snprintf(out + n, cap - (size_t)n, " freq=%g", rq->frequency);
 }
 
 static int admit(turn *t, http_err *e) {
@@ -93,9 +105,11 @@ int turn_begin(turn *t, serve_ctx *sc, turn_req *rq, struct MHD_Connection *conn
     t->g = gen_new(on_finish, f);
 
     char extra[160], err[200];
-    submit_extras(rq, extra, sizeof extra);
-    if (eng_submit(sc->engine, t->g, slot, rq->prompt, rq->prompt_len, rq->max_tokens, rq->temperature, rq->top_p,
-                   extra, sc->queue_timeout, err, sizeof err)) {
+    submit_extras(t, extra, sizeof extra);
+    const char *payload = rq->ids ? rq->ids : rq->prompt;
+    size_t payload_len = rq->ids ? rq->ids_len : rq->prompt_len;
+    if (eng_submit(sc->engine, t->g, slot, payload, payload_len, rq->max_tokens, rq->temperature, rq->top_p,
+                   extra, rq->bias, sc->queue_timeout, err, sizeof err)) {
         slots_release(sc->sl, slot, NULL, 0);
         free(f->prompt);
         free(f);
@@ -143,6 +157,13 @@ static int absorb(turn *t) {
     for (; t->ntoks_seen < g->ntoks; t->ntoks_seen++) {
         eng_token *k = &g->toks[t->ntoks_seen];
         if (t->rq->logprobs) keep_token(t, k, g->data + k->off);
+        if (k->tok >= 0) {
+            if (t->nids == t->ids_cap) {
+                t->ids_cap = t->ids_cap ? 2 * t->ids_cap : 64;
+                t->ids = xrealloc(t->ids, sizeof *t->ids * (size_t)t->ids_cap);
+            }
+            t->ids[t->nids++] = k->tok;
+        }
         if (reply_feed(&t->out, g->data + k->off, k->len)) {
             pthread_mutex_unlock(&g->mu);
             eng_stop_gen(t->sc->engine, g);
@@ -167,6 +188,61 @@ static void capture_end(turn *t) {
     reply_finish(&t->out);
 }
 
+/* Does the text the client saw start with the cleaned decode of ids[0..k)? (The client sees
+ * invalid UTF-8 as U+FFFD.) *len gets that text's length. */
+static int covers(const turn *t, int k, size_t *len) {
+    size_t n = 0;
+    char *raw = tok_decode(t->sc->tok, t->ids, k, &n);
+    char *clean = raw ? utf8_clean(raw, n, len) : NULL;
+    int ok = clean && *len <= t->out.len && !memcmp(clean, t->out.text, *len);
+    free(raw);
+    free(clean);
+    return ok;
+}
+
+/* The assistant message as the client was given it (and sends it back in a history). */
+static cJSON *reply_message(const chat_reply *cr) {
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "role", "assistant");
+    cJSON_AddStringToObject(m, "content", cr->content ? cr->content : "");
+    if (cr->reasoning && *cr->reasoning) cJSON_AddStringToObject(m, "reasoning_content", cr->reasoning);
+    if (cr->tool_calls && cJSON_GetArraySize(cr->tool_calls))
+        cJSON_AddItemToObject(m, "tool_calls", cJSON_Duplicate(cr->tool_calls, 1));
+    return m;
+}
+
+/* Keep the reply's exact ids for when it comes back in the history, under the text the
+ * template renders for it: all of them when they make the whole text the client saw; after a
+ * stop string, the longest run whose text the client saw, then the canonical ids of the rest of
+ * that text. Nothing when the engine sent no ids or the reply was in thinking mode. */
+static void remember_reply(turn *t) {
+    serve_ctx *sc = t->sc;
+    if (!remembers(t) || t->rq->thinking || t->status != GEN_DONE || t->nids == 0 || t->nids != t->completion_tokens)
+        return;
+    size_t len = 0;
+    int k = t->nids;
+    if (t->out.stopped)
+        while (k > 0 && !covers(t, k, &len)) k--;
+    else if (!covers(t, k, &len) || len != t->out.len)
+        return;
+    int cap = k + (int)(t->out.len - len) + 16;
+    int *ids = xmalloc(sizeof(int) * (size_t)cap);
+    memcpy(ids, t->ids, sizeof(int) * (size_t)k);
+    char err[128];
+    int rest = len < t->out.len ? tok_encode(sc->tok, t->out.text + len, t->out.len - len, ids + k, cap - k, err, sizeof err) : 0;
+    chat_reply cr;
+    turn_parse(t, &cr);
+    cJSON *msg = reply_message(&cr);
+    chat_opts o = {0};
+    size_t n = 0;
+    char *text = rest >= 0 && k + rest <= cap ? replies_rendered(sc->tpl, msg, &o, &n) : NULL;
+    if (text) replies_put(sc->replies, text, n, ids, k + rest);
+    free(text);
+    cJSON_Delete(msg);
+    chat_reply_free(&cr);
+    free(ids);
+}
+
 int turn_wait(turn *t, double wait) {
     gen *g = t->g;
     double deadline = now_seconds() + wait;
@@ -175,8 +251,10 @@ int turn_wait(turn *t, double wait) {
     for (;;) {
         grew |= absorb(t);
         if (g->finished) {
+            int first = t->status < 0;
             capture_end(t);
             pthread_mutex_unlock(&g->mu);
+            if (first) remember_reply(t);
             return TURN_DONE;
         }
         if (grew) break;
@@ -214,6 +292,8 @@ void turn_end(turn *t) {
     reply_free(&t->out);
     free(t->toks);
     t->toks = NULL;
+    free(t->ids);
+    t->ids = NULL;
     sbuf_free(&t->raw);
 }
 

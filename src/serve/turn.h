@@ -8,6 +8,8 @@
  *    DONE or ERROR for this request (or died); the slot then records the prompt + generated
  *    text so the next turn of the conversation is routed back to it.
  *  - cached tokens reported anywhere = the engine's reuse count from DONE, nothing else.
+ *  - A chat turn that finished normally leaves its reply's exact ids in sc->replies (when on),
+ *    cut to the text the client saw.
  *  - turn_end() on an unfinished turn sends CANCEL exactly once and never blocks the caller.
  */
 #ifndef CAIRN_TURN_H
@@ -20,6 +22,7 @@
 #include "engine_proc.h"
 #include "http.h"
 #include "metrics.h"
+#include "replies.h"
 #include "reply.h"
 #include "slots.h"
 
@@ -33,6 +36,7 @@ typedef struct {
     const char *model_type;
     const chat_template *tpl;     /* NULL: the family has no chat template (completions only) */
     tokenizer *tok;               /* to spell logprob alternatives; NULL = "<token_id:N>" */
+    replies *replies;             /* exact ids of generated replies (--reply-ids on), or NULL */
     int max_tokens;               /* server cap on generated tokens per request */
     double queue_timeout;         /* seconds a request may wait for a slot */
     double keepalive;             /* seconds of silence before an SSE keep-alive */
@@ -46,10 +50,15 @@ typedef struct {
     size_t prompt_len;
     int prompt_is_ids;
     size_t prefix_bytes;          /* end of the system prompt (checkpoint hint), 0 = none */
+    char *ids;                    /* the prompt as ids with remembered replies spliced in (sent */
+    size_t ids_len, ids_prefix;   /* instead of the text; prompt still routes), NULL = none */
     int max_tokens;
     double temperature, top_p;
-    int has_seed;
-    unsigned long long seed;
+    unsigned long long seed;      /* the request's, or drawn at random when it has none */
+    int top_k;                    /* 0 = off */
+    double min_p, repetition;     /* 0 = off */
+    double presence, frequency;   /* 0 = off */
+    char *bias;                   /* logit bias as the BIAS payload "id:bias ...", NULL = none */
     int logprobs;                 /* 1 = report logprobs of the sampled tokens */
     int top_logprobs;             /* alternatives per token (0..32) */
     char *stops[TURN_MAX_STOPS];
@@ -70,6 +79,8 @@ typedef struct {
     int ntoks_seen;               /* DATA frames already fed into out */
     eng_token *toks;              /* with logprobs: a copy of those frames, offsets into raw, */
     int ntoks, toks_cap;          /* owned by the turn so a stream can read them without locks */
+    int *ids;                     /* the sampled ids the frames named (tok=), for sc->replies */
+    int nids, ids_cap;
     sbuf raw;
     double t0, t_first;
     int status;                   /* gen_status once finished, else -1 */

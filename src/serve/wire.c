@@ -114,6 +114,12 @@ static int parse_key(const fields *f, int i, wire_submit *s, wire_frame *fr) {
     if (!strcmp(key, "logprobs")) ok = parse_int(&v, 0, 0, WIRE_LOGPROBS_MAX, &s->logprobs) == 0;
     else if (!strcmp(key, "ids")) ok = parse_int(&v, 0, 0, 1, &s->ids) == 0;
     else if (!strcmp(key, "pin")) ok = parse_int(&v, 0, 0, 1, &s->pin) == 0;
+    else if (!strcmp(key, "tokids")) ok = parse_int(&v, 0, 0, 1, &s->tokids) == 0;
+    else if (!strcmp(key, "top_k")) ok = parse_int(&v, 0, 0, 1 << 30, &s->top_k) == 0;
+    else if (!strcmp(key, "min_p")) ok = parse_finite(&v, 0, &s->min_p) == 0 && s->min_p >= 0 && s->min_p <= 1;
+    else if (!strcmp(key, "rep")) ok = parse_finite(&v, 0, &s->repetition) == 0 && s->repetition > 0;
+    else if (!strcmp(key, "pres")) ok = parse_finite(&v, 0, &s->presence) == 0;
+    else if (!strcmp(key, "freq")) ok = parse_finite(&v, 0, &s->frequency) == 0;
     else if (!strcmp(key, "seed")) ok = parse_u64(&v, 0, UINT64_MAX, &s->seed) == 0;
     else ok = 1;                  /* unknown keys are ignored, like unknown frames */
     if (!ok) fail(fr, "BAD_REQUEST", "bad value for extension key %s", key);
@@ -178,21 +184,30 @@ static void parse_header(const char *h, size_t n, wire_frame *fr, int64_t *paylo
     if (!header_printable(h, n)) return fail(fr, "BAD_REQUEST", "%s", "control or non-ASCII byte in header");
     split(h, n, &f);
     if (f.n == 0) { fr->kind = WIRE_IGNORED; return; }
-    int submit = field_is(&f, 0, "SUBMIT"), image = field_is(&f, 0, "IMAGE");
-    if (!submit && !image && !field_is(&f, 0, "STOP") && !field_is(&f, 0, "CANCEL")) { fr->kind = WIRE_IGNORED; return; }
+    int submit = field_is(&f, 0, "SUBMIT"), image = field_is(&f, 0, "IMAGE"), bias = field_is(&f, 0, "BIAS");
+    if (!submit && !image && !bias && !field_is(&f, 0, "STOP") && !field_is(&f, 0, "CANCEL")) {
+        fr->kind = WIRE_IGNORED;
+        return;
+    }
     uint64_t bytes = 0, ext = 0;
     if (submit) *payload = submit_sizes(&f, &bytes, &ext);
     if (image && f.n >= 3 && !parse_u64(&f, 2, WIRE_IMAGE_MAX, &bytes)) *payload = (int64_t)bytes;
+    if (bias && f.n >= 3 && !parse_u64(&f, 2, WIRE_BIAS_MAX, &bytes)) *payload = (int64_t)bytes;
     if (take_id(&f, fr)) return fail(fr, "BAD_REQUEST", "%s missing or longer than 63 bytes", "id");
     if (f.positional > WIRE_FIELDS_MAX || f.dropped) return fail(fr, "BAD_REQUEST", "more than %s fields", "10 positional");
     if (submit && *payload < 0) return fail(fr, "BAD_REQUEST", "bad %s", "bytes or ext_bytes (limits 16 MiB / 1 MiB)");
     if (image && *payload < 0) return fail(fr, "BAD_REQUEST", "bad %s", "IMAGE bytes");
+    if (bias && *payload < 0) return fail(fr, "BAD_REQUEST", "bad %s", "BIAS bytes (limit 64 KiB)");
     if (submit) {
         parse_submit(&f, fr, bytes);
         fr->payload_len = bytes;
         fr->ext_len = ext;
     } else if (image) {
         parse_image(&f, fr);
+        fr->payload_len = bytes;
+    } else if (bias) {
+        fr->kind = f.n == 3 ? WIRE_BIAS : WIRE_ERROR;
+        if (f.n != 3) fail(fr, "BAD_REQUEST", "%s needs id bytes", "BIAS");
         fr->payload_len = bytes;
     } else {
         fr->kind = field_is(&f, 0, "STOP") ? WIRE_STOP : WIRE_CANCEL;
@@ -287,18 +302,44 @@ int wire_reader_eof(wire_reader *r, wire_frame *f) {
     return 1;
 }
 
+int wire_parse_bias(const char *p, size_t n, int vocab, int *ids, float *bias, char *detail) {
+    int k = 0;
+    for (size_t i = 0; i < n;) {
+        if (p[i] == ' ') { i++; continue; }
+        char item[64];
+        size_t j = i;
+        while (j < n && p[j] != ' ') j++;
+        if (j - i >= sizeof item) return snprintf(detail, 160, "BIAS entry at byte %zu too long", i), -1;
+        memcpy(item, p + i, j - i);
+        item[j - i] = 0;
+        char *colon = strchr(item, ':'), *end;
+        long id = colon ? strtol(item, &end, 10) : -1;
+        if (!colon || end != colon || id < 0 || id >= vocab)
+            return snprintf(detail, 160, "BIAS entry '%s': want token_id:bias with id below %d", item, vocab), -1;
+        float b = strtof(colon + 1, &end);
+        if (*end || end == colon + 1 || !isfinite(b)) return snprintf(detail, 160, "BIAS entry '%s': bad bias", item), -1;
+        if (k == WIRE_BIAS_ENTRIES) return snprintf(detail, 160, "more than %d BIAS entries", WIRE_BIAS_ENTRIES), -1;
+        ids[k] = (int)id;
+        bias[k++] = b;
+        i = j;
+    }
+    return k;
+}
+
 /* ---- formatting ------------------------------------------------------------------------- */
 
 size_t wire_fmt_accept(char *out, const char *id, int prompt_tokens) {
     return (size_t)snprintf(out, WIRE_HEADER_MAX, "ACCEPT %s %d\n", id, prompt_tokens);
 }
 
-size_t wire_fmt_data(char *out, const char *id, size_t n, int k, float lp, const int *top_ids, const float *top_lps) {
+size_t wire_fmt_data(char *out, const char *id, size_t n, int k, float lp, const int *top_ids, const float *top_lps,
+                     int tok) {
     size_t w = (size_t)snprintf(out, WIRE_HEADER_MAX, "DATA %s %zu", id, n);
     if (k > 0) {
         w += (size_t)snprintf(out + w, WIRE_HEADER_MAX - w, " %.7g %d", lp, k);
         for (int i = 0; i < k; i++) w += (size_t)snprintf(out + w, WIRE_HEADER_MAX - w, " %d %.7g", top_ids[i], top_lps[i]);
     }
+    if (tok >= 0) w += (size_t)snprintf(out + w, WIRE_HEADER_MAX - w, " tok=%d", tok);
     out[w++] = '\n';
     return w;
 }

@@ -7,6 +7,9 @@
  * "\n" (a "\r" before it is dropped); SUBMIT and IMAGE announce a payload of exactly that many
  * bytes followed by one "\n".
  *
+ * BIAS <id> <bytes>\n<payload>\n (a cairn extension) comes right before the SUBMIT with the same
+ * id, like IMAGE: its payload is the request's logit bias as space-separated `token_id:bias`.
+ *
  * INVARIANTS
  *  - Every malformed frame becomes exactly one WIRE_ERROR frame (id "0" when the id itself is
  *    unusable) and the stream stays in sync: a header longer than WIRE_HEADER_MAX is drained to
@@ -30,10 +33,12 @@ enum {
     WIRE_LOGPROBS_MAX = 32,
     WIRE_PROMPT_MAX = 16 << 20,   /* prompt payload bytes */
     WIRE_EXT_BYTES_MAX = 1 << 20, /* extension payload bytes (grammar, audio) */
-    WIRE_IMAGE_MAX = 64 << 20     /* IMAGE payload bytes */
+    WIRE_IMAGE_MAX = 64 << 20,    /* IMAGE payload bytes */
+    WIRE_BIAS_MAX = 1 << 16,      /* BIAS payload bytes */
+    WIRE_BIAS_ENTRIES = 4096      /* id:bias pairs in one BIAS frame */
 };
 
-typedef enum { WIRE_NONE, WIRE_IGNORED, WIRE_SUBMIT, WIRE_STOP, WIRE_CANCEL, WIRE_IMAGE, WIRE_ERROR } wire_kind;
+typedef enum { WIRE_NONE, WIRE_IGNORED, WIRE_SUBMIT, WIRE_STOP, WIRE_CANCEL, WIRE_IMAGE, WIRE_BIAS, WIRE_ERROR } wire_kind;
 
 typedef struct {
     int slot;
@@ -43,7 +48,12 @@ typedef struct {
     int logprobs;                 /* logprobs=k, 0 when absent */
     int ids;                      /* ids=1: payload is decimal token ids */
     int pin;                      /* pin=1 (accepted, no effect here) */
+    int tokids;                   /* tokids=1: every sampled token gets its own DATA frame with tok=<id> */
     uint64_t seed;                /* seed=N, 0 when absent */
+    int top_k;                    /* top_k=N, 0 = off */
+    float min_p;                  /* min_p=F, 0 = off */
+    float repetition;             /* rep=F (> 0), 0 = off */
+    float presence, frequency;    /* pres=F, freq=F, 0 = off */
 } wire_submit;
 
 typedef struct {
@@ -72,12 +82,19 @@ int wire_reader_next(wire_reader *r, wire_frame *f);
 /* At end of input: 1 and a BAD_FRAME error if a frame was cut short, else 0. Clears the buffer. */
 int wire_reader_eof(wire_reader *r, wire_frame *f);
 
+/* A BIAS payload -> up to WIRE_BIAS_ENTRIES (id, bias) pairs (ids below vocab, finite biases).
+ * Returns the count, or -1 with what was wrong in detail[160]. */
+int wire_parse_bias(const char *p, size_t n, int vocab, int *ids, float *bias, char *detail);
+
 /* Frame formatting. Each returns the bytes written (the buffer must hold WIRE_HEADER_MAX). */
 extern const char WIRE_READY[];   /* "\x01\x01READY\x01\x01\n" */
 size_t wire_fmt_accept(char *out, const char *id, int prompt_tokens);
 /* DATA header for n payload bytes; with logprobs k > 0, the chosen token's logprob and k
- * (id, logprob) pairs follow. The caller writes the payload and the closing "\n". */
-size_t wire_fmt_data(char *out, const char *id, size_t n, int k, float lp, const int *top_ids, const float *top_lps);
+ * (id, logprob) pairs follow; tok >= 0 (only for a tokids=1 request) appends " tok=<id>", the
+ * sampled token whose bytes these are (bytes a decoder held back from an earlier token may lead
+ * them). The caller writes the payload and the closing "\n". */
+size_t wire_fmt_data(char *out, const char *id, size_t n, int k, float lp, const int *top_ids, const float *top_lps,
+                     int tok);
 size_t wire_fmt_done(char *out, const char *id, int completion, double tok_s, double hit_pct, double rss_gb,
                      int prompt_tokens, int length_limited, int reused);
 /* "ERROR id CODE[ detail]\n"; CR/LF in detail become spaces. */

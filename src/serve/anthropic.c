@@ -265,9 +265,11 @@ static const char *stop_reason(const turn *t, int ncalls) {
     return "end_turn";
 }
 
+/* The same input numbers at message_start and at the end: the engine reports its reuse when it
+ * accepts the request (ACCEPT), before the prefill. */
 static cJSON *usage_json(const turn *t, int final) {
     cJSON *u = cJSON_CreateObject();
-    int reused = final ? t->reused : 0;
+    int reused = t->reused;
     cJSON_AddNumberToObject(u, "input_tokens", t->prompt_tokens - reused);
     cJSON_AddNumberToObject(u, "output_tokens", final ? t->completion_tokens : 0);
     cJSON_AddNumberToObject(u, "cache_read_input_tokens", reused);
@@ -317,7 +319,7 @@ static cJSON *message_json(am_call *k, int final) {
         cJSON_AddStringToObject(b, "signature", "cairn-local");
         cJSON_AddItemToArray(content, b);
     }
-    if ((cr.content && *cr.content) || !ncalls) {
+    if ((cr.content && *cr.content) || (!ncalls && !(cr.reasoning && *cr.reasoning))) {   /* as the stream has it */
         cJSON *b = cJSON_CreateObject();
         cJSON_AddStringToObject(b, "type", "text");
         cJSON_AddStringToObject(b, "text", cr.content ? cr.content : "");
@@ -371,6 +373,7 @@ static void block_text(am_call *k, sbuf *out, int kind, const char *text) {
         block_stop(k, out);
         cJSON *b = typed(field);
         cJSON_AddStringToObject(b, field, "");
+        if (kind == BLOCK_THINKING) cJSON_AddStringToObject(b, "signature", "");
         block_start(k, out, b);
         k->block = kind;
     }
@@ -458,6 +461,51 @@ static enum MHD_Result fail(struct MHD_Connection *c, am_call *k, const http_err
     enum MHD_Result r = e->status == 499 ? MHD_NO : http_send_error(c, API_ANTHROPIC, e);
     call_free(k);
     return r;
+}
+
+enum MHD_Result anthropic_count_tokens(serve_ctx *sc, struct MHD_Connection *c, const cJSON *body, req_info *ri) {
+    am_call *k = xcalloc(1, sizeof *k);
+    k->sc = sc;
+    k->call.ri = ri;
+    req_info_ref(ri);
+    http_err e = {0};
+    cJSON *probe = cJSON_Duplicate(body, 1);
+    if (cJSON_IsObject(probe) && !cJSON_GetObjectItemCaseSensitive(probe, "max_tokens"))
+        cJSON_AddNumberToObject(probe, "max_tokens", 1);   /* count_tokens takes no budget */
+    int rc = parse_request(sc, probe, k, &e);
+    cJSON_Delete(probe);
+    if (rc) return fail(c, k, &e);
+    long n = turn_count_tokens(sc, &k->call.rq, &e);
+    if (n < 0) return fail(c, k, &e);
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddNumberToObject(r, "input_tokens", (double)n);
+    ri->status = 200;
+    ri->prompt_tokens = (int)n;
+    call_free(k);
+    return http_send_json(c, 200, r);
+}
+
+enum MHD_Result anthropic_models(serve_ctx *sc, struct MHD_Connection *c, const char *id) {
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "type", "model");
+    cJSON_AddStringToObject(m, "id", sc->model_id);
+    cJSON_AddStringToObject(m, "display_name", sc->model_id);
+    cJSON_AddStringToObject(m, "created_at", "1970-01-01T00:00:00Z");
+    if (id) {
+        if (strcmp(id, sc->model_id)) {
+            cJSON_Delete(m);
+            http_err e;
+            http_err_set(&e, 404, "not_found_error", "model_not_found", "model", "model: %s", id);
+            return http_send_error(c, API_ANTHROPIC, &e);
+        }
+        return http_send_json(c, 200, m);
+    }
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(r, "data"), m);
+    cJSON_AddBoolToObject(r, "has_more", 0);
+    cJSON_AddStringToObject(r, "first_id", sc->model_id);
+    cJSON_AddStringToObject(r, "last_id", sc->model_id);
+    return http_send_json(c, 200, r);
 }
 
 enum MHD_Result anthropic_messages(serve_ctx *sc, struct MHD_Connection *c, const cJSON *body, req_info *ri) {

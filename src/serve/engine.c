@@ -307,9 +307,9 @@ static void on_submit(engine *e, const wire_frame *f) {
         free(r);
         return;
     }
-    char h[WIRE_HEADER_MAX];
-    put_frame(h, wire_fmt_accept(h, r->id, r->n), NULL, 0);
     start_request(e, r, sys_end);
+    char h[WIRE_HEADER_MAX];
+    put_frame(h, wire_fmt_accept(h, r->id, r->n, r->reused), NULL, 0);
 }
 
 /* A BIAS frame: kept for the SUBMIT with its id, which comes next (a bad one refuses that SUBMIT,

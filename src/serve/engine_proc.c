@@ -303,6 +303,7 @@ static int handle_frame(eng *e, reader *r) {
             pthread_mutex_lock(&g->mu);
             g->accepted = 1;
             if (nf > 2 && !parse_long(f[2], 0, 1L << 30, &pt)) g->prompt_tokens = (int)pt;
+            if (nf > 3 && !parse_long(f[3], 0, 1L << 30, &pt)) g->reuse = (int)pt;   /* DONE repeats it */
             pthread_cond_broadcast(&g->cv);
             pthread_mutex_unlock(&g->mu);
         }

@@ -52,7 +52,7 @@ struct gen {
     int ntoks, toks_cap;
     gen_status status;
     int finished;                 /* status is final AND on_finish has run */
-    /* DONE fields */
+    /* DONE fields (reuse already from ACCEPT when the engine sends it there) */
     int completion_tokens, length_limited, reuse;
     double tok_s;
     char error[256];              /* ERROR text (e.g. "CONTEXT_EXCEEDED 300 128"), or why it failed */

@@ -63,6 +63,7 @@ typedef struct {
     size_t too_large;             /* bytes of an oversized body dropped so far */
     req_info *ri;
     const char *endpoint;         /* label for the log and /metrics */
+    char id[48];                  /* request id: reply headers, error bodies, the log line */
     char method[8];
     char path[96];
 } req_ctx;
@@ -233,8 +234,9 @@ static int host_allowed(const serve_opts *o, struct MHD_Connection *c) {
     return 0;
 }
 
-static api_flavor flavor_of(const char *path) {
-    return !strcmp(path, "/v1/messages") ? API_ANTHROPIC : API_OPENAI;
+static api_flavor flavor_of(struct MHD_Connection *c, const char *path) {
+    if (!strncmp(path, "/v1/messages", 12)) return API_ANTHROPIC;
+    return MHD_lookup_connection_value(c, MHD_HEADER_KIND, "anthropic-version") ? API_ANTHROPIC : API_OPENAI;
 }
 
 static enum MHD_Result reject(struct MHD_Connection *c, req_ctx *rc, int status, const char *type, const char *code,
@@ -242,7 +244,7 @@ static enum MHD_Result reject(struct MHD_Connection *c, req_ctx *rc, int status,
     http_err e;
     http_err_set(&e, status, type, code, NULL, "%s", msg);
     rc->ri->status = status;
-    return http_send_error(c, flavor_of(rc->path), &e);
+    return http_send_error(c, flavor_of(c, rc->path), &e);
 }
 
 /* ---- endpoints ----------------------------------------------------------------------------- */
@@ -297,12 +299,14 @@ static enum MHD_Result generate(server *s, struct MHD_Connection *c, req_ctx *rc
     enum MHD_Result r;
     if (!strcmp(rc->path, "/v1/chat/completions")) r = openai_chat(&s->sc, c, body, rc->ri);
     else if (!strcmp(rc->path, "/v1/completions")) r = openai_completions(&s->sc, c, body, rc->ri);
+    else if (!strcmp(rc->path, "/v1/messages/count_tokens")) r = anthropic_count_tokens(&s->sc, c, body, rc->ri);
     else r = anthropic_messages(&s->sc, c, body, rc->ri);
     cJSON_Delete(body);
     return r;
 }
 
-static const char *const post_paths[] = {"/v1/chat/completions", "/v1/completions", "/v1/messages"};
+static const char *const post_paths[] = {"/v1/chat/completions", "/v1/completions", "/v1/messages",
+                                         "/v1/messages/count_tokens"};
 
 static enum MHD_Result route(server *s, struct MHD_Connection *c, req_ctx *rc) {
     int get = !strcmp(rc->method, "GET"), post = !strcmp(rc->method, "POST");
@@ -311,12 +315,14 @@ static enum MHD_Result route(server *s, struct MHD_Connection *c, req_ctx *rc) {
             return post ? generate(s, c, rc) : reject(c, rc, 405, "invalid_request_error", "method_not_allowed", "use POST");
     if (!strcmp(rc->path, "/health") && get) return health(s, c, rc);
     if (!strcmp(rc->path, "/metrics") && get) return metrics_page(s, c, rc);
+    /* An Anthropic client (it sends anthropic-version) gets the Anthropic model-list shape. */
+    int anthropic = flavor_of(c, rc->path) == API_ANTHROPIC;
     if (!strcmp(rc->path, "/v1/models") && get) {
         rc->ri->status = 200;
-        return openai_models(&s->sc, c, NULL);
+        return anthropic ? anthropic_models(&s->sc, c, NULL) : openai_models(&s->sc, c, NULL);
     }
     if (!strncmp(rc->path, "/v1/models/", 11) && get) {
-        enum MHD_Result r = openai_models(&s->sc, c, rc->path + 11);
+        enum MHD_Result r = anthropic ? anthropic_models(&s->sc, c, rc->path + 11) : openai_models(&s->sc, c, rc->path + 11);
         rc->ri->status = strcmp(rc->path + 11, s->sc.model_id) ? 404 : 200;
         return r;
     }
@@ -324,8 +330,8 @@ static enum MHD_Result route(server *s, struct MHD_Connection *c, req_ctx *rc) {
 }
 
 static const char *endpoint_label(const char *path) {
-    static const char *const known[] = {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/models",
-                                        "/health", "/metrics"};
+    static const char *const known[] = {"/v1/chat/completions", "/v1/completions", "/v1/messages/count_tokens",
+                                        "/v1/messages", "/v1/models", "/health", "/metrics"};
     for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
         if (!strncmp(path, known[i], strlen(known[i]))) return known[i];
     return "other";
@@ -341,6 +347,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         snprintf(rc->method, sizeof rc->method, "%s", method);
         snprintf(rc->path, sizeof rc->path, "%s", url);
         rc->endpoint = endpoint_label(rc->path);
+        turn_make_id(rc->id, sizeof rc->id, "req_");
+        http_request_id_set(rc->id);
         *con_cls = rc;
         __atomic_add_fetch(&s->inflight, 1, __ATOMIC_SEQ_CST);
         /* An announced oversized body is refused before reading it. */
@@ -362,6 +370,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *upload_size = 0;
         return MHD_YES;
     }
+    http_request_id_set(rc->id);
     /* Answered after the (bounded) body was read, so the client sees the status rather than a
      * connection reset in the middle of its upload. */
     if (!host_allowed(s->o, c))
@@ -384,9 +393,9 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     req_info *ri = rc->ri;
     int status = ri->status ? ri->status : 499;
     if (why != MHD_REQUEST_TERMINATED_COMPLETED_OK && status == 200) status = 499;   /* client left mid-reply */
-    fprintf(stderr, "cairn serve: %s %s %d %.1fms prompt=%d cached=%d completion=%d slot=%d %.1ftok/s\n", rc->method,
-            rc->path, status, (now_seconds() - ri->t0) * 1e3, ri->prompt_tokens, ri->cached_tokens,
-            ri->completion_tokens, ri->slot, ri->tok_s);
+    fprintf(stderr, "cairn serve: %s %s %d %.1fms prompt=%d cached=%d completion=%d slot=%d %.1ftok/s id=%s\n",
+            rc->method, rc->path, status, (now_seconds() - ri->t0) * 1e3, ri->prompt_tokens, ri->cached_tokens,
+            ri->completion_tokens, ri->slot, ri->tok_s, rc->id);
     metrics_request(s->sc.mx, rc->endpoint, status);
     req_info_unref(ri);
     sbuf_free(&rc->body);

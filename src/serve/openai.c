@@ -357,6 +357,29 @@ static char *token_string(const turn *t, const scored_token *st) {
     return utf8_clean(t->raw.p + st->off, st->len, NULL);
 }
 
+static cJSON *raw_bytes_json(const char *p, size_t n) {
+    cJSON *a = cJSON_CreateArray();
+    for (size_t i = 0; i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber((unsigned char)p[i]));
+    return a;
+}
+
+/* A token's own bytes (not the U+FFFD its text shows when they are not UTF-8 alone): from the
+ * tokenizer when the frame named the id, else the bytes the frames delivered for it. */
+static cJSON *token_bytes_json(const turn *t, int id, const char *fallback, size_t n) {
+    size_t len = 0;
+    char *raw = id >= 0 && t->sc->tok && id < tok_vocab_size(t->sc->tok) ? tok_decode(t->sc->tok, &id, 1, &len) : NULL;
+    cJSON *a = raw ? raw_bytes_json(raw, len) : raw_bytes_json(fallback, n);
+    free(raw);
+    return a;
+}
+
+/* Characters (code points) of UTF-8 text: OpenAI's text_offset counts characters, not bytes. */
+static size_t utf8_chars(const char *s) {
+    size_t n = 0;
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) n += (*p & 0xC0) != 0x80;
+    return n;
+}
+
 static int by_logprob_desc(const void *a, const void *b) {
     float x = ((const float *)a)[1], y = ((const float *)b)[1];
     return (x < y) - (x > y);
@@ -369,12 +392,6 @@ static int sorted_top(const eng_token *k, float pairs[][2], int limit) {
     return MIN(k->k, limit);
 }
 
-static cJSON *bytes_json(const char *s) {
-    cJSON *a = cJSON_CreateArray();
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) cJSON_AddItemToArray(a, cJSON_CreateNumber(*p));
-    return a;
-}
-
 /* Chat logprobs {content:[...]} of scored tokens [from, to). */
 static cJSON *chat_logprobs(const turn *t, const scored_token *toks, int from, int to) {
     cJSON *lp = cJSON_CreateObject(), *content = cJSON_AddArrayToObject(lp, "content");
@@ -384,7 +401,7 @@ static cJSON *chat_logprobs(const turn *t, const scored_token *toks, int from, i
         char *s = token_string(t, &toks[i]);
         cJSON_AddStringToObject(e, "token", s);
         cJSON_AddNumberToObject(e, "logprob", k->has_lp ? k->lp : 0);
-        cJSON_AddItemToObject(e, "bytes", bytes_json(s));
+        cJSON_AddItemToObject(e, "bytes", token_bytes_json(t, k->tok, t->raw.p + toks[i].off, toks[i].len));
         free(s);
         cJSON *top = cJSON_AddArrayToObject(e, "top_logprobs");
         float pairs[ENG_TOPK_MAX][2];
@@ -394,12 +411,13 @@ static cJSON *chat_logprobs(const turn *t, const scored_token *toks, int from, i
             char *a = turn_token_text(t, (int)pairs[j][0]);
             cJSON_AddStringToObject(alt, "token", a);
             cJSON_AddNumberToObject(alt, "logprob", pairs[j][1]);
-            cJSON_AddItemToObject(alt, "bytes", bytes_json(a));
+            cJSON_AddItemToObject(alt, "bytes", token_bytes_json(t, (int)pairs[j][0], a, strlen(a)));
             free(a);
             cJSON_AddItemToArray(top, alt);
         }
         cJSON_AddItemToArray(content, e);
     }
+    cJSON_AddNullToObject(lp, "refusal");
     return lp;
 }
 
@@ -416,7 +434,7 @@ static cJSON *completion_logprobs(const turn *t, const scored_token *toks, int f
         cJSON_AddItemToArray(tokens, cJSON_CreateString(s));
         cJSON_AddItemToArray(lps, cJSON_CreateNumber(k->has_lp ? k->lp : 0));
         cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)*offset));
-        *offset += strlen(s);
+        *offset += utf8_chars(s);
         free(s);
         cJSON *top = cJSON_CreateObject();
         float pairs[ENG_TOPK_MAX][2];
@@ -469,6 +487,7 @@ static cJSON *chat_response(oa_call *k) {
     cJSON_AddStringToObject(msg, "role", "assistant");
     if (ncalls && !(cr.content && *cr.content)) cJSON_AddNullToObject(msg, "content");
     else cJSON_AddStringToObject(msg, "content", cr.content ? cr.content : "");
+    cJSON_AddNullToObject(msg, "refusal");
     if (cr.reasoning && *cr.reasoning) cJSON_AddStringToObject(msg, "reasoning_content", cr.reasoning);
     if (ncalls) cJSON_AddItemToObject(msg, "tool_calls", cJSON_Duplicate(cr.tool_calls, 1));
     cJSON *lp = logprobs_since(k, 0);
@@ -506,35 +525,34 @@ static cJSON *chunk(const oa_call *k, cJSON *delta, const char *text, const char
     if (finish) cJSON_AddStringToObject(ch, "finish_reason", finish);
     else cJSON_AddNullToObject(ch, "finish_reason");
     cJSON_AddItemToArray(choices, ch);
-    if (k->include_usage) cJSON_AddNullToObject(r, "usage");
+    if (k->include_usage && k->chat) cJSON_AddNullToObject(r, "usage");   /* completions chunks have none */
     return r;
 }
 
-/* A chunk carrying only the logprobs of tokens generated since the last one. */
-static void emit_logprobs(oa_call *k, sbuf *out, int final) {
-    cJSON *lp = logprobs_since(k, !final);
-    if (!lp) return;
-    cJSON *c = chunk(k, NULL, NULL, NULL);
-    cJSON_ReplaceItemInObjectCaseSensitive(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(c, "choices"), 0),
-                                           "logprobs", lp);
-    sse_data(out, c);
-}
-
-static void emit_text(oa_call *k, sbuf *out, const char *reasoning, const char *content) {
+/* The new reasoning and content as chunks, the logprobs of the tokens scored since the last
+ * chunk riding on the last of them. Tokens whose text is still held back (an incomplete
+ * character, a possible marker or stop string) keep their logprobs for the chunk that brings
+ * the text; only at the end can logprobs come in a chunk of their own. */
+static void emit_text(oa_call *k, sbuf *out, const char *reasoning, const char *content, int final) {
+    cJSON *chunks[2];
+    int n = 0;
     if (!k->chat) {
-        if (*content) sse_data(out, chunk(k, NULL, content, NULL));
-        return;
+        if (*content) chunks[n++] = chunk(k, NULL, content, NULL);
+    } else {
+        const char *keys[2] = {"reasoning_content", "content"}, *texts[2] = {reasoning, content};
+        for (int i = 0; i < 2; i++) {
+            if (!*texts[i]) continue;
+            cJSON *d = cJSON_CreateObject();
+            cJSON_AddStringToObject(d, keys[i], texts[i]);
+            chunks[n++] = chunk(k, d, NULL, NULL);
+        }
     }
-    if (*reasoning) {
-        cJSON *d = cJSON_CreateObject();
-        cJSON_AddStringToObject(d, "reasoning_content", reasoning);
-        sse_data(out, chunk(k, d, NULL, NULL));
-    }
-    if (*content) {
-        cJSON *d = cJSON_CreateObject();
-        cJSON_AddStringToObject(d, "content", content);
-        sse_data(out, chunk(k, d, NULL, NULL));
-    }
+    cJSON *lp = n || final ? logprobs_since(k, !final) : NULL;
+    if (lp && n == 0) chunks[n++] = chunk(k, NULL, NULL, NULL);
+    if (lp)
+        cJSON_ReplaceItemInObjectCaseSensitive(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(chunks[n - 1], "choices"), 0),
+                                               "logprobs", lp);
+    for (int i = 0; i < n; i++) sse_data(out, chunks[i]);
 }
 
 static void emit_end(oa_call *k, sbuf *out, const chat_reply *cr) {
@@ -583,8 +601,7 @@ static int stream_pump(void *ctx, sbuf *out) {
     char *reasoning, *content;
     chat_reply cr;
     sse_deltas(&k->call.t, &k->call.sent, &reasoning, &content, &cr);
-    emit_text(k, out, reasoning, content);
-    emit_logprobs(k, out, r == TURN_DONE);
+    emit_text(k, out, reasoning, content, r == TURN_DONE);
     if (*reasoning || *content) k->call.last_write = now_seconds();
     free(reasoning);
     free(content);

@@ -55,7 +55,7 @@ static void submit_extras(const turn *t, char *out, size_t cap) {
     if (rq->ids && rq->ids_prefix) n += snprintf(out + n, cap - (size_t)n, " %zu", rq->ids_prefix);
     else if (rq->prefix_bytes && !rq->ids && !rq->prompt_is_ids) n += snprintf(out + n, cap - (size_t)n, " %zu", rq->prefix_bytes);
     if (rq->prompt_is_ids || rq->ids) n += snprintf(out + n, cap - (size_t)n, " ids=1");
-    if (remembers(t)) n += snprintf(out + n, cap - (size_t)n, " tokids=1");
+    if (remembers(t) || rq->logprobs) n += snprintf(out + n, cap - (size_t)n, " tokids=1");   /* ids: replies, logprob bytes */
     if (rq->logprobs) n += snprintf(out + n, cap - (size_t)n, " logprobs=%d", MAX(1, rq->top_logprobs));
     n += snprintf(out + n, cap - (size_t)n, " seed=%llu", rq->seed);
     if (rq->top_k) n += snprintf(out + n, cap - (size_t)n, " top_k=%d", rq->top_k);
@@ -129,6 +129,7 @@ int turn_begin(turn *t, serve_ctx *sc, turn_req *rq, struct MHD_Connection *conn
     }
     int failed = g->finished && g->status == GEN_ERROR;
     if (!t->prompt_tokens) t->prompt_tokens = g->prompt_tokens;
+    t->reused = g->reuse;
     pthread_mutex_unlock(&g->mu);
     if (failed) {
         turn_wait(t, 0);
@@ -295,6 +296,22 @@ void turn_end(turn *t) {
     free(t->ids);
     t->ids = NULL;
     sbuf_free(&t->raw);
+}
+
+long turn_count_tokens(const serve_ctx *sc, const turn_req *rq, http_err *e) {
+    if (rq->ids || rq->prompt_is_ids) {
+        const char *p = rq->ids ? rq->ids : rq->prompt;
+        long n = *p != 0;
+        for (; *p; p++) n += *p == ' ';
+        return n;
+    }
+    if (!sc->tok)
+        return http_err_set(e, 400, "invalid_request_error", "unsupported_model", NULL,
+                            "this model has no usable tokenizer.json: tokens cannot be counted");
+    char err[128];
+    int n = tok_encode(sc->tok, rq->prompt, rq->prompt_len, NULL, 0, err, sizeof err);
+    if (n < 0) return http_err_set(e, 400, "invalid_request_error", "invalid_value", "messages", "cannot tokenize: %s", err);
+    return n;
 }
 
 void turn_error(const turn *t, http_err *e) {

@@ -101,6 +101,10 @@ int turn_run(turn *t);
 /* Release the turn: CANCEL if unfinished, drop references. */
 void turn_end(turn *t);
 
+/* Tokens the prompt of rq has as it would be sent (spliced ids, or the text tokenized), without
+ * running it; -1 + e when it cannot be counted. */
+long turn_count_tokens(const serve_ctx *sc, const turn_req *rq, http_err *e);
+
 /* The error a finished-with-ERROR turn maps to. */
 void turn_error(const turn *t, http_err *e);
 

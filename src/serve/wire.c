@@ -328,8 +328,8 @@ int wire_parse_bias(const char *p, size_t n, int vocab, int *ids, float *bias, c
 
 /* ---- formatting ------------------------------------------------------------------------- */
 
-size_t wire_fmt_accept(char *out, const char *id, int prompt_tokens) {
-    return (size_t)snprintf(out, WIRE_HEADER_MAX, "ACCEPT %s %d\n", id, prompt_tokens);
+size_t wire_fmt_accept(char *out, const char *id, int prompt_tokens, int reused) {
+    return (size_t)snprintf(out, WIRE_HEADER_MAX, "ACCEPT %s %d %d\n", id, prompt_tokens, reused);
 }
 
 size_t wire_fmt_data(char *out, const char *id, size_t n, int k, float lp, const int *top_ids, const float *top_lps,

@@ -88,7 +88,10 @@ int wire_parse_bias(const char *p, size_t n, int vocab, int *ids, float *bias, c
 
 /* Frame formatting. Each returns the bytes written (the buffer must hold WIRE_HEADER_MAX). */
 extern const char WIRE_READY[];   /* "\x01\x01READY\x01\x01\n" */
-size_t wire_fmt_accept(char *out, const char *id, int prompt_tokens);
+/* "ACCEPT id prompt_tokens reused": the reuse count is decided before the prefill, so the
+ * gateway can report it from the first event on (the spec's ACCEPT has two fields; readers
+ * ignore the third). */
+size_t wire_fmt_accept(char *out, const char *id, int prompt_tokens, int reused);
 /* DATA header for n payload bytes; with logprobs k > 0, the chosen token's logprob and k
  * (id, logprob) pairs follow; tok >= 0 (only for a tokids=1 request) appends " tok=<id>", the
  * sampled token whose bytes these are (bytes a decoder held back from an earlier token may lead

@@ -189,8 +189,8 @@ static void test_format(void) {
     size_t n = wire_fmt_done(out, "req-v4", 3, 1.25, 50.0, 1.25, 7, 1, 5);
     CHECK(n == strlen("DONE req-v4 STAT 3 1.250 50.0 1.25 7 1 5\n") && !memcmp(out, "DONE req-v4 STAT 3 1.250 50.0 1.25 7 1 5\n", n),
           "DONE golden: %.*s", (int)n, out);
-    n = wire_fmt_accept(out, "x", 12);
-    CHECK(n == 12 && !memcmp(out, "ACCEPT x 12\n", n), "ACCEPT");
+    n = wire_fmt_accept(out, "x", 12, 5);
+    CHECK(n == 14 && !memcmp(out, "ACCEPT x 12 5\n", n), "ACCEPT with the reuse count");
     n = wire_fmt_data(out, "x", 4, 0, 0, NULL, NULL, -1);
     CHECK(n == 9 && !memcmp(out, "DATA x 4\n", n), "DATA plain");
     int ids[2] = {17, 3};

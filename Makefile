@@ -14,7 +14,8 @@ BUILD   ?= build
 SRC      := $(shell find src -name '*.c' | sort)
 OBJ      := $(SRC:src/%.c=$(BUILD)/obj/%.o)
 LIB_OBJ  := $(filter-out $(BUILD)/obj/main.o,$(OBJ))
-TEST_SRC := $(sort $(wildcard tests/c/test_*.c))
+# tests/c/tool_*.c are helpers the pytest files run (not unit programs).
+TEST_SRC := $(sort $(wildcard tests/c/test_*.c tests/c/tool_*.c))
 TEST_BIN := $(TEST_SRC:tests/c/%.c=$(BUILD)/tests/%)
 PYTHON   := /usr/bin/python3
 

@@ -202,15 +202,16 @@ static const chat_template *model_template(const model *m, char *err, size_t err
     return t;
 }
 
-/* Render messages with the chat template and tokenize the result. */
+/* Render messages with the chat template and tokenize the result, message text as plain text. */
 static int render_ids(const model *m, const cJSON *messages, prompt *pr, char *err, size_t errlen) {
     const chat_template *t = model_template(m, err, errlen);
     if (!t) return -1;
+    if (!m->tok) return errf(err, errlen, "the model has no usable tokenizer.json (use --prompt-ids)");
     chat_opts co = {0, NULL, NULL};
-    char *text = t->render(messages, NULL, &co, err, errlen);
-    if (!text) return -1;
-    int rc = encode(m, text, pr, err, errlen);
-    free(text);
+    chat_prompt p = {0};
+    int rc = t->render(messages, NULL, &co, &p, err, errlen);
+    if (!rc) rc = chat_prompt_encode(m->tok, &p, &pr->ids, &pr->n, err, errlen);
+    chat_prompt_free(&p);
     return rc;
 }
 

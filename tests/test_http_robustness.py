@@ -200,11 +200,20 @@ def test_body_header_and_connection_bounds(servers, tiny_dsv4):
     assert st in (413, 431), st
     # Connections beyond the per-IP bound are closed at once; the server keeps serving.
     held = []
-    for _ in range(4):          # four kept-alive connections, each known to be accepted
+
+    def hold_one():             # the refused connections above may take a moment to be released
         c = s.conn()
-        c.request("GET", "/health")
-        assert c.getresponse().read()
-        held.append(c)
+        try:
+            c.request("GET", "/health")
+            if c.getresponse().read():
+                held.append(c)
+                return True
+        except OSError:
+            pass
+        c.close()
+        return False
+    for _ in range(4):          # four kept-alive connections, each known to be accepted
+        wait_until(hold_one, what="a kept-alive connection to be accepted")
     extra = socket.create_connection(("127.0.0.1", s.port))
     extra.settimeout(5)
     extra.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")

@@ -180,3 +180,27 @@ def test_damaged_reply_id_file_is_ignored(family_model, tmp_path):
     assert "reply_ids" in log, log
     for i in range(1, 3):
         assert usage[i]["cached"] == record_len(usage[i - 1]), usage
+
+
+def test_spliced_prompts_still_encode_client_text_as_plain_text(family_model, tmp_path):
+    """With a reply spliced in the gateway encodes the prompt itself; text a client wrote must
+    still never become a control token (tests/test_no_forged_turns.py): two next turns that differ
+    only in the last user message differ in prompt length exactly as the plain encodings of those
+    messages do."""
+    from test_no_forged_turns import encode, forge_text
+    forged = forge_text(family_model)
+    srv = Server(family_model.model, str(tmp_path), ["--slots", "1"])
+    try:
+        messages, usage = chat(srv, "openai", False, 1)
+        lengths = {}
+        for text in (forged, "plain words"):
+            back, u = openai_turn(srv, messages + [{"role": "user", "content": text}], seed=1, stream=False)
+            lengths[text] = u["prompt"]
+            if text == forged:
+                assert u["cached"] == record_len(usage[0]), "the reply was spliced (the gateway encoded the prompt)"
+    finally:
+        srv.stop()
+    alone = encode(family_model.model, tmp_path, [([{"role": "user", "content": t}], None, False)
+                                                  for t in (forged, "plain words")])
+    assert len(alone[0]["ids"]) > len(alone[0]["whole"]), "the forged text spells control tokens (else no check)"
+    assert lengths[forged] - lengths["plain words"] == len(alone[0]["ids"]) - len(alone[1]["ids"]), lengths

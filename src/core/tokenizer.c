@@ -892,13 +892,36 @@ static int char_start_before(const char *s, int at) {
     return i;
 }
 
-/* Leftmost-longest added token of this pass at or after `from`; -1 if none. */
-static int find_added(const tokenizer *t, const char *s, int n, int from, int normalized, int *at) {
+/* How added tokens are cut in one encode call: `plain` drops special tokens everywhere; the
+ * untrusted spans (sorted, disjoint, offsets into the whole text) match no added token at all. */
+typedef struct {
+    int plain;
+    const tok_span *untrusted;
+    int nuntrusted;
+} cut_rules;
+
+/* Does [a, b) of the whole text touch an untrusted span? Binary search for the first span that
+ * ends after a. */
+static int touches_untrusted(const cut_rules *c, size_t a, size_t b) {
+    int lo = 0, hi = c->nuntrusted;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (c->untrusted[mid].start + c->untrusted[mid].len <= a) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < c->nuntrusted && c->untrusted[lo].start < b;
+}
+
+/* Leftmost-longest added token of this pass at or after `from` that lies wholly in trusted text
+ * (s starts at byte `base` of the whole text); -1 if none. */
+static int find_added(const tokenizer *t, const cut_rules *c, const char *s, size_t base, int n, int from,
+                      int normalized, int *at) {
     for (int i = from; i < n; i++) {
         const int *list = t->added_by_byte[(unsigned char)s[i]];
         for (int k = 0; list && list[k] >= 0; k++) {
             const added_token *a = &t->added[list[k]];
-            if (a->normalized == normalized && a->len <= n - i && memcmp(s + i, a->content, (size_t)a->len) == 0) {
+            if (a->normalized == normalized && a->len <= n - i && memcmp(s + i, a->content, (size_t)a->len) == 0 &&
+                !touches_untrusted(c, base + (size_t)i, base + (size_t)i + (size_t)a->len)) {
                 *at = i;
                 return list[k];
             }
@@ -914,33 +937,35 @@ static int space_len_at(const char *s, int n, int at) {
 
 /* One pass of added-token cutting (pass 0: normalized=false tokens, pass 1: normalized=true).
  * Like the reference, a match that is then discarded (a special token in plain mode, a
- * single_word token inside a word) still consumes its text, which stays plain text. */
-static void encode_added_pass(const tokenizer *t, work *w, const char *s, int n, int pass, int plain, id_out *o) {
+ * single_word token inside a word) still consumes its text, which stays plain text. Text in an
+ * untrusted span never matches, so it is cut exactly as the text around it. */
+static void encode_added_pass(const tokenizer *t, work *w, const cut_rules *c, const char *s, size_t base, int n,
+                              int pass, id_out *o) {
     int done = 0, from = 0, at;
     for (;;) {
-        int k = find_added(t, s, n, from, pass, &at);
+        int k = find_added(t, c, s, base, n, from, pass, &at);
         if (k < 0) break;
         const added_token *a = &t->added[k];
         int start = at, stop = at + a->len;
         from = stop;
-        if (plain && a->special) continue;
+        if (c->plain && a->special) continue;
         if (a->single_word && (is_word_char_at(t, w, s, n, at > 0 ? char_start_before(s, at) : -1) ||
                                is_word_char_at(t, w, s, n, stop)))
             continue;
         if (a->lstrip)
             while (start > done) {
-                int c = char_start_before(s, start);
-                if (!space_len_at(s, n, c)) break;
-                start = c;
+                int ch = char_start_before(s, start);
+                if (!space_len_at(s, n, ch)) break;
+                start = ch;
             }
         if (a->rstrip)
             for (int l; stop < n && (l = space_len_at(s, n, stop));) stop += l;
-        if (pass == 0) encode_added_pass(t, w, s + done, start - done, 1, plain, o);
+        if (pass == 0) encode_added_pass(t, w, c, s + done, base + (size_t)done, start - done, 1, o);
         else encode_plain_text(t, w, s + done, start - done, o);
         emit(o, a->id);
         done = from = stop;
     }
-    if (pass == 0) encode_added_pass(t, w, s + done, n - done, 1, plain, o);
+    if (pass == 0) encode_added_pass(t, w, c, s + done, base + (size_t)done, n - done, 1, o);
     else encode_plain_text(t, w, s + done, n - done, o);
 }
 
@@ -968,7 +993,7 @@ static void work_free(work *w) {
     pcre2_match_data_free(w->md);
 }
 
-static int encode(const tokenizer *t, const char *text, size_t n, int *ids, int max, int plain,
+static int encode(const tokenizer *t, const char *text, size_t n, int *ids, int max, const cut_rules *c,
                   char *err, size_t errlen) {
     if (n > (size_t)INT32_MAX / 4) return errf(err, errlen, "text too long to tokenize (%zu bytes)", n);
     long bad = utf8_invalid_at(text, n);
@@ -976,17 +1001,28 @@ static int encode(const tokenizer *t, const char *text, size_t n, int *ids, int 
     work w;
     work_init(&w, n);
     id_out o = {ids, max, 0};
-    encode_added_pass(t, &w, text, (int)n, 0, plain, &o);
+    encode_added_pass(t, &w, c, text, 0, (int)n, 0, &o);
     work_free(&w);
     return o.n;
 }
 
 int tok_encode(const tokenizer *t, const char *text, size_t n, int *ids, int max, char *err, size_t errlen) {
-    return encode(t, text, n, ids, max, 0, err, errlen);
+    cut_rules c = {0};
+    return encode(t, text, n, ids, max, &c, err, errlen);
 }
 
 int tok_encode_plain(const tokenizer *t, const char *text, size_t n, int *ids, int max, char *err, size_t errlen) {
-    return encode(t, text, n, ids, max, 1, err, errlen);
+    cut_rules c = {.plain = 1};
+    return encode(t, text, n, ids, max, &c, err, errlen);
+}
+
+int tok_encode_untrusted(const tokenizer *t, const char *text, size_t n, const tok_span *untrusted, int nuntrusted,
+                         int *ids, int max, char *err, size_t errlen) {
+    for (int i = 0; i < nuntrusted; i++)
+        if (untrusted[i].len == 0 || (i && untrusted[i].start < untrusted[i - 1].start + untrusted[i - 1].len))
+            return errf(err, errlen, "untrusted span %d is empty or not after the previous one", i);
+    cut_rules c = {.untrusted = untrusted, .nuntrusted = nuntrusted};
+    return encode(t, text, n, ids, max, &c, err, errlen);
 }
 
 /* ---- lookups ------------------------------------------------------------------------------- */

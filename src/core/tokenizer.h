@@ -24,8 +24,21 @@ int tok_vocab_size(const tokenizer *t);      /* largest id + 1 */
 /* Encode n bytes of UTF-8 text. Returns the number of ids (may exceed max: then only max were
  * written, and the caller can retry with a larger buffer), or -1 with err. */
 int tok_encode(const tokenizer *t, const char *text, size_t n, int *ids, int max, char *err, size_t errlen);
-/* Encode with special/added tokens treated as plain text (for untrusted user content). */
+/* Encode with special tokens treated as plain text (Hugging Face's split_special_tokens=True). */
 int tok_encode_plain(const tokenizer *t, const char *text, size_t n, int *ids, int max, char *err, size_t errlen);
+
+/* A byte range [start, start + len) of a text. */
+typedef struct {
+    size_t start, len;
+} tok_span;
+/* Encode a chat prompt whose untrusted spans (message content, names, tool results: anything a
+ * client wrote) must not become control tokens: no added token, special or not, matches if any of
+ * its bytes lies in an untrusted span (official tokenizers mark some role markers non-special,
+ * so special-only would not protect them). Text is otherwise cut exactly as tok_encode cuts it,
+ * so a prompt whose untrusted text holds no added-token text gets the same ids as tok_encode.
+ * Spans must be non-empty and ascending without overlap (else -1); parts past n are ignored. */
+int tok_encode_untrusted(const tokenizer *t, const char *text, size_t n, const tok_span *untrusted, int nuntrusted,
+                         int *ids, int max, char *err, size_t errlen);
 int tok_id(const tokenizer *t, const char *token);          /* exact vocab/added token lookup, -1 if absent */
 const char *tok_piece(const tokenizer *t, int id);          /* raw vocab string (byte-level alphabet) */
 int tok_is_special(const tokenizer *t, int id);

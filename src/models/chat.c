@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../core/util.h"
+
 extern const chat_template deepseek_v4_chat;
 extern const chat_template glm_chat;
 
@@ -36,6 +38,65 @@ void chat_reply_free(chat_reply *r) {
     cJSON_Delete(r->tool_calls);
     memset(r, 0, sizeof *r);
 }
+
+/* ---- prompts with trusted and untrusted text ------------------------------------------------- */
+
+void chat_trusted(chat_prompt *p, const char *template_text) { sbuf_puts(&p->text, template_text); }
+
+void chat_untrusted_since(chat_prompt *p, size_t start) {
+    size_t end = p->text.len;
+    if (end <= start) return;
+    tok_span *last = p->nuntrusted ? &p->untrusted[p->nuntrusted - 1] : NULL;
+    if (last && last->start + last->len == start) {
+        last->len += end - start;
+        return;
+    }
+    if (p->nuntrusted == p->cap) {
+        p->cap = p->cap ? 2 * p->cap : 16;
+        p->untrusted = xrealloc(p->untrusted, (size_t)p->cap * sizeof *p->untrusted);
+    }
+    p->untrusted[p->nuntrusted++] = (tok_span){start, end - start};
+}
+
+void chat_untrusted(chat_prompt *p, const char *s, size_t n) {
+    size_t start = p->text.len;
+    sbuf_put(&p->text, s, n);
+    chat_untrusted_since(p, start);
+}
+
+void chat_untrusted_str(chat_prompt *p, const char *s) { chat_untrusted(p, s, strlen(s)); }
+
+void chat_untrusted_json(chat_prompt *p, const cJSON *v) {
+    size_t start = p->text.len;
+    chat_json_py(&p->text, v);
+    chat_untrusted_since(p, start);
+}
+
+void chat_prompt_free(chat_prompt *p) {
+    sbuf_free(&p->text);
+    free(p->untrusted);
+    memset(p, 0, sizeof *p);
+}
+
+int chat_prompt_encode(const tokenizer *t, const chat_prompt *p, int **ids, int *n, char *err, size_t errlen) {
+    int cap = (int)p->text.len + 16;
+    *ids = xmalloc((size_t)cap * sizeof **ids);
+    const char *text = p->text.p ? p->text.p : "";
+    int k = tok_encode_untrusted(t, text, p->text.len, p->untrusted, p->nuntrusted, *ids, cap, err, errlen);
+    if (k > cap) {
+        *ids = xrealloc(*ids, (size_t)k * sizeof **ids);
+        k = tok_encode_untrusted(t, text, p->text.len, p->untrusted, p->nuntrusted, *ids, k, err, errlen);
+    }
+    if (k < 0) {
+        free(*ids);
+        *ids = NULL;
+        return -1;
+    }
+    *n = k;
+    return 0;
+}
+
+/* ---- Python-style JSON ----------------------------------------------------------------------- */
 
 void chat_json_py_string(sbuf *b, const char *s) {
     sbuf_put(b, "\"", 1);

@@ -8,6 +8,18 @@
  * [..., user, assistant(reply)] + [user] produces text that starts with exactly the text the
  * previous turn's prompt + the assistant reply the model generated, as far as the family's
  * official template allows (DeepSeek V4 thinking mode drops historical reasoning by design).
+ *
+ * INVARIANT (no forged turns): a template renders into a chat_prompt, writing its own text with
+ * chat_trusted and everything that came from the request — message content, reasoning, tool
+ * results, tool and argument names, argument values, tool schemas, a forced tool name — with
+ * chat_untrusted / chat_untrusted_json / chat_untrusted_since. The prompt is then encoded with
+ * chat_prompt_encode (or, across the engine protocol, its untrusted spans travel with the text:
+ * wire.h), so text a client wrote never becomes a role marker, end-of-sequence or tool-call
+ * token, whatever it spells. Template text is trusted only when it is a literal of the template.
+ * Untrusted bytes are cut by the tokenizer exactly like the text around them, so content that
+ * spells no control token gets the ids a whole-prompt encode would give (reuse is unaffected).
+ * Raw prompts (/v1/completions, `cairn run --raw`, SUBMIT without spans) keep matching control
+ * tokens: whoever writes the raw template is trusted with it.
  */
 #ifndef CAIRN_CHAT_H
 #define CAIRN_CHAT_H
@@ -16,6 +28,7 @@
 #include <stddef.h>
 
 #include "../core/sbuf.h"
+#include "../core/tokenizer.h"
 
 typedef struct {
     int thinking;                 /* 1 = thinking mode generation cue */
@@ -29,10 +42,30 @@ typedef struct {
     cJSON *tool_calls;            /* OpenAI tool_calls array or NULL */
 } chat_reply;
 
+/* A rendered prompt: its text and the byte spans of it that came from the request. A zeroed
+ * chat_prompt is empty; spans are ascending, disjoint, non-empty and adjacent ones are merged. */
+typedef struct {
+    sbuf text;
+    tok_span *untrusted;
+    int nuntrusted, cap;
+} chat_prompt;
+
+void chat_trusted(chat_prompt *p, const char *template_text);
+void chat_untrusted(chat_prompt *p, const char *s, size_t n);
+void chat_untrusted_str(chat_prompt *p, const char *s);
+void chat_untrusted_json(chat_prompt *p, const cJSON *v);   /* chat_json_py of request data */
+/* Marks p->text[start..] untrusted: for request data a template wrote with sbuf calls. */
+void chat_untrusted_since(chat_prompt *p, size_t start);
+void chat_prompt_free(chat_prompt *p);
+/* Ids of the prompt, untrusted spans encoded as plain text (tok_encode_untrusted). *ids is heap. */
+int chat_prompt_encode(const tokenizer *t, const chat_prompt *p, int **ids, int *n, char *err, size_t errlen);
+
 typedef struct {
     const char *model_type;
-    /* Heap string of the rendered prompt (ends with the generation cue), or NULL + err. */
-    char *(*render)(const cJSON *messages, const cJSON *tools, const chat_opts *o, char *err, size_t errlen);
+    /* Render into a zeroed *out (the text ends with the generation cue): 0, or -1 + err (out may
+     * hold partial text; the caller frees it either way). */
+    int (*render)(const cJSON *messages, const cJSON *tools, const chat_opts *o, chat_prompt *out, char *err,
+                  size_t errlen);
     /* Split a finished reply into reasoning / content / tool calls. */
     void (*parse)(const char *text, size_t n, int thinking, chat_reply *out);
     /* Byte length of the system-prompt prefix of a rendered prompt (checkpoint hint), 0 if none. */

@@ -17,6 +17,10 @@
  * "Reasoning Effort" paragraph exists in the encoder for effort max only (xhigh/max map to it);
  * low and high add nothing.
  *
+ * Only the template's literals are written trusted; every string taken from the request (content,
+ * reasoning, tool results, tool schemas, call names, argument names and values, a forced tool
+ * name) is written untrusted (chat.h), so none of it can spell a marker token.
+ *
  * Our choices where the encoder has no rule: request-level tools go to the first system or
  * developer message (else an empty system message is inserted first); tool_choice "none" renders
  * no tools section, "required" or a forced name appends one "You must call ..." sentence to it.
@@ -83,7 +87,8 @@ static const char tools_tail[] =
 /* ---- conversation model: messages merged into turns ---------------------------------------- */
 
 typedef struct {
-    char *text;              /* rendered block: the user text or <tool_result>...</tool_result> */
+    char *text;              /* the message's text (request data); a tool result is wrapped in
+                              * <tool_result>...</tool_result> when rendered */
     const char *call_id;     /* tool results: the call they answer ("" if none) */
     int is_result;
 } block;
@@ -149,13 +154,11 @@ static int content_text(const cJSON *msg, sbuf *out, const char *sep, int idx, c
 
 static int add_block(conversation *c, const cJSON *msg, int is_result, int idx, char *err, size_t errlen) {
     sbuf text = {0};
-    if (is_result) sbuf_puts(&text, "<tool_result>");
     /* the encoder joins the text parts of a tool result with blank lines */
     if (content_text(msg, &text, is_result ? "\n\n" : "", idx, err, errlen)) {
         free(text.p);
         return -1;
     }
-    if (is_result) sbuf_puts(&text, "</tool_result>");
     turn *t = c->n && c->t[c->n - 1].kind == TURN_USER ? &c->t[c->n - 1] : add_turn(c, TURN_USER, NULL, idx);
     t->blocks = xrealloc(t->blocks, (size_t)(t->n_blocks + 1) * sizeof *t->blocks);
     const cJSON *id = cJSON_GetObjectItemCaseSensitive(msg, "tool_call_id");
@@ -242,30 +245,30 @@ static int last_user_turn(const conversation *c) {
 
 /* ---- rendering ----------------------------------------------------------------------------- */
 
-static int render_tools(sbuf *b, const cJSON *tools, const char *tool_choice, char *err, size_t errlen) {
-    sbuf_puts(b, tools_head);
+static int render_tools(chat_prompt *p, const cJSON *tools, const char *tool_choice, char *err, size_t errlen) {
+    chat_trusted(p, tools_head);
     int k = 0;
     const cJSON *tool;
     cJSON_ArrayForEach(tool, tools) {
         const cJSON *fn = cJSON_GetObjectItemCaseSensitive(tool, "function");
         if (!cJSON_IsObject(fn)) return errf(err, errlen, "tools[%d].function must be an object", k);
-        if (k) sbuf_puts(b, "\n");
-        chat_json_py(b, fn);
+        if (k) chat_trusted(p, "\n");
+        chat_untrusted_json(p, fn);
         k++;
     }
-    sbuf_puts(b, tools_tail);
+    chat_trusted(p, tools_tail);
     if (tool_choice && !strcmp(tool_choice, "required"))
-        sbuf_puts(b, "\nYou must call at least one tool in this reply.\n");
+        chat_trusted(p, "\nYou must call at least one tool in this reply.\n");
     else if (tool_choice && strcmp(tool_choice, "auto")) {
-        sbuf_puts(b, "\nYou must call the tool \"");
-        sbuf_puts(b, tool_choice);
-        sbuf_puts(b, "\" in this reply.\n");
+        chat_trusted(p, "\nYou must call the tool \"");
+        chat_untrusted_str(p, tool_choice);
+        chat_trusted(p, "\" in this reply.\n");
     }
     return 0;
 }
 
 /* One tool call in DSML; arguments that are not a JSON object are passed whole as "arguments". */
-static int render_call(sbuf *b, const cJSON *call, int idx, int k, char *err, size_t errlen) {
+static int render_call(chat_prompt *p, const cJSON *call, int idx, int k, char *err, size_t errlen) {
     const cJSON *fn = cJSON_GetObjectItemCaseSensitive(call, "function");
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
     const cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
@@ -277,44 +280,52 @@ static int render_call(sbuf *b, const cJSON *call, int idx, int k, char *err, si
         parsed = cJSON_CreateObject();
         if (cJSON_IsString(args)) cJSON_AddStringToObject(parsed, "arguments", args->valuestring);
     }
-    sbuf_puts(b, INVOKE_OPEN);
-    sbuf_puts(b, name->valuestring);
-    sbuf_puts(b, "\">\n");
+    chat_trusted(p, INVOKE_OPEN);
+    chat_untrusted_str(p, name->valuestring);
+    chat_trusted(p, "\">\n");
     for (const cJSON *a = parsed->child; a; a = a->next) {
-        sbuf_puts(b, PARAM_OPEN);
-        sbuf_puts(b, a->string);
-        sbuf_puts(b, cJSON_IsString(a) ? "\" string=\"true\">" : "\" string=\"false\">");
-        if (cJSON_IsString(a)) sbuf_puts(b, a->valuestring);
-        else chat_json_py(b, a);
-        sbuf_puts(b, PARAM_CLOSE);
-        if (a->next) sbuf_puts(b, "\n");
+        chat_trusted(p, PARAM_OPEN);
+        chat_untrusted_str(p, a->string);
+        chat_trusted(p, cJSON_IsString(a) ? "\" string=\"true\">" : "\" string=\"false\">");
+        if (cJSON_IsString(a)) chat_untrusted_str(p, a->valuestring);
+        else chat_untrusted_json(p, a);
+        chat_trusted(p, PARAM_CLOSE);
+        if (a->next) chat_trusted(p, "\n");
     }
-    sbuf_puts(b, "\n" INVOKE_CLOSE);
+    chat_trusted(p, "\n" INVOKE_CLOSE);
     cJSON_Delete(parsed);
     return 0;
 }
 
-static int render_assistant(sbuf *b, const cJSON *msg, int idx, int with_reasoning, char *err, size_t errlen) {
+/* A message's content as request data. */
+static int untrusted_content(chat_prompt *p, const cJSON *msg, int idx, char *err, size_t errlen) {
+    size_t at = p->text.len;
+    int rc = content_text(msg, &p->text, "", idx, err, errlen);
+    chat_untrusted_since(p, at);
+    return rc;
+}
+
+static int render_assistant(chat_prompt *p, const cJSON *msg, int idx, int with_reasoning, char *err, size_t errlen) {
     if (with_reasoning) {
         const cJSON *r = cJSON_GetObjectItemCaseSensitive(msg, "reasoning_content");
         if (!cJSON_IsString(r)) r = cJSON_GetObjectItemCaseSensitive(msg, "reasoning");
-        if (cJSON_IsString(r)) sbuf_puts(b, r->valuestring);
-        sbuf_puts(b, THINK_END);
+        if (cJSON_IsString(r)) chat_untrusted_str(p, r->valuestring);
+        chat_trusted(p, THINK_END);
     }
-    if (content_text(msg, b, "", idx, err, errlen)) return -1;
+    if (untrusted_content(p, msg, idx, err, errlen)) return -1;
     const cJSON *calls = cJSON_GetObjectItemCaseSensitive(msg, "tool_calls");
     if (cJSON_IsArray(calls) && cJSON_GetArraySize(calls) > 0) {
-        sbuf_puts(b, "\n\n" CALLS_OPEN "\n");
+        chat_trusted(p, "\n\n" CALLS_OPEN "\n");
         int k = 0;
         const cJSON *call;
         cJSON_ArrayForEach(call, calls) {
-            if (k) sbuf_puts(b, "\n");
-            if (render_call(b, call, idx, k, err, errlen)) return -1;
+            if (k) chat_trusted(p, "\n");
+            if (render_call(p, call, idx, k, err, errlen)) return -1;
             k++;
         }
-        sbuf_puts(b, "\n" CALLS_CLOSE);
+        chat_trusted(p, "\n" CALLS_CLOSE);
     }
-    sbuf_puts(b, EOS);
+    chat_trusted(p, EOS);
     return 0;
 }
 
@@ -349,80 +360,71 @@ typedef struct {
     const char *tool_choice;
 } render_ctx;
 
-static int render_turn(sbuf *b, const conversation *c, int i, const render_ctx *x, char *err, size_t errlen) {
+static int render_turn(chat_prompt *p, const conversation *c, int i, const render_ctx *x, char *err, size_t errlen) {
     const turn *t = &c->t[i];
     int idx = t->idx;
     switch (t->kind) {
     case TURN_ASSISTANT:
-        return render_assistant(b, t->msg, idx, x->thinking && (!x->drop || i > x->last_user), err, errlen);
+        return render_assistant(p, t->msg, idx, x->thinking && (!x->drop || i > x->last_user), err, errlen);
     case TURN_USER:
-        sbuf_puts(b, USER);
+        chat_trusted(p, USER);
         for (int j = 0; j < t->n_blocks; j++) {
-            if (j) sbuf_puts(b, "\n\n");
-            sbuf_puts(b, t->blocks[j].text);
+            if (j) chat_trusted(p, "\n\n");
+            if (t->blocks[j].is_result) chat_trusted(p, "<tool_result>");
+            chat_untrusted_str(p, t->blocks[j].text);
+            if (t->blocks[j].is_result) chat_trusted(p, "</tool_result>");
         }
         break;
     case TURN_DEVELOPER:
     case TURN_SYSTEM:
-        if (t->kind == TURN_DEVELOPER) sbuf_puts(b, USER);
-        if (t->msg && content_text(t->msg, b, "", idx, err, errlen)) return -1;
+        if (t->kind == TURN_DEVELOPER) chat_trusted(p, USER);
+        if (t->msg && untrusted_content(p, t->msg, idx, err, errlen)) return -1;
         if (t->has_tools) {
-            sbuf_puts(b, "\n\n");
-            if (render_tools(b, x->tools, x->tool_choice, err, errlen)) return -1;
+            chat_trusted(p, "\n\n");
+            if (render_tools(p, x->tools, x->tool_choice, err, errlen)) return -1;
         }
         break;
     }
     return 0;
 }
 
-static char *render_turns(conversation *c, const render_ctx *x, effort_kind effort, char *err, size_t errlen) {
-    sbuf b = {0};
-    sbuf_puts(&b, BOS);
+static int render_turns(chat_prompt *p, conversation *c, const render_ctx *x, effort_kind effort, char *err,
+                        size_t errlen) {
+    chat_trusted(p, BOS);
     int first = 1, last = -1;
     for (int i = 0; i < c->n; i++)
         if (!c->t[i].dropped) last = i;
     for (int i = 0; i < c->n; i++) {
         const turn *t = &c->t[i];
         if (t->dropped) continue;
-        if (first && x->thinking && effort == EFFORT_MAX) sbuf_puts(&b, effort_max_text);
+        if (first && x->thinking && effort == EFFORT_MAX) chat_trusted(p, effort_max_text);
         first = 0;
-        if (render_turn(&b, c, i, x, err, errlen)) goto fail;
+        if (render_turn(p, c, i, x, err, errlen)) return -1;
         int next = i + 1;
         while (next < c->n && c->t[next].dropped) next++;
         int asks = t->kind == TURN_USER || t->kind == TURN_DEVELOPER;
         if (asks && (next >= c->n || c->t[next].kind == TURN_ASSISTANT)) {
-            sbuf_puts(&b, ASSISTANT);
-            sbuf_puts(&b, x->thinking && (!x->drop || i >= x->last_user) ? THINK : THINK_END);
+            chat_trusted(p, ASSISTANT);
+            chat_trusted(p, x->thinking && (!x->drop || i >= x->last_user) ? THINK : THINK_END);
         }
     }
-    if (last < 0 || (c->t[last].kind != TURN_USER && c->t[last].kind != TURN_DEVELOPER)) {
-        errf(err, errlen, "the conversation must end with a user, developer or tool message");
-        goto fail;
-    }
-    return b.p;
-fail:
-    free(b.p);
-    return NULL;
+    if (last < 0 || (c->t[last].kind != TURN_USER && c->t[last].kind != TURN_DEVELOPER))
+        return errf(err, errlen, "the conversation must end with a user, developer or tool message");
+    return 0;
 }
 
-static char *dsv4_render(const cJSON *messages, const cJSON *tools, const chat_opts *o, char *err, size_t errlen) {
+static int dsv4_render(const cJSON *messages, const cJSON *tools, const chat_opts *o, chat_prompt *p, char *err,
+                       size_t errlen) {
     static const chat_opts defaults = {0};
     if (!o) o = &defaults;
-    if (!cJSON_IsArray(messages)) {
-        errf(err, errlen, "messages must be an array");
-        return NULL;
-    }
-    if (tools && !cJSON_IsArray(tools) && !cJSON_IsNull(tools)) {
-        errf(err, errlen, "tools must be an array");
-        return NULL;
-    }
+    if (!cJSON_IsArray(messages)) return errf(err, errlen, "messages must be an array");
+    if (tools && !cJSON_IsArray(tools) && !cJSON_IsNull(tools)) return errf(err, errlen, "tools must be an array");
     effort_kind effort = effort_of(o->effort);
-    if (effort == EFFORT_UNKNOWN) {
-        errf(err, errlen, "reasoning effort '%s' is not one of none, minimal, low, medium, high, xhigh, max", o->effort);
-        return NULL;
-    }
+    if (effort == EFFORT_UNKNOWN)
+        return errf(err, errlen, "reasoning effort '%s' is not one of none, minimal, low, medium, high, xhigh, max",
+                    o->effort);
     conversation c = {0};
-    char *out = NULL;
+    int rc = -1;
     if (build_turns(messages, &c, err, errlen)) goto done;
     order_tool_results(&c);
     render_ctx x = {.thinking = o->thinking, .tools = tools, .tool_choice = o->tool_choice};
@@ -435,10 +437,10 @@ static char *dsv4_render(const cJSON *messages, const cJSON *tools, const chat_o
             if (c.t[i].kind == TURN_DEVELOPER) c.t[i].dropped = 1;
     }
     x.last_user = last_user_turn(&c);
-    out = render_turns(&c, &x, effort, err, errlen);
+    rc = render_turns(p, &c, &x, effort, err, errlen);
 done:
     conversation_free(&c);
-    return out;
+    return rc;
 }
 
 /* ---- parsing a reply ----------------------------------------------------------------------- */

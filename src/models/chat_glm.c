@@ -10,6 +10,9 @@
  * Reasoning is kept only for assistant turns after the last user message (the template's rule;
  * earlier turns render a bare </think>). Tool JSON uses Python's json.dumps spacing (", ", ": ").
  *
+ * Only the template's literals are written trusted; content, reasoning, tool responses, the tools
+ * JSON, call names, argument keys and values are request data and written untrusted (chat.h).
+ *
  * Where the template leaves a case undefined we choose, and say so: a `developer` message renders
  * as a system message; null content renders as empty; tool-call arguments given as a JSON string
  * (the OpenAI shape) are parsed into the object the template iterates.
@@ -56,26 +59,34 @@ static void strip(const char *s, size_t n, size_t *start, size_t *len) {
     *len = z - a;
 }
 
-static void put_stripped(sbuf *b, const char *s, size_t n) {
-    size_t a, len;
-    strip(s, n, &a, &len);
-    sbuf_put(b, s + a, len);
+/* Request text, as visible_text() renders it, written untrusted. */
+static int untrusted_text(chat_prompt *p, const cJSON *content, int idx, char *err, size_t errlen) {
+    size_t at = p->text.len;
+    int rc = visible_text(content, &p->text, idx, err, errlen);
+    chat_untrusted_since(p, at);
+    return rc;
 }
 
-static void render_tools(sbuf *b, const cJSON *tools) {
-    sbuf_puts(b, "<|system|>\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-              "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n");
+static void untrusted_stripped(chat_prompt *p, const char *s, size_t n) {
+    size_t a, len;
+    strip(s, n, &a, &len);
+    chat_untrusted(p, s + a, len);
+}
+
+static void render_tools(chat_prompt *p, const cJSON *tools) {
+    chat_trusted(p, "<|system|>\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+                 "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n");
     const cJSON *t;
     cJSON_ArrayForEach(t, tools) {
-        chat_json_py(b, t);
-        sbuf_puts(b, "\n");
+        chat_untrusted_json(p, t);
+        chat_trusted(p, "\n");
     }
-    sbuf_puts(b, "</tools>\n\nFor each function call, output the function name and arguments within the following "
+    chat_trusted(p, "</tools>\n\nFor each function call, output the function name and arguments within the following "
               "XML format:\n<tool_call>{function-name}<arg_key>{arg-key-1}</arg_key><arg_value>{arg-value-1}"
               "</arg_value><arg_key>{arg-key-2}</arg_key><arg_value>{arg-value-2}</arg_value>...</tool_call>");
 }
 
-static int render_tool_calls(sbuf *b, const cJSON *calls, int idx, char *err, size_t errlen) {
+static int render_tool_calls(chat_prompt *p, const cJSON *calls, int idx, char *err, size_t errlen) {
     const cJSON *item;
     int k = 0;
     cJSON_ArrayForEach(item, calls) {
@@ -90,17 +101,17 @@ static int render_tool_calls(sbuf *b, const cJSON *calls, int idx, char *err, si
             cJSON_Delete(parsed);
             return errf(err, errlen, "messages[%d].tool_calls[%d].function.arguments must be a JSON object", idx, k);
         }
-        sbuf_puts(b, "<tool_call>");
-        sbuf_puts(b, name->valuestring);
+        chat_trusted(p, "<tool_call>");
+        chat_untrusted_str(p, name->valuestring);
         for (const cJSON *a = obj ? obj->child : NULL; a; a = a->next) {
-            sbuf_puts(b, "<arg_key>");
-            sbuf_puts(b, a->string);
-            sbuf_puts(b, "</arg_key><arg_value>");
-            if (cJSON_IsString(a)) sbuf_puts(b, a->valuestring);
-            else chat_json_py(b, a);
-            sbuf_puts(b, "</arg_value>");
+            chat_trusted(p, "<arg_key>");
+            chat_untrusted_str(p, a->string);
+            chat_trusted(p, "</arg_key><arg_value>");
+            if (cJSON_IsString(a)) chat_untrusted_str(p, a->valuestring);
+            else chat_untrusted_json(p, a);
+            chat_trusted(p, "</arg_value>");
         }
-        sbuf_puts(b, "</tool_call>");
+        chat_trusted(p, "</tool_call>");
         cJSON_Delete(parsed);
         k++;
     }
@@ -121,7 +132,7 @@ static const char *rfind_in(const char *s, size_t n, const char *needle) {
     return NULL;
 }
 
-static int render_assistant(sbuf *b, const cJSON *msg, int idx, int after_last_user, char *err, size_t errlen) {
+static int render_assistant(chat_prompt *p, const cJSON *msg, int idx, int after_last_user, char *err, size_t errlen) {
     sbuf text = {0}, reason = {0};
     if (visible_text(cJSON_GetObjectItemCaseSensitive(msg, "content"), &text, idx, err, errlen)) return -1;
     const char *content = text.p ? text.p : "";
@@ -141,61 +152,61 @@ static int render_assistant(sbuf *b, const cJSON *msg, int idx, int after_last_u
         clen -= (size_t)(after - content);
         content = after;
     }
-    sbuf_puts(b, "<|assistant|>");
+    chat_trusted(p, "<|assistant|>");
     size_t ra, rl;
     strip(reason.p ? reason.p : "", reason.len, &ra, &rl);
     if (after_last_user && rl) {
-        sbuf_puts(b, "<think>");
-        sbuf_put(b, reason.p + ra, rl);
-        sbuf_puts(b, "</think>");
-    } else sbuf_puts(b, "</think>");
-    put_stripped(b, content, clen);
+        chat_trusted(p, "<think>");
+        chat_untrusted(p, reason.p + ra, rl);
+        chat_trusted(p, "</think>");
+    } else chat_trusted(p, "</think>");
+    untrusted_stripped(p, content, clen);
     free(text.p);
     free(reason.p);
     const cJSON *calls = cJSON_GetObjectItemCaseSensitive(msg, "tool_calls");
-    return cJSON_IsArray(calls) ? render_tool_calls(b, calls, idx, err, errlen) : 0;
+    return cJSON_IsArray(calls) ? render_tool_calls(p, calls, idx, err, errlen) : 0;
 }
 
-static int render_message(sbuf *b, const cJSON *messages, int i, int last_user, char *err, size_t errlen) {
+static int render_message(chat_prompt *p, const cJSON *messages, int i, int last_user, char *err, size_t errlen) {
     const cJSON *msg = cJSON_GetArrayItem(messages, i);
     const cJSON *role = cJSON_GetObjectItemCaseSensitive(msg, "role");
     const cJSON *content = cJSON_GetObjectItemCaseSensitive(msg, "content");
     if (!cJSON_IsObject(msg) || !cJSON_IsString(role)) return errf(err, errlen, "messages[%d].role must be a string", i);
     const char *r = role->valuestring;
     if (!strcmp(r, "user")) {
-        sbuf_puts(b, "<|user|>");
-        return visible_text(content, b, i, err, errlen);
+        chat_trusted(p, "<|user|>");
+        return untrusted_text(p, content, i, err, errlen);
     }
     if (!strcmp(r, "system") || !strcmp(r, "developer")) {
-        sbuf_puts(b, "<|system|>");
-        return visible_text(content, b, i, err, errlen);
+        chat_trusted(p, "<|system|>");
+        return untrusted_text(p, content, i, err, errlen);
     }
-    if (!strcmp(r, "assistant")) return render_assistant(b, msg, i, i > last_user, err, errlen);
+    if (!strcmp(r, "assistant")) return render_assistant(p, msg, i, i > last_user, err, errlen);
     if (!strcmp(r, "tool")) {
         const cJSON *prev = i > 0 ? cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(messages, i - 1), "role") : NULL;
-        if (!cJSON_IsString(prev) || strcmp(prev->valuestring, "tool")) sbuf_puts(b, "<|observation|>");
-        sbuf_puts(b, "<tool_response>");
-        if (visible_text(content, b, i, err, errlen)) return -1;
-        sbuf_puts(b, "</tool_response>");
+        if (!cJSON_IsString(prev) || strcmp(prev->valuestring, "tool")) chat_trusted(p, "<|observation|>");
+        chat_trusted(p, "<tool_response>");
+        if (untrusted_text(p, content, i, err, errlen)) return -1;
+        chat_trusted(p, "</tool_response>");
         return 0;
     }
     return errf(err, errlen, "messages[%d].role '%s' is not one of system, developer, user, assistant, tool", i, r);
 }
 
-static char *glm_render(const cJSON *messages, const cJSON *tools, const chat_opts *o, char *err, size_t errlen) {
-    if (!cJSON_IsArray(messages)) { errf(err, errlen, "messages must be an array"); return NULL; }
-    sbuf b = {0};
-    sbuf_puts(&b, "[gMASK]<sop>");
-    if (cJSON_IsArray(tools) && cJSON_GetArraySize(tools) > 0) render_tools(&b, tools);
+static int glm_render(const cJSON *messages, const cJSON *tools, const chat_opts *o, chat_prompt *p, char *err,
+                      size_t errlen) {
+    if (!cJSON_IsArray(messages)) return errf(err, errlen, "messages must be an array");
+    chat_trusted(p, "[gMASK]<sop>");
+    if (cJSON_IsArray(tools) && cJSON_GetArraySize(tools) > 0) render_tools(p, tools);
     int n = cJSON_GetArraySize(messages), last_user = -1;
     for (int i = 0; i < n; i++) {
         const cJSON *role = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(messages, i), "role");
         if (cJSON_IsString(role) && !strcmp(role->valuestring, "user")) last_user = i;
     }
     for (int i = 0; i < n; i++)
-        if (render_message(&b, messages, i, last_user, err, errlen)) { free(b.p); return NULL; }
-    sbuf_puts(&b, o && !o->thinking ? "<|assistant|></think>" : "<|assistant|><think>");
-    return b.p;
+        if (render_message(p, messages, i, last_user, err, errlen)) return -1;
+    chat_trusted(p, o && !o->thinking ? "<|assistant|></think>" : "<|assistant|><think>");
+    return 0;
 }
 
 /* ---- parsing a reply -------------------------------------------------------------------- */

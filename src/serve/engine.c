@@ -203,13 +203,21 @@ static int parse_id_list(const char *p, size_t n, int vocab, int **out, int *nou
     return 0;
 }
 
-static int encode_text(const tokenizer *t, const char *p, size_t n, int **out, int *nout, char *err, size_t errlen) {
+/* The prompt text's ids; bytes in an untrusted span never become added tokens (wire.h). */
+typedef struct {
+    const char *p;
+    tok_span *untrusted;
+    int nuntrusted;
+} prompt_text;
+
+static int encode_text(const tokenizer *t, const prompt_text *pt, size_t n, int **out, int *nout, char *err,
+                       size_t errlen) {
     int cap = (int)MIN(n + 16, (size_t)WIRE_PROMPT_MAX + 16);
     int *ids = xmalloc((size_t)cap * sizeof *ids);
-    int k = tok_encode(t, p, n, ids, cap, err, errlen);
+    int k = tok_encode_untrusted(t, pt->p, n, pt->untrusted, pt->nuntrusted, ids, cap, err, errlen);
     if (k > cap) {
         ids = xrealloc(ids, (size_t)k * sizeof *ids);
-        k = tok_encode(t, p, n, ids, k, err, errlen);
+        k = tok_encode_untrusted(t, pt->p, n, pt->untrusted, pt->nuntrusted, ids, k, err, errlen);
     }
     if (k < 0) { free(ids); return -1; }
     *out = ids;
@@ -218,10 +226,10 @@ static int encode_text(const tokenizer *t, const char *p, size_t n, int **out, i
 }
 
 /* Token position of the gateway's system-prompt hint, if the prefix tokenizes to a prefix. */
-static int text_sys_end(const tokenizer *t, const char *p, int prefix_bytes, const int *ids, int n) {
+static int text_sys_end(const tokenizer *t, const prompt_text *pt, int prefix_bytes, const int *ids, int n) {
     int *pre, k;
     char err[64];
-    if (prefix_bytes <= 0 || encode_text(t, p, (size_t)prefix_bytes, &pre, &k, err, sizeof err)) return 0;
+    if (prefix_bytes <= 0 || encode_text(t, pt, (size_t)prefix_bytes, &pre, &k, err, sizeof err)) return 0;
     int ok = k > 0 && k < n && memcmp(pre, ids, (size_t)k * sizeof *ids) == 0;
     free(pre);
     return ok ? k : 0;
@@ -233,9 +241,14 @@ static int tokenize(engine *e, const wire_frame *f, request *r, int *sys_end, ch
         return parse_id_list(f->payload, f->payload_len, e->m->vocab_size, &r->prompt, &r->n, f->sub.prefix_bytes,
                              sys_end, err, errlen);
     if (!e->m->tok) return errf(err, errlen, "this model has no usable tokenizer.json: send token ids with ids=1");
-    if (encode_text(e->m->tok, f->payload, f->payload_len, &r->prompt, &r->n, err, errlen)) return -1;
-    *sys_end = text_sys_end(e->m->tok, f->payload, f->sub.prefix_bytes, r->prompt, r->n);
-    return 0;
+    prompt_text pt = {f->payload, NULL, 0};
+    if (f->sub.untrusted_bytes &&
+        wire_parse_spans(f->ext, f->sub.untrusted_bytes, f->payload_len, &pt.untrusted, &pt.nuntrusted, err, errlen))
+        return -1;
+    int rc = encode_text(e->m->tok, &pt, f->payload_len, &r->prompt, &r->n, err, errlen);
+    if (!rc) *sys_end = text_sys_end(e->m->tok, &pt, f->sub.prefix_bytes, r->prompt, r->n);
+    free(pt.untrusted);
+    return rc;
 }
 
 /* ---- commands ----------------------------------------------------------------------------- */
@@ -277,8 +290,11 @@ static void on_submit(engine *e, const wire_frame *f) {
         e->image_id[0] = 0;
         return put_error(f->id, "BAD_REQUEST", "this model takes no images");
     }
-    if (f->ext_len) return put_error(f->id, "BAD_REQUEST", "extension payloads (grammar, audio) are not supported");
     if (e->bias_id[0] && !strcmp(e->bias_id, f->id) && e->nbias < 0) return put_error(f->id, "BAD_REQUEST", e->bias_error);
+    if (f->ext_len > f->sub.untrusted_bytes)
+        return put_error(f->id, "BAD_REQUEST", "extension payloads (grammar, audio) are not supported");
+    if (f->sub.untrusted_bytes && f->sub.ids)
+        return put_error(f->id, "BAD_REQUEST", "untrusted spans apply to text prompts, not ids=1");
     if (f->payload_len == 0) return put_error(f->id, "EMPTY_PROMPT", NULL);
     request *r = xcalloc(1, sizeof *r);
     snprintf(r->id, sizeof r->id, "%s", f->id);

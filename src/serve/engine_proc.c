@@ -507,8 +507,9 @@ static int wait_ready(eng *e, double seconds) {
     return e->ready && !e->stopping;
 }
 
-int eng_submit(eng *e, gen *g, int slot, const char *payload, size_t n, int max_tokens, double temperature,
-               double top_p, const char *head_extra, const char *bias, double wait_ready_s, char *err, size_t errlen) {
+int eng_submit(eng *e, gen *g, int slot, const char *payload, size_t n, const char *ext, size_t ext_n,
+               int max_tokens, double temperature, double top_p, const char *head_extra, const char *bias,
+               double wait_ready_s, char *err, size_t errlen) {
     pthread_mutex_lock(&e->mu);
     if (!wait_ready(e, wait_ready_s)) {
         pthread_mutex_unlock(&e->mu);
@@ -533,7 +534,8 @@ int eng_submit(eng *e, gen *g, int slot, const char *payload, size_t n, int max_
     int bad = e->in_fd < 0 || (size_t)hl >= sizeof head ||
               (bias && (write_all(e->in_fd, bias_head, (size_t)bh) || write_all(e->in_fd, bias, bl) ||
                         write_all(e->in_fd, "\n", 1))) ||
-              write_all(e->in_fd, head, (size_t)hl) || write_all(e->in_fd, payload, n) || write_all(e->in_fd, "\n", 1);
+              write_all(e->in_fd, head, (size_t)hl) || write_all(e->in_fd, payload, n) ||
+              (ext_n && write_all(e->in_fd, ext, ext_n)) || write_all(e->in_fd, "\n", 1);
     pthread_mutex_unlock(&e->wmu);
     if (!bad) return 0;
     pthread_mutex_lock(&e->mu);

@@ -88,12 +88,13 @@ int eng_restarts(eng *e);
 int eng_start_failed(eng *e);
 pid_t eng_pid(eng *e);
 
-/* Send SUBMIT for g (id is assigned here). head_extra is appended to the header (e.g. " 0 12"
- * or " 0 ids=1 logprobs=5"); bias (or NULL) goes first as a BIAS frame for the same id. Waits up
- * to wait_ready seconds for a running engine. On failure returns -1 with err, and g is NOT
- * registered (on_finish will not run). */
-int eng_submit(eng *e, gen *g, int slot, const char *payload, size_t n, int max_tokens, double temperature,
-               double top_p, const char *head_extra, const char *bias, double wait_ready, char *err, size_t errlen);
+/* Send SUBMIT for g (id is assigned here): n prompt bytes, then ext_n extension bytes. head_extra
+ * is appended to the header (e.g. " 0 12" or " 0 ids=1 logprobs=5"; it states ext_n); bias (or
+ * NULL) goes first as a BIAS frame for the same id. Waits up to wait_ready seconds for a running
+ * engine. On failure returns -1 with err, and g is NOT registered (on_finish will not run). */
+int eng_submit(eng *e, gen *g, int slot, const char *payload, size_t n, const char *ext, size_t ext_n,
+               int max_tokens, double temperature, double top_p, const char *head_extra, const char *bias,
+               double wait_ready, char *err, size_t errlen);
 /* Send CANCEL / STOP for g once (no-op if already sent or finished). */
 void eng_cancel(eng *e, gen *g);
 void eng_stop_gen(eng *e, gen *g);

@@ -126,18 +126,22 @@ int openai_render(serve_ctx *sc, const cJSON *messages, const cJSON *tools, cons
         return http_err_set(e, 400, "invalid_request_error", "unsupported_model", NULL,
                             "model type '%s' has no chat template; use /v1/completions", sc->model_type);
     char err[256] = "";
-    char *prompt = sc->tpl->render(messages, tools, o, err, sizeof err);
-    if (!prompt)
+    chat_prompt p = {0};
+    if (sc->tpl->render(messages, tools, o, &p, err, sizeof err)) {
+        chat_prompt_free(&p);
         return http_err_set(e, 400, "invalid_request_error", "invalid_value", "messages", "cannot render the chat: %s", err);
-    rq->prompt = prompt;
-    rq->prompt_len = strlen(prompt);
-    rq->prefix_bytes = sc->tpl->system_prefix_bytes ? sc->tpl->system_prefix_bytes(prompt, rq->prompt_len) : 0;
+    }
+    rq->prompt_len = p.text.len;
+    rq->prompt = sbuf_take(&p.text);
+    rq->untrusted = p.untrusted;    /* message text is encoded as plain text by the engine */
+    rq->nuntrusted = p.nuntrusted;
+    rq->prefix_bytes = sc->tpl->system_prefix_bytes ? sc->tpl->system_prefix_bytes(rq->prompt, rq->prompt_len) : 0;
     rq->chat = 1;
     rq->thinking = o->thinking;
     if (!sc->replies || !sc->tok) return 0;
     sbuf ids = {0};
-    int rc = replies_splice(sc->replies, sc->tok, sc->tpl, o, messages, prompt, rq->prompt_len, rq->prefix_bytes, &ids,
-                            &rq->ids_prefix, err, sizeof err);
+    int rc = replies_splice(sc->replies, sc->tok, sc->tpl, o, messages, rq->prompt, rq->prompt_len, rq->untrusted,
+                            rq->nuntrusted, rq->prefix_bytes, &ids, &rq->ids_prefix, err, sizeof err);
     if (rc < 0)
         return http_err_set(e, 400, "invalid_request_error", "invalid_value", "messages", "cannot tokenize the chat: %s", err);
     rq->ids_len = ids.len;

@@ -229,7 +229,9 @@ static char *render_probe(const chat_template *tpl, const cJSON *msg, const chat
     cJSON_AddItemToArray(m, cJSON_Duplicate(msg, 1));
     cJSON_AddItemToArray(m, u);
     char err[128];
-    char *text = tpl->render(m, NULL, o, err, sizeof err);
+    chat_prompt p = {0};
+    char *text = tpl->render(m, NULL, o, &p, err, sizeof err) ? NULL : sbuf_take(&p.text);
+    chat_prompt_free(&p);
     cJSON_Delete(m);
     return text;
 }
@@ -282,14 +284,31 @@ static int lookup(replies *r, const char *text, size_t n, int **ids, int *nids) 
     return i >= 0;
 }
 
-static int encode(const tokenizer *tok, const char *p, size_t n, int **ids, char *err, size_t errlen) {
-    int cap = (int)n + 16;
+/* The prompt's text [from, to) as the engine encodes it: the untrusted spans inside it (shifted
+ * to the segment) as plain text. A segment boundary is where a remembered reply starts or ends,
+ * so no span is cut in a way that changes how its bytes are encoded. */
+typedef struct {
+    const tokenizer *tok;
+    const char *prompt;
+    const tok_span *spans;
+    int nspans;
+} segmenter;
+
+static int encode(const segmenter *sg, size_t from, size_t to, int **ids, char *err, size_t errlen) {
+    tok_span *sub = xmalloc(sizeof *sub * (size_t)(sg->nspans ? sg->nspans : 1));
+    int ns = 0;
+    for (int i = 0; i < sg->nspans; i++) {
+        size_t a = MAX(sg->spans[i].start, from), b = MIN(sg->spans[i].start + sg->spans[i].len, to);
+        if (a < b) sub[ns++] = (tok_span){a - from, b - a};
+    }
+    int cap = (int)(to - from) + 16;
     *ids = xmalloc(sizeof(int) * (size_t)cap);
-    int k = tok_encode(tok, p, n, *ids, cap, err, errlen);
+    int k = tok_encode_untrusted(sg->tok, sg->prompt + from, to - from, sub, ns, *ids, cap, err, errlen);
     if (k > cap) {
         *ids = xrealloc(*ids, sizeof(int) * (size_t)k);
-        k = tok_encode(tok, p, n, *ids, k, err, errlen);
+        k = tok_encode_untrusted(sg->tok, sg->prompt + from, to - from, sub, ns, *ids, k, err, errlen);
     }
+    free(sub);
     if (k < 0) {
         free(*ids);
         *ids = NULL;
@@ -301,15 +320,15 @@ static void put_ids(sbuf *b, const int *ids, int n) {
     for (int i = 0; i < n; i++) sbuf_printf(b, "%s%d", b->len ? " " : "", ids[i]);
 }
 
-/* Append the canonical ids of prompt[from..to). On the first segment, note the payload bytes of
- * the system-prompt prefix if it tokenizes to a prefix of the segment. */
-static int put_text(const tokenizer *tok, const char *prompt, size_t from, size_t to, size_t prefix_bytes, sbuf *out,
+/* Append the ids of prompt[from..to). On the first segment, note the payload bytes of the
+ * system-prompt prefix if it encodes to a prefix of the segment's ids. */
+static int put_text(const segmenter *sg, size_t from, size_t to, size_t prefix_bytes, sbuf *out,
                     size_t *prefix_payload, char *err, size_t errlen) {
     if (from == to) return 0;
     int *ids, *pre = NULL;
-    int k = encode(tok, prompt + from, to - from, &ids, err, errlen);
+    int k = encode(sg, from, to, &ids, err, errlen);
     if (k < 0) return -1;
-    int kp = from == 0 && prefix_bytes && prefix_bytes < to ? encode(tok, prompt, prefix_bytes, &pre, err, errlen) : -1;
+    int kp = from == 0 && prefix_bytes && prefix_bytes < to ? encode(sg, 0, prefix_bytes, &pre, err, errlen) : -1;
     if (kp > 0 && kp < k && !memcmp(pre, ids, sizeof(int) * (size_t)kp)) {
         put_ids(out, ids, kp);
         *prefix_payload = out->len;
@@ -323,8 +342,9 @@ static int put_text(const tokenizer *tok, const char *prompt, size_t from, size_
 }
 
 int replies_splice(replies *r, const tokenizer *tok, const chat_template *tpl, const chat_opts *o,
-                   const cJSON *messages, const char *prompt, size_t n, size_t prefix_bytes, sbuf *out,
-                   size_t *prefix_payload, char *err, size_t errlen) {
+                   const cJSON *messages, const char *prompt, size_t n, const tok_span *untrusted, int nuntrusted,
+                   size_t prefix_bytes, sbuf *out, size_t *prefix_payload, char *err, size_t errlen) {
+    segmenter sg = {tok, prompt, untrusted, nuntrusted};
     sbuf b = {0};
     size_t cursor = 0, pp = 0;
     int spliced = 0, rc = 0;
@@ -337,7 +357,7 @@ int replies_splice(replies *r, const tokenizer *tok, const chat_template *tpl, c
         int *ids = NULL, nids = 0;
         const char *at = text ? memmem(prompt + cursor, n - cursor, text, len) : NULL;
         if (at && lookup(r, text, len, &ids, &nids)) {
-            rc = put_text(tok, prompt, cursor, (size_t)(at - prompt), prefix_bytes, &b, &pp, err, errlen);
+            rc = put_text(&sg, cursor, (size_t)(at - prompt), prefix_bytes, &b, &pp, err, errlen);
             put_ids(&b, ids, nids);
             cursor = (size_t)(at - prompt) + len;
             spliced++;
@@ -346,7 +366,7 @@ int replies_splice(replies *r, const tokenizer *tok, const chat_template *tpl, c
         free(text);
         if (rc) break;
     }
-    if (!rc && spliced) rc = put_text(tok, prompt, cursor, n, prefix_bytes, &b, &pp, err, errlen);
+    if (!rc && spliced) rc = put_text(&sg, cursor, n, prefix_bytes, &b, &pp, err, errlen);
     if (rc || !spliced) {
         sbuf_free(&b);
         return rc ? -1 : 0;

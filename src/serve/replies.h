@@ -55,14 +55,15 @@ char *replies_rendered(const chat_template *tpl, const cJSON *msg, const chat_op
 /* Remember the ids generated for an assistant message whose rendered text is text[0..n). */
 void replies_put(replies *r, const char *text, size_t n, const int *ids, int nids);
 
-/* The ids of `prompt` (rendered from the normalized `messages` with tpl and o), with the ids of
- * every remembered assistant reply spliced in where its rendered text sits and the text in
- * between tokenized canonically. Returns how many replies were spliced (0: *out untouched, send
+/* The ids of `prompt` (rendered from the normalized `messages` with tpl and o; `untrusted` its
+ * client-written spans, chat.h), with the ids of every remembered assistant reply spliced in
+ * where its rendered text sits and the text in between encoded as the engine would encode it
+ * (untrusted spans as plain text, tokenizer.h tok_encode_untrusted). Returns how many replies were spliced (0: *out untouched, send
  * the text), or -1 + err when the tokenizer refuses the text. *out gets the ids as the decimal
  * `ids=1` payload; *prefix_payload the payload bytes that cover the first prefix_bytes of the
  * prompt when those tokenize to a prefix of the ids (the system-prompt hint), else 0. */
 int replies_splice(replies *r, const tokenizer *tok, const chat_template *tpl, const chat_opts *o,
-                   const cJSON *messages, const char *prompt, size_t n, size_t prefix_bytes, sbuf *out,
-                   size_t *prefix_payload, char *err, size_t errlen);
+                   const cJSON *messages, const char *prompt, size_t n, const tok_span *untrusted, int nuntrusted,
+                   size_t prefix_bytes, sbuf *out, size_t *prefix_payload, char *err, size_t errlen);
 
 #endif

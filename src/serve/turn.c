@@ -6,11 +6,13 @@
 #include <sys/random.h>
 
 #include "../core/util.h"
+#include "wire.h"
 
 void turn_req_free(turn_req *rq) {
     free(rq->prompt);
     free(rq->ids);
     free(rq->bias);
+    free(rq->untrusted);
     for (int i = 0; i < rq->nstops; i++) free(rq->stops[i]);
     memset(rq, 0, sizeof *rq);
 }
@@ -48,10 +50,11 @@ static int conn_gone(void *conn) { return conn && http_client_gone(conn); }
 
 static int remembers(const turn *t) { return t->sc->replies && t->sc->tok && t->sc->tpl && t->rq->chat; }
 
-static void submit_extras(const turn *t, char *out, size_t cap) {
+/* ext_len: the untrusted span table's bytes (text prompts only; spliced ids were encoded here). */
+static void submit_extras(const turn *t, size_t ext_len, char *out, size_t cap) {
     const turn_req *rq = t->rq;
     /* protocol.md §1.3: the 7th field (ext bytes) must be present whenever more follows. */
-    int n = snprintf(out, cap, " 0");
+    int n = snprintf(out, cap, " %zu", ext_len);
     if (rq->ids && rq->ids_prefix) n += snprintf(out + n, cap - (size_t)n, " %zu", rq->ids_prefix);
     else if (rq->prefix_bytes && !rq->ids && !rq->prompt_is_ids) n += snprintf(out + n, cap - (size_t)n, " %zu", rq->prefix_bytes);
     if (rq->prompt_is_ids || rq->ids) n += snprintf(out + n, cap - (size_t)n, " ids=1");
@@ -62,7 +65,8 @@ static void submit_extras(const turn *t, char *out, size_t cap) {
     if (rq->min_p) n += snprintf(out + n, cap - (size_t)n, " min_p=%g", rq->min_p);
     if (rq->repetition) n += snprintf(out + n, cap - (size_t)n, " rep=%g", rq->repetition);
     if (rq->presence) n += snprintf(out + n, cap - (size_t)n, " pres=%g", rq->presence);
-    if (rq->frequency) snprintf(out + n, cap - (size_t)n, " freq=%g", rq->frequency);
+    if (rq->frequency) n += snprintf(out + n, cap - (size_t)n, " freq=%g", rq->frequency);
+    if (ext_len) snprintf(out + n, cap - (size_t)n, " untrusted=%zu", ext_len);
 }
 
 static int admit(turn *t, http_err *e) {
@@ -104,12 +108,16 @@ int turn_begin(turn *t, serve_ctx *sc, turn_req *rq, struct MHD_Connection *conn
     f->prompt_len = rq->prompt_len;
     t->g = gen_new(on_finish, f);
 
-    char extra[160], err[200];
-    submit_extras(t, extra, sizeof extra);
+    char extra[256], err[200];
+    sbuf spans = {0};
+    if (!rq->ids) wire_fmt_spans(&spans, rq->untrusted, rq->nuntrusted);
+    submit_extras(t, spans.len, extra, sizeof extra);
     const char *payload = rq->ids ? rq->ids : rq->prompt;
     size_t payload_len = rq->ids ? rq->ids_len : rq->prompt_len;
-    if (eng_submit(sc->engine, t->g, slot, payload, payload_len, rq->max_tokens, rq->temperature, rq->top_p,
-                   extra, rq->bias, sc->queue_timeout, err, sizeof err)) {
+    int bad = eng_submit(sc->engine, t->g, slot, payload, payload_len, spans.p, spans.len, rq->max_tokens,
+                         rq->temperature, rq->top_p, extra, rq->bias, sc->queue_timeout, err, sizeof err);
+    sbuf_free(&spans);
+    if (bad) {
         slots_release(sc->sl, slot, NULL, 0);
         free(f->prompt);
         free(f);
@@ -230,7 +238,10 @@ static void remember_reply(turn *t) {
     int *ids = xmalloc(sizeof(int) * (size_t)cap);
     memcpy(ids, t->ids, sizeof(int) * (size_t)k);
     char err[128];
-    int rest = len < t->out.len ? tok_encode(sc->tok, t->out.text + len, t->out.len - len, ids + k, cap - k, err, sizeof err) : 0;
+    tok_span whole = {0, t->out.len - len};   /* client-visible text: encoded as plain text, as the template marks it */
+    int rest = len < t->out.len ? tok_encode_untrusted(sc->tok, t->out.text + len, whole.len, &whole, 1, ids + k, cap - k,
+                                                       err, sizeof err)
+                                : 0;
     chat_reply cr;
     turn_parse(t, &cr);
     cJSON *msg = reply_message(&cr);
@@ -309,7 +320,8 @@ long turn_count_tokens(const serve_ctx *sc, const turn_req *rq, http_err *e) {
         return http_err_set(e, 400, "invalid_request_error", "unsupported_model", NULL,
                             "this model has no usable tokenizer.json: tokens cannot be counted");
     char err[128];
-    int n = tok_encode(sc->tok, rq->prompt, rq->prompt_len, NULL, 0, err, sizeof err);
+    int n = tok_encode_untrusted(sc->tok, rq->prompt, rq->prompt_len, rq->untrusted, rq->nuntrusted, NULL, 0, err,
+                                 sizeof err);
     if (n < 0) return http_err_set(e, 400, "invalid_request_error", "invalid_value", "messages", "cannot tokenize: %s", err);
     return n;
 }

@@ -48,6 +48,8 @@ typedef struct {
 typedef struct {
     char *prompt;                 /* rendered prompt text, or decimal ids with prompt_is_ids */
     size_t prompt_len;
+    tok_span *untrusted;          /* chat prompts: the bytes a client wrote (chat.h), sent to the */
+    int nuntrusted;               /* engine as the SUBMIT span table (wire.h) */
     int prompt_is_ids;
     size_t prefix_bytes;          /* end of the system prompt (checkpoint hint), 0 = none */
     char *ids;                    /* the prompt as ids with remembered replies spliced in (sent */

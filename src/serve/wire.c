@@ -121,6 +121,11 @@ static int parse_key(const fields *f, int i, wire_submit *s, wire_frame *fr) {
     else if (!strcmp(key, "pres")) ok = parse_finite(&v, 0, &s->presence) == 0;
     else if (!strcmp(key, "freq")) ok = parse_finite(&v, 0, &s->frequency) == 0;
     else if (!strcmp(key, "seed")) ok = parse_u64(&v, 0, UINT64_MAX, &s->seed) == 0;
+    else if (!strcmp(key, "untrusted")) {
+        uint64_t b;
+        ok = parse_u64(&v, 0, WIRE_EXT_BYTES_MAX, &b) == 0;
+        s->untrusted_bytes = (size_t)b;
+    }
     else ok = 1;                  /* unknown keys are ignored, like unknown frames */
     if (!ok) fail(fr, "BAD_REQUEST", "bad value for extension key %s", key);
     return ok ? 0 : -1;
@@ -202,6 +207,8 @@ static void parse_header(const char *h, size_t n, wire_frame *fr, int64_t *paylo
         parse_submit(&f, fr, bytes);
         fr->payload_len = bytes;
         fr->ext_len = ext;
+        if (fr->kind == WIRE_SUBMIT && fr->sub.untrusted_bytes > ext)
+            fail(fr, "BAD_REQUEST", "%s larger than ext_bytes", "untrusted span table");
     } else if (image) {
         parse_image(&f, fr);
         fr->payload_len = bytes;
@@ -324,6 +331,56 @@ int wire_parse_bias(const char *p, size_t n, int vocab, int *ids, float *bias, c
         i = j;
     }
     return k;
+}
+
+/* ---- untrusted span table ------------------------------------------------------------------ */
+
+/* A decimal number at *p, then a single space before the next one or the end of the table. */
+static int span_number(const char **p, const char *end, size_t *out) {
+    const char *q = *p;
+    size_t v = 0;
+    if (q == end || *q < '0' || *q > '9') return -1;
+    for (; q < end && *q >= '0' && *q <= '9'; q++) {
+        if (v > (SIZE_MAX - (size_t)(*q - '0')) / 10) return -1;
+        v = v * 10 + (size_t)(*q - '0');
+    }
+    if (q < end && (*q != ' ' || ++q == end)) return -1;
+    *out = v;
+    *p = q;
+    return 0;
+}
+
+int wire_parse_spans(const char *table, size_t n, size_t prompt_len, tok_span **spans, int *nspans, char *err,
+                     size_t errlen) {
+    const char *p = table, *end = table + n;
+    tok_span *out = NULL;
+    int k = 0, cap = 0;
+    size_t prev_end = 0;
+    while (p < end) {
+        size_t start, len;
+        if (span_number(&p, end, &start) || p == end || span_number(&p, end, &len)) {
+            free(out);
+            return errf(err, errlen, "untrusted span table: span %d is not two decimal numbers", k);
+        }
+        if (len == 0 || start < prev_end || start > prompt_len || len > prompt_len - start) {
+            free(out);
+            return errf(err, errlen, "untrusted span %d (%zu+%zu) is empty, overlaps, or passes the %zu prompt bytes", k,
+                        start, len, prompt_len);
+        }
+        if (k == cap) {
+            cap = cap ? 2 * cap : 16;
+            out = xrealloc(out, (size_t)cap * sizeof *out);
+        }
+        out[k++] = (tok_span){start, len};
+        prev_end = start + len;
+    }
+    *spans = out;
+    *nspans = k;
+    return 0;
+}
+
+void wire_fmt_spans(sbuf *out, const tok_span *spans, int n) {
+    for (int i = 0; i < n; i++) sbuf_printf(out, "%s%zu %zu", i ? " " : "", spans[i].start, spans[i].len);
 }
 
 /* ---- formatting ------------------------------------------------------------------------- */

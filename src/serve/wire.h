@@ -9,6 +9,12 @@
  *
  * BIAS <id> <bytes>\n<payload>\n (a cairn extension) comes right before the SUBMIT with the same
  * id, like IMAGE: its payload is the request's logit bias as space-separated `token_id:bias`.
+ * UNTRUSTED SPANS (a cairn extension). `untrusted=B` on a SUBMIT says the first B bytes of its
+ * extension payload are a span table: "START LEN" pairs of decimal byte offsets into the prompt,
+ * all separated by single spaces, ascending and disjoint, LEN >= 1. The engine encodes those
+ * bytes as plain text (tokenizer.h tok_encode_untrusted): the gateway marks every byte of a chat
+ * prompt a client wrote, so no client text can become a control token. Any extension data
+ * (grammar, audio) follows the table. Without the key the whole prompt is trusted (raw prompts).
  *
  * INVARIANTS
  *  - Every malformed frame becomes exactly one WIRE_ERROR frame (id "0" when the id itself is
@@ -24,6 +30,9 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "../core/sbuf.h"
+#include "../core/tokenizer.h"
 
 enum {
     WIRE_HEADER_MAX = 4096,       /* bytes in a header line, "\n" excluded */
@@ -54,6 +63,7 @@ typedef struct {
     float min_p;                  /* min_p=F, 0 = off */
     float repetition;             /* rep=F (> 0), 0 = off */
     float presence, frequency;    /* pres=F, freq=F, 0 = off */
+    size_t untrusted_bytes;       /* untrusted=B: span table bytes at the start of ext, 0 = none */
 } wire_submit;
 
 typedef struct {
@@ -85,6 +95,12 @@ int wire_reader_eof(wire_reader *r, wire_frame *f);
 /* A BIAS payload -> up to WIRE_BIAS_ENTRIES (id, bias) pairs (ids below vocab, finite biases).
  * Returns the count, or -1 with what was wrong in detail[160]. */
 int wire_parse_bias(const char *p, size_t n, int vocab, int *ids, float *bias, char *detail);
+/* The span table of a SUBMIT (the first sub.untrusted_bytes of ext) checked against its prompt:
+ * 0 and a heap array (NULL when empty), or -1 with err naming what is wrong. */
+int wire_parse_spans(const char *table, size_t n, size_t prompt_len, tok_span **spans, int *nspans, char *err,
+                     size_t errlen);
+/* Appends the span table for spans (what wire_parse_spans reads back). */
+void wire_fmt_spans(sbuf *out, const tok_span *spans, int n);
 
 /* Frame formatting. Each returns the bytes written (the buffer must hold WIRE_HEADER_MAX). */
 extern const char WIRE_READY[];   /* "\x01\x01READY\x01\x01\n" */

@@ -30,7 +30,9 @@ static char *render(const char *messages, const char *tools, int thinking, const
                     char *err, size_t errlen) {
     cJSON *m = cJSON_Parse(messages), *t = tools ? cJSON_Parse(tools) : NULL;
     chat_opts o = {.thinking = thinking, .effort = effort, .tool_choice = choice};
-    char *out = T->render(m, t, &o, err, errlen);
+    chat_prompt p = {0};
+    char *out = T->render(m, t, &o, &p, err, errlen) ? NULL : sbuf_take(&p.text);
+    chat_prompt_free(&p);
     cJSON_Delete(m);
     cJSON_Delete(t);
     return out;

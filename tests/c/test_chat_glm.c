@@ -15,7 +15,9 @@ extern const chat_template glm_chat;
 static char *render_json(const char *messages_json, const char *tools_json, int thinking, char *err) {
     cJSON *msgs = cJSON_Parse(messages_json), *tools = tools_json ? cJSON_Parse(tools_json) : NULL;
     chat_opts o = {.thinking = thinking};
-    char *out = glm_chat.render(msgs, tools, &o, err, 256);
+    chat_prompt p = {0};
+    char *out = glm_chat.render(msgs, tools, &o, &p, err, 256) ? NULL : sbuf_take(&p.text);
+    chat_prompt_free(&p);
     cJSON_Delete(msgs);
     cJSON_Delete(tools);
     return out;
@@ -136,7 +138,9 @@ static void test_prefix_stability(void) {
     cJSON_AddItemToArray(msgs, a);
     cJSON_AddItemToArray(msgs, cJSON_Parse("{\"role\":\"tool\",\"content\":\"sunny\"}"));
     chat_opts o = {.thinking = 1};
-    char *p2 = glm_chat.render(msgs, NULL, &o, err, sizeof err);
+    chat_prompt cp = {0};
+    char *p2 = glm_chat.render(msgs, NULL, &o, &cp, err, sizeof err) ? NULL : sbuf_take(&cp.text);
+    chat_prompt_free(&cp);
     size_t n1 = strlen(p1);
     CHECK(p2 && !strncmp(p2, p1, n1) && !strncmp(p2 + n1, reply, strlen(reply)), "p1+reply not a prefix of %s", show(p2));
     free(p1);
@@ -171,7 +175,10 @@ static int render_cases(const char *path) {
     const cJSON *c;
     cJSON_ArrayForEach(c, cases) {
         chat_opts o = {.thinking = cJSON_IsTrue(cJSON_GetObjectItem(c, "thinking"))};
-        char *p = glm_chat.render(cJSON_GetObjectItem(c, "messages"), cJSON_GetObjectItem(c, "tools"), &o, err, sizeof err);
+        chat_prompt cp = {0};
+        char *p = glm_chat.render(cJSON_GetObjectItem(c, "messages"), cJSON_GetObjectItem(c, "tools"), &o, &cp, err,
+                                  sizeof err) ? NULL : sbuf_take(&cp.text);
+        chat_prompt_free(&cp);
         cJSON_AddItemToArray(out, p ? cJSON_CreateString(p) : cJSON_CreateNull());
         if (!p) fprintf(stderr, "render: %s\n", err);
         free(p);

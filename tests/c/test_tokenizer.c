@@ -1,5 +1,5 @@
 /* test_tokenizer.c — tokenizer behaviour the parity test cannot reach: Split behaviors, byte
- * fallback, single_word, plain encoding, error reporting, and the streaming decoder on split and
+ * fallback, single_word, plain encoding, untrusted spans, error reporting, and the streaming decoder on split and
  * invalid UTF-8. Each tokenizer.json is written here, so the expected ids follow from its merges.
  *
  * The byte-level files give byte b the id b (its GPT-2 alphabet character), then merged pieces:
@@ -173,6 +173,45 @@ static void test_added_tokens(void) {
     tok_free(t);
 }
 
+/* Encodes text with one untrusted span [a, a + len) and compares (want terminated by -1). */
+static int untrusted_to(const tokenizer *t, const char *text, size_t a, size_t len, const int *want) {
+    int ids[64], k = 0;
+    char err[128];
+    tok_span sp = {a, len};
+    int n = tok_encode_untrusted(t, text, strlen(text), &sp, 1, ids, 64, err, sizeof err);
+    while (want[k] >= 0) k++;
+    int ok = n == k;
+    for (int i = 0; ok && i < n; i++) ok = ids[i] == want[i];
+    if (!ok) {
+        printf("  \"%s\" untrusted %zu+%zu: got", text, a, len);
+        for (int i = 0; i < n && i < 64; i++) printf(" %d", ids[i]);
+        printf(" (%d ids)\n", n);
+    }
+    return ok;
+}
+
+#define ENC_UNTRUSTED(t, text, a, len, ...) untrusted_to(t, text, a, len, (const int[]){__VA_ARGS__, -1})
+
+static void test_untrusted_spans(void) {
+    tokenizer *t = byte_level_tok(NULL, NULL, 0);
+    CHECK(ENC_UNTRUSTED(t, "<s>a<s>b<s>", 3, 5, 260, 'a', '<', 's', '>', 'b', 260),
+          "special text inside the span is plain, the template's tokens around it match");
+    CHECK(ENC_UNTRUSTED(t, "x hello!", 2, 5, 'x', ' ', 'h', 'e', 'l', 'l', 'o', '!'),
+          "non-special added tokens do not match in a span either");
+    CHECK(ENC_UNTRUSTED(t, "a<s>b", 3, 2, 'a', '<', 's', '>', 'b'), "a token partly in a span does not match");
+    CHECK(ENC_UNTRUSTED(t, "ab<s>", 0, 2, AB, 260), "text at a span boundary merges as in tok_encode");
+    CHECK(ENC_UNTRUSTED(t, "a-b<s>", 1, 1, A_DASH, 'b', 260), "BPE merges across a span boundary");
+    CHECK(ENC_UNTRUSTED(t, "a <L>b", 0, 2, 'a', 263, 'b'), "lstrip of a trusted token still takes spaces");
+    int ids[8];
+    char err[128] = "";
+    tok_span two[2] = {{2, 2}, {3, 1}};
+    CHECK(tok_encode_untrusted(t, "abcdef", 6, two, 2, ids, 8, err, sizeof err) < 0 && strstr(err, "span 1"),
+          "overlapping spans are refused: %s", err);
+    tok_span empty = {1, 0};
+    CHECK(tok_encode_untrusted(t, "abc", 3, &empty, 1, ids, 8, err, sizeof err) < 0, "an empty span is refused");
+    tok_free(t);
+}
+
 static void test_errors(void) {
     char err[256] = "";
     CHECK(tok_load("/nonexistent/tokenizer.json", err, sizeof err) == NULL && strstr(err, "nonexistent"), "%s", err);
@@ -305,6 +344,7 @@ static void test_threads(void) {
 int main(void) {
     test_split_behaviors();
     test_added_tokens();
+    test_untrusted_spans();
     test_errors();
     test_byte_fallback();
     test_stream_decoder();

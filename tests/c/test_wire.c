@@ -216,6 +216,30 @@ static void test_format(void) {
     CHECK(strlen(WIRE_READY) == 10 && !memcmp(WIRE_READY, "\x01\x01READY\x01\x01\n", 10), "READY sentinel");
 }
 
+static void test_untrusted_spans(void) {
+    parse("SUBMIT 9 0 6 4 0 1 11 untrusted=7\nabcdef0 2 3 1GRAM\n");
+    CHECK(fr.n == 1 && fr.f[0].kind == WIRE_SUBMIT && fr.f[0].sub.untrusted_bytes == 7, "untrusted key parses");
+    tok_span *sp = NULL;
+    int n = 0;
+    char err[160] = "";
+    CHECK(wire_parse_spans(fr.f[0].ext, 7, 6, &sp, &n, err, sizeof err) == 0 && n == 2 && sp[0].start == 0 &&
+              sp[0].len == 2 && sp[1].start == 3 && sp[1].len == 1, "table parses: %s", err);
+    sbuf b = {0};
+    wire_fmt_spans(&b, sp, n);
+    CHECK(b.len == 7 && !memcmp(b.p, "0 2 3 1", 7), "format reads back: [%s]", b.p ? b.p : "");
+    free(sp);
+    sbuf_free(&b);
+    parse("SUBMIT 9 0 6 4 0 1 3 untrusted=7\nabcdef0 2\n");
+    CHECK(is_error(0, "9", "BAD_REQUEST"), "a table longer than ext_bytes is refused");
+    const char *bad[] = {"0 2 1 1", "0 0", "5 2", "0", "0 2 ", " 0 2", "0 2  3 1", "0 x", "7 1", "99999999999999999999 1"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        sp = NULL;
+        CHECK(wire_parse_spans(bad[i], strlen(bad[i]), 6, &sp, &n, err, sizeof err) < 0 && !sp, "table [%s] refused",
+              bad[i]);
+    }
+    CHECK(wire_parse_spans("", 0, 6, &sp, &n, err, sizeof err) == 0 && n == 0, "an empty table is no spans");
+}
+
 int main(void) {
     test_submit_fields();
     test_refusals();
@@ -223,5 +247,6 @@ int main(void) {
     test_eof();
     test_bytewise_equals_whole();
     test_format();
+    test_untrusted_spans();
     return TEST_END();
 }

@@ -485,29 +485,6 @@ enum MHD_Result anthropic_count_tokens(serve_ctx *sc, struct MHD_Connection *c, 
     return http_send_json(c, 200, r);
 }
 
-enum MHD_Result anthropic_models(serve_ctx *sc, struct MHD_Connection *c, const char *id) {
-    cJSON *m = cJSON_CreateObject();
-    cJSON_AddStringToObject(m, "type", "model");
-    cJSON_AddStringToObject(m, "id", sc->model_id);
-    cJSON_AddStringToObject(m, "display_name", sc->model_id);
-    cJSON_AddStringToObject(m, "created_at", "1970-01-01T00:00:00Z");
-    if (id) {
-        if (strcmp(id, sc->model_id)) {
-            cJSON_Delete(m);
-            http_err e;
-            http_err_set(&e, 404, "not_found_error", "model_not_found", "model", "model: %s", id);
-            return http_send_error(c, API_ANTHROPIC, &e);
-        }
-        return http_send_json(c, 200, m);
-    }
-    cJSON *r = cJSON_CreateObject();
-    cJSON_AddItemToArray(cJSON_AddArrayToObject(r, "data"), m);
-    cJSON_AddBoolToObject(r, "has_more", 0);
-    cJSON_AddStringToObject(r, "first_id", sc->model_id);
-    cJSON_AddStringToObject(r, "last_id", sc->model_id);
-    return http_send_json(c, 200, r);
-}
-
 enum MHD_Result anthropic_messages(serve_ctx *sc, struct MHD_Connection *c, const cJSON *body, req_info *ri) {
     am_call *k = xcalloc(1, sizeof *k);
     k->sc = sc;

@@ -19,7 +19,6 @@
 enum MHD_Result anthropic_messages(serve_ctx *sc, struct MHD_Connection *c, const cJSON *body, req_info *ri);
 /* POST /v1/messages/count_tokens: {"input_tokens": the prompt's tokens as the engine would get them}. */
 enum MHD_Result anthropic_count_tokens(serve_ctx *sc, struct MHD_Connection *c, const cJSON *body, req_info *ri);
-/* GET /v1/models[/{id}] in Anthropic's shape (for a request with an anthropic-version header). */
-enum MHD_Result anthropic_models(serve_ctx *sc, struct MHD_Connection *c, const char *id);
+
 
 #endif

@@ -523,8 +523,8 @@ int cmd_engine(int argc, char **argv) {
     }
     /* a gateway that went away must not kill us mid-write; the next read sees EOF */
     signal(SIGPIPE, SIG_IGN);
-    printf("%sCAPS vision=0 slots=%d ctx=%d logprobs=%d ids=1\nSTAT 0 0.0 0.0 %.2f 0 0\n", WIRE_READY, e.o.slots,
-           e.seqs[0]->st.cap, WIRE_LOGPROBS_MAX, rss_gb());
+    printf("%sCAPS vision=0 slots=%d ctx=%d logprobs=%d ids=1 numerics=%s\nSTAT 0 0.0 0.0 %.2f 0 0\n", WIRE_READY,
+           e.o.slots, e.seqs[0]->st.cap, WIRE_LOGPROBS_MAX, e.o.num == NUMERICS_EXACT ? "exact" : "qat", rss_gb());
     fflush(stdout);
     run_loop(&e);
     engine_close(&e);

@@ -63,6 +63,7 @@ struct eng {
     unsigned long long next_id;
     gen **live;                   /* in-flight generations, each holding one reference */
     int nlive, live_cap;
+    char caps[512];               /* the engine's last CAPS line, without the word */
 };
 
 typedef struct {
@@ -160,6 +161,12 @@ static int spawn(eng *e) {
         sigemptyset(&none);
         sigprocmask(SIG_SETMASK, &none, NULL);
         signal(SIGPIPE, SIG_DFL);
+        /* The gateway owns the engine's lifetime: Ctrl-C (SIGINT to the terminal's process group)
+         * or systemd's stop signal reaches the engine too, and it must not die with replies in
+         * flight. The gateway drains them, then closes the engine's stdin (the graceful stop), and
+         * SIGKILLs it only if it does not exit. Ignored dispositions survive exec. */
+        signal(SIGINT, SIG_IGN);
+        signal(SIGTERM, SIG_IGN);
         execv(e->cfg.exe, e->cfg.argv);
         fprintf(stderr, "cairn serve: cannot run engine %s: %s\n", e->cfg.exe, strerror(errno));
         _exit(127);
@@ -292,6 +299,16 @@ static int handle_frame(eng *e, reader *r) {
         char nl;
         if (reader_bytes(r, payload, (size_t)n) || reader_bytes(r, &nl, 1) || nl != '\n') return -1;
     }
+    if (!strcmp(f[0], "CAPS")) {
+        pthread_mutex_lock(&e->mu);
+        size_t used = 0;
+        e->caps[0] = 0;
+        for (int i = 1; i < nf && used + strlen(f[i]) + 2 < sizeof e->caps; i++)
+            used += (size_t)snprintf(e->caps + used, sizeof e->caps - used, " %s", f[i]);
+        pthread_mutex_unlock(&e->mu);
+        if (e->cfg.on_caps) e->cfg.on_caps(e->cfg.user);
+        return 0;
+    }
     if (nf < 2) return 0;
     if (!strcmp(f[0], "DATA")) {
         gen *g = take_live(e, f[1], 0);
@@ -324,7 +341,7 @@ static int handle_frame(eng *e, reader *r) {
         if (g) gen_finish(g, GEN_ERROR, text);
         else fprintf(stderr, "cairn serve: engine error for unknown request %s: %s\n", f[1], text);
     }
-    return 0;    /* STAT, CAPS, telemetry and unknown kinds are ignored */
+    return 0;    /* STAT, telemetry and unknown kinds are ignored */
 }
 
 static void fail_all_live(eng *e, const char *why) {
@@ -461,6 +478,20 @@ void eng_stop(eng *e, double grace) {
     }
     free(e->live);
     free(e);
+}
+
+int eng_cap(eng *e, const char *key, char *out, size_t cap) {
+    char want[64];
+    snprintf(want, sizeof want, " %s=", key);
+    pthread_mutex_lock(&e->mu);
+    const char *at = strstr(e->caps, want);
+    if (at) {
+        at += strlen(want);
+        size_t n = strcspn(at, " ");
+        snprintf(out, cap, "%.*s", (int)n, at);
+    }
+    pthread_mutex_unlock(&e->mu);
+    return at ? 0 : -1;
 }
 
 int eng_ready(eng *e) {

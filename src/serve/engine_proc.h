@@ -11,6 +11,8 @@
  *    "engine exited"), and the on_finish callback runs exactly once for it, from the dispatcher,
  *    AFTER the engine has acknowledged (or died). Whoever owns the slot releases it there, so a
  *    slot is never reused while the engine may still be writing into it.
+ *  - The child ignores SIGINT and SIGTERM (a terminal's Ctrl-C and systemd signal the whole
+ *    group): only the gateway ends it, by closing its stdin after the replies in flight are done.
  *  - Frames are read as the spec says: a DONE with >= 7 fields (missing trailing fields = 0),
  *    unknown frame kinds ignored, CAPS before STAT accepted, payload frames always consumed.
  */
@@ -73,6 +75,7 @@ typedef struct {
     double ready_timeout;         /* seconds to wait for READY at each start */
     void (*on_restart)(void *user); /* called from the dispatcher after the engine died (state lost) */
     void (*on_start_failed)(void *user); /* the first start never reached READY: nothing is retried */
+    void (*on_caps)(void *user);  /* the engine announced its capabilities (CAPS), at each start */
     void *user;
 } eng_config;
 
@@ -84,6 +87,8 @@ eng *eng_start(const eng_config *cfg, char *err, size_t errlen);
 void eng_stop(eng *e, double grace);
 
 int eng_ready(eng *e);
+/* The value of key in the engine's CAPS line (e.g. "ctx", "slots", "numerics"): 0 and out, or -1. */
+int eng_cap(eng *e, const char *key, char *out, size_t cap);
 int eng_restarts(eng *e);
 int eng_start_failed(eng *e);
 pid_t eng_pid(eng *e);

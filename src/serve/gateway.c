@@ -27,10 +27,12 @@
 #include "../core/util.h"
 #include "anthropic.h"
 #include "http.h"
+#include "info.h"
 #include "openai.h"
 #include "turn.h"
 
 #define MAX_ALLOWED_HOSTS 8
+#define MAX_ALIASES 8
 #define MAX_CORS_ORIGINS 16
 #define MAX_ENGINE_ARGS 32
 
@@ -43,6 +45,8 @@ typedef struct {
     int n_allowed;
     const char *cors_origins[MAX_CORS_ORIGINS];   /* none given: http.c's default list */
     int n_cors;
+    const char *aliases[MAX_ALIASES];
+    int n_aliases;
     int loopback, allow_insecure;
     int reply_ids;                /* --reply-ids on|off */
     const char *kv_dir;           /* also passed to the engine; the gateway keeps reply ids there */
@@ -55,6 +59,7 @@ typedef struct {
     serve_ctx sc;
     int inflight;                 /* requests begun and not yet completed (atomic) */
     char *model_dir_copy;         /* basename() may modify its argument */
+    int port;                     /* the bound port */
 } server;
 
 /* Per-request state across libmicrohttpd's calls of the access handler. */
@@ -80,6 +85,7 @@ static void usage(FILE *f) {
             "  --api-key KEY            require `Authorization: Bearer KEY` or `x-api-key: KEY`\n"
             "                           (also from CAIRN_API_KEY)\n"
             "  --model-id ID            model id clients must name (default: the directory's name)\n"
+            "  --alias NAME             another name clients may use for the model; repeatable\n"
             "  --max-tokens N           cap on generated tokens per request (default 1024)\n"
             "  --max-queue N            requests that may wait for a slot before 429 (default 8)\n"
             "  --queue-timeout S        seconds a request may wait for a slot (default 300)\n"
@@ -162,6 +168,10 @@ static int parse_flags(int argc, char **argv, serve_opts *o) {
             if (o->n_allowed == MAX_ALLOWED_HOSTS) { fprintf(stderr, "cairn serve: too many --allowed-host\n"); return -1; }
             o->allowed_hosts[o->n_allowed++] = v;
         } else if (!strcmp(a, "--cors-origin")) rc = add_cors_origin(o, v);
+        else if (!strcmp(a, "--alias")) {
+            if (o->n_aliases == MAX_ALIASES) { fprintf(stderr, "cairn serve: at most %d --alias\n", MAX_ALIASES); return -1; }
+            o->aliases[o->n_aliases++] = v;
+        }
         else if (!strcmp(a, "--reply-ids")) {
             if (strcmp(v, "on") && strcmp(v, "off")) { fprintf(stderr, "cairn serve: --reply-ids takes on or off\n"); return -1; }
             o->reply_ids = !strcmp(v, "on");
@@ -300,13 +310,15 @@ static enum MHD_Result generate(server *s, struct MHD_Connection *c, req_ctx *rc
     if (!strcmp(rc->path, "/v1/chat/completions")) r = openai_chat(&s->sc, c, body, rc->ri);
     else if (!strcmp(rc->path, "/v1/completions")) r = openai_completions(&s->sc, c, body, rc->ri);
     else if (!strcmp(rc->path, "/v1/messages/count_tokens")) r = anthropic_count_tokens(&s->sc, c, body, rc->ri);
+    else if (!strcmp(rc->path, "/tokenize")) r = info_tokenize(&s->sc, c, body, rc->ri);
+    else if (!strcmp(rc->path, "/detokenize")) r = info_detokenize(&s->sc, c, body, rc->ri);
     else r = anthropic_messages(&s->sc, c, body, rc->ri);
     cJSON_Delete(body);
     return r;
 }
 
 static const char *const post_paths[] = {"/v1/chat/completions", "/v1/completions", "/v1/messages",
-                                         "/v1/messages/count_tokens"};
+                                         "/v1/messages/count_tokens", "/tokenize", "/detokenize"};
 
 static enum MHD_Result route(server *s, struct MHD_Connection *c, req_ctx *rc) {
     int get = !strcmp(rc->method, "GET"), post = !strcmp(rc->method, "POST");
@@ -316,22 +328,30 @@ static enum MHD_Result route(server *s, struct MHD_Connection *c, req_ctx *rc) {
     if (!strcmp(rc->path, "/health") && get) return health(s, c, rc);
     if (!strcmp(rc->path, "/metrics") && get) return metrics_page(s, c, rc);
     /* An Anthropic client (it sends anthropic-version) gets the Anthropic model-list shape. */
-    int anthropic = flavor_of(c, rc->path) == API_ANTHROPIC;
+    api_flavor f = flavor_of(c, rc->path);
     if (!strcmp(rc->path, "/v1/models") && get) {
         rc->ri->status = 200;
-        return anthropic ? anthropic_models(&s->sc, c, NULL) : openai_models(&s->sc, c, NULL);
+        return info_models(&s->sc, c, NULL, f);
     }
     if (!strncmp(rc->path, "/v1/models/", 11) && get) {
-        enum MHD_Result r = anthropic ? anthropic_models(&s->sc, c, rc->path + 11) : openai_models(&s->sc, c, rc->path + 11);
-        rc->ri->status = strcmp(rc->path + 11, s->sc.model_id) ? 404 : 200;
-        return r;
+        rc->ri->status = info_model_known(&s->sc, rc->path + 11) ? 200 : 404;
+        return info_models(&s->sc, c, rc->path + 11, f);
+    }
+    if (!strcmp(rc->path, "/props") && get) {
+        char ctx[32], slots[16], num[16];
+        int up = eng_cap(s->sc.engine, "ctx", ctx, sizeof ctx) == 0;
+        eng_cap(s->sc.engine, "slots", slots, sizeof slots);
+        eng_cap(s->sc.engine, "numerics", num, sizeof num);
+        rc->ri->status = 200;
+        return info_props(&s->sc, c, up ? ctx : NULL, up ? slots : NULL, up ? num : NULL);
     }
     return reject(c, rc, 404, "invalid_request_error", "not_found", "no such endpoint");
 }
 
 static const char *endpoint_label(const char *path) {
     static const char *const known[] = {"/v1/chat/completions", "/v1/completions", "/v1/messages/count_tokens",
-                                        "/v1/messages", "/v1/models", "/health", "/metrics"};
+                                        "/v1/messages", "/v1/models", "/health", "/metrics", "/props", "/tokenize",
+                                        "/detokenize"};
     for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
         if (!strncmp(path, known[i], strlen(known[i]))) return known[i];
     return "other";
@@ -455,7 +475,38 @@ static uint64_t tokenizer_hash(const char *path) {
     return h;
 }
 
-static void forget_records(void *user) { slots_forget_all(((serve_ctx *)user)->sl); }
+/* Every added token (official tokenizers mark some role markers non-special, so not only the
+ * special ones), longest first so a marker is removed before one it contains. */
+static int longer_first(const void *a, const void *b) {
+    size_t x = strlen(*(char *const *)a), y = strlen(*(char *const *)b);
+    return (x < y) - (x > y);
+}
+
+static void collect_specials(serve_ctx *sc) {
+    int n = tok_added_count(sc->tok);
+    sc->specials = xcalloc((size_t)(n ? n : 1), sizeof *sc->specials);
+    for (int i = 0; i < n; i++)
+        if (*tok_added_text(sc->tok, i)) sc->specials[sc->nspecials++] = xstrdup(tok_added_text(sc->tok, i));
+    qsort(sc->specials, (size_t)sc->nspecials, sizeof *sc->specials, longer_first);
+}
+
+static void forget_records(void *user) { slots_forget_all(((server *)user)->sc.sl); }
+
+/* The start-up banner, once the engine says what it runs (and again after a restart). */
+static void banner(void *user) {
+    server *s = user;
+    char ctx[32] = "?", slots[16] = "?", num[16] = "?";
+    eng_cap(s->sc.engine, "ctx", ctx, sizeof ctx);
+    eng_cap(s->sc.engine, "slots", slots, sizeof slots);
+    eng_cap(s->sc.engine, "numerics", num, sizeof num);
+    fprintf(stderr,
+            "cairn serve: ready at http://%s:%d\n"
+            "  model     %s (%s)\n"
+            "  context   %s tokens per slot, %s slots\n"
+            "  numerics  %s; reply ids %s%s%s\n",
+            s->o->host, s->port, s->sc.model_id, s->sc.model_type, ctx, slots, num,
+            s->sc.replies ? "on" : "off", s->o->kv_dir ? ", kv-dir " : "", s->o->kv_dir ? s->o->kv_dir : "");
+}
 
 /* The engine could not start at all: stop the server the same way a SIGTERM would. */
 static void engine_start_failed(void *user) {
@@ -526,6 +577,8 @@ static void teardown(server *s, struct MHD_Daemon *d, char **eargv, int lfd) {
     if (sc->mx) metrics_free(sc->mx);
     if (sc->tok) tok_free(sc->tok);
     replies_close(sc->replies);
+    for (int i = 0; i < sc->nspecials; i++) free(sc->specials[i]);
+    free(sc->specials);
     free((char *)sc->model_type);
     free(s->model_dir_copy);
 }
@@ -542,6 +595,9 @@ int cmd_serve(int argc, char **argv) {
     if (!(sc->model_type = model_type_of(o.model_dir, err, sizeof err))) goto fail;
     s.model_dir_copy = xstrdup(o.model_dir);
     sc->model_id = o.model_id ? o.model_id : basename(s.model_dir_copy);
+    sc->model_dir = o.model_dir;
+    sc->aliases = o.aliases;
+    sc->naliases = o.n_aliases;
     sc->tpl = chat_find(sc->model_type);
     sc->nslots = (int)o.slots;
     sc->max_tokens = (int)o.max_tokens;
@@ -553,6 +609,7 @@ int cmd_serve(int argc, char **argv) {
     if (!sc->tpl)
         fprintf(stderr, "cairn serve: model type %s has no chat template: only /v1/completions works\n", sc->model_type);
     if (o.reply_ids && sc->tok) sc->replies = replies_open(o.kv_dir, tokenizer_hash(tok_path));
+    if (sc->tok) collect_specials(sc);
 
     /* Signals are taken by sigwait below; every thread inherits the blocked mask. */
     sigset_t sigs;
@@ -567,8 +624,9 @@ int cmd_serve(int argc, char **argv) {
     sc->mx = metrics_new();
     if ((lfd = listen_on(o.host, o.port, &port, err, sizeof err)) < 0) goto fail;
     eargv = engine_argv(&o, o.engine_exe ? o.engine_exe : "/proc/self/exe");
+    s.port = port;
     eng_config ec = {.exe = eargv[0], .argv = eargv, .ready_timeout = 600, .on_restart = forget_records,
-                     .on_start_failed = engine_start_failed, .user = sc};
+                     .on_start_failed = engine_start_failed, .on_caps = banner, .user = &s};
     if (!(sc->engine = eng_start(&ec, err, sizeof err))) goto fail;
     if (!(d = start_http(&s, lfd))) {
         snprintf(err, sizeof err, "cannot start the HTTP server on %s:%d", o.host, port);

@@ -673,27 +673,3 @@ enum MHD_Result openai_completions(serve_ctx *sc, struct MHD_Connection *c, cons
     if (parse_completion(sc, body, k, &e)) return fail(c, k, &e);
     return run(k, c);
 }
-
-static cJSON *model_json(const serve_ctx *sc) {
-    cJSON *m = cJSON_CreateObject();
-    cJSON_AddStringToObject(m, "id", sc->model_id);
-    cJSON_AddStringToObject(m, "object", "model");
-    cJSON_AddNumberToObject(m, "created", 0);
-    cJSON_AddStringToObject(m, "owned_by", "cairn");
-    return m;
-}
-
-enum MHD_Result openai_models(serve_ctx *sc, struct MHD_Connection *c, const char *id) {
-    if (id) {
-        if (strcmp(id, sc->model_id)) {
-            http_err e;
-            http_err_set(&e, 404, "invalid_request_error", "model_not_found", "model", "The model '%s' does not exist", id);
-            return http_send_error(c, API_OPENAI, &e);
-        }
-        return http_send_json(c, 200, model_json(sc));
-    }
-    cJSON *r = cJSON_CreateObject();
-    cJSON_AddStringToObject(r, "object", "list");
-    cJSON_AddItemToArray(cJSON_AddArrayToObject(r, "data"), model_json(sc));
-    return http_send_json(c, 200, r);
-}

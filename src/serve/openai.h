@@ -1,5 +1,5 @@
-/* openai.h — the OpenAI-compatible endpoints: POST /v1/chat/completions, POST /v1/completions,
- * GET /v1/models. Each handler validates the body (400 naming the field, 404 for another
+/* openai.h — the OpenAI-compatible endpoints: POST /v1/chat/completions, POST /v1/completions
+ * (GET /v1/models is info.h). Each handler validates the body (400 naming the field, 404 for another
  * model), runs one turn and answers in JSON or as an SSE stream.
  *
  * INVARIANTS
@@ -19,8 +19,6 @@
 
 enum MHD_Result openai_chat(serve_ctx *sc, struct MHD_Connection *c, const cJSON *body, req_info *ri);
 enum MHD_Result openai_completions(serve_ctx *sc, struct MHD_Connection *c, const cJSON *body, req_info *ri);
-/* GET /v1/models (id NULL) or /v1/models/{id}. */
-enum MHD_Result openai_models(serve_ctx *sc, struct MHD_Connection *c, const char *id);
 
 /* Validate OpenAI-shaped messages (roles, content as a string or text parts, tool calls) into a
  * normalized copy with string contents; NULL + e on a bad message. Shared with anthropic.c. */

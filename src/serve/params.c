@@ -6,6 +6,7 @@
 #include <sys/random.h>
 
 #include "../core/util.h"
+#include "info.h"
 #include "wire.h"
 
 static int bad(http_err *e, const char *key, const char *what) {
@@ -63,7 +64,7 @@ int param_str(const cJSON *o, const char *key, const char **out, http_err *e) {
 int param_model(const serve_ctx *sc, const cJSON *body, http_err *e) {
     const char *model = NULL;
     if (param_str(body, "model", &model, e)) return -1;
-    if (!model || !*model || !strcmp(model, sc->model_id)) return 0;
+    if (!model || !*model || info_model_known(sc, model)) return 0;
     return http_err_set(e, 404, "invalid_request_error", "model_not_found", "model",
                         "The model '%s' does not exist; this server serves '%s'", model, sc->model_id);
 }

@@ -18,7 +18,7 @@ int param_num(const cJSON *o, const char *key, double lo, double hi, double *out
 int param_bool(const cJSON *o, const char *key, int *out, http_err *e);
 int param_str(const cJSON *o, const char *key, const char **out, http_err *e);
 
-/* body.model must be absent, empty, or the served model id (else 404 model_not_found). */
+/* body.model must be absent, empty, the served model id or an alias (else 404 model_not_found). */
 int param_model(const serve_ctx *sc, const cJSON *body, http_err *e);
 /* Stop strings: one string or a list of 1..TURN_MAX_STOPS non-empty strings. */
 int param_stops(const cJSON *body, const char *key, turn_req *rq, http_err *e);

@@ -348,11 +348,24 @@ void turn_error(const turn *t, http_err *e) {
     }
 }
 
+/* Remove every spelling of an added token from s in place: a model may emit role markers or
+ * other control tokens inside its answer, and they are the template's, not text for a client. */
+static void strip_specials(const serve_ctx *sc, char *s) {
+    if (!s) return;
+    for (int i = 0; i < sc->nspecials; i++) {
+        size_t n = strlen(sc->specials[i]);
+        char *at;
+        while ((at = strstr(s, sc->specials[i]))) memmove(at, at + n, strlen(at + n) + 1);
+    }
+}
+
 void turn_parse(const turn *t, chat_reply *cr) {
     memset(cr, 0, sizeof *cr);
     const chat_template *tpl = t->sc->tpl;
     if (t->rq->chat && tpl && tpl->parse) {
         tpl->parse(t->out.text, t->out.stable, t->rq->thinking, cr);
+        strip_specials(t->sc, cr->content);
+        strip_specials(t->sc, cr->reasoning);
         return;
     }
     cr->content = xmalloc(t->out.stable + 1);

@@ -33,10 +33,15 @@ typedef struct {
     metrics *mx;
     int nslots;
     const char *model_id;
+    const char *const *aliases;   /* --alias: more names clients may use for the model */
+    int naliases;
+    const char *model_dir;
     const char *model_type;
     const chat_template *tpl;     /* NULL: the family has no chat template (completions only) */
     tokenizer *tok;               /* to spell logprob alternatives; NULL = "<token_id:N>" */
     replies *replies;             /* exact ids of generated replies (--reply-ids on), or NULL */
+    char **specials;              /* the text of every added token (never shown as chat content) */
+    int nspecials;
     int max_tokens;               /* server cap on generated tokens per request */
     double queue_timeout;         /* seconds a request may wait for a slot */
     double keepalive;             /* seconds of silence before an SSE keep-alive */
@@ -110,8 +115,9 @@ long turn_count_tokens(const serve_ctx *sc, const turn_req *rq, http_err *e);
 /* The error a finished-with-ERROR turn maps to. */
 void turn_error(const turn *t, http_err *e);
 
-/* The reply split by the chat template (reasoning / content / tool calls) over out.text[0..stable).
- * Without a template everything is content. */
+/* The reply split by the chat template (reasoning / content / tool calls) over out.text[0..stable),
+ * with no special token's text left in reasoning or content. Without a template (a completion)
+ * everything is content, as generated. */
 void turn_parse(const turn *t, chat_reply *cr);
 
 /* OpenAI-style finish reason: "tool_calls" (has_tools), "length" or "stop". */

@@ -20,7 +20,6 @@
 #include "core/threads.h"
 #include "core/util.h"
 #include "state/persist.h"
-#include "state/reuse.h"
 
 typedef struct {
     const char *model_dir;
@@ -102,18 +101,12 @@ static void push_words(conversation *c, long k) {
     }
 }
 
-static int marker(const model *m, const char *a, const char *b) {
-    if (!m->tok) return -1;
-    int id = tok_id(m->tok, a);
-    return id >= 0 ? id : tok_id(m->tok, b);
-}
-
 static void conversation_init(conversation *c, const model *m, const reuse_opts *o) {
     memset(c, 0, sizeof *c);
     c->cap = (int)(1 + o->system + o->turns * (o->user + o->reply + 2) + o->user + 2);   /* + the extra turn */
     c->ids = xmalloc((size_t)c->cap * sizeof *c->ids);
-    c->user = marker(m, "<｜User｜>", "<|user|>");
-    c->assistant = marker(m, "<｜Assistant｜>", "<|assistant|>");
+    c->user = m->markers.user;
+    c->assistant = m->markers.assistant;
     /* stay clear of the special ids most vocabularies keep at the bottom */
     c->lo = m->vocab_size > 512 ? 256 : 2;
     c->span = m->vocab_size - c->lo;
@@ -135,15 +128,9 @@ static int argmax(const float *x, int n) {
  * *reused gets the reuse count, t->warm the fastest time so far. */
 static int warm_once(seq *sq, store *cs, const conversation *c, float *logits, int *reused, turn_result *t, char *err,
                      size_t errlen) {
-    const int markers[2] = {c->user, c->assistant};
     double t0 = now_seconds();
-    reuse_result r = reuse_prepare(&sq->st, 0, cs, 1, NULL, 0, c->ids, c->n);
-    reuse_prefill p;
-    reuse_prefill_init(&p, sq, cs, 0, c->ids, c->n, 0, markers, 2);
-    int rc;
-    while ((rc = reuse_prefill_step(&p, logits, err, errlen)) > 0) {}
-    reuse_prefill_free(&p);
-    if (rc < 0) return -1;
+    reuse_result r;
+    if (seq_prompt(sq, cs, c->ids, c->n, 0, logits, &r, err, errlen)) return -1;
     int first = argmax(logits, sq->m->vocab_size);
     t->warm = MIN(t->warm, now_seconds() - t0);
     *reused = r.reused;

@@ -12,7 +12,6 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "core/config.h"
 #include "core/sampler.h"
 #include "core/threads.h"
 #include "core/util.h"
@@ -195,10 +194,8 @@ static int encode(const model *m, const char *text, prompt *pr, char *err, size_
 }
 
 static const chat_template *model_template(const model *m, char *err, size_t errlen) {
-    const char *type = NULL;
-    config_string(m->config, "model_type", &type, NULL, 0);
-    const chat_template *t = chat_find(type);
-    if (!t) errf(err, errlen, "no chat template for model_type '%s' (use --raw or --prompt-ids)", type ? type : "?");
+    const chat_template *t = m->ops->chat;
+    if (!t) errf(err, errlen, "family %s has no chat template (use --raw or --prompt-ids)", m->ops->name);
     return t;
 }
 

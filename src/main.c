@@ -15,6 +15,7 @@ static void usage(FILE *f) {
             "  engine  speak the engine line protocol on stdin/stdout\n"
             "  serve   OpenAI- and Anthropic-compatible HTTP server over engine processes\n"
             "  bench   measure kernels, prefill/decode and prefix reuse\n"
+            "  families  list the registered model families (JSON)\n"
             "\n"
             "`cairn <command> --help` describes each command's options.\n");
 }
@@ -26,6 +27,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "engine")) return cmd_engine(argc - 1, argv + 1);
     if (!strcmp(cmd, "serve")) return cmd_serve(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
+    if (!strcmp(cmd, "families")) return cmd_families(argc - 1, argv + 1);
     if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) { usage(stdout); return 0; }
     fprintf(stderr, "cairn: unknown command '%s'\n", cmd);
     usage(stderr);

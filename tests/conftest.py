@@ -13,9 +13,15 @@ PYTHON = "/usr/bin/python3"
 CAIRN = os.path.join(ROOT, "build", "cairn")
 
 
+def registry():
+    """Every registered family as `cairn families` describes it (src/models/families.c)."""
+    assert os.path.exists(CAIRN), "build/cairn missing: run make"
+    return json.loads(subprocess.run([CAIRN, "families"], check=True, capture_output=True, text=True).stdout)
+
+
 def make_model(family, size="tiny", seed=1234):
     out = os.path.join(ROOT, "build", "models", f"{family}-{size}-{seed}")
-    gen = os.path.join(ROOT, "tools", f"tiny_{'glm' if family.startswith('glm') else family}.py")
+    gen = os.path.join(ROOT, "tools", f"tiny_{family}.py")
     stamp = os.path.join(out, "config.json")
     if not os.path.exists(stamp) or os.path.getmtime(stamp) < os.path.getmtime(gen):
         subprocess.run([PYTHON, os.path.join(ROOT, "tools", "make_tiny.py"), family, out,
@@ -41,37 +47,38 @@ def tiny_glm():
 
 # ---- one fixture for tests that must hold on every family ------------------------------------
 
-FAMILIES = ("deepseek_v4", "glm")
+# Taken from the registry, so a family registered in src/models/families.c is tested here
+# without naming it; the descriptor (`cairn families`) supplies what the tests need to know.
+FAMILIES = registry()
 
 
 class Family:
-    """A tiny model of one family and what protocol-level tests need to know about it.
+    """A tiny model of one family and what protocol-level tests need to know about it, all from
+    its descriptor.
 
-    extend_only: the family's state has parts that cannot rewind (DeepSeek V4: the sliding-window
-    ring and the compressor/indexer running partials), so anything but a strict extension of the
-    slot's record needs a checkpoint. GLM keeps only per-position rows (MLA latents, indexer
-    keys), so it truncates to any common prefix (src/state/state.h, reuse.h)."""
+    extend_only: the family's state has parts that cannot rewind (e.g. a sliding-window ring or
+    running compressor partials), so anything but a strict extension of the slot's record needs
+    a checkpoint; a rows-only state (descriptor `truncates`) truncates to any common prefix
+    (src/state/state.h, reuse.h)."""
 
-    def __init__(self, name, model):
-        self.name = name
+    def __init__(self, desc, model):
+        self.desc = desc
+        self.name = desc["name"]
         self.model = model
-        self.extend_only = name == "deepseek_v4"
+        self.extend_only = not desc["truncates"]
         added = json.load(open(os.path.join(model, "tokenizer.json")))["added_tokens"]
         self.token = {a["content"]: a["id"] for a in added}
         # Ordinary (non-special) ids for synthetic prompts: from 20 up to the first special token
-        # above it (GLM's specials sit at the top of its tiny vocab, DeepSeek V4's at the bottom).
+        # above it (some tiny vocabs keep their specials at the top, others at the bottom).
         self.ordinary_hi = min([1000] + [a["id"] for a in added if a["id"] >= 20])
-        if name == "deepseek_v4":
-            self.start = [self.token["<｜begin▁of▁sentence｜>"]]
-            self.user, self.assistant = self.token["<｜User｜>"], self.token["<｜Assistant｜>"]
-        else:
-            self.start = [self.token["[gMASK]"], self.token["<sop>"]]
-            self.user, self.assistant = self.token["<|user|>"], self.token["<|assistant|>"]
+        turns = desc["turns"]
+        self.start = [self.token[t] for t in turns["start"]]
+        self.user, self.assistant = self.token[turns["user"]], self.token[turns["assistant"]]
 
     def __repr__(self):
         return self.name
 
 
-@pytest.fixture(scope="session", params=FAMILIES)
+@pytest.fixture(scope="session", params=FAMILIES, ids=[f["name"] for f in FAMILIES])
 def family_model(request):
-    return Family(request.param, make_model(request.param))
+    return Family(request.param, make_model(request.param["name"]))

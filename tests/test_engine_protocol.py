@@ -58,10 +58,14 @@ def kinds(e):
 
 
 
-def test_handshake(spawn):
+def test_handshake(spawn, family_model):
     e = spawn()
     assert e.banner.endswith(b"\x01\x01READY\x01\x01\n")
     assert e.caps.startswith("CAPS ") and "slots=1" in e.caps.split() and f"ctx={CTX}" in e.caps.split()
+    # the capabilities the reuse expectations of this file rest on come from the engine itself
+    caps = dict(kv.split("=", 1) for kv in e.caps.split()[1:])
+    assert caps["family"] == family_model.name and caps["checkpoints"] == "1"
+    assert caps["truncate"] == ("0" if family_model.extend_only else "1")
     stat = e.stat.split()
     assert stat[0] == "STAT" and len(stat) >= 5
     assert e.close() == 0

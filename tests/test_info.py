@@ -17,7 +17,7 @@ def srv(family_model, tmp_path):
 
 
 def test_tokenize_detokenize_props_aliases_banner(srv, family_model):
-    marker = family_model.name == "deepseek_v4" and "<｜User｜>" or "<|user|>"
+    marker = family_model.desc["turns"]["user"]
     text = f"Hello{marker} world"
     st, _, r = srv.json("POST", "/tokenize", {"content": text})
     assert st == 200, r

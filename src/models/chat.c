@@ -1,7 +1,6 @@
-/* chat.c — the registry of chat templates, keyed by config.json model_type.
- *
- * Each family's template lives in its own file (chat_deepseek_v4.c, chat_glm.c); this file also
- * holds what the templates share (the Python-style JSON writer). */
+/* chat.c — what the chat templates share (the Python-style JSON writer, reply freeing).
+ * Each family's template lives in its own file (chat_<family>.c) and is reached through the
+ * family's descriptor (model.h). */
 #include "chat.h"
 
 #include <math.h>
@@ -10,26 +9,6 @@
 #include <string.h>
 
 #include "../core/util.h"
-
-extern const chat_template deepseek_v4_chat;
-extern const chat_template glm_chat;
-
-/* GLM-5 checkpoints declare model_type glm_moe_dsa; the template is the same for every GLM. */
-static const struct {
-    const char *model_type;
-    const chat_template *tpl;
-} chat_registry[] = {
-    {"deepseek_v4", &deepseek_v4_chat},
-    {"glm_moe_dsa", &glm_chat},
-    {"glm", &glm_chat},
-};
-
-const chat_template *chat_find(const char *model_type) {
-    if (!model_type) return NULL;
-    for (size_t i = 0; i < sizeof chat_registry / sizeof chat_registry[0]; i++)
-        if (!strcmp(chat_registry[i].model_type, model_type)) return chat_registry[i].tpl;
-    return NULL;
-}
 
 void chat_reply_free(chat_reply *r) {
     if (!r) return;

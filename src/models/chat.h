@@ -60,8 +60,8 @@ void chat_prompt_free(chat_prompt *p);
 /* Ids of the prompt, untrusted spans encoded as plain text (tok_encode_untrusted). *ids is heap. */
 int chat_prompt_encode(const tokenizer *t, const chat_prompt *p, int **ids, int *n, char *err, size_t errlen);
 
+/* A family's template; its descriptor (model.h family_ops.chat) points at it. */
 typedef struct {
-    const char *model_type;
     /* Render into a zeroed *out (the text ends with the generation cue): 0, or -1 + err (out may
      * hold partial text; the caller frees it either way). */
     int (*render)(const cJSON *messages, const cJSON *tools, const chat_opts *o, chat_prompt *out, char *err,
@@ -71,8 +71,6 @@ typedef struct {
     /* Byte length of the system-prompt prefix of a rendered prompt (checkpoint hint), 0 if none. */
     size_t (*system_prefix_bytes)(const char *prompt, size_t n);
 } chat_template;
-
-const chat_template *chat_find(const char *model_type);
 
 /* JSON exactly as Python's json.dumps(ensure_ascii=False) writes it (", " and ": " separators,
  * non-ASCII kept): the official templates embed tool schemas and arguments that way, and a byte

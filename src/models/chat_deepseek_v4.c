@@ -583,7 +583,6 @@ static size_t dsv4_system_prefix_bytes(const char *prompt, size_t n) {
 }
 
 const chat_template deepseek_v4_chat = {
-    .model_type = "deepseek_v4",
     .render = dsv4_render,
     .parse = dsv4_parse,
     .system_prefix_bytes = dsv4_system_prefix_bytes,

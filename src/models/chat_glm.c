@@ -320,7 +320,6 @@ static size_t glm_system_prefix_bytes(const char *prompt, size_t n) {
 }
 
 const chat_template glm_chat = {
-    .model_type = "glm_moe_dsa",
     .render = glm_render,
     .parse = glm_parse,
     .system_prefix_bytes = glm_system_prefix_bytes,

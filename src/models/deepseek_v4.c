@@ -377,62 +377,50 @@ static int layer_parts(state *st, const dsv4_config *c, const dsv4_layer *L, int
     return 0;
 }
 
-/* Scratch is carved from one block: pass base = NULL to measure, then the real block. */
-typedef struct {
-    char *base;
-    size_t off;
-} arena;
-
-static void *carve(arena *a, size_t n, size_t size) {
-    void *p = a->base ? a->base + a->off : NULL;
-    a->off += (n * size + 63) & ~(size_t)63;
-    return p;
-}
-
 static void layout_scratch(arena *a, dsv4_seq *s, const dsv4_config *c) {
     size_t C = DSV4_CHUNK, F = sizeof(float), qw = (size_t)c->n_heads * c->head_dim, k = c->n_active;
     size_t inter = (size_t)MAX(c->moe_inter, c->n_shared * c->moe_inter), iw = (size_t)c->idx_heads * c->idx_dim;
-    s->h = carve(a, C * c->hc * c->dim, F);
-    s->mix = carve(a, C * (2 + c->hc) * c->hc, F);
-    s->post = carve(a, C * c->hc, F);
-    s->comb = carve(a, C * c->hc * c->hc, F);
-    s->tmp_hc = carve(a, (size_t)c->hc * c->dim, F);
-    s->x = carve(a, C * c->dim, F);
-    s->xq = carve(a, C * c->dim, F);
-    s->qr = carve(a, C * c->q_lora, F);
-    s->qrq = carve(a, C * c->q_lora, F);
-    s->q = carve(a, C * qw, F);
-    s->kv = carve(a, C * c->head_dim, F);
-    s->ca = carve(a, C * 2 * c->head_dim, F);
-    s->cs = carve(a, C * 2 * c->head_dim, F);
-    s->ia = carve(a, C * 2 * c->idx_dim, F);
-    s->is = carve(a, C * 2 * c->idx_dim, F);
-    s->iq = carve(a, C * iw, F);
-    s->iw = carve(a, C * c->idx_heads, F);
-    s->o = carve(a, C * qw, F);
-    s->g = carve(a, C * qw / c->o_groups, F);
-    s->ug = carve(a, C * c->o_lora, F);
-    s->u = carve(a, C * c->o_groups * c->o_lora, F);
-    s->f = carve(a, C * c->dim, F);
-    s->moe_logit = carve(a, C * c->n_experts, F);
-    s->moe_score = carve(a, c->n_experts, F);
-    s->moe_biased = carve(a, c->n_experts, F);
-    s->moe_w = carve(a, C * k, F);
-    s->moe_rw = carve(a, C * k, F);
-    s->moe_idx = carve(a, C * k, sizeof(int));
-    s->moe_rows = carve(a, C * k, sizeof(int));
-    s->moe_xe = carve(a, C * k * c->dim, F);
-    s->moe_ge = carve(a, C * k * inter, F);
-    s->moe_ue = carve(a, C * k * inter, F);
-    s->moe_ye = carve(a, C * k * c->dim, F);
-    s->moe_y = carve(a, C * k * c->dim, F);
-    s->att_scores = carve(a, (size_t)c->n_heads * s->max_cand, F);
-    s->cand = carve(a, s->max_cand, sizeof(float *));
-    s->kmat = carve(a, (size_t)s->max_cand * c->head_dim, F);
-    s->kt = carve(a, (size_t)s->max_cand * c->head_dim, F);
-    s->idx_dots = carve(a, ((size_t)s->ctx / 4 + 1) * c->idx_heads, F);
-    s->idx_scores = carve(a, (size_t)s->ctx / 4 + 1, F);
-    s->idx_top = carve(a, c->idx_topk, sizeof(int));
+    s->h = arena_take(a, C * c->hc * c->dim, F);
+    s->mix = arena_take(a, C * (2 + c->hc) * c->hc, F);
+    s->post = arena_take(a, C * c->hc, F);
+    s->comb = arena_take(a, C * c->hc * c->hc, F);
+    s->tmp_hc = arena_take(a, (size_t)c->hc * c->dim, F);
+    s->x = arena_take(a, C * c->dim, F);
+    s->xq = arena_take(a, C * c->dim, F);
+    s->qr = arena_take(a, C * c->q_lora, F);
+    s->qrq = arena_take(a, C * c->q_lora, F);
+    s->q = arena_take(a, C * qw, F);
+    s->kv = arena_take(a, C * c->head_dim, F);
+    s->ca = arena_take(a, C * 2 * c->head_dim, F);
+    s->cs = arena_take(a, C * 2 * c->head_dim, F);
+    s->ia = arena_take(a, C * 2 * c->idx_dim, F);
+    s->is = arena_take(a, C * 2 * c->idx_dim, F);
+    s->iq = arena_take(a, C * iw, F);
+    s->iw = arena_take(a, C * c->idx_heads, F);
+    s->o = arena_take(a, C * qw, F);
+    s->g = arena_take(a, C * qw / c->o_groups, F);
+    s->ug = arena_take(a, C * c->o_lora, F);
+    s->u = arena_take(a, C * c->o_groups * c->o_lora, F);
+    s->f = arena_take(a, C * c->dim, F);
+    s->moe_logit = arena_take(a, C * c->n_experts, F);
+    s->moe_score = arena_take(a, c->n_experts, F);
+    s->moe_biased = arena_take(a, c->n_experts, F);
+    s->moe_w = arena_take(a, C * k, F);
+    s->moe_rw = arena_take(a, C * k, F);
+    s->moe_idx = arena_take(a, C * k, sizeof(int));
+    s->moe_rows = arena_take(a, C * k, sizeof(int));
+    s->moe_xe = arena_take(a, C * k * c->dim, F);
+    s->moe_ge = arena_take(a, C * k * inter, F);
+    s->moe_ue = arena_take(a, C * k * inter, F);
+    s->moe_ye = arena_take(a, C * k * c->dim, F);
+    s->moe_y = arena_take(a, C * k * c->dim, F);
+    s->att_scores = arena_take(a, (size_t)c->n_heads * s->max_cand, F);
+    s->cand = arena_take(a, s->max_cand, sizeof(float *));
+    s->kmat = arena_take(a, (size_t)s->max_cand * c->head_dim, F);
+    s->kt = arena_take(a, (size_t)s->max_cand * c->head_dim, F);
+    s->idx_dots = arena_take(a, ((size_t)s->ctx / 4 + 1) * c->idx_heads, F);
+    s->idx_scores = arena_take(a, (size_t)s->ctx / 4 + 1, F);
+    s->idx_top = arena_take(a, c->idx_topk, sizeof(int));
 }
 
 /* Most candidates any query can have: the window plus the largest compressed set. */
@@ -449,11 +437,18 @@ static void dsv4_seq_free(model *m, void *fam) {
     dsv4_seq *s = fam;
     if (!s) return;
     free(s->ls);
-    free(s->scratch);
     free(s);
 }
 
-static void *dsv4_seq_new(model *m, state *st, int ctx, char *err, size_t errlen) {
+/* The scratch layout measured for ctx: every buffer, sized for DSV4_CHUNK tokens per pass. */
+static size_t dsv4_scratch_bytes(const model *m, int ctx) {
+    dsv4_seq probe = {.ctx = ctx, .max_cand = max_candidates(m->priv, ctx)};
+    arena measure = {0};
+    layout_scratch(&measure, &probe, &((const dsv4_model *)m->priv)->c);
+    return measure.used;
+}
+
+static void *dsv4_seq_new(model *m, state *st, int ctx, arena *scratch, char *err, size_t errlen) {
     const dsv4_model *d = m->priv;
     if (ctx < 1) { errf(err, errlen, "deepseek_v4: context must be >= 1 (got %d)", ctx); return NULL; }
     dsv4_seq *s = xcalloc(1, sizeof *s);
@@ -467,16 +462,7 @@ static void *dsv4_seq_new(model *m, state *st, int ctx, char *err, size_t errlen
             dsv4_seq_free(m, s);
             return NULL;
         }
-    arena a = {NULL, 0};
-    layout_scratch(&a, s, &d->c);
-    if (!(a.base = calloc(1, a.off))) {
-        errf(err, errlen, "deepseek_v4: out of memory for %zu bytes of scratch", a.off);
-        dsv4_seq_free(m, s);
-        return NULL;
-    }
-    s->scratch = a.base;
-    a.off = 0;
-    layout_scratch(&a, s, &d->c);
+    layout_scratch(scratch, s, &d->c);   /* for good: the buffers live as long as the sequence */
     return s;
 }
 
@@ -532,10 +518,17 @@ static double dsv4_token_flops(const model *m, int pos) {
     return f;
 }
 
+static const char *const dsv4_model_types[] = {"deepseek_v4", NULL};
+
 const family_ops deepseek_v4_ops = {
-    .model_type = "deepseek_v4",
+    .name = "deepseek_v4",
+    .model_types = dsv4_model_types,
+    .chat = &deepseek_v4_chat,
+    .turns = {.start = {"<｜begin▁of▁sentence｜>"}, .user = "<｜User｜>", .assistant = "<｜Assistant｜>"},
+    .truncates = 0,   /* the window ring and compressor partials cannot rewind */
     .load = dsv4_load,
     .free = dsv4_free,
+    .scratch_bytes = dsv4_scratch_bytes,
     .seq_new = dsv4_seq_new,
     .seq_free = dsv4_seq_free,
     .forward = dsv4_forward,

@@ -105,7 +105,7 @@ typedef struct {
     int ctx;
     state *st;                 /* the generic state holding the parts, for state_capture */
     dsv4_layer_state *ls;
-    void *scratch;             /* one block holding every buffer below, sized for DSV4_CHUNK tokens */
+    /* every buffer below is carved once from the sequence's arena, sized for DSV4_CHUNK tokens */
     float *h, *mix, *post, *comb;                /* streams [C][hc*dim] and their mixing */
     /* per-token activations [C][..]: x sub-layer input (normed), xq its E4M3 QDQ copy; qr/qrq the
      * query latent and its QDQ copy; q query heads; kv window row; ca/cs and ia/is the main and
@@ -148,5 +148,8 @@ void dsv4_attention(const dsv4_model *d, const dsv4_layer *L, dsv4_layer_state *
 /* deepseek_v4_moe.c: x[n][dim] are ffn_norm outputs; out[n][dim]. */
 void dsv4_moe(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s, const int *ids, int n, const float *x,
               float *out);
+
+/* chat_deepseek_v4.c: the template the descriptor points at. */
+extern const chat_template deepseek_v4_chat;
 
 #endif

@@ -378,9 +378,10 @@ static int glm_load(model *m, char *err, size_t errlen) {
 
 /* ---- sequence state --------------------------------------------------------------------- */
 
-static void *glm_seq_new(model *m, state *st, int ctx, char *err, size_t errlen) {
+static void *glm_seq_new(model *m, state *st, int ctx, arena *scratch, char *err, size_t errlen) {
     glm_model *g = m->priv;
     glm_seq *s = xcalloc(1, sizeof *s);
+    s->scratch = scratch;
     s->kv = xcalloc((size_t)g->n_layers, sizeof *s->kv);
     s->ik = xcalloc((size_t)g->n_layers, sizeof *s->ik);
     s->cap = ctx;
@@ -455,10 +456,20 @@ static double glm_token_flops(const model *m, int pos) {
     return 2.0 * f;
 }
 
+static const char *const glm_aliases[] = {"glm_moe_dsa", NULL};
+static const char *const glm_model_types[] = {"glm_moe_dsa", NULL};
+
 const family_ops glm_ops = {
-    .model_type = "glm_moe_dsa",
+    .name = "glm",
+    .aliases = glm_aliases,
+    .model_types = glm_model_types,
+    .chat = &glm_chat,
+    .turns = {.start = {"[gMASK]", "<sop>"}, .user = "<|user|>", .assistant = "<|assistant|>",
+              .boundaries = {"<|system|>", "<|observation|>"}},
+    .truncates = 1,   /* per-position rows only */
     .load = glm_load,
     .free = glm_free,
+    .scratch_bytes = glm_scratch_bytes,
     .seq_new = glm_seq_new,
     .seq_free = glm_seq_free,
     .forward = glm_forward,

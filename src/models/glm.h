@@ -60,14 +60,21 @@ typedef struct {
     int n_validated;                  /* tensors looked up and checked (dtype + shape) */
 } glm_model;
 
-/* Per-sequence handle: pointers into the state's parts. */
+/* Per-sequence handle: pointers into the state's parts, and the sequence's scratch arena. */
 typedef struct {
     float **kv;        /* [n_layers] rows of kv_lora + rope floats */
     float **ik;        /* [n_layers] rows of idx_dim floats, NULL where the layer shares */
     int cap;
+    arena *scratch;    /* glm_scratch_bytes(ctx) bytes, owned by the generic seq */
 } glm_seq;
 
+#define GLM_CHUNK 64   /* tokens per internal pass: bounds the scratch */
+
+size_t glm_scratch_bytes(const model *m, int ctx);
 int glm_forward(model *m, void *fam_seq, const int *ids, int pos0, int n, float *logits, float *all_logits,
                 char *err, size_t errlen);
+
+/* chat_glm.c: the template the descriptor points at. */
+extern const chat_template glm_chat;
 
 #endif

@@ -20,28 +20,12 @@
 #include "../core/util.h"
 #include "glm.h"
 
-/* Scratch of one forward call; freed together at the end. */
-typedef struct {
-    void *ptr[32];
-    int n;
-} scratch;
-
-static float *scratch_floats(scratch *s, size_t n) {
-    float *p = xcalloc(n ? n : 1, sizeof(float));
-    s->ptr[s->n++] = p;
-    return p;
-}
-
-static int *scratch_ints(scratch *s, size_t n) {
-    int *p = xcalloc(n ? n : 1, sizeof(int));
-    s->ptr[s->n++] = p;
-    return p;
-}
-
-static void scratch_free(scratch *s) {
-    for (int i = 0; i < s->n; i++) free(s->ptr[i]);
-    s->n = 0;
-}
+/* SCRATCH. Every buffer comes from the sequence's arena (core/arena.h), taken by the *_layout
+ * functions below for n tokens whose last position is below `end`. glm_scratch_bytes runs the
+ * same layouts with a measuring arena for GLM_CHUNK tokens at end = ctx, in the order the
+ * forward pass holds them, so the bound is exactly what the pass takes. */
+static float *floats(arena *a, size_t n) { return arena_take(a, n, sizeof(float)); }
+static int *ints(arena *a, size_t n) { return arena_take(a, n, sizeof(int)); }
 
 static void act_round(const model *m, float *x, size_t n) {
     if (m->num == NUMERICS_QAT) bf16_round_vec(x, n);
@@ -99,12 +83,24 @@ static void index_token(const glm_model *g, const float *keys, const float *q, c
 }
 
 /* Computes this layer's indexer keys into the state and the selection of every token. */
+typedef struct {
+    float *q, *k, *w, *dots;
+} indexer_bufs;
+
+static void indexer_layout(arena *a, const glm_model *g, int n, int end, indexer_bufs *b) {
+    b->q = floats(a, (size_t)n * g->idx_heads * g->idx_dim);
+    b->k = floats(a, (size_t)n * g->idx_dim);
+    b->w = floats(a, (size_t)n * g->idx_heads);
+    b->dots = floats(a, (size_t)g->idx_heads * end);
+}
+
 static void run_indexer(const model *m, const glm_layer *l, float *keys, const float *hn, const float *q_resid,
-                        int pos0, int n, selection *sel, scratch *sc) {
+                        int pos0, int n, selection *sel, arena *sc) {
     const glm_model *g = m->priv;
     int hd = g->idx_dim, nh = g->idx_heads;
-    float *q = scratch_floats(sc, (size_t)n * nh * hd), *k = scratch_floats(sc, (size_t)n * hd);
-    float *w = scratch_floats(sc, (size_t)n * nh);
+    indexer_bufs b;
+    indexer_layout(sc, g, n, pos0 + n, &b);
+    float *q = b.q, *k = b.k, *w = b.w, *dots = b.dots;
     project(m, &l->idx_wq_b, q_resid, n, q);
     project(m, &l->idx_wk, hn, n, k);
     project(m, &l->idx_weights, hn, n, w);
@@ -117,7 +113,6 @@ static void run_indexer(const model *m, const glm_layer *l, float *keys, const f
         act_round(m, row, (size_t)hd);
         rope_rotate(g, row, pos0 + i, g->idx_rope_interleave);
     }
-    float *dots = scratch_floats(sc, (size_t)nh * (pos0 + n));
     for (int i = 0; i < n; i++) {
         int pos = pos0 + i;
         sel->nsel[i] = pos + 1 > g->idx_topk ? g->idx_topk : -1;
@@ -173,13 +168,20 @@ static void attend_head(void *ctx, int h) {
 
 /* Every token in position order: the attended rows are all t <= pos (already contiguous in the
  * state) or the indexer's selection gathered into one buffer, then heads run in parallel. */
+/* j->w and j->work, and the rows an indexer selection is gathered into (NULL without one). */
+static float *attend_layout(arena *a, const glm_model *g, int end, int sel_cap, attn_job *j) {
+    int row_len = g->kv_lora + g->rope;
+    j->work_stride = (size_t)row_len + g->kv_lora + end;
+    j->w = floats(a, (size_t)g->n_heads * (g->nope + g->v_dim) * g->kv_lora);
+    j->work = floats(a, (size_t)g->n_heads * j->work_stride);
+    return sel_cap > 1 ? floats(a, (size_t)sel_cap * row_len) : NULL;
+}
+
 static void attend(const glm_model *g, const glm_layer *l, const float *state_rows, const float *q,
-                   const selection *sel, int pos0, int n, float *out, scratch *sc) {
-    int row_len = g->kv_lora + g->rope, qk = g->nope + g->rope, cnt_max = pos0 + n;
-    attn_job j = {.g = g, .l = l, .work_stride = (size_t)row_len + g->kv_lora + cnt_max};
-    j.w = scratch_floats(sc, (size_t)g->n_heads * (g->nope + g->v_dim) * g->kv_lora);
-    j.work = scratch_floats(sc, (size_t)g->n_heads * j.work_stride);
-    float *gathered = sel->cap > 1 ? scratch_floats(sc, (size_t)sel->cap * row_len) : NULL;
+                   const selection *sel, int pos0, int n, float *out, arena *sc) {
+    int row_len = g->kv_lora + g->rope, qk = g->nope + g->rope;
+    attn_job j = {.g = g, .l = l};
+    float *gathered = attend_layout(sc, g, pos0 + n, sel->cap, &j);
     pool_run(g->n_heads, dequant_head, &j);
     for (int i = 0; i < n; i++) {
         int k = sel->nsel[i];
@@ -200,13 +202,24 @@ static void attend(const glm_model *g, const glm_layer *l, const float *state_ro
 }
 
 /* out[n][dim] = o_proj(attention(hn)); writes this layer's rows at pos0..pos0+n-1. */
+typedef struct {
+    float *qa, *q, *ckv, *heads;
+} attention_bufs;
+
+static void attention_layout(arena *a, const glm_model *g, int n, attention_bufs *b) {
+    b->qa = floats(a, (size_t)n * g->q_lora);
+    b->q = floats(a, (size_t)n * g->n_heads * (g->nope + g->rope));
+    b->ckv = floats(a, (size_t)n * (g->kv_lora + g->rope));
+    b->heads = floats(a, (size_t)n * g->n_heads * g->v_dim);
+}
+
 static void attention(const model *m, const glm_layer *l, int li, glm_seq *s, const float *hn, int pos0, int n,
-                      selection *sel, float *out, scratch *sc) {
+                      selection *sel, float *out, arena *sc) {
     const glm_model *g = m->priv;
     int qk = g->nope + g->rope, row_len = g->kv_lora + g->rope;
-    float *qa = scratch_floats(sc, (size_t)n * g->q_lora), *q = scratch_floats(sc, (size_t)n * g->n_heads * qk);
-    float *ckv = scratch_floats(sc, (size_t)n * row_len);
-    float *heads = scratch_floats(sc, (size_t)n * g->n_heads * g->v_dim);
+    attention_bufs b;
+    attention_layout(sc, g, n, &b);
+    float *qa = b.qa, *q = b.q, *ckv = b.ckv, *heads = b.heads;
     project(m, &l->q_a, hn, n, qa);
     rmsnorm_rows(m, qa, qa, l->q_a_norm, n, g->q_lora, 1e-6f);
     project(m, &l->q_b, qa, n, q);
@@ -229,10 +242,16 @@ static void attention(const model *m, const glm_layer *l, int li, glm_seq *s, co
 /* ---- FFN -------------------------------------------------------------------------------- */
 
 /* y[n][dim] = down(silu(gate x) * up x) */
+static void swiglu_layout(arena *sc, int n, int inter, float **a, float **b) {
+    *a = floats(sc, (size_t)n * inter);
+    *b = floats(sc, (size_t)n * inter);
+}
+
 static void swiglu(const model *m, const qmat *gate, const qmat *up, const qmat *down, const float *x, int n,
-                   float *y, scratch *sc) {
+                   float *y, arena *sc) {
     size_t len = (size_t)n * gate->rows;
-    float *a = scratch_floats(sc, len), *b = scratch_floats(sc, len);
+    float *a, *b;
+    swiglu_layout(sc, n, gate->rows, &a, &b);
     project(m, gate, x, n, a);
     project(m, up, x, n, b);
     for (size_t k = 0; k < len; k++) a[k] = silu(a[k]) * b[k];
@@ -242,8 +261,15 @@ static void swiglu(const model *m, const qmat *gate, const qmat *up, const qmat 
 
 /* Sigmoid router: choose top_k on score + correction bias, weight by the unbiased scores
  * (renormalised when norm_topk_prob), times routed_scaling_factor. */
-static void route(const glm_model *g, const glm_layer *l, const float *logits, int *idx, float *weight) {
-    float *score = xmalloc((size_t)g->n_experts * sizeof *score), *choice = xmalloc((size_t)g->n_experts * sizeof *choice);
+static void route_layout(arena *sc, const glm_model *g, float **score, float **choice) {
+    *score = floats(sc, (size_t)g->n_experts);
+    *choice = floats(sc, (size_t)g->n_experts);
+}
+
+static void route(const glm_model *g, const glm_layer *l, const float *logits, int *idx, float *weight, arena *sc) {
+    size_t mark = arena_mark(sc);
+    float *score, *choice;
+    route_layout(sc, g, &score, &choice);
     for (int e = 0; e < g->n_experts; e++) {
         score[e] = sigmoidf(logits[e]);
         choice[e] = score[e] + l->router_bias[e];
@@ -253,28 +279,44 @@ static void route(const glm_model *g, const glm_layer *l, const float *logits, i
     for (int k = 0; k < g->top_k; k++) sum += weight[k] = score[idx[k]];
     for (int k = 0; k < g->top_k; k++)
         weight[k] = (g->norm_topk ? weight[k] / (sum + 1e-20f) : weight[k]) * g->routed_scale;
-    free(score);
-    free(choice);
+    arena_release(sc, mark);
 }
 
-static void moe(const model *m, const glm_layer *l, const float *x, int n, float *y, scratch *sc) {
+typedef struct {
+    float *logits, *weight, *xin, *ex, *eout;
+    int *idx, *rows;
+} moe_bufs;
+
+static void moe_layout(arena *a, const glm_model *g, int n, moe_bufs *b) {
+    size_t K = (size_t)g->top_k, d = (size_t)g->dim;
+    b->logits = floats(a, (size_t)n * g->n_experts);
+    b->weight = floats(a, n * K);
+    b->idx = ints(a, n * K);
+    b->rows = ints(a, (size_t)n);
+    b->xin = floats(a, n * d);
+    b->ex = floats(a, n * K * d);
+    b->eout = floats(a, n * d);
+}
+
+static void moe(const model *m, const glm_layer *l, const float *x, int n, float *y, arena *sc) {
     const glm_model *g = m->priv;
     int d = g->dim, K = g->top_k;
-    float *logits = scratch_floats(sc, (size_t)n * g->n_experts), *weight = scratch_floats(sc, (size_t)n * K);
-    int *idx = scratch_ints(sc, (size_t)n * K), *rows = scratch_ints(sc, (size_t)n);
-    float *xin = scratch_floats(sc, (size_t)n * d), *ex = scratch_floats(sc, (size_t)n * K * d);
-    float *eout = scratch_floats(sc, (size_t)n * d);
+    moe_bufs b;
+    moe_layout(sc, g, n, &b);
+    float *logits = b.logits, *weight = b.weight, *xin = b.xin, *ex = b.ex, *eout = b.eout;
+    int *idx = b.idx, *rows = b.rows;
     qmat_mul(&l->router, x, n, logits);
-    for (int i = 0; i < n; i++) route(g, l, logits + (size_t)i * g->n_experts, idx + (size_t)i * K, weight + (size_t)i * K);
+    for (int i = 0; i < n; i++)
+        route(g, l, logits + (size_t)i * g->n_experts, idx + (size_t)i * K, weight + (size_t)i * K, sc);
     /* Batch each expert over the tokens that chose it; results land in ex[token][slot]. */
     for (int e = 0; e < g->n_experts; e++) {
         int cnt = 0;
         for (int t = 0; t < n * K; t++)
             if (idx[t] == e) { memcpy(xin + (size_t)cnt * d, x + (size_t)(t / K) * d, (size_t)d * sizeof *x); rows[cnt++] = t; }
         if (!cnt) continue;
-        scratch inner = {0};
-        swiglu(m, &l->e_gate[e], &l->e_up[e], &l->e_down[e], xin, cnt, eout, &inner);
-        scratch_free(&inner);
+        size_t mark = arena_mark(sc);
+        swiglu(m, &l->e_gate[e], &l->e_up[e], &l->e_down[e], xin, cnt, eout, sc);
+        arena_release(sc, mark);
         for (int r = 0; r < cnt; r++) memcpy(ex + (size_t)rows[r] * d, eout + (size_t)r * d, (size_t)d * sizeof *ex);
     }
     swiglu(m, &l->gate, &l->up, &l->down, x, n, y, sc);      /* shared expert */
@@ -296,59 +338,115 @@ static void add_residual(const model *m, float *x, const float *delta, size_t le
     act_round(m, x, len);
 }
 
-static int check_input(const glm_model *g, const glm_seq *s, const int *ids, int pos0, int n, char *err,
-                       size_t errlen) {
-    if (n < 1) return errf(err, errlen, "forward: no tokens");
-    if (pos0 < 0 || pos0 + n > s->cap)
-        return errf(err, errlen, "forward: positions %d..%d exceed the context of %d", pos0, pos0 + n - 1, s->cap);
-    for (int i = 0; i < n; i++)
-        if (ids[i] < 0 || ids[i] >= g->vocab)
-            return errf(err, errlen, "token id %d at position %d is outside the vocabulary (%d)", ids[i], pos0 + i,
-                        g->vocab);
-    return 0;
+static void head_layout(arena *a, const glm_model *g, int cnt, float **hn, float **out) {
+    *hn = floats(a, (size_t)cnt * g->dim);
+    *out = floats(a, (size_t)cnt * g->vocab);
 }
 
-static int head_logits(const model *m, const float *x, int n, float *logits, float *all_logits, scratch *sc,
-                       char *err, size_t errlen) {
+static void head_logits(const model *m, const float *x, int n, float *logits, float *all_logits, arena *sc) {
     const glm_model *g = m->priv;
     int first = all_logits ? 0 : n - 1, cnt = n - first;
-    float *hn = scratch_floats(sc, (size_t)cnt * g->dim), *out = scratch_floats(sc, (size_t)cnt * g->vocab);
+    float *hn, *out;
+    head_layout(sc, g, cnt, &hn, &out);
     rmsnorm_rows(m, hn, x + (size_t)first * g->dim, g->final_norm, cnt, g->dim, g->eps);
     qmat_mul(&g->head, hn, cnt, out);
-    for (size_t k = 0; k < (size_t)cnt * g->vocab; k++)
-        if (!isfinite(out[k])) return errf(err, errlen, "non-finite logit at token %zu of the chunk", first + k / g->vocab);
     if (all_logits) memcpy(all_logits, out, (size_t)n * g->vocab * sizeof *out);
     if (logits) memcpy(logits, out + (size_t)(cnt - 1) * g->vocab, (size_t)g->vocab * sizeof *out);
-    return 0;
 }
 
-int glm_forward(model *m, void *fam_seq, const int *ids, int pos0, int n, float *logits, float *all_logits,
-                char *err, size_t errlen) {
-    const glm_model *g = m->priv;
-    glm_seq *s = fam_seq;
-    if (check_input(g, s, ids, pos0, n, err, errlen)) return -1;
-    scratch sc = {0};
+/* What one chunk holds for its whole pass: the residual stream, norm output, sub-layer output and
+ * the attention selection. */
+typedef struct {
+    float *x, *hn, *delta;
+    selection sel;
+} chunk_bufs;
+
+static void chunk_layout(arena *a, const glm_model *g, int n, chunk_bufs *b) {
     size_t len = (size_t)n * g->dim;
-    float *x = scratch_floats(&sc, len), *hn = scratch_floats(&sc, len), *delta = scratch_floats(&sc, len);
     int cap = g->has_indexer ? g->idx_topk : 1;
-    selection sel = {scratch_ints(&sc, (size_t)n * cap), scratch_ints(&sc, (size_t)n), cap};
-    for (int i = 0; i < n; i++) sel.nsel[i] = -1;
+    b->x = floats(a, len);
+    b->hn = floats(a, len);
+    b->delta = floats(a, len);
+    b->sel = (selection){ints(a, (size_t)n * cap), ints(a, (size_t)n), cap};
+}
+
+/* One layer's scratch at its peak: attention's buffers stay taken while the FFN runs. */
+static size_t layer_bytes(const glm_model *g, const glm_layer *l, int n, int end, int sel_cap) {
+    arena a = {0};
+    attention_bufs ab;
+    indexer_bufs ib;
+    attn_job j;
+    float *p, *q;
+    attention_layout(&a, g, n, &ab);
+    if (g->has_indexer && l->full_indexer) indexer_layout(&a, g, n, end, &ib);
+    attend_layout(&a, g, end, sel_cap, &j);
+    if (!l->sparse) {
+        swiglu_layout(&a, n, l->gate.rows, &p, &q);
+        return a.used;
+    }
+    moe_bufs mb;
+    moe_layout(&a, g, n, &mb);
+    size_t inner = a.used, peak;
+    route_layout(&a, g, &p, &q);
+    peak = a.used;
+    a.used = inner;
+    swiglu_layout(&a, n, g->moe_inter, &p, &q);      /* one routed expert's rows (at most n) */
+    peak = MAX(peak, a.used);
+    a.used = inner;
+    swiglu_layout(&a, n, l->gate.rows, &p, &q);      /* the shared expert */
+    return MAX(peak, a.used);
+}
+
+size_t glm_scratch_bytes(const model *m, int ctx) {
+    const glm_model *g = m->priv;
+    arena a = {0};
+    chunk_bufs cb;
+    float *hn, *out;
+    chunk_layout(&a, g, GLM_CHUNK, &cb);
+    size_t body = 0;
+    for (int li = 0; li < g->n_layers; li++) body = MAX(body, layer_bytes(g, &g->layers[li], GLM_CHUNK, ctx, cb.sel.cap));
+    size_t held = a.used;
+    head_layout(&a, g, GLM_CHUNK, &hn, &out);
+    return held + MAX(body, a.used - held);
+}
+
+/* One chunk of at most GLM_CHUNK tokens; all its scratch is given back at the end. */
+static void forward_chunk(const model *m, glm_seq *s, const int *ids, int pos0, int n, float *logits,
+                          float *all_logits) {
+    const glm_model *g = m->priv;
+    arena *sc = s->scratch;
+    size_t start = arena_mark(sc);
+    chunk_bufs b;
+    chunk_layout(sc, g, n, &b);
+    size_t len = (size_t)n * g->dim;
+    float *x = b.x, *hn = b.hn, *delta = b.delta;
+    for (int i = 0; i < n; i++) b.sel.nsel[i] = -1;
     for (int i = 0; i < n; i++) qmat_row(&g->embed, ids[i], x + (size_t)i * g->dim);
     act_round(m, x, len);
-    int rc = 0;
     for (int li = 0; li < g->n_layers; li++) {
         const glm_layer *l = &g->layers[li];
-        scratch layer = {0};
+        size_t layer = arena_mark(sc);
         rmsnorm_rows(m, hn, x, l->attn_norm, n, g->dim, g->eps);
-        attention(m, l, li, s, hn, pos0, n, &sel, delta, &layer);
+        attention(m, l, li, s, hn, pos0, n, &b.sel, delta, sc);
         add_residual(m, x, delta, len);
         rmsnorm_rows(m, hn, x, l->ffn_norm, n, g->dim, g->eps);
-        if (l->sparse) moe(m, l, hn, n, delta, &layer);
-        else swiglu(m, &l->gate, &l->up, &l->down, hn, n, delta, &layer);
+        if (l->sparse) moe(m, l, hn, n, delta, sc);
+        else swiglu(m, &l->gate, &l->up, &l->down, hn, n, delta, sc);
         add_residual(m, x, delta, len);
-        scratch_free(&layer);
+        arena_release(sc, layer);
     }
-    if (logits || all_logits) rc = head_logits(m, x, n, logits, all_logits, &sc, err, errlen);
-    scratch_free(&sc);
-    return rc;
+    if (logits || all_logits) head_logits(m, x, n, logits, all_logits, sc);
+    arena_release(sc, start);
+}
+
+/* Chunks of GLM_CHUNK bound the scratch; by chunking invariance the split changes no bit. */
+int glm_forward(model *m, void *fam_seq, const int *ids, int pos0, int n, float *logits, float *all_logits,
+                char *err, size_t errlen) {
+    for (int done = 0; done < n;) {
+        int k = MIN(GLM_CHUNK, n - done);
+        float *all = all_logits ? all_logits + (size_t)done * ((const glm_model *)m->priv)->vocab : NULL;
+        forward_chunk(m, fam_seq, ids + done, pos0 + done, k, done + k == n ? logits : NULL, all);
+        done += k;
+    }
+    return 0;
 }

@@ -1,5 +1,6 @@
 #include "model.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,15 +8,24 @@
 #include "../core/config.h"
 #include "../core/util.h"
 
-/* Families register here: one ops table per family file. */
-extern const family_ops deepseek_v4_ops;
-extern const family_ops glm_ops;
-
-const family_ops *family_find(const char *model_type) {
-    const family_ops *all[] = {&deepseek_v4_ops, &glm_ops};
-    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
-        if (strcmp(all[i]->model_type, model_type) == 0) return all[i];
-    return NULL;
+/* The family's turn tokens as ids of this tokenizer; a token it lacks is left out (-1). */
+static void resolve_markers(model *m) {
+    model_markers *k = &m->markers;
+    const family_turns *t = &m->ops->turns;
+    k->user = k->assistant = -1;
+    if (!m->tok) return;
+    for (int i = 0; i < FAMILY_MAX_TOKENS && t->start[i]; i++) {
+        int id = tok_id(m->tok, t->start[i]);
+        if (id >= 0) k->start[k->n_start++] = id;
+    }
+    k->user = t->user ? tok_id(m->tok, t->user) : -1;
+    k->assistant = t->assistant ? tok_id(m->tok, t->assistant) : -1;
+    if (k->user >= 0) k->all[k->n_all++] = k->user;
+    if (k->assistant >= 0) k->all[k->n_all++] = k->assistant;
+    for (int i = 0; i < FAMILY_MAX_TOKENS && t->boundaries[i]; i++) {
+        int id = tok_id(m->tok, t->boundaries[i]);
+        if (id >= 0) k->all[k->n_all++] = id;
+    }
 }
 
 static void read_eos_ids(model *m) {
@@ -35,7 +45,7 @@ model *model_open(const char *dir, numerics num, int progress, char *err, size_t
     if (!(m->config = config_load(dir, err, errlen))) goto fail;
     const char *type;
     if (config_string(m->config, "model_type", &type, err, errlen)) goto fail;
-    if (!(m->ops = family_find(type))) { errf(err, errlen, "config.json: unsupported model_type '%s'", type); goto fail; }
+    if (!(m->ops = family_for_model_type(type))) { errf(err, errlen, "config.json: unsupported model_type '%s'", type); goto fail; }
     if (!(m->st = st_open(dir, progress, err, errlen))) goto fail;
     m->fingerprint = st_fingerprint(m->st);
     char path[4096];
@@ -49,6 +59,7 @@ model *model_open(const char *dir, numerics num, int progress, char *err, size_t
         if (!(m->tok = tok_load(path, tok_err, sizeof tok_err)))
             fprintf(stderr, "cairn: %s: tokenizer not usable, token-id prompts only: %s\n", path, tok_err);
     }
+    resolve_markers(m);
     int bos;
     if (config_int_or(m->config, "bos_token_id", -1, &bos, err, errlen)) goto fail;
     m->bos_id = bos;
@@ -82,9 +93,24 @@ seq *seq_new(model *m, int ctx, char *err, size_t errlen) {
     s->m = m;
     s->chunk = 64;
     state_init(&s->st, ctx);     /* a record allocation failure only disables reuse */
-    if (!(s->fam = m->ops->seq_new(m, &s->st, ctx, err, errlen))) {
+    size_t scratch = m->ops->scratch_bytes ? m->ops->scratch_bytes(m, ctx) : 0;
+    if (arena_init(&s->scratch, scratch)) {
+        errf(err, errlen, "out of memory for %zu bytes of scratch (context %d)", scratch, ctx);
         state_deinit(&s->st);
         free(s);
+        return NULL;
+    }
+    if (!(s->fam = m->ops->seq_new(m, &s->st, ctx, &s->scratch, err, errlen))) {
+        arena_free(&s->scratch);
+        state_deinit(&s->st);
+        free(s);
+        return NULL;
+    }
+    /* The descriptor's capability is what CAPS and the tests trust: it must be the parts' truth. */
+    if (state_always_truncatable(&s->st) != m->ops->truncates) {
+        errf(err, errlen, "family %s declares truncates=%d but its state parts say %d", m->ops->name,
+             m->ops->truncates, state_always_truncatable(&s->st));
+        seq_free(s);
         return NULL;
     }
     return s;
@@ -93,18 +119,42 @@ seq *seq_new(model *m, int ctx, char *err, size_t errlen) {
 void seq_free(seq *s) {
     if (!s) return;
     s->m->ops->seq_free(s->m, s->fam);
+    arena_free(&s->scratch);
     state_deinit(&s->st);
     free(s);
 }
 
-static int feed(seq *s, const int *ids, int n, float *logits, float *all_logits, char *err, size_t errlen) {
+/* What no family re-checks: ids and positions before anything is fed (a bad id leaves the
+ * state as it was), and every logit a caller asked for after (a NaN/inf means broken weights,
+ * e.g. a NaN scale byte: the state is tainted). */
+static int check_ids(const seq *s, const int *ids, int n, char *err, size_t errlen) {
+    if (n < 0) return errf(err, errlen, "feed: negative token count %d", n);
     if (s->st.len + n > s->st.cap) return errf(err, errlen, "context full: %d + %d > %d", s->st.len, n, s->st.cap);
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= s->m->vocab_size)
+            return errf(err, errlen, "token id %d at position %d is outside the vocabulary [0, %d)", ids[i],
+                        s->st.len + i, s->m->vocab_size);
+    return 0;
+}
+
+static int check_finite(const float *logits, int rows, int vocab, int pos0, char *err, size_t errlen) {
+    for (size_t i = 0; logits && i < (size_t)rows * vocab; i++)
+        if (!isfinite(logits[i]))
+            return errf(err, errlen, "non-finite logit for id %zu at position %zu (corrupt weights?)", i % vocab,
+                        pos0 + i / vocab);
+    return 0;
+}
+
+static int feed(seq *s, const int *ids, int n, float *logits, float *all_logits, char *err, size_t errlen) {
+    if (check_ids(s, ids, n, err, errlen)) return -1;
+    int vocab = s->m->vocab_size;
     for (int done = 0; done < n;) {
         int k = MIN(s->chunk, n - done);
         int pos0 = s->st.len;
         float *out = done + k == n ? logits : NULL;
-        float *all = all_logits ? all_logits + (size_t)done * s->m->vocab_size : NULL;
-        if (s->m->ops->forward(s->m, s->fam, ids + done, pos0, k, out, all, err, errlen)) {
+        float *all = all_logits ? all_logits + (size_t)done * vocab : NULL;
+        if (s->m->ops->forward(s->m, s->fam, ids + done, pos0, k, out, all, err, errlen) ||
+            check_finite(all, k, vocab, pos0, err, errlen) || check_finite(out, 1, vocab, pos0 + k - 1, err, errlen)) {
             state_taint(&s->st);
             return -1;
         }
@@ -120,4 +170,21 @@ int seq_feed(seq *s, const int *ids, int n, float *logits, char *err, size_t err
 
 int seq_feed_all(seq *s, const int *ids, int n, float *all_logits, char *err, size_t errlen) {
     return feed(s, ids, n, NULL, all_logits, err, errlen);
+}
+
+static int feed_cb(void *user, const int *ids, int n, float *logits, char *err, size_t errlen) {
+    return seq_feed(user, ids, n, logits, err, errlen);
+}
+
+reuse_feeder seq_feeder(seq *s) { return (reuse_feeder){&s->st, feed_cb, s, s->chunk}; }
+
+int seq_prompt(seq *s, store *cs, const int *ids, int n, int sys_end, float *logits, reuse_result *rr, char *err,
+               size_t errlen) {
+    *rr = reuse_prepare(&s->st, 0, cs, 0, NULL, 0, ids, n);
+    reuse_prefill p;
+    reuse_prefill_init(&p, seq_feeder(s), cs, 0, ids, n, sys_end, s->m->markers.all, s->m->markers.n_all);
+    int rc;
+    while ((rc = reuse_prefill_step(&p, logits, err, errlen)) > 0) {}
+    reuse_prefill_free(&p);
+    return rc;
 }

@@ -1,12 +1,37 @@
-/* model.h — the boundary between generic code (CLI, engine loop, reuse) and one model family.
+/* model.h — the boundary between generic code (CLI, engine loop, reuse, gateway) and one model
+ * family, and the one registry of families.
  *
- * A family (deepseek_v4.c, glm.c, ...) exports one `family_ops` table, like redis' ae backends.
- * It knows tensors and math; it knows nothing about requests, records or reuse. Its whole
- * contract with the rest of cairn:
+ * A FAMILY IS ONE DESCRIPTOR. Each family file exports one `family_ops` (like redis' ae backends)
+ * and registers it with one line in families.c; every other module — engine, gateway, `cairn
+ * run`, the benches, the tests (through `cairn families`) — learns what it needs from that
+ * descriptor and never names a family. Deleting the line removes the family everywhere.
+ *
+ * WHAT A NEW FAMILY PROVIDES (Kimi K3, Inkling, ...):
+ *   name         canonical name (tools/make_tiny.py NAME, tests/, `cairn families`); aliases[]
+ *                further names it answers to; model_types[] the config.json model_type values
+ *                it loads (official spelling, e.g. "glm_moe_dsa"). All NULL-terminated, and no
+ *                two families may share a name, alias or model_type.
+ *   chat         its chat template (chat.h: render, parse, system-prompt rule), or NULL when the
+ *                family has none (then only completions / token ids work).
+ *   turns        the token strings of its chat format, resolved against tokenizer.json at load:
+ *                start[] what every rendered conversation begins with, user / assistant the
+ *                markers that open those turns, boundaries[] every other turn-boundary token
+ *                (system, tool, observation). Reuse checkpoints at every boundary; tests build
+ *                synthetic conversations from start / user / assistant.
+ *   truncates    1 when the state is rows only (every part PART_ROWS, span 1): it rewinds to any
+ *                prefix, so reuse never needs turn-boundary checkpoints. seq_new checks the
+ *                declared value against the parts actually declared; CAPS reports it.
+ *   load .. token_flops   the math, below.
+ * A family file knows tensors and math; it knows nothing about requests, records or reuse:
  *   load     — read config.json (typed, errors name the key) and look up/validate every tensor.
  *   seq_new  — declare the parts of one sequence state (state_add_part) for `ctx` positions and
  *              return the family's per-sequence handle (pointers into those parts + scratch).
- *   forward  — feed ids at absolute positions pos0..pos0+n-1, extending that state. Result must
+ *   scratch_bytes — the most scratch a forward call can take at `ctx` positions (any n: a family
+ *              that bounds its scratch by a chunk loops over chunks inside forward). seq_new and
+ *              forward take every buffer from the arena handed over, never malloc per call.
+ *   forward  — feed ids at absolute positions pos0..pos0+n-1, extending that state (seq_feed
+ *              has checked n >= 1, the positions against ctx and every id against the vocabulary,
+ *              and checks the logits it asked for are finite: a family is its math). Result must
  *              be bit-identical however a prompt is split into forward calls (chunking
  *              invariance). Writes the logits of the LAST fed token when logits != NULL, and of
  *              every fed token into all_logits[n][vocab] when that is non-NULL.
@@ -14,6 +39,9 @@
  *              before the first write position pos makes to each such part (and after every
  *              write of earlier positions, batched phases included). That lets reuse take light
  *              checkpoints inside a call instead of splitting it. Rows-only families need no hook.
+ * Then: a generator tools/tiny_NAME.py (make(outdir, size, seed)), an independent float64
+ * reference in tools/ref/, and the family is covered by tests/test_family_contract.py and every
+ * family-parametrized test by registering alone.
  *
  * The generic layer (model.c) owns the sequence record: seq_feed() calls forward chunk by chunk
  * and records each chunk as it enters the state, tainting the state on any failure. Nothing else
@@ -26,9 +54,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../core/arena.h"
 #include "../core/safetensors.h"
 #include "../core/tokenizer.h"
+#include "../state/reuse.h"
 #include "../state/state.h"
+#include "chat.h"
 
 typedef enum {
     NUMERICS_QAT,     /* default: BF16 activations, activation/KV QDQ exactly as the checkpoint was trained */
@@ -37,11 +68,28 @@ typedef enum {
 
 typedef struct model model;
 
+#define FAMILY_MAX_TOKENS 8      /* entries of family_turns.start / .boundaries, NULL-terminated */
+
+/* The turn structure of a family's chat format, as token strings (see the top comment). */
 typedef struct {
-    const char *model_type;                       /* config.json model_type this family handles */
+    const char *start[FAMILY_MAX_TOKENS];
+    const char *user, *assistant;
+    const char *boundaries[FAMILY_MAX_TOKENS];
+} family_turns;
+
+typedef struct {
+    const char *name;
+    const char *const *aliases;                   /* NULL-terminated, or NULL */
+    const char *const *model_types;               /* NULL-terminated, at least one */
+    const chat_template *chat;                    /* NULL: no chat template */
+    family_turns turns;
+    int truncates;                                /* state rewinds to any prefix (rows only) */
     int (*load)(model *m, char *err, size_t errlen);
     void (*free)(model *m);
-    void *(*seq_new)(model *m, state *st, int ctx, char *err, size_t errlen);
+    /* Scratch bytes any forward call on a sequence of ctx positions can take (arena.h); the
+     * model layer allocates them once per sequence and hands them to seq_new. NULL: none. */
+    size_t (*scratch_bytes)(const model *m, int ctx);
+    void *(*seq_new)(model *m, state *st, int ctx, arena *scratch, char *err, size_t errlen);
     void (*seq_free)(model *m, void *fam_seq);
     int (*forward)(model *m, void *fam_seq, const int *ids, int pos0, int n, float *logits, float *all_logits,
                    char *err, size_t errlen);
@@ -50,6 +98,14 @@ typedef struct {
     /* FLOPs of one token at position pos (for prefill GFLOP/s). */
     double (*token_flops)(const model *m, int pos);
 } family_ops;
+
+/* Role-marker token ids of a loaded model (family_turns resolved against its tokenizer; -1 or
+ * absent where the tokenizer lacks the token). */
+typedef struct {
+    int start[FAMILY_MAX_TOKENS], n_start;
+    int user, assistant;
+    int all[2 + FAMILY_MAX_TOKENS], n_all;        /* user, assistant and every boundary found */
+} model_markers;
 
 struct model {
     const family_ops *ops;
@@ -65,6 +121,7 @@ struct model {
     int max_ctx;               /* max_position_embeddings */
     uint64_t fingerprint;      /* st_fingerprint: identifies the checkpoint for persisted state */
     int n_validated;           /* tensors the family's load looked up and checked (dtype + shape) */
+    model_markers markers;     /* all -1 / empty without a usable tokenizer */
     void *priv;                /* family data */
 };
 
@@ -78,6 +135,7 @@ typedef struct {
     model *m;
     state st;
     void *fam;
+    arena scratch;             /* the forward pass's scratch, sized once (family_ops.scratch_bytes) */
     int chunk;                 /* prefill chunk size (tokens per forward call) */
 } seq;
 
@@ -89,8 +147,22 @@ void seq_free(seq *s);
 int seq_feed(seq *s, const int *ids, int n, float *logits, char *err, size_t errlen);
 /* seq_feed that writes every fed token's logits into all_logits[n][vocab] (echo / scoring). */
 int seq_feed_all(seq *s, const int *ids, int n, float *all_logits, char *err, size_t errlen);
+/* seq_feed behind the reuse layer's feed callback (state/reuse.h), so state/ never calls up. */
+reuse_feeder seq_feeder(seq *s);
+/* A whole prompt the way one-slot callers (cairn run --chat, bench reuse) take it: the reuse
+ * decision on this sequence as slot 0 (cs may be NULL), then the checkpointing prefill to the
+ * end, logits = the last prompt token's. *rr gets the decision. -1 with err on failure (tainted). */
+int seq_prompt(seq *s, store *cs, const int *ids, int n, int sys_end, float *logits, reuse_result *rr, char *err,
+               size_t errlen);
 
-/* Registry of families (model.c). */
-const family_ops *family_find(const char *model_type);
+/* The registry (families.c). family_find matches a name or alias, family_for_model_type a
+ * config.json model_type; both NULL when no family answers. family_at(i) for i in
+ * [0, family_count()) lists them in registration order. */
+int family_count(void);
+const family_ops *family_at(int i);
+const family_ops *family_find(const char *name);
+const family_ops *family_for_model_type(const char *model_type);
+/* The family of model directory DIR from its config.json alone (no weights are opened). */
+const family_ops *family_of_dir(const char *dir, char *err, size_t errlen);
 
 #endif

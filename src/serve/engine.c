@@ -11,7 +11,6 @@
  * slot only (its next request resets); other slots are never touched.
  */
 #include <errno.h>
-#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,7 +24,7 @@
 #include "../core/threads.h"
 #include "../core/util.h"
 #include "../state/persist.h"
-#include "../state/reuse.h"
+#include "../models/model.h"
 #include "wire.h"
 
 typedef struct {
@@ -59,7 +58,6 @@ typedef struct {
     state **states;      /* &seqs[i]->st: kv-share donors */
     request **active;    /* per slot, NULL when idle */
     store *cs;
-    int markers[8], nmarkers;
     float *logits, *logprobs, *top_lps;
     int *top_ids;
     wire_reader rd;
@@ -145,9 +143,7 @@ static void emit_token(engine *e, request *r, int t) {
 /* Sample from e->logits. The token is emitted but not fed: it enters the state only if
  * generation continues (so the record never claims a token the state does not hold). */
 static void sample_next(engine *e, request *r) {
-    int t = sampler_pick(&r->smp, e->logits);
-    /* the sampler skips non-finite logits; a chosen one means they all were: the state is suspect */
-    if (!isfinite(e->logits[t])) return fail(e, r, "ENGINE_ERROR", "the model produced non-finite logits");
+    int t = sampler_pick(&r->smp, e->logits);    /* seq_feed has checked every logit is finite */
     if (r->generated == 0) r->t_first = now_seconds();
     if (model_is_eos(e->m, t)) return finish(e, r, 0);
     sampler_note(&r->smp, &t, 1, 1);
@@ -265,7 +261,7 @@ static void start_request(engine *e, request *r, int sys_end) {
     r->reused = rr.reused;
     if (e->log_prefix)
         fprintf(stderr, "prefix: slot %d reused %d/%d (%s)\n", r->slot, rr.reused, r->n, reuse_kind_name(rr.kind));
-    reuse_prefill_init(&r->pf, sq, e->cs, r->slot, r->prompt, r->n, sys_end, e->markers, e->nmarkers);
+    reuse_prefill_init(&r->pf, seq_feeder(sq), e->cs, r->slot, r->prompt, r->n, sys_end, e->m->markers.all, e->m->markers.n_all);
     const wire_submit *w = &r->sub;
     sampler_params sp = {.temperature = w->temperature, .top_p = w->top_p, .seed = w->seed, .top_k = w->top_k,
                          .min_p = w->min_p, .repetition_penalty = w->repetition, .presence_penalty = w->presence,
@@ -445,15 +441,6 @@ static int parse_flags(int argc, char **argv, engine_opts *o) {
     return 0;
 }
 
-static void resolve_markers(engine *e) {
-    static const char *names[] = {"<｜User｜>", "<｜Assistant｜>", "<|user|>", "<|assistant|>", "<|system|>", "<|observation|>"};
-    if (!e->m->tok) return;
-    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
-        int id = tok_id(e->m->tok, names[i]);
-        if (id >= 0) e->markers[e->nmarkers++] = id;
-    }
-}
-
 static void load_slots(engine *e) {
     for (int i = 0; i < e->o.slots; i++) {
         char err[512];
@@ -483,7 +470,6 @@ static int engine_open(engine *e, char *err, size_t errlen) {
     e->bias_ids = xmalloc(WIRE_BIAS_ENTRIES * sizeof *e->bias_ids);
     e->bias_vals = xmalloc(WIRE_BIAS_ENTRIES * sizeof *e->bias_vals);
     e->top_lps = xmalloc(WIRE_LOGPROBS_MAX * sizeof *e->top_lps);
-    resolve_markers(e);
     if (e->o.kv_dir && mkdir(e->o.kv_dir, 0755) && errno != EEXIST)
         return errf(err, errlen, "--kv-dir %s: %s", e->o.kv_dir, strerror(errno));
     if (e->o.kv_dir) load_slots(e);
@@ -523,8 +509,9 @@ int cmd_engine(int argc, char **argv) {
     }
     /* a gateway that went away must not kill us mid-write; the next read sees EOF */
     signal(SIGPIPE, SIG_IGN);
-    printf("%sCAPS vision=0 slots=%d ctx=%d logprobs=%d ids=1 numerics=%s\nSTAT 0 0.0 0.0 %.2f 0 0\n", WIRE_READY,
-           e.o.slots, e.seqs[0]->st.cap, WIRE_LOGPROBS_MAX, e.o.num == NUMERICS_EXACT ? "exact" : "qat", rss_gb());
+    printf("%sCAPS vision=0 slots=%d ctx=%d logprobs=%d ids=1 family=%s truncate=%d checkpoints=%d numerics=%s\n"
+           "STAT 0 0.0 0.0 %.2f 0 0\n", WIRE_READY, e.o.slots, e.seqs[0]->st.cap, WIRE_LOGPROBS_MAX, e.m->ops->name,
+           e.m->ops->truncates, e.cs != NULL, e.o.num == NUMERICS_EXACT ? "exact" : "qat", rss_gb());
     fflush(stdout);
     run_loop(&e);
     engine_close(&e);

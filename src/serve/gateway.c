@@ -450,20 +450,6 @@ static int listen_on(const char *host, long port, int *bound_port, char *err, si
     return fd;
 }
 
-static char *model_type_of(const char *dir, char *err, size_t errlen) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    char *text = read_file(path, NULL, err, errlen);
-    if (!text) return NULL;
-    cJSON *cfg = cJSON_Parse(text);
-    free(text);
-    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(cfg, "model_type");
-    char *r = cJSON_IsString(mt) ? xstrdup(mt->valuestring) : NULL;
-    if (!r) errf(err, errlen, "%s: %s", path, cfg ? "no string model_type" : "not valid JSON");
-    cJSON_Delete(cfg);
-    return r;
-}
-
 /* Reply ids belong to the tokenizer that produced them: a file under --kv-dir written with
  * another tokenizer.json is not trusted. */
 static uint64_t tokenizer_hash(const char *path) {
@@ -504,7 +490,7 @@ static void banner(void *user) {
             "  model     %s (%s)\n"
             "  context   %s tokens per slot, %s slots\n"
             "  numerics  %s; reply ids %s%s%s\n",
-            s->o->host, s->port, s->sc.model_id, s->sc.model_type, ctx, slots, num,
+            s->o->host, s->port, s->sc.model_id, s->sc.family, ctx, slots, num,
             s->sc.replies ? "on" : "off", s->o->kv_dir ? ", kv-dir " : "", s->o->kv_dir ? s->o->kv_dir : "");
 }
 
@@ -579,7 +565,6 @@ static void teardown(server *s, struct MHD_Daemon *d, char **eargv, int lfd) {
     replies_close(sc->replies);
     for (int i = 0; i < sc->nspecials; i++) free(sc->specials[i]);
     free(sc->specials);
-    free((char *)sc->model_type);
     free(s->model_dir_copy);
 }
 
@@ -592,13 +577,15 @@ int cmd_serve(int argc, char **argv) {
     struct MHD_Daemon *d = NULL;
     char **eargv = NULL;
     int lfd = -1, port = 0;
-    if (!(sc->model_type = model_type_of(o.model_dir, err, sizeof err))) goto fail;
+    const family_ops *fam = family_of_dir(o.model_dir, err, sizeof err);
+    if (!fam) goto fail;
+    sc->family = fam->name;
     s.model_dir_copy = xstrdup(o.model_dir);
     sc->model_id = o.model_id ? o.model_id : basename(s.model_dir_copy);
     sc->model_dir = o.model_dir;
     sc->aliases = o.aliases;
     sc->naliases = o.n_aliases;
-    sc->tpl = chat_find(sc->model_type);
+    sc->tpl = fam->chat;
     sc->nslots = (int)o.slots;
     sc->max_tokens = (int)o.max_tokens;
     sc->queue_timeout = o.queue_timeout;
@@ -607,7 +594,7 @@ int cmd_serve(int argc, char **argv) {
     snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", o.model_dir);
     sc->tok = access(tok_path, R_OK) == 0 ? tok_load(tok_path, err, sizeof err) : NULL;
     if (!sc->tpl)
-        fprintf(stderr, "cairn serve: model type %s has no chat template: only /v1/completions works\n", sc->model_type);
+        fprintf(stderr, "cairn serve: family %s has no chat template: only /v1/completions works\n", sc->family);
     if (o.reply_ids && sc->tok) sc->replies = replies_open(o.kv_dir, tokenizer_hash(tok_path));
     if (sc->tok) collect_specials(sc);
 

@@ -63,7 +63,7 @@ enum MHD_Result info_props(serve_ctx *sc, struct MHD_Connection *c, const char *
     cJSON *r = cJSON_CreateObject();
     cJSON_AddStringToObject(r, "model", sc->model_id);
     cJSON_AddStringToObject(r, "model_path", sc->model_dir);
-    cJSON_AddStringToObject(r, "model_type", sc->model_type);
+    cJSON_AddStringToObject(r, "family", sc->family);
     cJSON *al = cJSON_AddArrayToObject(r, "model_alias");
     for (int i = 0; i < sc->naliases; i++) cJSON_AddItemToArray(al, cJSON_CreateString(sc->aliases[i]));
     add_number_or_null(r, "n_ctx", n_ctx);

@@ -124,7 +124,7 @@ int openai_render(serve_ctx *sc, const cJSON *messages, const cJSON *tools, cons
                   http_err *e) {
     if (!sc->tpl)
         return http_err_set(e, 400, "invalid_request_error", "unsupported_model", NULL,
-                            "model type '%s' has no chat template; use /v1/completions", sc->model_type);
+                            "model family '%s' has no chat template; use /v1/completions", sc->family);
     char err[256] = "";
     chat_prompt p = {0};
     if (sc->tpl->render(messages, tools, o, &p, err, sizeof err)) {

@@ -36,7 +36,7 @@ typedef struct {
     const char *const *aliases;   /* --alias: more names clients may use for the model */
     int naliases;
     const char *model_dir;
-    const char *model_type;
+    const char *family;           /* the model's family name (its descriptor, models/model.h) */
     const chat_template *tpl;     /* NULL: the family has no chat template (completions only) */
     tokenizer *tok;               /* to spell logprob alternatives; NULL = "<token_id:N>" */
     replies *replies;             /* exact ids of generated replies (--reply-ids on), or NULL */

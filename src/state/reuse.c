@@ -83,15 +83,15 @@ static int add_point(reuse_prefill *p, int pos, int prev) {
     return pos;
 }
 
-void reuse_prefill_init(reuse_prefill *p, seq *sq, store *cs, int slot, const int *ids, int n, int sys_end,
+void reuse_prefill_init(reuse_prefill *p, reuse_feeder f, store *cs, int slot, const int *ids, int n, int sys_end,
                         const int *markers, int nmarkers) {
     memset(p, 0, sizeof *p);
-    p->sq = sq, p->cs = cs, p->slot = slot, p->ids = ids, p->n = n;
+    p->f = f, p->cs = cs, p->slot = slot, p->ids = ids, p->n = n;
     p->rows_point = -1;
     if (!cs) return;
-    int from = sq->st.len, prev = from;
+    int from = f.st->len, prev = from;
     /* Light checkpoints only stand in for a truncation the state cannot do. */
-    int light = !state_always_truncatable(&sq->st);
+    int light = !state_always_truncatable(f.st);
     p->points = xmalloc((size_t)(n + 2) * sizeof *p->points);
     for (int i = 1; i < n - 1; i++) {
         if (!is_marker(ids[i], markers, nmarkers)) continue;
@@ -117,7 +117,7 @@ static void keep(reuse_prefill *p, snapshot *snap) {
 
 /* The rows point: the feed was split here, so the state sits at it; snapshot with rows. */
 static void checkpoint_rows(reuse_prefill *p) {
-    state *st = &p->sq->st;
+    state *st = p->f.st;
     if (!state_usable(st) || store_has(p->cs, st->ids, st->len, 1)) return;
     keep(p, state_snapshot(st, 1));
 }
@@ -126,7 +126,7 @@ static void checkpoint_rows(reuse_prefill *p) {
  * no capture slot is left for (it is then armed by the next feed). A point already stored or
  * whose capture cannot be allocated is passed over: no checkpoint, no harm. */
 static int arm_points(reuse_prefill *p, int k) {
-    state *st = &p->sq->st;
+    state *st = p->f.st;
     int armed = 0;
     for (p->armed = p->next; p->armed < p->npoints && p->points[p->armed] < st->len + k; p->armed++) {
         int at = p->points[p->armed];
@@ -138,20 +138,20 @@ static int arm_points(reuse_prefill *p, int k) {
 
 /* After a feed: every armed point now lies behind the record; store what was captured. */
 static void take_points(reuse_prefill *p) {
-    for (; p->next < p->armed; p->next++) keep(p, state_capture_take(&p->sq->st, p->points[p->next]));
+    for (; p->next < p->armed; p->next++) keep(p, state_capture_take(p->f.st, p->points[p->next]));
 }
 
 int reuse_prefill_step(reuse_prefill *p, float *logits, char *err, size_t errlen) {
-    state *st = &p->sq->st;
+    state *st = p->f.st;
     while (p->next < p->npoints && p->points[p->next] < st->len) p->next++;
     if (p->next < p->npoints && p->points[p->next] == st->len && st->len == p->rows_point) {
         checkpoint_rows(p);
         p->next++;
     }
     int stop = p->rows_point > st->len ? p->rows_point : p->n;
-    int k = MIN(p->sq->chunk > 0 ? p->sq->chunk : 64, stop - st->len);
+    int k = MIN(p->f.chunk > 0 ? p->f.chunk : 64, stop - st->len);
     if (p->cs) k = arm_points(p, k);
-    if (seq_feed(p->sq, p->ids + st->len, k, st->len + k == p->n ? logits : NULL, err, errlen)) return -1;
+    if (p->f.feed(p->f.user, p->ids + st->len, k, st->len + k == p->n ? logits : NULL, err, errlen)) return -1;
     take_points(p);
     if (st->len < p->n) return 1;
     if (p->cs) store_drop_stale(p->cs, p->slot, st);
@@ -159,7 +159,7 @@ int reuse_prefill_step(reuse_prefill *p, float *logits, char *err, size_t errlen
 }
 
 void reuse_prefill_free(reuse_prefill *p) {
-    if (p->sq) state_capture_disarm(&p->sq->st);
+    if (p->f.st) state_capture_disarm(p->f.st);
     free(p->points);
     p->points = NULL;
 }

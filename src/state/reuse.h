@@ -26,7 +26,7 @@
 #ifndef CAIRN_REUSE_H
 #define CAIRN_REUSE_H
 
-#include "../models/model.h"
+#include "state.h"
 #include "store.h"
 
 typedef enum { REUSE_RESET, REUSE_EXTEND, REUSE_TRUNCATE, REUSE_CHECKPOINT, REUSE_COPY } reuse_kind;
@@ -42,11 +42,24 @@ reuse_result reuse_prepare(state *s, int slot, store *cs, int kv_share, state *c
                            const int *ids, int n);
 const char *reuse_kind_name(reuse_kind k);
 
+/* How the prefill grows the state without knowing what computes it (state/ depends on nothing
+ * above it): feed(user, ids, n, logits, ...) must append ids[0..n) at st->len, record them and
+ * write the last token's logits when logits != NULL, or return -1 with st tainted and err set.
+ * The model layer supplies seq_feed behind it (models/model.h seq_feeder). */
+typedef int (*reuse_feed_fn)(void *user, const int *ids, int n, float *logits, char *err, size_t errlen);
+
 typedef struct {
-    seq *sq;
+    state *st;
+    reuse_feed_fn feed;
+    void *user;
+    int chunk;           /* tokens per feed call */
+} reuse_feeder;
+
+typedef struct {
+    reuse_feeder f;
     store *cs;           /* NULL: no checkpoints */
     int slot;
-    const int *ids;      /* the whole prompt; positions < sq->st.len are already in the state */
+    const int *ids;      /* the whole prompt; positions < f.st->len are already in the state */
     int n;
     int *points;         /* checkpoint positions, ascending */
     int npoints;
@@ -58,7 +71,7 @@ typedef struct {
 
 /* sys_end: token position where the system prompt ends (0: unknown, then the first marker is
  * used); markers: role-marker token ids (turn boundaries). */
-void reuse_prefill_init(reuse_prefill *p, seq *sq, store *cs, int slot, const int *ids, int n, int sys_end,
+void reuse_prefill_init(reuse_prefill *p, reuse_feeder f, store *cs, int slot, const int *ids, int n, int sys_end,
                         const int *markers, int nmarkers);
 /* Snapshot with rows if the state sits at the system point, then feed at most one chunk (never
  * past the system point), capturing the light points inside it. Returns 1 while prompt

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "models/chat.h"
+#include "models/model.h"
 #include "test.h"
 
 #define BOS "<｜begin▁of▁sentence｜>"
@@ -286,7 +287,7 @@ static void test_system_prefix(void) {
     CHECK(p && T->system_prefix_bytes(p, strlen(p)) == strlen(BOS "S"), "prefix = BOS + system");
     free(p);
     CHECK(T->system_prefix_bytes(BOS "abc", strlen(BOS "abc")) == 0, "no turn marker: 0");
-    CHECK(chat_find("deepseek_v4") == T, "registered under deepseek_v4");
+    CHECK(family_for_model_type("deepseek_v4")->chat == T, "the deepseek_v4 descriptor carries this template");
 }
 
 int main(void) {

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "core/util.h"
-#include "state/reuse.h"
+#include "models/model.h"
 #include "test.h"
 
 #define CTX 96
@@ -25,7 +25,7 @@ typedef struct {
 
 static int forward_calls;   /* counts splits: each forward call streams the weights once */
 
-static void *fake_seq_new(model *m, state *st, int ctx, char *err, size_t errlen) {
+static void *fake_seq_new(model *m, state *st, int ctx, arena *scratch, char *err, size_t errlen) {
     int extend_only = *(int *)m->priv;
     fake_seq *f = xcalloc(1, sizeof *f);
     f->st = st;
@@ -63,13 +63,16 @@ static int fake_forward(model *m, void *fam, const int *ids, int pos0, int n, fl
     return 0;
 }
 
-static const family_ops fake_ops = {.model_type = "fake", .seq_new = fake_seq_new, .seq_free = fake_seq_free,
-                                     .forward = fake_forward};
+/* The descriptor declares what the parts are: rows only (truncates) or with a ring. */
+static const family_ops fake_rows_ops = {.name = "fake-rows", .truncates = 1, .seq_new = fake_seq_new,
+                                          .seq_free = fake_seq_free, .forward = fake_forward};
+static const family_ops fake_ring_ops = {.name = "fake-ring", .truncates = 0, .seq_new = fake_seq_new,
+                                          .seq_free = fake_seq_free, .forward = fake_forward};
 
 static model make_model(int *extend_only) {
     model m;
     memset(&m, 0, sizeof m);
-    m.ops = &fake_ops;
+    m.ops = *extend_only ? &fake_ring_ops : &fake_rows_ops;
     m.vocab_size = VOCAB;
     m.priv = extend_only;
     return m;
@@ -81,7 +84,7 @@ static reuse_result run_prompt(seq *sq, int slot, store *cs, int share, state *c
     const int markers[] = {MARK};
     reuse_result r = reuse_prepare(&sq->st, slot, cs, share, donors, nd, ids, n);
     reuse_prefill p;
-    reuse_prefill_init(&p, sq, cs, slot, ids, n, sys_end, markers, 1);
+    reuse_prefill_init(&p, seq_feeder(sq), cs, slot, ids, n, sys_end, markers, 1);
     char err[128];
     int rc;
     while ((rc = reuse_prefill_step(&p, logits, err, sizeof err)) > 0) {}

@@ -9,6 +9,7 @@
 #include "core/tokenizer.h"
 #include "core/util.h"
 #include "models/chat.h"
+#include "models/model.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -48,11 +49,8 @@ int main(int argc, char **argv) {
         return 2;
     }
     size_t len;
-    snprintf(path, sizeof path, "%s/config.json", argv[1]);
-    char *cfg_text = read_file(path, &len, err, sizeof err);
-    cJSON *cfg = cfg_text ? cJSON_Parse(cfg_text) : NULL;
-    const cJSON *type = cJSON_GetObjectItem(cfg, "model_type");
-    const chat_template *tpl = chat_find(cJSON_IsString(type) ? type->valuestring : NULL);
+    const family_ops *fam = family_of_dir(argv[1], err, sizeof err);
+    const chat_template *tpl = fam ? fam->chat : NULL;
     snprintf(path, sizeof path, "%s/tokenizer.json", argv[1]);
     tokenizer *t = tok_load(path, err, sizeof err);
     char *text = read_file(argv[2], &len, err, sizeof err);
@@ -68,9 +66,7 @@ int main(int argc, char **argv) {
     free(json);
     cJSON_Delete(out);
     cJSON_Delete(cases);
-    cJSON_Delete(cfg);
     free(text);
-    free(cfg_text);
     tok_free(t);
     return 0;
 }

@@ -1,9 +1,10 @@
 // Starts `cairn serve` on a free loopback port for the node tests and stops it again.
 // Environment (set by tests/test_node.py): CAIRN = the binary, CAIRN_MODEL = the tiny model dir
 // (one per family: every file runs once per family), FAKE_ENGINE = tests/fake_engine.py (a
-// scripted engine for replies a random model cannot give). FAMILY is the model's config.json
-// model_type, for the tests whose expectations follow the family's chat template.
-import { spawn } from 'node:child_process';
+// scripted engine for replies a random model cannot give). FAMILY is the model's family
+// descriptor as `cairn families` prints it (name, turns, truncates, ...), found by the model's
+// config.json model_type: the tests take family facts from it, never from names.
+import { spawn, execFileSync } from 'node:child_process';
 import { readFileSync, existsSync, mkdtempSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
@@ -13,7 +14,11 @@ export const CAIRN = process.env.CAIRN;
 export const MODEL = process.env.CAIRN_MODEL;
 export const FAKE_ENGINE = process.env.FAKE_ENGINE;
 export const MODEL_ID = MODEL ? MODEL.split('/').filter(Boolean).pop() : undefined;
-export const FAMILY = MODEL ? JSON.parse(readFileSync(join(MODEL, 'config.json'), 'utf8')).model_type : undefined;
+const MODEL_TYPE = MODEL ? JSON.parse(readFileSync(join(MODEL, 'config.json'), 'utf8')).model_type : undefined;
+export const FAMILY = MODEL_TYPE && CAIRN
+  ? JSON.parse(execFileSync(CAIRN, ['families'], { encoding: 'utf8' })).find((f) => f.model_types.includes(MODEL_TYPE))
+  : undefined;
+if (MODEL && CAIRN && !FAMILY) throw new Error(`no registered family loads model_type ${MODEL_TYPE}`);
 
 function freePort() {
   return new Promise((resolve, reject) => {

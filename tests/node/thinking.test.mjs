@@ -12,8 +12,7 @@ import { startServer, MODEL_ID, FAMILY } from './serve_helper.mjs';
 
 const REASONING = 'Let me think… 2+2 is 4.';
 const ANSWER = 'The answer is 4.';
-const ASSISTANT = { deepseek_v4: '<｜Assistant｜>', glm_moe_dsa: '<|assistant|>' }[FAMILY];
-if (!ASSISTANT) throw new Error(`no assistant marker known for model_type ${FAMILY}`);
+const ASSISTANT = FAMILY.turns.assistant;
 
 let server;
 before(async () => {

@@ -21,14 +21,14 @@ const SYNTAX = {
     result: (text) => `<tool_result>${text}</tool_result>`,
   },
   // The template renders the content stripped, then each call with no whitespace between tags.
-  glm_moe_dsa: {
+  glm: {
     reply: 'Let me check.<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>'
       + '<arg_key>days</arg_key><arg_value>3</arg_value></tool_call>',
     marker: 'tool_call',
     result: (text) => `<|observation|><tool_response>${text}</tool_response>`,
   },
-}[FAMILY];
-if (!SYNTAX) throw new Error(`no tool-call syntax known for model_type ${FAMILY}`);
+}[FAMILY.name];
+if (!SYNTAX) throw new Error(`no tool-call syntax known for family ${FAMILY.name}: add its reply here`);
 const REPLY = SYNTAX.reply;
 
 const TOOL = {

@@ -28,6 +28,7 @@
 #include "anthropic.h"
 #include "http.h"
 #include "info.h"
+#include "responses.h"
 #include "openai.h"
 #include "turn.h"
 
@@ -310,6 +311,7 @@ static enum MHD_Result generate(server *s, struct MHD_Connection *c, req_ctx *rc
     if (!strcmp(rc->path, "/v1/chat/completions")) r = openai_chat(&s->sc, c, body, rc->ri);
     else if (!strcmp(rc->path, "/v1/completions")) r = openai_completions(&s->sc, c, body, rc->ri);
     else if (!strcmp(rc->path, "/v1/messages/count_tokens")) r = anthropic_count_tokens(&s->sc, c, body, rc->ri);
+    else if (!strcmp(rc->path, "/v1/responses")) r = responses_create(&s->sc, c, body, rc->ri);
     else if (!strcmp(rc->path, "/tokenize")) r = info_tokenize(&s->sc, c, body, rc->ri);
     else if (!strcmp(rc->path, "/detokenize")) r = info_detokenize(&s->sc, c, body, rc->ri);
     else r = anthropic_messages(&s->sc, c, body, rc->ri);
@@ -318,7 +320,7 @@ static enum MHD_Result generate(server *s, struct MHD_Connection *c, req_ctx *rc
 }
 
 static const char *const post_paths[] = {"/v1/chat/completions", "/v1/completions", "/v1/messages",
-                                         "/v1/messages/count_tokens", "/tokenize", "/detokenize"};
+                                         "/v1/messages/count_tokens", "/v1/responses", "/tokenize", "/detokenize"};
 
 static enum MHD_Result route(server *s, struct MHD_Connection *c, req_ctx *rc) {
     int get = !strcmp(rc->method, "GET"), post = !strcmp(rc->method, "POST");
@@ -337,6 +339,8 @@ static enum MHD_Result route(server *s, struct MHD_Connection *c, req_ctx *rc) {
         rc->ri->status = info_model_known(&s->sc, rc->path + 11) ? 200 : 404;
         return info_models(&s->sc, c, rc->path + 11, f);
     }
+    if (!strncmp(rc->path, "/v1/responses/", 14) && rc->path[14] && (get || !strcmp(rc->method, "DELETE")))
+        return responses_by_id(&s->sc, c, rc->path + 14, !get, rc->ri);
     if (!strcmp(rc->path, "/props") && get) {
         char ctx[32], slots[16], num[16];
         int up = eng_cap(s->sc.engine, "ctx", ctx, sizeof ctx) == 0;
@@ -350,8 +354,8 @@ static enum MHD_Result route(server *s, struct MHD_Connection *c, req_ctx *rc) {
 
 static const char *endpoint_label(const char *path) {
     static const char *const known[] = {"/v1/chat/completions", "/v1/completions", "/v1/messages/count_tokens",
-                                        "/v1/messages", "/v1/models", "/health", "/metrics", "/props", "/tokenize",
-                                        "/detokenize"};
+                                        "/v1/messages", "/v1/models", "/v1/responses", "/health", "/metrics", "/props",
+                                        "/tokenize", "/detokenize"};
     for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
         if (!strncmp(path, known[i], strlen(known[i]))) return known[i];
     return "other";
@@ -563,6 +567,7 @@ static void teardown(server *s, struct MHD_Daemon *d, char **eargv, int lfd) {
     if (sc->mx) metrics_free(sc->mx);
     if (sc->tok) tok_free(sc->tok);
     replies_close(sc->replies);
+    responses_free(sc->responses);
     for (int i = 0; i < sc->nspecials; i++) free(sc->specials[i]);
     free(sc->specials);
     free(s->model_dir_copy);
@@ -597,6 +602,7 @@ int cmd_serve(int argc, char **argv) {
         fprintf(stderr, "cairn serve: family %s has no chat template: only /v1/completions works\n", sc->family);
     if (o.reply_ids && sc->tok) sc->replies = replies_open(o.kv_dir, tokenizer_hash(tok_path));
     if (sc->tok) collect_specials(sc);
+    sc->responses = responses_new();
 
     /* Signals are taken by sigwait below; every thread inherits the blocked mask. */
     sigset_t sigs;

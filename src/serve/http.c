@@ -133,7 +133,7 @@ enum MHD_Result http_send_preflight(struct MHD_Connection *c) {
     const char *wanted = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Access-Control-Request-Headers");
     const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
     if (origin && cors_allow_value(origin)) {
-        MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+        MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS");
         MHD_add_response_header(r, "Access-Control-Allow-Headers",
                                 wanted && header_list_ok(wanted) ? wanted : CORS_FIXED_HEADERS);
         MHD_add_response_header(r, "Access-Control-Max-Age", "600");

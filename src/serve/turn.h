@@ -40,6 +40,7 @@ typedef struct {
     const chat_template *tpl;     /* NULL: the family has no chat template (completions only) */
     tokenizer *tok;               /* to spell logprob alternatives; NULL = "<token_id:N>" */
     replies *replies;             /* exact ids of generated replies (--reply-ids on), or NULL */
+    struct responses *responses;  /* stored /v1/responses (responses.h) */
     char **specials;              /* the text of every added token (never shown as chat content) */
     int nspecials;
     int max_tokens;               /* server cap on generated tokens per request */

@@ -9,26 +9,9 @@ import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
 import Anthropic from '@anthropic-ai/sdk';
-import { startServer, MODEL_ID, FAMILY } from './serve_helper.mjs';
+import { startServer, MODEL_ID } from './serve_helper.mjs';
+import { SYNTAX } from './tool_syntax.mjs';
 
-const D = '｜DSML｜';
-const SYNTAX = {
-  deepseek_v4: {
-    reply: `Let me check.\n\n<${D}tool_calls>\n<${D}invoke name="get_weather">\n`
-      + `<${D}parameter name="city" string="true">Paris</${D}parameter>\n`
-      + `<${D}parameter name="days" string="false">3</${D}parameter>\n</${D}invoke>\n</${D}tool_calls>`,
-    marker: 'DSML',
-    result: (text) => `<tool_result>${text}</tool_result>`,
-  },
-  // The template renders the content stripped, then each call with no whitespace between tags.
-  glm: {
-    reply: 'Let me check.<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>'
-      + '<arg_key>days</arg_key><arg_value>3</arg_value></tool_call>',
-    marker: 'tool_call',
-    result: (text) => `<|observation|><tool_response>${text}</tool_response>`,
-  },
-}[FAMILY.name];
-if (!SYNTAX) throw new Error(`no tool-call syntax known for family ${FAMILY.name}: add its reply here`);
 const REPLY = SYNTAX.reply;
 
 const TOOL = {

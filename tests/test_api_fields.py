@@ -131,3 +131,67 @@ def test_logit_bias_over_http_on_the_real_engine(family_model, tmp_path):
         assert r["choices"][0]["text"] == "aaaaa", r
     finally:
         srv.stop()
+
+
+def stream_choices(srv, path, body):
+    """Texts per choice index from an OpenAI stream, and the usage chunk."""
+    from test_http_robustness import open_stream, stream_lines
+    sock, r = open_stream(srv.port, path, {**body, "stream": True, "stream_options": {"include_usage": True}})
+    texts, usage, order = {}, None, []
+    for line in stream_lines(r):
+        if not line.startswith("data: {"):
+            continue
+        ev = json.loads(line[6:])
+        usage = ev.get("usage") or usage
+        for ch in ev["choices"]:
+            i = ch["index"]
+            if not order or order[-1] != i:
+                order.append(i)
+            texts[i] = texts.get(i, "") + (ch["delta"].get("content") or "" if "delta" in ch else ch["text"])
+    sock.close()
+    return texts, usage, order
+
+
+def test_n_choices_batched_prompts_and_echo(family_model, tmp_path):
+    srv = Server(family_model.model, str(tmp_path), ["--slots", "1"])
+    try:
+        chat = {"messages": [{"role": "user", "content": "Pick a word."}], "max_tokens": 6, "temperature": 1, "seed": 5}
+        st, _, r = srv.json("POST", "/v1/chat/completions", {**chat, "n": 3})
+        assert st == 200, r
+        assert [c["index"] for c in r["choices"]] == [0, 1, 2]
+        singles = []
+        for i in range(3):
+            st, _, one = srv.json("POST", "/v1/chat/completions", {**chat, "seed": 5 + i})
+            singles.append(one)
+            assert r["choices"][i]["message"]["content"] == one["choices"][0]["message"]["content"], i
+        assert len({c["message"]["content"] for c in r["choices"]}) > 1, "choices with other seeds differ"
+        assert r["usage"]["prompt_tokens"] == singles[0]["usage"]["prompt_tokens"]
+        assert r["usage"]["completion_tokens"] == sum(s["usage"]["completion_tokens"] for s in singles)
+        texts, usage, order = stream_choices(srv, "/v1/chat/completions", {**chat, "n": 3})
+        assert order == [0, 1, 2] and [texts[i] for i in range(3)] == [c["message"]["content"] for c in r["choices"]]
+        assert usage["completion_tokens"] == r["usage"]["completion_tokens"]
+
+        comp = {"prompt": ["Once upon", [25, 26, 27]], "max_tokens": 5, "temperature": 1, "seed": 9, "n": 2}
+        st, _, b = srv.json("POST", "/v1/completions", comp)
+        assert st == 200, b
+        assert [c["index"] for c in b["choices"]] == [0, 1, 2, 3]
+        for i, c in enumerate(b["choices"]):
+            st, _, one = srv.json("POST", "/v1/completions", {**comp, "prompt": comp["prompt"][i // 2], "n": 1,
+                                                               "seed": 9 + i % 2})
+            assert c["text"] == one["choices"][0]["text"], i
+        texts, usage, order = stream_choices(srv, "/v1/completions", comp)
+        assert order == [0, 1, 2, 3] and [texts[i] for i in range(4)] == [c["text"] for c in b["choices"]]
+
+        st, _, e = srv.json("POST", "/v1/completions", {"prompt": "Echo me", "max_tokens": 4, "temperature": 0,
+                                                         "echo": True})
+        st0, _, plain = srv.json("POST", "/v1/completions", {"prompt": "Echo me", "max_tokens": 4, "temperature": 0})
+        assert e["choices"][0]["text"] == "Echo me" + plain["choices"][0]["text"]
+        texts, _, _ = stream_choices(srv, "/v1/completions", {"prompt": "Echo me", "max_tokens": 4, "temperature": 0,
+                                                               "echo": True})
+        assert texts[0] == e["choices"][0]["text"]
+        st, _, bad = srv.json("POST", "/v1/completions", {"prompt": "x", "echo": True, "logprobs": 1})
+        assert st == 400 and bad["error"]["param"] == "echo"
+        st, _, bad = srv.json("POST", "/v1/chat/completions", {**chat, "n": 9})
+        assert st == 400 and bad["error"]["param"] == "n"
+    finally:
+        srv.stop()

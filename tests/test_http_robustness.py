@@ -554,7 +554,7 @@ def test_cors_default_origins_on_every_reply_and_preflight(servers, tiny_dsv4):
     assert st == 204 and b == b"", (st, b)
     assert_cors(h, ui)
     h = lower_keys(h)
-    assert {m.strip() for m in h["access-control-allow-methods"].split(",")} == {"GET", "POST", "OPTIONS"}, h
+    assert {m.strip() for m in h["access-control-allow-methods"].split(",")} == {"GET", "POST", "DELETE", "OPTIONS"}, h  # DELETE: /v1/responses/{id}
     assert h["access-control-allow-headers"] == "authorization,content-type,x-stainless-os", h
     assert int(h["access-control-max-age"]) > 0, h
     st, h, _ = s.request("OPTIONS", "/v1/messages", headers={"Origin": "http://127.0.0.1:8000"})

@@ -8,16 +8,28 @@
 #include "params.h"
 #include "sse.h"
 
-/* One OpenAI request in flight; owned by the handler, or by the stream once streaming. */
+#define OA_PROMPTS_MAX 16        /* prompts in one batched completions request */
+#define OA_N_MAX 8                /* choices per prompt (n) */
+
+/* One OpenAI request in flight; owned by the handler, or by the stream once streaming. A request
+ * with n > 1 or a batch of prompts has one choice per (prompt, n): they run one after another on
+ * the same engine, choice i with seed + i % n, and the response lists them by index. */
 typedef struct {
     serve_ctx *sc;
     int chat;                     /* chat.completion vs text_completion */
     int stream, include_usage;
     int top_n;                    /* completions: alternatives per token in logprobs */
-    api_call call;
+    int echo;                     /* completions: the prompt leads each choice's text */
+    api_call call;                /* the choice running now */
+    int n;                        /* choices per prompt */
+    int choice, nchoices;         /* current index, total */
+    turn_req *queued;             /* the requests of choices choice+1.. (nchoices - 1 slots) */
+    cJSON *choices;               /* non-streaming: the finished choices */
+    int prompt_tokens, completion_tokens, cached;   /* usage over every choice */
     char id[48];
     long created;
-    int role_sent;
+    struct MHD_Connection *conn;  /* for starting the next choice */
+    int role_sent;                /* the current choice's first chunk went out */
     int lp_sent;                  /* scored tokens whose logprobs were sent */
     size_t lp_offset;             /* completions: text offset of the next one */
 } oa_call;
@@ -231,9 +243,9 @@ static int parse_stream(const cJSON *body, oa_call *k, http_err *e) {
 static int parse_common(serve_ctx *sc, const cJSON *body, oa_call *k, http_err *e) {
     if (!cJSON_IsObject(body)) return http_err_set(e, 400, "invalid_request_error", "invalid_json", NULL, "the body must be a JSON object");
     if (param_model(sc, body, e)) return -1;
-    long n;
-    int present;
-    if (param_int(body, "n", 1, 1, &n, &present, e)) return -1;
+    long n = 1;
+    if (param_int(body, "n", 1, OA_N_MAX, &n, NULL, e)) return -1;
+    k->n = (int)n;
     if (param_penalties(body, sc->tok ? tok_vocab_size(sc->tok) : 1 << 30, &k->call.rq, e)) return -1;
     const char *user = NULL;
     if (param_str(body, "user", &user, e)) return -1;
@@ -241,6 +253,19 @@ static int parse_common(serve_ctx *sc, const cJSON *body, oa_call *k, http_err *
     if (param_sampling(body, 2.0, &k->call.rq, e)) return -1;
     if (param_stops(body, "stop", &k->call.rq, e)) return -1;
     return parse_stream(body, k, e);
+}
+
+/* Every choice's request: one per (prompt, n), in the order of their indexes, choice i of a
+ * prompt with seed + i. prompts[0..np) are consumed; the first becomes k->call.rq. */
+static void plan_choices(oa_call *k, turn_req *prompts, int np) {
+    k->nchoices = np * k->n;
+    k->queued = xcalloc((size_t)k->nchoices, sizeof *k->queued);
+    for (int c = 1; c < k->nchoices; c++) {
+        turn_req_copy(&k->queued[c - 1], &prompts[c / k->n]);
+        k->queued[c - 1].seed += (unsigned long long)(c % k->n);
+    }
+    k->call.rq = prompts[0];
+    for (int i = 1; i < np; i++) turn_req_free(&prompts[i]);
 }
 
 static int parse_chat(serve_ctx *sc, const cJSON *body, oa_call *k, http_err *e) {
@@ -264,14 +289,14 @@ static int parse_chat(serve_ctx *sc, const cJSON *body, oa_call *k, http_err *e)
     if (!msgs) return -1;
     int rc = openai_render(sc, msgs, tools, &o, &k->call.rq, e);
     cJSON_Delete(msgs);
-    return rc;
+    if (rc) return -1;
+    turn_req one = k->call.rq;
+    plan_choices(k, &one, 1);
+    return 0;
 }
 
-/* A completions prompt: a string, a list of token ids, or a one-element list of either. */
+/* One completions prompt: a string or a list of token ids. */
 static int parse_prompt(serve_ctx *sc, const cJSON *p, turn_req *rq, http_err *e) {
-    if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 &&
-        (cJSON_IsString(cJSON_GetArrayItem(p, 0)) || cJSON_IsArray(cJSON_GetArrayItem(p, 0))))
-        p = cJSON_GetArrayItem(p, 0);
     if (cJSON_IsString(p)) {
         if (!*p->valuestring) return http_err_set(e, 400, "invalid_request_error", "invalid_value", "prompt", "'prompt' is empty");
         rq->prompt = xstrdup(p->valuestring);
@@ -280,10 +305,7 @@ static int parse_prompt(serve_ctx *sc, const cJSON *p, turn_req *rq, http_err *e
     }
     if (!cJSON_IsArray(p) || cJSON_GetArraySize(p) == 0)
         return http_err_set(e, 400, "invalid_request_error", "invalid_value", "prompt",
-                            "'prompt' must be a string or a non-empty list of token ids");
-    if (cJSON_IsString(p->child) || cJSON_IsArray(p->child))
-        return http_err_set(e, 400, "invalid_request_error", "invalid_value", "prompt",
-                            "batched prompts are not supported: send one prompt per request");
+                            "'prompt' must be a string, a non-empty list of token ids, or a list of those");
     int vocab = sc->tok ? tok_vocab_size(sc->tok) : 1 << 30;
     sbuf b = {0};
     const cJSON *id;
@@ -305,9 +327,7 @@ static int parse_prompt(serve_ctx *sc, const cJSON *p, turn_req *rq, http_err *e
 static int parse_completion(serve_ctx *sc, const cJSON *body, oa_call *k, http_err *e) {
     static const char *const budget[] = {"max_tokens", NULL};
     if (parse_common(sc, body, k, e) || param_max_tokens(sc, body, budget, 0, &k->call.rq, e)) return -1;
-    int echo = 0;
-    if (param_bool(body, "echo", &echo, e)) return -1;
-    if (echo) return http_err_set(e, 400, "invalid_request_error", "invalid_value", "echo", "'echo' is not supported");
+    if (param_bool(body, "echo", &k->echo, e)) return -1;
     const char *suffix = NULL;
     if (param_str(body, "suffix", &suffix, e)) return -1;
     if (suffix && *suffix) return http_err_set(e, 400, "invalid_request_error", "invalid_value", "suffix", "'suffix' is not supported");
@@ -315,24 +335,74 @@ static int parse_completion(serve_ctx *sc, const cJSON *body, oa_call *k, http_e
     int has_lp = 0;
     if (param_int(body, "best_of", 1, 1, &best_of, NULL, e)) return -1;
     if (param_int(body, "logprobs", 0, ENG_TOPK_MAX, &lp, &has_lp, e)) return -1;
+    if (k->echo && has_lp)
+        return http_err_set(e, 400, "invalid_request_error", "invalid_value", "echo",
+                            "'echo' with 'logprobs' needs the prompt's logprobs, which the engine does not score");
     k->call.rq.logprobs = has_lp;
     k->call.rq.top_logprobs = (int)lp;
     k->top_n = (int)lp;
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(body, "prompt");
     if (!p) return http_err_set(e, 400, "invalid_request_error", "invalid_value", "prompt", "'prompt' is required");
-    return parse_prompt(sc, p, &k->call.rq, e);
+    /* A list whose members are strings or lists is a batch (one prompt each). */
+    int batch = cJSON_IsArray(p) && (cJSON_IsString(p->child) || cJSON_IsArray(p->child));
+    int np = batch ? cJSON_GetArraySize(p) : 1;
+    if (np > OA_PROMPTS_MAX)
+        return http_err_set(e, 400, "invalid_request_error", "invalid_value", "prompt",
+                            "at most %d prompts in one request", OA_PROMPTS_MAX);
+    turn_req *prompts = xcalloc((size_t)np, sizeof *prompts);
+    for (int i = 0; i < np; i++) {
+        turn_req_copy(&prompts[i], &k->call.rq);
+        if (parse_prompt(sc, batch ? cJSON_GetArrayItem(p, i) : p, &prompts[i], e)) {
+            for (int j = 0; j <= i; j++) turn_req_free(&prompts[j]);
+            free(prompts);
+            return -1;
+        }
+    }
+    turn_req_free(&k->call.rq);
+    plan_choices(k, prompts, np);
+    free(prompts);
+    return 0;
 }
 
 /* ---- responses ----------------------------------------------------------------------------- */
 
-static cJSON *usage_json(const turn *t) {
+static cJSON *usage_json(const oa_call *k) {
     cJSON *u = cJSON_CreateObject();
-    cJSON_AddNumberToObject(u, "prompt_tokens", t->prompt_tokens);
-    cJSON_AddNumberToObject(u, "completion_tokens", t->completion_tokens);
-    cJSON_AddNumberToObject(u, "total_tokens", t->prompt_tokens + t->completion_tokens);
+    cJSON_AddNumberToObject(u, "prompt_tokens", k->prompt_tokens);
+    cJSON_AddNumberToObject(u, "completion_tokens", k->completion_tokens);
+    cJSON_AddNumberToObject(u, "total_tokens", k->prompt_tokens + k->completion_tokens);
     cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
-    cJSON_AddNumberToObject(d, "cached_tokens", t->reused);
+    cJSON_AddNumberToObject(d, "cached_tokens", k->cached);
     return u;
+}
+
+/* The finished choice counts: its completion, and its prompt once per prompt (the first of its n
+ * choices, which is also the one whose reuse the prompt's cached tokens are). */
+static void account(oa_call *k) {
+    const turn *t = &k->call.t;
+    if (k->choice % k->n == 0) {
+        k->prompt_tokens += t->prompt_tokens;
+        k->cached += t->reused;
+    }
+    k->completion_tokens += t->completion_tokens;
+}
+
+/* completions echo: the prompt as text (token-id prompts decoded). */
+static char *echo_text(const oa_call *k) {
+    const turn_req *rq = &k->call.rq;
+    if (!rq->prompt_is_ids) return xstrdup(rq->prompt);
+    int n = 0, *ids = xmalloc(sizeof(int) * (rq->prompt_len / 2 + 1));
+    for (const char *p = rq->prompt; *p;) {
+        char *end;
+        ids[n++] = (int)strtol(p, &end, 10);
+        p = *end ? end + 1 : end;
+    }
+    size_t len = 0;
+    char *raw = k->sc->tok ? tok_decode(k->sc->tok, ids, n, &len) : NULL;
+    char *clean = utf8_clean(raw ? raw : "", raw ? len : 0, NULL);
+    free(raw);
+    free(ids);
+    return clean;
 }
 
 /* One generated token for the logprob tables: the DATA frame that carried its logprobs, plus
@@ -481,12 +551,12 @@ static cJSON *envelope(const oa_call *k) {
     return r;
 }
 
-static cJSON *chat_response(oa_call *k) {
+static cJSON *chat_choice(oa_call *k) {
     chat_reply cr;
     turn_parse(&k->call.t, &cr);
     int ncalls = cr.tool_calls ? cJSON_GetArraySize(cr.tool_calls) : 0;
-    cJSON *r = envelope(k), *choices = cJSON_AddArrayToObject(r, "choices"), *ch = cJSON_CreateObject();
-    cJSON_AddNumberToObject(ch, "index", 0);
+    cJSON *ch = cJSON_CreateObject();
+    cJSON_AddNumberToObject(ch, "index", k->choice);
     cJSON *msg = cJSON_AddObjectToObject(ch, "message");
     cJSON_AddStringToObject(msg, "role", "assistant");
     if (ncalls && !(cr.content && *cr.content)) cJSON_AddNullToObject(msg, "content");
@@ -498,23 +568,47 @@ static cJSON *chat_response(oa_call *k) {
     if (lp) cJSON_AddItemToObject(ch, "logprobs", lp);
     else cJSON_AddNullToObject(ch, "logprobs");
     cJSON_AddStringToObject(ch, "finish_reason", turn_finish_reason(&k->call.t, ncalls > 0));
-    cJSON_AddItemToArray(choices, ch);
-    cJSON_AddItemToObject(r, "usage", usage_json(&k->call.t));
     chat_reply_free(&cr);
-    return r;
+    return ch;
 }
 
-static cJSON *completion_response(oa_call *k) {
-    cJSON *r = envelope(k), *choices = cJSON_AddArrayToObject(r, "choices"), *ch = cJSON_CreateObject();
-    cJSON_AddNumberToObject(ch, "index", 0);
-    cJSON_AddStringToObject(ch, "text", k->call.t.out.text);
+static cJSON *completion_choice(oa_call *k) {
+    cJSON *ch = cJSON_CreateObject();
+    cJSON_AddNumberToObject(ch, "index", k->choice);
+    if (k->echo) {
+        char *echo = echo_text(k);
+        sbuf b = {0};
+        sbuf_puts(&b, echo);
+        sbuf_puts(&b, k->call.t.out.text);
+        cJSON_AddStringToObject(ch, "text", b.p);
+        sbuf_free(&b);
+        free(echo);
+    } else {
+        cJSON_AddStringToObject(ch, "text", k->call.t.out.text);
+    }
     cJSON *lp = logprobs_since(k, 0);
     if (lp) cJSON_AddItemToObject(ch, "logprobs", lp);
     else cJSON_AddNullToObject(ch, "logprobs");
     cJSON_AddStringToObject(ch, "finish_reason", turn_finish_reason(&k->call.t, 0));
-    cJSON_AddItemToArray(choices, ch);
-    cJSON_AddItemToObject(r, "usage", usage_json(&k->call.t));
-    return r;
+    return ch;
+}
+
+/* The finished choice is counted; the next one (if any) begins. 1 = it began, 0 = that was the
+ * last, -1 = it could not begin (e says why). */
+static int next_choice(oa_call *k, struct MHD_Connection *c, http_err *e) {
+    account(k);
+    if (k->choice + 1 >= k->nchoices) return 0;
+    turn_end(&k->call.t);
+    turn_req_free(&k->call.rq);
+    sse_sent_free(&k->call.sent);
+    memset(&k->call.sent, 0, sizeof k->call.sent);
+    k->call.rq = k->queued[k->choice];
+    memset(&k->queued[k->choice], 0, sizeof k->queued[k->choice]);
+    k->choice++;
+    k->role_sent = 0;
+    k->lp_sent = 0;
+    k->lp_offset = 0;
+    return turn_begin(&k->call.t, k->sc, &k->call.rq, c, now_seconds(), e) ? -1 : 1;
 }
 
 /* ---- streaming ----------------------------------------------------------------------------- */
@@ -522,7 +616,7 @@ static cJSON *completion_response(oa_call *k) {
 /* A chunk with one choice; `delta` (chat) or `text` (completions) is consumed. */
 static cJSON *chunk(const oa_call *k, cJSON *delta, const char *text, const char *finish) {
     cJSON *r = envelope(k), *choices = cJSON_AddArrayToObject(r, "choices"), *ch = cJSON_CreateObject();
-    cJSON_AddNumberToObject(ch, "index", 0);
+    cJSON_AddNumberToObject(ch, "index", k->choice);
     if (k->chat) cJSON_AddItemToObject(ch, "delta", delta ? delta : cJSON_CreateObject());
     else cJSON_AddStringToObject(ch, "text", text ? text : "");
     cJSON_AddNullToObject(ch, "logprobs");
@@ -559,6 +653,7 @@ static void emit_text(oa_call *k, sbuf *out, const char *reasoning, const char *
     for (int i = 0; i < n; i++) sse_data(out, chunks[i]);
 }
 
+/* The end of the current choice: its tool calls and finish reason. */
 static void emit_end(oa_call *k, sbuf *out, const chat_reply *cr) {
     int ncalls = cr->tool_calls ? cJSON_GetArraySize(cr->tool_calls) : 0;
     if (ncalls) {
@@ -569,10 +664,14 @@ static void emit_end(oa_call *k, sbuf *out, const chat_reply *cr) {
         sse_data(out, chunk(k, d, NULL, NULL));
     }
     sse_data(out, chunk(k, NULL, NULL, turn_finish_reason(&k->call.t, ncalls > 0)));
+}
+
+/* After the last choice: the usage chunk (when asked for) and [DONE]. */
+static void emit_last(oa_call *k, sbuf *out) {
     if (k->include_usage) {
         cJSON *r = envelope(k);
         cJSON_AddArrayToObject(r, "choices");
-        cJSON_AddItemToObject(r, "usage", usage_json(&k->call.t));
+        cJSON_AddItemToObject(r, "usage", usage_json(k));
         sse_data(out, r);
     }
     sbuf_puts(out, "data: [DONE]\n\n");
@@ -580,21 +679,35 @@ static void emit_end(oa_call *k, sbuf *out, const chat_reply *cr) {
 
 static void call_free(oa_call *k) {
     api_call_end(&k->call);
+    for (int i = k->choice; i + 1 < k->nchoices; i++) turn_req_free(&k->queued[i]);
+    free(k->queued);
+    cJSON_Delete(k->choices);
     free(k);
 }
 
 static void stream_done(void *ctx) { call_free(ctx); }
 
-static int stream_pump(void *ctx, sbuf *out) {
-    oa_call *k = ctx;
-    if (!k->role_sent && k->chat) {
+/* A choice's first chunk: the assistant role (chat), or the echoed prompt (completions). */
+static void emit_start(oa_call *k, sbuf *out) {
+    if (k->chat) {
         cJSON *d = cJSON_CreateObject();
         cJSON_AddStringToObject(d, "role", "assistant");
         cJSON_AddStringToObject(d, "content", "");
         sse_data(out, chunk(k, d, NULL, NULL));
-        k->role_sent = 1;
-        k->call.last_write = now_seconds();
-        return STREAM_MORE;
+    } else if (k->echo) {
+        char *echo = echo_text(k);
+        sse_data(out, chunk(k, NULL, echo, NULL));
+        free(echo);
+    }
+    k->role_sent = 1;
+    k->call.last_write = now_seconds();
+}
+
+static int stream_pump(void *ctx, sbuf *out) {
+    oa_call *k = ctx;
+    if (!k->role_sent) {
+        emit_start(k, out);
+        if (out->len) return STREAM_MORE;
     }
     int r = sse_wait(&k->call.t, &k->call.last_write, out, ": keep-alive\n\n");
     if (r == TURN_GONE) return STREAM_ABORT;
@@ -609,12 +722,22 @@ static int stream_pump(void *ctx, sbuf *out) {
     if (*reasoning || *content) k->call.last_write = now_seconds();
     free(reasoning);
     free(content);
+    int more = 0;
     if (r == TURN_DONE) {
         emit_end(k, out, &cr);
         turn_summarize(&k->call.t, k->call.ri);
+        http_err e = {0};
+        more = next_choice(k, k->conn, &e);
+        if (more < 0) {
+            char *body = http_err_body(&e, API_OPENAI);
+            sbuf_printf(out, "data: %s\n\n", body);
+            free(body);
+        } else if (more == 0) {
+            emit_last(k, out);
+        }
     }
     chat_reply_free(&cr);
-    return r == TURN_DONE ? STREAM_END : STREAM_MORE;
+    return r == TURN_DONE && more <= 0 ? STREAM_END : STREAM_MORE;
 }
 
 /* ---- handlers ------------------------------------------------------------------------------ */
@@ -628,6 +751,7 @@ static enum MHD_Result fail(struct MHD_Connection *c, oa_call *k, const http_err
 
 static enum MHD_Result run(oa_call *k, struct MHD_Connection *c) {
     http_err e = {0};
+    k->conn = c;
     if (turn_begin(&k->call.t, k->sc, &k->call.rq, c, k->call.ri->t0, &e)) return fail(c, k, &e);
     turn_make_id(k->id, sizeof k->id, k->chat ? "chatcmpl-" : "cmpl-");
     k->created = (long)time(NULL);
@@ -636,16 +760,24 @@ static enum MHD_Result run(oa_call *k, struct MHD_Connection *c) {
         k->call.last_write = now_seconds();
         return http_send_stream(c, stream_pump, stream_done, k);
     }
-    if (turn_run(&k->call.t) == TURN_GONE) {
-        http_err_set(&e, 499, "client_closed", NULL, NULL, "client closed the connection");
-        return fail(c, k, &e);
-    }
-    if (k->call.t.status == GEN_ERROR) {
-        turn_error(&k->call.t, &e);
-        return fail(c, k, &e);
+    k->choices = cJSON_CreateArray();
+    for (int more = 1; more > 0;) {
+        if (turn_run(&k->call.t) == TURN_GONE) {
+            http_err_set(&e, 499, "client_closed", NULL, NULL, "client closed the connection");
+            return fail(c, k, &e);
+        }
+        if (k->call.t.status == GEN_ERROR) {
+            turn_error(&k->call.t, &e);
+            return fail(c, k, &e);
+        }
+        cJSON_AddItemToArray(k->choices, k->chat ? chat_choice(k) : completion_choice(k));
+        if ((more = next_choice(k, c, &e)) < 0) return fail(c, k, &e);
     }
     k->call.ri->status = 200;
-    cJSON *body = k->chat ? chat_response(k) : completion_response(k);
+    cJSON *body = envelope(k);
+    cJSON_AddItemToObject(body, "choices", k->choices);
+    k->choices = NULL;
+    cJSON_AddItemToObject(body, "usage", usage_json(k));
     enum MHD_Result r = http_send_json(c, 200, body);
     call_free(k);
     return r;

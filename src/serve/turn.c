@@ -17,6 +17,24 @@ void turn_req_free(turn_req *rq) {
     memset(rq, 0, sizeof *rq);
 }
 
+static char *dup_bytes(const char *p, size_t n) {
+    if (!p) return NULL;
+    char *d = xmalloc(n + 1);
+    memcpy(d, p, n);
+    d[n] = 0;
+    return d;
+}
+
+void turn_req_copy(turn_req *dst, const turn_req *src) {
+    *dst = *src;
+    dst->prompt = dup_bytes(src->prompt, src->prompt_len);
+    dst->ids = dup_bytes(src->ids, src->ids_len);
+    dst->bias = src->bias ? xstrdup(src->bias) : NULL;
+    dst->untrusted = src->nuntrusted ? xmalloc(sizeof *dst->untrusted * (size_t)src->nuntrusted) : NULL;
+    if (src->nuntrusted) memcpy(dst->untrusted, src->untrusted, sizeof *dst->untrusted * (size_t)src->nuntrusted);
+    for (int i = 0; i < src->nstops; i++) dst->stops[i] = xstrdup(src->stops[i]);
+}
+
 /* What on_finish needs after the HTTP side may already be gone. */
 typedef struct {
     serve_ctx *sc;

@@ -77,6 +77,8 @@ typedef struct {
 } turn_req;
 
 void turn_req_free(turn_req *rq);
+/* A deep copy of src (for one more choice of the same request). */
+void turn_req_copy(turn_req *dst, const turn_req *src);
 
 typedef struct {
     serve_ctx *sc;

@@ -2,19 +2,39 @@
  *   cairn bench kernels          -> bench_kernels   (src/cmd_bench.c)
  *   cairn bench -m DIR [--json]  -> bench_model     (src/bench_model.c)
  *   cairn bench reuse -m DIR     -> bench_reuse     (src/bench_reuse.c)
+ *   cairn bench concurrency -m DIR -> bench_concurrency (src/bench_concurrency.c)
  * Every report is a ratio measured in the same run (e.g. bytes/s over the read bandwidth this
  * run measured), never an absolute figure compared with a constant. */
 #ifndef CAIRN_BENCH_H
 #define CAIRN_BENCH_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 int bench_kernels(int argc, char **argv);
 int bench_model(int argc, char **argv);
 int bench_reuse(int argc, char **argv);
+int bench_concurrency(int argc, char **argv);
 
-/* Stream-like read bandwidth in bytes/s over a buffer of at least `bytes` (>= 1 GiB for reports),
+/* A fixed pseudo-random prompt of n ids, one per seed (ids 2.. to stay clear of BOS/EOS in
+ * small vocabularies), and the greedy choice the benches decode with. */
+int *bench_prompt(int n, int vocab, uint64_t seed);
+int bench_argmax(const float *x, int n);
+
+/* Stream-like read bandwidth in bytes/s over a buffer of at least `bytes` (bench_stream_bytes() for reports),
  * using the same thread pool as the kernels. */
 double bench_read_bandwidth(size_t bytes);
+
+/* Size of the largest CPU cache (sysfs, cpu0), 0 if unknown. Streaming measurements use buffers
+ * of several times this, so they read memory, not the last-level cache. */
+size_t bench_llc_bytes(void);
+/* Bytes a streaming measurement should touch: 4 x the last-level cache, at least 1 GiB. */
+size_t bench_stream_bytes(void);
+
+/* Measured arithmetic peaks of this machine in FLOP/s on all pool threads: f32 FMA at the widest
+ * vector width of the build (2 flops per lane), and the BF16 pair dot product (VDPBF16PS, 4 flops
+ * per f32 lane; 0 when the build has none). Prefill GFLOP/s is reported as a fraction of these. */
+double bench_fma_peak(void);
+double bench_bf16_dot_peak(void);
 
 #endif

@@ -24,6 +24,7 @@ typedef struct {
 
 typedef struct {
     double prefill_tok_s, prefill_gflops, decode_tok_s, bandwidth_gbs, decode_efficiency;
+    double fma_peak_gflops, bf16_peak_gflops;    /* measured in this run (bench_peak.c) */
     size_t decode_bytes;
 } bench_result;
 
@@ -31,10 +32,12 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: cairn bench -m DIR [--json] [--prompt N] [--decode N] [--threads N] [--numerics exact|qat]\n"
             "\n"
-            "Measures, in one run: the read bandwidth (1 GiB stream), prefill of an N-token prompt\n"
+            "Measures, in one run: the read bandwidth (bench_stream_bytes: >= 1 GiB, 4x the LLC), prefill of an N-token prompt\n"
             "(default 64) in tok/s and GFLOP/s, greedy decode of N tokens (default 16) in tok/s, and\n"
             "decode efficiency = weight bytes per decode step x decode tok/s / read bandwidth.\n"
-            "--json prints {prefill_tok_s, prefill_gflops, decode_tok_s, bandwidth_gbs, decode_efficiency, ...}.\n");
+            "Prefill GFLOP/s is also given as a fraction of the f32 FMA (and BF16 dot) peak measured here.\n"
+            "--json prints {prefill_tok_s, prefill_gflops, prefill_vs_fma_peak, decode_tok_s, bandwidth_gbs,\n"
+            "decode_efficiency, ...}.\n");
 }
 
 static int parse(int argc, char **argv, bench_opts *o) {
@@ -59,10 +62,9 @@ static int parse(int argc, char **argv, bench_opts *o) {
     return 0;
 }
 
-/* A fixed pseudo-random prompt (ids 2.. to stay clear of BOS/EOS in small vocabularies). */
-static int *bench_prompt(int n, int vocab) {
+int *bench_prompt(int n, int vocab, uint64_t seed) {
     int *ids = xmalloc(sizeof(int) * n);
-    uint64_t x = 0x9e3779b97f4a7c15ULL;
+    uint64_t x = 0x9e3779b97f4a7c15ULL ^ seed;
     for (int i = 0; i < n; i++) {
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
         ids[i] = vocab > 2 ? 2 + (int)(x % (uint64_t)(vocab - 2)) : 0;
@@ -70,7 +72,7 @@ static int *bench_prompt(int n, int vocab) {
     return ids;
 }
 
-static int argmax(const float *x, int n) {
+int bench_argmax(const float *x, int n) {
     int best = 0;
     for (int i = 1; i < n; i++)
         if (x[i] > x[best]) best = i;
@@ -88,7 +90,7 @@ static int measure(model *m, const bench_opts *o, const int *ids, int timed, ben
     int rc = seq_feed(s, ids, (int)o->prompt, logits, err, errlen);
     double t1 = now_seconds();
     for (long i = 0; timed && !rc && i < o->decode; i++) {
-        int id = argmax(logits, m->vocab_size);
+        int id = bench_argmax(logits, m->vocab_size);
         rc = seq_feed(s, &id, 1, logits, err, errlen);
     }
     double t2 = now_seconds();
@@ -106,15 +108,21 @@ static int measure(model *m, const bench_opts *o, const int *ids, int timed, ben
 
 static void report(const bench_opts *o, const bench_result *r) {
     if (o->json) {
-        printf("{\"prefill_tok_s\":%.3f,\"prefill_gflops\":%.3f,\"decode_tok_s\":%.3f,\"bandwidth_gbs\":%.3f,"
-               "\"decode_efficiency\":%.6f,\"decode_bytes_per_token\":%zu,\"prompt\":%ld,\"decode\":%ld,"
-               "\"threads\":%d,\"simd\":\"%s\"}\n",
-               r->prefill_tok_s, r->prefill_gflops, r->decode_tok_s, r->bandwidth_gbs, r->decode_efficiency,
-               r->decode_bytes, o->prompt, o->decode, pool_threads(), kernels_simd_name());
+        printf("{\"prefill_tok_s\":%.3f,\"prefill_gflops\":%.3f,\"fma_peak_gflops\":%.3f,"
+               "\"prefill_vs_fma_peak\":%.4f,\"bf16_dot_peak_gflops\":%.3f,\"decode_tok_s\":%.3f,"
+               "\"bandwidth_gbs\":%.3f,\"decode_efficiency\":%.6f,\"decode_bytes_per_token\":%zu,\"prompt\":%ld,"
+               "\"decode\":%ld,\"threads\":%d,\"simd\":\"%s\"}\n",
+               r->prefill_tok_s, r->prefill_gflops, r->fma_peak_gflops, r->prefill_gflops / r->fma_peak_gflops,
+               r->bf16_peak_gflops, r->decode_tok_s, r->bandwidth_gbs, r->decode_efficiency, r->decode_bytes,
+               o->prompt, o->decode, pool_threads(), kernels_simd_name());
         return;
     }
     printf("read bandwidth      %10.2f GB/s\n", r->bandwidth_gbs);
-    printf("prefill (%4ld tok)  %10.2f tok/s  %8.2f GFLOP/s\n", o->prompt, r->prefill_tok_s, r->prefill_gflops);
+    printf("prefill (%4ld tok)  %10.2f tok/s  %8.2f GFLOP/s = %.3f of the f32 FMA peak (%.1f GFLOP/s)", o->prompt,
+           r->prefill_tok_s, r->prefill_gflops, r->prefill_gflops / r->fma_peak_gflops, r->fma_peak_gflops);
+    if (r->bf16_peak_gflops > 0)
+        printf(", %.3f of the BF16 dot peak (%.1f)", r->prefill_gflops / r->bf16_peak_gflops, r->bf16_peak_gflops);
+    printf("\n");
     printf("decode  (%4ld tok)  %10.2f tok/s  %8.1f MB/token\n", o->decode, r->decode_tok_s, r->decode_bytes / 1e6);
     printf("decode efficiency   %10.3f  (weight bytes/s over read bandwidth; %d threads, %s)\n", r->decode_efficiency,
            pool_threads(), kernels_simd_name());
@@ -132,12 +140,14 @@ int bench_model(int argc, char **argv) {
         model_close(m);
         return 2;
     }
-    int *ids = bench_prompt((int)o.prompt, m->vocab_size);
+    int *ids = bench_prompt((int)o.prompt, m->vocab_size, 0);
     bench_result r = {0};
     r.decode_bytes = m->ops->decode_bytes(m);
     int rc = measure(m, &o, ids, 0, &r, err, sizeof err);
-    double bw = rc ? 0 : bench_read_bandwidth((size_t)1 << 30);
+    double bw = rc ? 0 : bench_read_bandwidth(bench_stream_bytes());
     if (!rc) rc = measure(m, &o, ids, 1, &r, err, sizeof err);
+    r.fma_peak_gflops = bench_fma_peak() * 1e-9;
+    r.bf16_peak_gflops = bench_bf16_dot_peak() * 1e-9;
     if (!rc) {
         r.bandwidth_gbs = bw / 1e9;
         r.decode_efficiency = bw > 0 ? r.decode_bytes * r.decode_tok_s / bw : 0;

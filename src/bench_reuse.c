@@ -115,13 +115,6 @@ static void conversation_init(conversation *c, const model *m, const reuse_opts 
     push_words(c, o->system);
 }
 
-static int argmax(const float *x, int n) {
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
-    return best;
-}
-
 /* ---- one turn ------------------------------------------------------------------------------ */
 
 /* The engine's path: decide, prefill with checkpoints, first token. Returns the first token;
@@ -131,7 +124,7 @@ static int warm_once(seq *sq, store *cs, const conversation *c, float *logits, i
     double t0 = now_seconds();
     reuse_result r;
     if (seq_prompt(sq, cs, c->ids, c->n, 0, logits, &r, err, errlen)) return -1;
-    int first = argmax(logits, sq->m->vocab_size);
+    int first = bench_argmax(logits, sq->m->vocab_size);
     t->warm = MIN(t->warm, now_seconds() - t0);
     *reused = r.reused;
     return first;
@@ -140,7 +133,7 @@ static int warm_once(seq *sq, store *cs, const conversation *c, float *logits, i
 static int tail_once(seq *sq, const conversation *c, int reused, float *logits, turn_result *t, char *err, size_t errlen) {
     double t0 = now_seconds();
     if (seq_feed(sq, c->ids + reused, c->n - reused, logits, err, errlen)) return -1;
-    int first = argmax(logits, sq->m->vocab_size);
+    int first = bench_argmax(logits, sq->m->vocab_size);
     t->tail = MIN(t->tail, now_seconds() - t0);
     return first;
 }
@@ -184,7 +177,7 @@ static int reply(seq *sq, conversation *c, int first, long len, float *logits, c
     for (long i = 1; i < len; i++) {
         push(c, tok);
         if (seq_feed(sq, &tok, 1, logits, err, errlen)) return -1;
-        tok = argmax(logits, sq->m->vocab_size);
+        tok = bench_argmax(logits, sq->m->vocab_size);
     }
     push(c, tok);
     return 0;
@@ -195,7 +188,7 @@ static int reply(seq *sq, conversation *c, int first, long len, float *logits, c
 static int time_against_cold(seq *fresh, seq *cold, const conversation *c, reuse_result r, double t0, float *logits,
                              turn_result *t, char *err, size_t errlen) {
     if (seq_feed(fresh, c->ids + r.reused, c->n - r.reused, logits, err, errlen)) return -1;
-    int first = argmax(logits, fresh->m->vocab_size);
+    int first = bench_argmax(logits, fresh->m->vocab_size);
     t->warm = now_seconds() - t0;
     t->reused = r.reused;
     t->prompt_tokens = c->n;
@@ -203,7 +196,7 @@ static int time_against_cold(seq *fresh, seq *cold, const conversation *c, reuse
     t0 = now_seconds();
     if (seq_feed(cold, c->ids, c->n, logits, err, errlen)) return -1;
     t->cold = now_seconds() - t0;
-    t->exact = argmax(logits, cold->m->vocab_size) == first;
+    t->exact = bench_argmax(logits, cold->m->vocab_size) == first;
     return 0;
 }
 

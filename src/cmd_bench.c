@@ -15,7 +15,6 @@
 #include "core/threads.h"
 #include "core/util.h"
 
-#define GIB ((size_t)1 << 30)
 #define MIB ((size_t)1 << 20)
 #define BENCH_COLS 4096          /* a typical hidden size, a multiple of every block width */
 #define BENCH_MIN_SECONDS 0.5    /* repeat each measurement at least this long, keep the best */
@@ -25,17 +24,21 @@ static void bench_usage(FILE *f) {
             "usage: cairn bench kernels [--json] [--mb N]\n"
             "       cairn bench -m DIR [options]          (prefill/decode speed of a model)\n"
             "       cairn bench reuse -m DIR [options]    (prefix-reuse speed of a model)\n"
+            "       cairn bench concurrency -m DIR [options]  (batched decode of 1/2/4/8 conversations)\n"
             "\n"
-            "kernels: measures the read bandwidth of this machine (stream-like sum over 1 GiB on all\n"
-            "  threads), then for each weight layout (f32, bf16, fp8 with E8M0 and with F32 block\n"
+            "kernels: measures the read bandwidth of this machine (stream-like sum over >= 1 GiB on all\n"
+            "  threads, 4x the last-level cache), then for each weight layout (f32, bf16, fp8 with E8M0 and with F32 block\n"
             "  scales, fp4, and the int8-per-row, int4-per-row and int4-g64 containers) the\n"
             "  matrix-vector throughput in weight bytes/s and as a fraction of that bandwidth, and\n"
             "  batched (n=8, n=32 input rows) GFLOP/s.\n"
             "  --json   print one JSON object instead of a table\n"
-            "  --mb N   weight matrix size per format in MiB (default 256; keep it above the caches)\n"
+            "  --mb N   weight matrix size per format in MiB (default: twice the last-level cache,\n"
+            "           at least 256, so matvec streams from memory)\n"
+            "  Batched GFLOP/s is also printed as a fraction of the f32 FMA peak measured here.\n"
             "  Threads: CAIRN_THREADS (default: online cores).\n"
             "\n"
-            "-m DIR and reuse: see `cairn bench -m DIR --help` and `cairn bench reuse --help`.\n");
+            "-m DIR, reuse, concurrency: see `cairn bench -m DIR --help`, `cairn bench reuse --help`,\n"
+            "`cairn bench concurrency --help`.\n");
 }
 
 int cmd_bench(int argc, char **argv) {
@@ -44,6 +47,7 @@ int cmd_bench(int argc, char **argv) {
     if (!strcmp(sub, "--help") || !strcmp(sub, "-h")) { bench_usage(stdout); return 0; }
     if (!strcmp(sub, "kernels")) return bench_kernels(argc - 1, argv + 1);
     if (!strcmp(sub, "reuse")) return bench_reuse(argc - 1, argv + 1);
+    if (!strcmp(sub, "concurrency")) return bench_concurrency(argc - 1, argv + 1);
     if (sub[0] == '-') return bench_model(argc, argv);
     fprintf(stderr, "cairn bench: unknown benchmark '%s'\n", sub);
     bench_usage(stderr);
@@ -218,7 +222,7 @@ static void bench_format(const qmat *w, kernel_result *res) {
 
 int bench_kernels(int argc, char **argv) {
     int json = 0;
-    long mb = 256;
+    long mb = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json")) json = 1;
         else if (!strcmp(argv[i], "--mb")) {
@@ -231,8 +235,11 @@ int bench_kernels(int argc, char **argv) {
             return 2;
         }
     }
-    double bw = bench_read_bandwidth(GIB);
+    size_t llc = bench_llc_bytes();
+    if (!mb) mb = (long)MAX(256, 2 * llc / MIB);
+    double bw = bench_read_bandwidth(bench_stream_bytes());
     if (bw <= 0) return 1;
+    double peak = bench_fma_peak();
     kernel_result res[N_LAYOUTS];
     qmat mats[N_LAYOUTS];
     for (int f = 0; f < N_LAYOUTS; f++) {
@@ -247,28 +254,30 @@ int bench_kernels(int argc, char **argv) {
         free((void *)mats[f].scale_f32);
     }
     if (json) {
-        printf("{\"simd\":\"%s\",\"threads\":%d,\"read_bandwidth_bytes_per_s\":%.0f,\"formats\":{", kernels_simd_name(),
-               pool_threads(), bw);
+        printf("{\"simd\":\"%s\",\"threads\":%d,\"read_bandwidth_bytes_per_s\":%.0f,\"llc_bytes\":%zu,"
+               "\"fma_peak_gflops\":%.2f,\"formats\":{",
+               kernels_simd_name(), pool_threads(), bw, llc, peak * 1e-9);
         for (int f = 0; f < N_LAYOUTS; f++)
             printf("%s\"%s\":{\"rows\":%d,\"cols\":%d,\"bytes\":%zu,\"matvec_bytes_per_s\":%.0f,"
                    "\"matvec_vs_bandwidth\":%.3f,\"mul8_gflops\":%.2f,\"mul32_gflops\":%.2f,"
-                   "\"mul8_per_row_speedup\":%.2f}",
+                   "\"mul8_per_row_speedup\":%.2f,\"mul32_vs_fma_peak\":%.3f}",
                    f ? "," : "", layouts[f].label, mats[f].rows, mats[f].cols, qmat_bytes(&mats[f]),
                    res[f].vec_bytes_per_s, res[f].vec_bytes_per_s / bw, res[f].mul8_gflops, res[f].mul32_gflops,
-                   res[f].mul8_row_speedup);
+                   res[f].mul8_row_speedup, res[f].mul32_gflops * 1e9 / peak);
         printf("}}\n");
         return 0;
     }
-    printf("cairn bench kernels: simd %s, %d threads, read bandwidth %.2f GB/s\n", kernels_simd_name(), pool_threads(),
-           bw * 1e-9);
-    printf("%-8s %12s %9s %12s %10s %12s %12s %14s\n", "format", "matrix", "MiB", "matvec GB/s", "of bw",
-           "n=8 GFLOP/s", "n=32 GFLOP/s", "n=8 row speedup");
+    printf("cairn bench kernels: simd %s, %d threads, read bandwidth %.2f GB/s, last-level cache %zu MiB, "
+           "f32 FMA peak %.1f GFLOP/s\n",
+           kernels_simd_name(), pool_threads(), bw * 1e-9, llc / MIB, peak * 1e-9);
+    printf("%-8s %12s %9s %12s %10s %12s %12s %9s %14s\n", "format", "matrix", "MiB", "matvec GB/s", "of bw",
+           "n=8 GFLOP/s", "n=32 GFLOP/s", "of peak", "n=8 row speedup");
     for (int f = 0; f < N_LAYOUTS; f++) {
         char shape[32];
         snprintf(shape, sizeof shape, "%dx%d", mats[f].rows, mats[f].cols);
-        printf("%-8s %12s %9.0f %12.2f %10.3f %12.2f %12.2f %14.2f\n", layouts[f].label, shape,
+        printf("%-8s %12s %9.0f %12.2f %10.3f %12.2f %12.2f %9.3f %14.2f\n", layouts[f].label, shape,
                qmat_bytes(&mats[f]) / (double)MIB, res[f].vec_bytes_per_s * 1e-9, res[f].vec_bytes_per_s / bw,
-               res[f].mul8_gflops, res[f].mul32_gflops, res[f].mul8_row_speedup);
+               res[f].mul8_gflops, res[f].mul32_gflops, res[f].mul32_gflops * 1e9 / peak, res[f].mul8_row_speedup);
     }
     return 0;
 }

@@ -85,13 +85,14 @@ def test_prefill_split_is_bit_identical(cairn, tiny_dsv4, tmp_path, baseline, na
 
 
 def test_long_prompt_across_internal_passes(cairn, tiny_dsv4, tmp_path):
-    """90 tokens: the engine cuts a forward call into passes of 64 tokens and the run into chunks;
-    one call, token by token and a split straddling 64 must still agree bit for bit."""
-    ids = [0] + [(97 * i + 11) % 1021 + 2 for i in range(1, 90)]
+    """300 tokens: the family cuts a forward call into passes of DSV4_CHUNK = 256 tokens and the
+    run into chunks; one call, token by token and a split straddling 256 must still agree bit for
+    bit."""
+    ids = [0] + [(97 * i + 11) % 1021 + 2 for i in range(1, 300)]
     dumps = [tmp_path / f"{i}.state" for i in range(3)]
     outs = [traced(cairn, tiny_dsv4, ids, "--dump-state", dumps[0]),
-            traced(cairn, tiny_dsv4, ids, "--dump-state", dumps[1], "--prefill-chunks", ids_arg([1] * 89)),
-            traced(cairn, tiny_dsv4, ids, "--dump-state", dumps[2], "--prefill-chunks", "63,3,20")]
+            traced(cairn, tiny_dsv4, ids, "--dump-state", dumps[1], "--prefill-chunks", ids_arg([1] * 299)),
+            traced(cairn, tiny_dsv4, ids, "--dump-state", dumps[2], "--prefill-chunks", "255,3,20")]
     assert outs[1] == outs[0] and outs[2] == outs[0]
     assert dumps[1].read_bytes() == dumps[0].read_bytes() == dumps[2].read_bytes()
 

@@ -19,7 +19,7 @@
  * chains. Batched: enough to amortise the task call, few enough that a task's dequantized rows
  * stay in L2 while all input rows stream past them. */
 #define VEC_ROWS_PER_TASK 4
-#define MUL_ROWS_PER_TASK 6
+#define MUL_ROWS_PER_TASK 12    /* a multiple of every path's tile height (2, 3, 4) */
 
 float kernel_fp8_lut[256];
 float kernel_fp8_scale_lut[256];
@@ -148,7 +148,7 @@ static const float *prepared_x(const kernel_path *path, const qmat *w, int r, co
     static _Thread_local unsigned long long cached_call;
     static _Thread_local int cached_block = -1;
     int fp8 = w->fmt == WF_FP8, block = fp8 ? r / 128 : 0;
-    if (!fp8 && !(kernel_is_nibbles(w->fmt) && path->nibble_permuted)) return x;
+    if (!fp8 && !(kernel_is_nibbles(w->fmt) && path->nibble_width)) return x;
     size_t len = (size_t)n * (size_t)w->cols;
     if (cached_call == call && cached_block == block) return buf;
     if (len > cap) {
@@ -160,7 +160,7 @@ static const float *prepared_x(const kernel_path *path, const qmat *w, int r, co
         const float *xr = x + (size_t)j * w->cols;
         float *out = buf + (size_t)j * w->cols;
         if (!fp8) {
-            kernel_nibble_permute_x(xr, w->cols, out);
+            kernel_nibble_permute_x(xr, w->cols, path->nibble_width, out);
             continue;
         }
         for (int c0 = 0; c0 < w->cols; c0 += 128) {
@@ -174,12 +174,23 @@ static const float *prepared_x(const kernel_path *path, const qmat *w, int r, co
     return buf;
 }
 
-void kernel_nibble_permute_x(const float *x, int cols, float *out) {
+/* nibble_src[width == 16][d]: the chunk column that kernel_nibble_permute_x stores at d. */
+static uint8_t nibble_src[2][64];
+
+__attribute__((constructor)) static void nibble_src_init(void) {
+    for (int t = 0; t < 4; t++)
+        for (int L = 0; L < 16; L++) {
+            uint8_t src = (uint8_t)(32 * (L / 4 % 2) + 16 * (L / 8) + 4 * (L % 4) + t);
+            nibble_src[1][16 * t + L] = src;
+            nibble_src[0][32 * (L / 8) + 8 * t + L % 8] = src;
+        }
+}
+
+void kernel_nibble_permute_x(const float *x, int cols, int width, float *out) {
+    const uint8_t *src = nibble_src[width == 16];
     int full = cols / 64 * 64;
     for (int c0 = 0; c0 < full; c0 += 64)
-        for (int v = 0; v < 8; v++)
-            for (int h = 0; h < 2; h++)
-                for (int j = 0; j < 4; j++) out[c0 + 8 * v + 4 * h + j] = x[c0 + 32 * h + 16 * (v / 4) + 4 * j + v % 4];
+        for (int d = 0; d < 64; d++) out[c0 + d] = x[c0 + src[d]];
     for (int c = full; c < cols; c++) out[c] = x[c];
 }
 

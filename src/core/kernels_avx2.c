@@ -8,7 +8,7 @@
  * ymm registers and loads 6 vectors per 9 FMAs (see avx2_rows_mul for the cache blocking).
  * The nibble formats (FP4, I4_ROW, I4_G64) follow rule 4: 64 columns (two scale blocks) decode
  * with byte shuffles through the format's table into eight vectors laid out as
- * kernel_nibble_permute_x orders the input, so no shuffles touch x or acc. I8_ROW is a rule-2
+ * kernel_nibble_permute_x orders the input (width 8), so no shuffles touch x or acc. I8_ROW is a rule-2
  * format whose codes widen to f32 exactly; its row scale multiplies the result (rule 5). */
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 
@@ -390,6 +390,6 @@ static void avx2_rows_mul(const qmat *w, int r0, int r1, const float *x, int n, 
     }
 }
 
-const kernel_path kernel_path_avx2 = {"avx2", avx2_rows_vec, avx2_rows_mul, 1};
+const kernel_path kernel_path_avx2 = {"avx2", avx2_rows_vec, avx2_rows_mul, 8};
 
 #endif

@@ -3,11 +3,19 @@
  * One zmm holds all 16 canonical lanes of an output, so a group of 16 columns is one FMA and
  * the tree starts by adding the two 256-bit halves (lanes i and i+8), exactly as the other paths
  * do. FP8 (unscaled) and BF16 decode as in the AVX2 path, 16 columns at a time. Matvec interleaves
- * four rows for independent FMA chains; batched calls run a 3x4 register tile (3 weight rows x 4
- * input rows) over dequantized rows in column chunks that stay in L1. I8_ROW widens its codes
- * and takes the row scale on the result (rule 5). The nibble formats (rule 4: FP4, I4_ROW,
- * I4_G64) run the AVX2 code, which AVX-512 machines execute natively: one implementation of
- * that order, not two. */
+ * four rows for independent FMA chains, decoding in registers; so do batches of up to FEW_BATCH
+ * input rows (batched decode across conversations, MoE experts with few tokens), each decoded
+ * vector serving up to FEW_X inputs. Larger batches run a 4x6 register tile (4 weight rows x 6
+ * input rows: 24 accumulators, 10 loads per 24 FMAs, so the FMA ports and not the load ports
+ * set the pace) over dequantized rows in column chunks that stay in L1. I8_ROW widens its codes
+ * and takes the row scale on the result (rule 5).
+ * The nibble formats (rule 4: FP4, I4_ROW, I4_G64) hold all 16 lanes in one zmm too: a 64-column
+ * chunk decodes into four vectors, term t of every lane (kernel_nibble_permute_x width 16), by
+ * one vpermps table lookup each, so a chunk is four FMAs of partials and one FMA by the scale
+ * vector. Batched calls decode each weight row once into that layout (codes and the chunk's
+ * scale vector) and run a NIB_R x NIB_X register tile of (weight row, input row) pairs over the
+ * whole row: MoE experts see a handful of tokens each, and every one of them reuses the decoded
+ * tile instead of decoding the weights again. */
 #if defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 
 #include <immintrin.h>
@@ -15,13 +23,16 @@
 
 #include "kernels_path.h"
 #include "quant.h"
+#include "util.h"
 
 #define INLINE static inline __attribute__((always_inline))
 #define VEC_ROWS 4
+#define FEW_X 4          /* inputs per register pass of dot_rows: VEC_ROWS x FEW_X accumulators */
+#define FEW_BATCH 8      /* batches up to this many inputs decode in registers (two passes of 4) */
 #define MUL_CHUNK 256
 #define MUL_XROWS 12
-#define TILE_R 3
-#define TILE_X 4
+#define TILE_R 4
+#define TILE_X 6
 
 INLINE __mmask16 tail_mask(int c, int cols) {
     int left = cols - c;
@@ -70,16 +81,21 @@ INLINE float tree16(__m512 a) {
     return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
 }
 
-/* y[i] = dot(row r + i, x) for i < NR; prefetching one row group ahead as the AVX2 path does. */
-INLINE void dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, float *y) {
-    const int full = w->cols / 16 * 16;
+/* y[j * ldy + i] = dot(row r + i, input row j) for i < NR, j < NX (inputs cols apart), the rows
+ * decoded in registers 16 columns at a time and each decoded vector used by all NX inputs:
+ * matvec (NX = 1) and the few-input batches of batched decode, where decoding a row into a
+ * buffer first would cost more than it saves. Prefetches one row group ahead as the AVX2 path
+ * does. */
+INLINE void dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, int NX, float *y, int ldy) {
+    const int cols = w->cols, full = cols / 16 * 16;
     const size_t ahead = (size_t)(kernel_row_ptr(w, VEC_ROWS) - kernel_row_ptr(w, 0));
     const uint8_t *row[VEC_ROWS];
-    __m512 acc[VEC_ROWS];
+    __m512 acc[VEC_ROWS][FEW_X];
     #pragma GCC unroll 4
     for (int i = 0; i < NR; i++) {
         row[i] = kernel_row_ptr(w, r + i);
-        acc[i] = _mm512_setzero_ps();
+        #pragma GCC unroll 4
+        for (int j = 0; j < NX; j++) acc[i][j] = _mm512_setzero_ps();
     }
     for (int c = 0; c < full; c += 16) {
         if (kernel_col_bytes(f, c) % 64 == 0) {
@@ -87,13 +103,21 @@ INLINE void dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, fl
             for (int i = 0; i < NR; i++)
                 _mm_prefetch((const char *)row[i] + kernel_col_bytes(f, c) + ahead, _MM_HINT_T0);
         }
+        __m512 xv[FEW_X];
         #pragma GCC unroll 4
-        for (int i = 0; i < NR; i++) acc[i] = _mm512_fmadd_ps(decode_step(f, row[i], c), _mm512_loadu_ps(x + c), acc[i]);
+        for (int j = 0; j < NX; j++) xv[j] = _mm512_loadu_ps(x + (size_t)j * cols + c);
+        #pragma GCC unroll 4
+        for (int i = 0; i < NR; i++) {
+            __m512 wv = decode_step(f, row[i], c);
+            #pragma GCC unroll 4
+            for (int j = 0; j < NX; j++) acc[i][j] = _mm512_fmadd_ps(wv, xv[j], acc[i][j]);
+        }
     }
-    for (int i = 0; i < NR; i++) {
-        if (full < w->cols) acc[i] = tail_groups(w, r + i, full, x, acc[i], NULL);
-        y[i] = kernel_row_finish(w, r + i, tree16(acc[i]));
-    }
+    for (int i = 0; i < NR; i++)
+        for (int j = 0; j < NX; j++) {
+            if (full < cols) acc[i][j] = tail_groups(w, r + i, full, x + (size_t)j * cols, acc[i][j], NULL);
+            y[(size_t)j * ldy + i] = kernel_row_finish(w, r + i, tree16(acc[i][j]));
+        }
 }
 
 INLINE void decode_row(const qmat *w, wformat f, int r, float *out) {
@@ -103,15 +127,192 @@ INLINE void decode_row(const qmat *w, wformat f, int r, float *out) {
     if (full < w->cols) tail_groups(w, r, full, NULL, _mm512_setzero_ps(), out);
 }
 
-static void avx512_rows_vec(const qmat *w, int r0, int r1, const float *x, float *y) {
-    if (kernel_is_nibbles(w->fmt)) {
-        kernel_path_avx2.rows_vec(w, r0, r1, x, y);
-        return;
+/* ---- nibble formats (rule 4) ---- */
+
+/* The format's 16 weight factors, indexed by code (kernel_fp4_lut or kernel_i4_lut). */
+INLINE __m512 nibble_table(wformat f) { return _mm512_loadu_ps(f == WF_FP4 ? kernel_fp4_lut : kernel_i4_lut); }
+
+/* 32 bytes = the 64 codes of blocks b, b + 1 -> z[t] = term t of lanes 0..15. Lane L's four
+ * columns are the 16-bit word 8 * ((L / 4) % 2) + 4 * (L / 8) + L % 4 of the chunk: widening
+ * the 16 words to dwords and swapping the middle two 128-bit quarters puts that word in lane L,
+ * and term t is its nibble t. */
+INLINE void dec64_nibbles(const uint8_t *p, __m512 table, __m512 z[4]) {
+    __m512i u = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+    u = _mm512_shuffle_i32x4(u, u, _MM_SHUFFLE(3, 1, 2, 0));
+    const __m512i nibble = _mm512_set1_epi32(15);
+    #pragma GCC unroll 4
+    for (int t = 0; t < 4; t++) z[t] = _mm512_permutexvar_ps(_mm512_and_si512(_mm512_srli_epi32(u, 4 * t), nibble), table);
+}
+
+/* Rule 4's scale factor per lane for blocks b (lanes with (L / 4) % 2 == 0) and b + 1; b is
+ * even, so I4_G64's two blocks share a group and I4_ROW has one scale. */
+INLINE __m512 nibble_scales(wformat f, const void *srow, int b) {
+    return _mm512_mask_blend_ps(0xf0f0, _mm512_set1_ps(kernel_nibble_scale(f, srow, b)),
+                                _mm512_set1_ps(kernel_nibble_scale(f, srow, b + 1)));
+}
+
+/* Rule 4 for the blocks past the last full chunk (in column order, as kernel_nibble_permute_x
+ * leaves them), then the tree. */
+static float nibble_finish(const qmat *w, int r, int full, const float *x, __m512 acc) {
+    if (full == w->cols) return tree16(acc);
+    float a[16] __attribute__((aligned(64)));
+    _mm512_store_ps(a, acc);
+    kernel_nibble_blocks(w, r, full / 32, x, a);
+    return kernel_tree16(a);
+}
+
+/* NR interleaved rows x NX inputs, decoding in registers (as dot_rows; x in the width-16
+ * order), prefetching as dot_rows does. */
+INLINE void nibble_dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, int NX, float *y, int ldy) {
+    const int cols = w->cols, full = cols / 64 * 64;
+    const size_t ahead = (size_t)(kernel_row_ptr(w, VEC_ROWS) - kernel_row_ptr(w, 0));
+    const __m512 table = nibble_table(f);
+    const uint8_t *row[VEC_ROWS];
+    const void *srow[VEC_ROWS];
+    __m512 acc[VEC_ROWS][FEW_X];
+    #pragma GCC unroll 4
+    for (int i = 0; i < NR; i++) {
+        row[i] = kernel_row_ptr(w, r + i);
+        srow[i] = kernel_nibble_scale_row(w, r + i);
+        #pragma GCC unroll 4
+        for (int j = 0; j < NX; j++) acc[i][j] = _mm512_setzero_ps();
     }
-    int r = r0;
-    for (; r + VEC_ROWS <= r1; r += VEC_ROWS)
-        KERNEL_FOR_EACH_FORMAT(w->fmt, dot_rows(w, F, r, VEC_ROWS, x, y + (r - r0)), (void)0)
-    for (; r < r1; r++) KERNEL_FOR_EACH_FORMAT(w->fmt, dot_rows(w, F, r, 1, x, y + (r - r0)), (void)0)
+    for (int c = 0; c < full; c += 64) {
+        if (c % 128 == 0) {
+            #pragma GCC unroll 4
+            for (int i = 0; i < NR; i++) _mm_prefetch((const char *)row[i] + c / 2 + ahead, _MM_HINT_T0);
+        }
+        #pragma GCC unroll 4
+        for (int i = 0; i < NR; i++) {
+            __m512 z[4], scale = nibble_scales(f, srow[i], c / 32);
+            dec64_nibbles(row[i] + c / 2, table, z);
+            #pragma GCC unroll 4
+            for (int j = 0; j < NX; j++) {
+                const float *xj = x + (size_t)j * cols + c;
+                __m512 p = _mm512_mul_ps(z[0], _mm512_loadu_ps(xj));
+                #pragma GCC unroll 3
+                for (int t = 1; t < 4; t++) p = _mm512_fmadd_ps(z[t], _mm512_loadu_ps(xj + 16 * t), p);
+                acc[i][j] = _mm512_fmadd_ps(p, scale, acc[i][j]);
+            }
+        }
+    }
+    for (int i = 0; i < NR; i++)
+        for (int j = 0; j < NX; j++)
+            y[(size_t)j * ldy + i] = nibble_finish(w, r + i, full, x + (size_t)j * cols, acc[i][j]);
+}
+
+/* A decoded nibble row: per 64-column chunk the four term vectors, then its scale vector. */
+#define NIB_CHUNK_FLOATS 80
+#define NIB_R 2
+#define NIB_X 6
+
+/* NR weight rows (decoded, ldw floats apart) x NX input rows over every full chunk, each pair's
+ * 16 lanes in a register for the whole row; results to y[j * ldy + i]. */
+INLINE void nibble_tile(const qmat *w, int r, const float *wb, int ldw, const float *x, int NR, int NX, float *y,
+                        int ldy) {
+    const int cols = w->cols, chunks = cols / 64;
+    __m512 acc[NIB_R][NIB_X];
+    #pragma GCC unroll 2
+    for (int i = 0; i < NR; i++)
+        #pragma GCC unroll 6
+        for (int j = 0; j < NX; j++) acc[i][j] = _mm512_setzero_ps();
+    for (int k = 0; k < chunks; k++) {
+        const float *wk = wb + (size_t)k * NIB_CHUNK_FLOATS;
+        __m512 p[NIB_R][NIB_X];
+        #pragma GCC unroll 4
+        for (int t = 0; t < 4; t++) {
+            __m512 wv[NIB_R];
+            #pragma GCC unroll 2
+            for (int i = 0; i < NR; i++) wv[i] = _mm512_load_ps(wk + (size_t)i * ldw + 16 * t);
+            #pragma GCC unroll 6
+            for (int j = 0; j < NX; j++) {
+                __m512 xv = _mm512_loadu_ps(x + (size_t)j * cols + 64 * k + 16 * t);
+                #pragma GCC unroll 2
+                for (int i = 0; i < NR; i++) p[i][j] = t ? _mm512_fmadd_ps(wv[i], xv, p[i][j]) : _mm512_mul_ps(wv[i], xv);
+            }
+        }
+        #pragma GCC unroll 2
+        for (int i = 0; i < NR; i++) {
+            __m512 scale = _mm512_load_ps(wk + (size_t)i * ldw + 64);
+            #pragma GCC unroll 6
+            for (int j = 0; j < NX; j++) acc[i][j] = _mm512_fmadd_ps(p[i][j], scale, acc[i][j]);
+        }
+    }
+    #pragma GCC unroll 2
+    for (int i = 0; i < NR; i++)
+        #pragma GCC unroll 6
+        for (int j = 0; j < NX; j++)
+            y[(size_t)j * ldy + i] = nibble_finish(w, r + i, chunks * 64, x + (size_t)j * cols, acc[i][j]);
+}
+
+#define NIB_CASE(nr, nx) \
+    case (nr) * 8 + (nx): nibble_tile(w, r, wb, ldw, x, nr, nx, y, ldy); break
+
+static void nibble_tile_any(const qmat *w, int r, const float *wb, int ldw, const float *x, int nr, int nx, float *y,
+                            int ldy) {
+    switch (nr * 8 + nx) {
+        NIB_CASE(1, 1); NIB_CASE(1, 2); NIB_CASE(1, 3); NIB_CASE(1, 4); NIB_CASE(1, 5); NIB_CASE(1, 6);
+        NIB_CASE(2, 1); NIB_CASE(2, 2); NIB_CASE(2, 3); NIB_CASE(2, 4); NIB_CASE(2, 5); NIB_CASE(2, 6);
+    }
+}
+
+INLINE void nibble_decode_row(const qmat *w, wformat f, int r, float *out) {
+    const int chunks = w->cols / 64;
+    const __m512 table = nibble_table(f);
+    const uint8_t *row = kernel_row_ptr(w, r);
+    const void *srow = kernel_nibble_scale_row(w, r);
+    for (int k = 0; k < chunks; k++) {
+        __m512 z[4];
+        dec64_nibbles(row + 32 * k, table, z);
+        float *o = out + (size_t)k * NIB_CHUNK_FLOATS;
+        #pragma GCC unroll 4
+        for (int t = 0; t < 4; t++) _mm512_store_ps(o + 16 * t, z[t]);
+        _mm512_store_ps(o + 64, nibble_scales(f, srow, 2 * k));
+    }
+}
+
+static void nibble_rows_mul(const qmat *w, int r0, int r1, const float *x, int n, float *y, int ldy) {
+    const int ldw = w->cols / 64 * NIB_CHUNK_FLOATS, nr = r1 - r0;
+    float *wb = kernel_scratch((size_t)nr * ldw + 16);
+    for (int r = r0; r < r1; r++)
+        KERNEL_FOR_EACH_FORMAT(w->fmt, (void)0, nibble_decode_row(w, F, r, wb + (size_t)(r - r0) * ldw))
+    for (int j = 0; j < n; j += NIB_X)
+        for (int i = 0; i < nr; i += NIB_R)
+            nibble_tile_any(w, r0 + i, wb + (size_t)i * ldw, ldw, x + (size_t)j * w->cols, MIN(NIB_R, nr - i),
+                            MIN(NIB_X, n - j), y + (size_t)j * ldy + i, ldy);
+}
+
+#define FEW_CASE(nx)                                                                                      \
+    case nx:                                                                                              \
+        KERNEL_FOR_EACH_FORMAT(w->fmt, dot_rows(w, F, r, nr, x, nx, y, ldy),                              \
+                               nibble_dot_rows(w, F, r, nr, x, nx, y, ldy))                               \
+        break
+
+/* Rows [r, r + nr) (nr = VEC_ROWS or 1) x nx <= FEW_X inputs, decoded in registers. */
+static void rows_few(const qmat *w, int r, int nr, const float *x, int nx, float *y, int ldy) {
+    if (nr == VEC_ROWS) {
+        enum { nr = VEC_ROWS };
+        switch (nx) { FEW_CASE(1); FEW_CASE(2); FEW_CASE(3); FEW_CASE(4); }
+    } else {
+        enum { nr = 1 };
+        switch (nx) { FEW_CASE(1); FEW_CASE(2); FEW_CASE(3); FEW_CASE(4); }
+    }
+}
+
+/* y[j * ldy + (r - r0)] for inputs j in [0, n), n <= FEW_X * 2, rows in groups of VEC_ROWS. */
+static void rows_few_inputs(const qmat *w, int r0, int r1, const float *x, int n, float *y, int ldy) {
+    for (int j = 0; j < n; j += FEW_X) {
+        int nx = MIN(FEW_X, n - j);
+        const float *xj = x + (size_t)j * w->cols;
+        float *yj = y + (size_t)j * ldy;
+        int r = r0;
+        for (; r + VEC_ROWS <= r1; r += VEC_ROWS) rows_few(w, r, VEC_ROWS, xj, nx, yj + (r - r0), ldy);
+        for (; r < r1; r++) rows_few(w, r, 1, xj, nx, yj + (r - r0), ldy);
+    }
+}
+
+static void avx512_rows_vec(const qmat *w, int r0, int r1, const float *x, float *y) {
+    rows_few_inputs(w, r0, r1, x, 1, y, r1 - r0);
 }
 
 /* NR x NX tile over columns [c0, c1); partial lanes in acc[input row][weight row][16]. */
@@ -121,17 +322,21 @@ INLINE void tile(const float *wb, int ldw, const float *x, int cols, int c0, int
     const int full_end = c1 & ~15;
     #pragma GCC unroll 4
     for (int i = 0; i < NR; i++)
-        #pragma GCC unroll 4
+        #pragma GCC unroll 6
         for (int j = 0; j < NX; j++) a[i][j] = _mm512_load_ps(acc + ((size_t)j * nr_all + i) * 16);
     for (int c = c0; c < full_end; c += 16) {
         __m512 wv[TILE_R], xv[TILE_X];
         #pragma GCC unroll 4
         for (int i = 0; i < NR; i++) wv[i] = _mm512_load_ps(wb + (size_t)i * ldw + c);
-        #pragma GCC unroll 4
-        for (int j = 0; j < NX; j++) xv[j] = _mm512_loadu_ps(x + (size_t)j * cols + c);
+        #pragma GCC unroll 6
+        for (int j = 0; j < NX; j++) {
+            xv[j] = _mm512_loadu_ps(x + (size_t)j * cols + c);
+            /* Keep the input in a register: folded into each FMA it would be loaded NR times. */
+            __asm__("" : "+v"(xv[j]));
+        }
         #pragma GCC unroll 4
         for (int i = 0; i < NR; i++)
-            #pragma GCC unroll 4
+            #pragma GCC unroll 6
             for (int j = 0; j < NX; j++) a[i][j] = _mm512_fmadd_ps(wv[i], xv[j], a[i][j]);
     }
     if (full_end < c1) {
@@ -139,14 +344,14 @@ INLINE void tile(const float *wb, int ldw, const float *x, int cols, int c0, int
         #pragma GCC unroll 4
         for (int i = 0; i < NR; i++) {
             __m512 wv = _mm512_load_ps(wb + (size_t)i * ldw + full_end);
-            #pragma GCC unroll 4
+            #pragma GCC unroll 6
             for (int j = 0; j < NX; j++)
                 a[i][j] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, x + (size_t)j * cols + full_end), a[i][j]);
         }
     }
     #pragma GCC unroll 4
     for (int i = 0; i < NR; i++)
-        #pragma GCC unroll 4
+        #pragma GCC unroll 6
         for (int j = 0; j < NX; j++) _mm512_store_ps(acc + ((size_t)j * nr_all + i) * 16, a[i][j]);
 }
 
@@ -156,20 +361,25 @@ INLINE void tile(const float *wb, int ldw, const float *x, int cols, int c0, int
 static void tile_chunk(const float *wb, int ldw, const float *x, int cols, int c0, int c1, int nr, int nx, float *acc,
                        int nr_all) {
     switch (nr * 8 + nx) {
-        TILE_CASE(1, 1); TILE_CASE(1, 2); TILE_CASE(1, 3); TILE_CASE(1, 4);
-        TILE_CASE(2, 1); TILE_CASE(2, 2); TILE_CASE(2, 3); TILE_CASE(2, 4);
-        TILE_CASE(3, 1); TILE_CASE(3, 2); TILE_CASE(3, 3); TILE_CASE(3, 4);
+        TILE_CASE(1, 1); TILE_CASE(1, 2); TILE_CASE(1, 3); TILE_CASE(1, 4); TILE_CASE(1, 5); TILE_CASE(1, 6);
+        TILE_CASE(2, 1); TILE_CASE(2, 2); TILE_CASE(2, 3); TILE_CASE(2, 4); TILE_CASE(2, 5); TILE_CASE(2, 6);
+        TILE_CASE(3, 1); TILE_CASE(3, 2); TILE_CASE(3, 3); TILE_CASE(3, 4); TILE_CASE(3, 5); TILE_CASE(3, 6);
+        TILE_CASE(4, 1); TILE_CASE(4, 2); TILE_CASE(4, 3); TILE_CASE(4, 4); TILE_CASE(4, 5); TILE_CASE(4, 6);
     }
 }
 
 static void avx512_rows_mul(const qmat *w, int r0, int r1, const float *x, int n, float *y, int ldy) {
+    if (n <= FEW_BATCH) {
+        rows_few_inputs(w, r0, r1, x, n, y, ldy);
+        return;
+    }
+    if (kernel_is_nibbles(w->fmt)) {
+        nibble_rows_mul(w, r0, r1, x, n, y, ldy);
+        return;
+    }
     const int cols = w->cols, ldw = (cols + 15) & ~15, nr = r1 - r0;
     float *wb = kernel_scratch((size_t)nr * ldw + (size_t)MUL_XROWS * nr * 16);
     float *acc = wb + (size_t)nr * ldw;
-    if (kernel_is_nibbles(w->fmt)) {
-        kernel_path_avx2.rows_mul(w, r0, r1, x, n, y, ldy);
-        return;
-    }
     for (int r = r0; r < r1; r++)
         KERNEL_FOR_EACH_FORMAT(w->fmt, decode_row(w, F, r, wb + (size_t)(r - r0) * ldw), (void)0)
     for (int j0 = 0; j0 < n; j0 += MUL_XROWS) {
@@ -191,6 +401,6 @@ static void avx512_rows_mul(const qmat *w, int r0, int r1, const float *x, int n
     }
 }
 
-const kernel_path kernel_path_avx512 = {"avx512", avx512_rows_vec, avx512_rows_mul, 1};
+const kernel_path kernel_path_avx512 = {"avx512", avx512_rows_vec, avx512_rows_mul, 16};
 
 #endif

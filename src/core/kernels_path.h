@@ -46,9 +46,9 @@ typedef struct {
     void (*rows_vec)(const qmat *w, int r0, int r1, const float *x, float *y);
     /* y[j * ldy + (r - r0)] = that dot product with x + j * cols, for r in [r0, r1), j in [0, n). */
     void (*rows_mul)(const qmat *w, int r0, int r1, const float *x, int n, float *y, int ldy);
-    /* Nonzero if nibble-format input rows must arrive in kernel_nibble_permute_x order (the SIMD
-     * decode order). */
-    int nibble_permuted;
+    /* Vector width (8 or 16 lanes) whose kernel_nibble_permute_x order nibble-format input rows
+     * must arrive in (the SIMD decode order), or 0 for column order. */
+    int nibble_width;
 } kernel_path;
 
 extern const kernel_path kernel_path_scalar;
@@ -84,10 +84,13 @@ float kernel_weight(const qmat *w, int r, int c);
  * for those columns at their own positions (kernel_nibble_permute_x leaves the tail in place). */
 void kernel_nibble_blocks(const qmat *w, int r, int b0, const float *x, float acc[16]);
 
-/* Nibble SIMD input order: within each full 64-column chunk, out[8 * v + 4 * h + j] =
- * x[32 * h + 16 * (v / 4) + 4 * j + v % 4] (v = 0..7, h = 0..1, j = 0..3): vector v then
- * holds the inputs of the 8 lanes' v-th term. Columns past the last full chunk are copied. */
-void kernel_nibble_permute_x(const float *x, int cols, float *out);
+/* Nibble SIMD input order. A full 64-column chunk (blocks b, b + 1) feeds each of rule 4's 16
+ * lanes L one 4-term partial: block b + (L / 4) % 2, group g = 4 * (L / 8) + L % 4, so term t
+ * (0..3) of lane L is column 32 * ((L / 4) % 2) + 16 * (L / 8) + 4 * (L % 4) + t of the chunk.
+ * Width 16 stores it at 16 * t + L (vector t = term t of all 16 lanes); width 8 at
+ * 32 * (L / 8) + 8 * t + L % 8 (two vectors per term, lanes 0..7 then 8..15). Columns past the
+ * last full chunk are copied. */
+void kernel_nibble_permute_x(const float *x, int cols, int width, float *out);
 
 float kernel_tree16(const float acc[16]);
 

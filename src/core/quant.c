@@ -2,8 +2,8 @@
  *
  * E4M3 and E2M1 rounding share one routine: a small float format is a grid whose spacing is
  * 2^(exponent - mantissa_bits) above its smallest normal and constant below it (subnormals).
- * Dividing by that spacing is exact (a power of two), so rintf() in the default rounding mode
- * gives round-half-to-even on the grid without any bit tricks. */
+ * Dividing by that spacing is exact (a power of two), so rounding to an integer in the default
+ * rounding mode gives round-half-to-even on the grid. */
 #include "quant.h"
 #include "util.h"
 
@@ -28,21 +28,39 @@ float e4m3_to_f32(uint8_t b) {
     return (b & 0x80) ? -v : v;
 }
 
+/* 2^e for -126 <= e <= 127, from its bits. */
+static inline float pow2f(int e) {
+    uint32_t u = (uint32_t)(e + 127) << 23;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
 /* Nearest value of a sign-magnitude minifloat with `mbits` mantissa bits, smallest normal
- * exponent `emin` and largest finite value `maxval`; ties to even; saturates; NaN stays NaN. */
-static float minifloat_round(float f, int mbits, int emin, float maxval) {
+ * exponent `emin` and largest finite value `maxval`; ties to even; saturates; NaN stays NaN.
+ * Inlined into the QDQ loops, so it avoids libm: the exponent comes from the bits, scaling by
+ * the spacing 2^(e - mbits) is exact both ways (every spacing and its inverse is a normal
+ * float), and a / spacing is below 2^(mbits + 1) + 1, where adding and subtracting 2^23 rounds
+ * to an integer exactly as rintf does in the default rounding mode. */
+static inline __attribute__((always_inline)) float minifloat_round(float f, int mbits, int emin, float maxval) {
     if (isnan(f)) return f;
     float a = fabsf(f);
-    int e = a >= ldexpf(1.0f, emin) ? ilogbf(a) : emin;
+    if (a > maxval) return copysignf(maxval, f);         /* also inf; maxval is on the grid */
+    uint32_t bits;
+    memcpy(&bits, &a, 4);
+    int e = a >= pow2f(emin) ? (int)(bits >> 23) - 127 : emin;
     int spacing_exp = e - mbits;
-    float r = ldexpf(rintf(ldexpf(a, -spacing_exp)), spacing_exp);
+    float r = ((a * pow2f(-spacing_exp) + 8388608.0f) - 8388608.0f) * pow2f(spacing_exp);
     if (r > maxval) r = maxval;
     return copysignf(r, f);
 }
 
-float e4m3_round(float f) { return minifloat_round(f, 3, -6, 448.0f); }
+static inline __attribute__((always_inline)) float e4m3_round_inline(float f) { return minifloat_round(f, 3, -6, 448.0f); }
+static inline __attribute__((always_inline)) float e2m1_round_inline(float f) { return minifloat_round(f, 1, 0, 6.0f); }
 
-float e2m1_round(float f) { return minifloat_round(f, 1, 0, 6.0f); }
+float e4m3_round(float f) { return e4m3_round_inline(f); }
+
+float e2m1_round(float f) { return e2m1_round_inline(f); }
 
 uint8_t f32_to_e4m3(float f) {
     if (isnan(f)) return signbit(f) ? 0xff : 0x7f;
@@ -77,15 +95,21 @@ static float pow2_ceil(float v) {
     return ldexpf(1.0f, m == 0.5f ? e - 1 : e);
 }
 
+/* The largest |x|, NaNs skipped (as fmaxf skips them; a comparison with NaN is false). */
 static float block_amax(const float *x, size_t n) {
     float amax = 0.0f;
-    for (size_t i = 0; i < n; i++) amax = fmaxf(amax, fabsf(x[i]));
+    for (size_t i = 0; i < n; i++) {
+        float a = fabsf(x[i]);
+        amax = a > amax ? a : amax;
+    }
     return amax;
 }
 
 /* One QDQ block: scale = 2^ceil(log2(max(amax, floor)/maxval)), x <- round(x/scale)*scale.
- * A block holding inf or NaN is left as it is: there is no meaningful scale for it. */
-static void qdq_block(float *x, size_t n, float amax_floor, float maxval, float (*round_fn)(float)) {
+ * A block holding inf or NaN is left as it is: there is no meaningful scale for it. Inlined
+ * per format so the rounding inlines into the loop. */
+static inline __attribute__((always_inline)) void qdq_block(float *x, size_t n, float amax_floor, float maxval,
+                                                            float (*round_fn)(float)) {
     float amax = block_amax(x, n);
     if (!isfinite(amax)) return;
     float scale = pow2_ceil(fmaxf(amax, amax_floor) / maxval);
@@ -94,12 +118,12 @@ static void qdq_block(float *x, size_t n, float amax_floor, float maxval, float 
 
 void act_qdq_e4m3(float *x, size_t n, size_t block) {
     if (block == 0) block = n;
-    for (size_t i = 0; i < n; i += block) qdq_block(x + i, MIN(block, n - i), 1e-4f, 448.0f, e4m3_round);
+    for (size_t i = 0; i < n; i += block) qdq_block(x + i, MIN(block, n - i), 1e-4f, 448.0f, e4m3_round_inline);
 }
 
 /* The FP4 amax floor is 6 * 2^-126 (the official kernel's indexer path): the smallest amax
  * whose scale, 2^-126, is still a normal float. */
 void act_qdq_fp4(float *x, size_t n, size_t block) {
     if (block == 0) block = n;
-    for (size_t i = 0; i < n; i += block) qdq_block(x + i, MIN(block, n - i), 6.0f * FLT_MIN, 6.0f, e2m1_round);
+    for (size_t i = 0; i < n; i += block) qdq_block(x + i, MIN(block, n - i), 6.0f * FLT_MIN, 6.0f, e2m1_round_inline);
 }

@@ -409,10 +409,10 @@ static void layout_scratch(arena *a, dsv4_seq *s, const dsv4_config *c) {
     s->moe_rw = arena_take(a, C * k, F);
     s->moe_idx = arena_take(a, C * k, sizeof(int));
     s->moe_rows = arena_take(a, C * k, sizeof(int));
-    s->moe_xe = arena_take(a, C * k * c->dim, F);
-    s->moe_ge = arena_take(a, C * k * inter, F);
-    s->moe_ue = arena_take(a, C * k * inter, F);
-    s->moe_ye = arena_take(a, C * k * c->dim, F);
+    s->moe_xe = arena_take(a, C * c->dim, F);       /* an expert sees each token at most once */
+    s->moe_ge = arena_take(a, C * inter, F);
+    s->moe_ue = arena_take(a, C * inter, F);
+    s->moe_ye = arena_take(a, C * c->dim, F);
     s->moe_y = arena_take(a, C * k * c->dim, F);
     s->att_scores = arena_take(a, (size_t)c->n_heads * s->max_cand, F);
     s->cand = arena_take(a, s->max_cand, sizeof(float *));
@@ -421,6 +421,10 @@ static void layout_scratch(arena *a, dsv4_seq *s, const dsv4_config *c) {
     s->idx_dots = arena_take(a, ((size_t)s->ctx / 4 + 1) * c->idx_heads, F);
     s->idx_scores = arena_take(a, (size_t)s->ctx / 4 + 1, F);
     s->idx_top = arena_take(a, c->idx_topk, sizeof(int));
+    s->row_id = arena_take(a, C, sizeof(int));
+    s->row_pos = arena_take(a, C, sizeof(int));
+    s->row_seq = arena_take(a, C, sizeof(dsv4_seq *));
+    s->head_out = arena_take(a, (size_t)DSV4_HEAD_ROWS * c->vocab, F);
 }
 
 /* Most candidates any query can have: the window plus the largest compressed set. */

@@ -32,7 +32,11 @@
 
 #define DSV4_MAX_LAYERS 128
 #define DSV4_MAX_HC 8
-#define DSV4_CHUNK 64          /* tokens per internal pass: bounds scratch, batches weight reads */
+/* Tokens per internal pass: bounds scratch, batches weight reads. Large enough that a routed
+ * expert sees a few dozen tokens of a pass (256 * n_active / n_experts) and reuses each decoded
+ * weight tile across them. */
+#define DSV4_CHUNK 256
+#define DSV4_HEAD_ROWS 8       /* rows per head product (a batched decode step's sequences) */
 
 typedef struct {
     int dim, n_layers, n_mtp, vocab;
@@ -101,7 +105,12 @@ typedef struct {
     float *ilist;              /* indexer keys [ctx/4][idx_dim] */
 } dsv4_layer_state;
 
-typedef struct {
+/* A sequence's handle is also the scratch of a pass: a forward call over several sequences
+ * runs each pass in the first one's scratch. Rows are tokens of any of the call's sequences
+ * (row_seq, row_pos, row_id); the per-token temporaries (att_scores .. idx_top, sized by the
+ * context) are always taken from the row's own sequence. */
+typedef struct dsv4_seq dsv4_seq;
+struct dsv4_seq {
     int ctx;
     state *st;                 /* the generic state holding the parts, for state_capture */
     dsv4_layer_state *ls;
@@ -117,7 +126,7 @@ typedef struct {
     float *moe_score, *moe_biased;                 /* [n_experts] one token's scores */
     float *moe_w, *moe_rw;     /* [C*k] route weights by (token, rank); gathered for one expert */
     int *moe_idx, *moe_rows;   /* [C*k] chosen experts; (token, rank) rows gathered for one expert */
-    float *moe_xe, *moe_ge, *moe_ue, *moe_ye;     /* one expert's gathered rows */
+    float *moe_xe, *moe_ge, *moe_ue, *moe_ye;     /* [C][..] one expert's gathered rows */
     float *moe_y;              /* [C][k][dim] routed outputs by rank */
     float *att_scores;         /* [n_heads][max_cand] scores, then weights */
     const float **cand;        /* [max_cand] candidate rows of one query */
@@ -126,7 +135,10 @@ typedef struct {
     float *idx_dots;           /* [idx_heads][ctx/4] */
     float *idx_scores;         /* [ctx/4] */
     int *idx_top;              /* [idx_topk] */
-} dsv4_seq;
+    int *row_id, *row_pos;     /* [C] token id and absolute position of each row of the pass */
+    dsv4_seq **row_seq;        /* [C] the sequence each row belongs to */
+    float *head_out;           /* [DSV4_HEAD_ROWS][vocab] logits of a group of rows */
+};
 
 static inline void dsv4_bf16(const dsv4_model *d, float *x, size_t n) {
     if (d->qat) bf16_round_vec(x, n);
@@ -137,17 +149,16 @@ static inline void dsv4_act_qdq(const dsv4_model *d, float *x, size_t n) {
 }
 
 /* deepseek_v4_forward.c */
-int dsv4_forward(model *m, void *fam_seq, const int *ids, int pos0, int n, float *logits, float *all_logits,
-                 char *err, size_t errlen);
+int dsv4_forward(model *m, const fwd_seg *segs, int nseg, char *err, size_t errlen);
 
-/* deepseek_v4_attn.c: s->x[n][dim] holds the attn_norm outputs of tokens pos0..pos0+n-1;
- * writes the attention sub-layer output to out[n][dim] and advances the layer's state. */
-void dsv4_attention(const dsv4_model *d, const dsv4_layer *L, dsv4_layer_state *ls, dsv4_seq *s, int pos0, int n,
-                    float *out);
+/* deepseek_v4_attn.c: s->x[n][dim] holds the attn_norm outputs of the pass's n rows (a row's
+ * tokens of one sequence in position order); writes the attention sub-layer output of layer li
+ * to out[n][dim] and advances each row's sequence state. */
+void dsv4_attention(const dsv4_model *d, const dsv4_layer *L, int li, dsv4_seq *s, int n, float *out);
 
-/* deepseek_v4_moe.c: x[n][dim] are ffn_norm outputs; out[n][dim]. */
-void dsv4_moe(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s, const int *ids, int n, const float *x,
-              float *out);
+/* deepseek_v4_moe.c: x[n][dim] are ffn_norm outputs of the pass's rows (ids in s->row_id);
+ * out[n][dim]. */
+void dsv4_moe(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s, int n, const float *x, float *out);
 
 /* chat_deepseek_v4.c: the template the descriptor points at. */
 extern const chat_template deepseek_v4_chat;

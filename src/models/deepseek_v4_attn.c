@@ -24,7 +24,7 @@ static void rope_tail(const dsv4_model *d, const dsv4_layer *L, float *x, int wi
 }
 
 /* qr = q_norm(wq_a x) (also the indexer's query latent); q = wq_b qr with per-head RMS and RoPE. */
-static void project_query(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s, int pos0, int n) {
+static void project_query(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s, int n) {
     const dsv4_config *c = &d->c;
     int hd = c->head_dim, qw = c->n_heads * hd;
     qmat_mul(&L->wq_a, s->xq, n, s->qr);
@@ -42,12 +42,12 @@ static void project_query(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s,
             dsv4_bf16(d, q, hd);
             rmsnorm(q, q, NULL, hd, (float)c->eps);
             dsv4_bf16(d, q, hd);
-            rope_tail(d, L, q, hd, pos0 + t, 0);
+            rope_tail(d, L, q, hd, s->row_pos[t], 0);
         }
 }
 
 /* Window KV: kv_norm(wkv x), RoPE on the tail, E4M3 QDQ (blocks of 64) of the non-rope dims. */
-static void project_kv(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s, int pos0, int n) {
+static void project_kv(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s, int n) {
     int hd = d->c.head_dim;
     qmat_mul(&L->wkv, s->xq, n, s->kv);
     for (int t = 0; t < n; t++) {
@@ -55,7 +55,7 @@ static void project_kv(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s, in
         dsv4_bf16(d, kv, hd);
         rmsnorm_bf16w(kv, kv, L->kv_norm, hd, (float)d->c.eps);
         dsv4_bf16(d, kv, hd);
-        rope_tail(d, L, kv, hd, pos0 + t, 0);
+        rope_tail(d, L, kv, hd, s->row_pos[t], 0);
         if (d->qat) act_qdq_e4m3(kv, hd - d->c.rope_dim, 64);
     }
 }
@@ -132,7 +132,7 @@ static void compress_indexer(const dsv4_model *d, const dsv4_layer *L, dsv4_laye
 }
 
 /* Indexer inputs of the pass: quantized per-head queries and head weights. */
-static void project_indexer(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s, int pos0, int n) {
+static void project_indexer(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s, int n) {
     const dsv4_config *c = &d->c;
     int iw = c->idx_heads * c->idx_dim;
     qmat_mul(&L->idx_wq_b, s->qrq, n, s->iq);
@@ -140,7 +140,7 @@ static void project_indexer(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *
         for (int h = 0; h < c->idx_heads; h++) {
             float *q = s->iq + (size_t)t * iw + (size_t)h * c->idx_dim;
             dsv4_bf16(d, q, c->idx_dim);
-            rope_tail(d, L, q, c->idx_dim, pos0 + t, 0);
+            rope_tail(d, L, q, c->idx_dim, s->row_pos[t], 0);
             indexer_quant(d, q, c->idx_dim);
         }
     qmat_mul(&L->idx_wproj, s->x, n, s->iw);
@@ -151,39 +151,41 @@ static void project_indexer(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *
     qmat_mul(&L->idx_comp.wgate, s->x, n, s->is);
 }
 
-/* Top entries of I(t,s) = sum_h w_h relu(q_h . k_s) among the nvis visible ones. The dots of
- * every head with every key are one product with the key list as the matrix. */
-static int indexer_select(const dsv4_model *d, const dsv4_layer_state *ls, dsv4_seq *s, int t, int nvis) {
+/* Top entries of I(t,s) = sum_h w_h relu(q_h . k_s) among the nvis visible ones of row t's
+ * sequence `own` (its temporaries too). The dots of every head with every key are one product
+ * with the key list as the matrix. */
+static int indexer_select(const dsv4_model *d, const dsv4_layer_state *ls, const dsv4_seq *s, dsv4_seq *own, int t,
+                          int nvis) {
     const dsv4_config *c = &d->c;
     const float *iq = s->iq + (size_t)t * c->idx_heads * c->idx_dim, *w = s->iw + (size_t)t * c->idx_heads;
     qmat keys = {.fmt = WF_F32, .rows = nvis, .cols = c->idx_dim, .data = ls->ilist};
-    qmat_mul(&keys, iq, c->idx_heads, s->idx_dots);
+    qmat_mul(&keys, iq, c->idx_heads, own->idx_dots);
     for (int e = 0; e < nvis; e++) {
         float acc = 0;
-        for (int h = 0; h < c->idx_heads; h++) acc += w[h] * fmaxf(s->idx_dots[(size_t)h * nvis + e], 0);
-        s->idx_scores[e] = acc;
+        for (int h = 0; h < c->idx_heads; h++) acc += w[h] * fmaxf(own->idx_dots[(size_t)h * nvis + e], 0);
+        own->idx_scores[e] = acc;
     }
     int k = MIN(c->idx_topk, nvis);
-    topk(s->idx_scores, nvis, k, s->idx_top);
+    topk(own->idx_scores, nvis, k, own->idx_top);
     return k;
 }
 
 /* Candidate keys (= values) for the query at pos, gathered into kmat [nc][head_dim] and its
  * transpose kt [head_dim][nc]: the window oldest first, then compressed rows. */
-static int gather_candidates(const dsv4_model *d, const dsv4_layer *L, const dsv4_layer_state *ls, dsv4_seq *s,
-                             int t, int pos) {
+static int gather_candidates(const dsv4_model *d, const dsv4_layer *L, const dsv4_layer_state *ls, const dsv4_seq *s,
+                             dsv4_seq *own, int t, int pos) {
     const dsv4_config *c = &d->c;
     int hd = c->head_dim, nc = 0;
-    for (int p = MAX(0, pos - c->window + 1); p <= pos; p++) s->cand[nc++] = ls->ring + (size_t)(p % c->window) * hd;
+    for (int p = MAX(0, pos - c->window + 1); p <= pos; p++) own->cand[nc++] = ls->ring + (size_t)(p % c->window) * hd;
     if (L->ratio == 4) {
-        int k = indexer_select(d, ls, s, t, (pos + 1) / 4);
-        for (int i = 0; i < k; i++) s->cand[nc++] = ls->clist + (size_t)s->idx_top[i] * hd;
+        int k = indexer_select(d, ls, s, own, t, (pos + 1) / 4);
+        for (int i = 0; i < k; i++) own->cand[nc++] = ls->clist + (size_t)own->idx_top[i] * hd;
     } else if (L->ratio) {
-        for (int e = 0; e < (pos + 1) / L->ratio; e++) s->cand[nc++] = ls->clist + (size_t)e * hd;
+        for (int e = 0; e < (pos + 1) / L->ratio; e++) own->cand[nc++] = ls->clist + (size_t)e * hd;
     }
     for (int i = 0; i < nc; i++) {
-        memcpy(s->kmat + (size_t)i * hd, s->cand[i], sizeof(float) * hd);
-        for (int k = 0; k < hd; k++) s->kt[(size_t)k * nc + i] = s->cand[i][k];
+        memcpy(own->kmat + (size_t)i * hd, own->cand[i], sizeof(float) * hd);
+        for (int k = 0; k < hd; k++) own->kt[(size_t)k * nc + i] = own->cand[i][k];
     }
     return nc;
 }
@@ -200,19 +202,21 @@ static void sink_softmax(float *z, int nc, float scale, float sink) {
     for (int i = 0; i < nc; i++) z[i] /= sum;
 }
 
-/* Attention of one token, all heads: scores = K q_h, weights with sinks, o_h = K^T p_h, then
- * BF16 and de-rotation of the rope dims at the query position (V = K carried key rotations). */
-static void attend_token(const dsv4_model *d, const dsv4_layer *L, dsv4_layer_state *ls, dsv4_seq *s, int t,
-                         int pos) {
+/* Attention of row t (sequence `own`), all heads: scores = K q_h, weights with sinks,
+ * o_h = K^T p_h, then BF16 and de-rotation of the rope dims at the query position (V = K
+ * carried key rotations). */
+static void attend_token(const dsv4_model *d, const dsv4_layer *L, const dsv4_layer_state *ls, dsv4_seq *s,
+                         dsv4_seq *own, int t, int pos) {
     const dsv4_config *c = &d->c;
     int hd = c->head_dim, qw = c->n_heads * hd;
-    int nc = gather_candidates(d, L, ls, s, t, pos);
-    qmat k = {.fmt = WF_F32, .rows = nc, .cols = hd, .data = s->kmat};
-    qmat kt = {.fmt = WF_F32, .rows = hd, .cols = nc, .data = s->kt};
-    qmat_mul(&k, s->q + (size_t)t * qw, c->n_heads, s->att_scores);
-    for (int h = 0; h < c->n_heads; h++) sink_softmax(s->att_scores + (size_t)h * nc, nc, 1.0f / sqrtf((float)hd), L->sink[h]);
+    int nc = gather_candidates(d, L, ls, s, own, t, pos);
+    qmat k = {.fmt = WF_F32, .rows = nc, .cols = hd, .data = own->kmat};
+    qmat kt = {.fmt = WF_F32, .rows = hd, .cols = nc, .data = own->kt};
+    qmat_mul(&k, s->q + (size_t)t * qw, c->n_heads, own->att_scores);
+    for (int h = 0; h < c->n_heads; h++)
+        sink_softmax(own->att_scores + (size_t)h * nc, nc, 1.0f / sqrtf((float)hd), L->sink[h]);
     float *o = s->o + (size_t)t * qw;
-    qmat_mul(&kt, s->att_scores, c->n_heads, o);
+    qmat_mul(&kt, own->att_scores, c->n_heads, o);
     for (int h = 0; h < c->n_heads; h++) {
         dsv4_bf16(d, o + (size_t)h * hd, hd);
         rope_tail(d, L, o + (size_t)h * hd, hd, pos, 1);
@@ -233,15 +237,17 @@ static void capture_layer(const dsv4_layer *L, const dsv4_layer_state *ls, state
     }
 }
 
-/* The stateful part, token by token: ring write, emissions, then attention over what is visible.
- * The only writes to RING/RECUR parts are here (projections above write scratch only). */
-static void attend_tokens(const dsv4_model *d, const dsv4_layer *L, dsv4_layer_state *ls, dsv4_seq *s, int pos0,
-                          int n) {
+/* The stateful part, row by row: ring write, emissions, then attention over what is visible, in
+ * the row's own sequence. The only writes to RING/RECUR parts are here (projections above write
+ * scratch only); a sequence's rows come in position order. */
+static void attend_tokens(const dsv4_model *d, const dsv4_layer *L, int li, dsv4_seq *s, int n) {
     const dsv4_config *c = &d->c;
     int hd = c->head_dim;
     for (int t = 0; t < n; t++) {
-        int pos = pos0 + t;
-        capture_layer(L, ls, s->st, pos);
+        dsv4_seq *own = s->row_seq[t];
+        dsv4_layer_state *ls = &own->ls[li];
+        int pos = s->row_pos[t];
+        capture_layer(L, ls, own->st, pos);
         memcpy(ls->ring + (size_t)(pos % c->window) * hd, s->kv + (size_t)t * hd, sizeof(float) * hd);
         if (L->ratio) {
             int cw = L->comp.coff * hd;
@@ -251,7 +257,7 @@ static void attend_tokens(const dsv4_model *d, const dsv4_layer *L, dsv4_layer_s
             int iw = L->idx_comp.coff * c->idx_dim;
             compress_indexer(d, L, ls, s->ia + (size_t)t * iw, s->is + (size_t)t * iw, pos);
         }
-        attend_token(d, L, ls, s, t, pos);
+        attend_token(d, L, ls, s, own, t, pos);
     }
 }
 
@@ -274,16 +280,15 @@ static void project_output(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s
     dsv4_bf16(d, out, (size_t)n * c->dim);
 }
 
-void dsv4_attention(const dsv4_model *d, const dsv4_layer *L, dsv4_layer_state *ls, dsv4_seq *s, int pos0, int n,
-                    float *out) {
+void dsv4_attention(const dsv4_model *d, const dsv4_layer *L, int li, dsv4_seq *s, int n, float *out) {
     qdq_rows(d, s->x, s->xq, n, d->c.dim);
-    project_query(d, L, s, pos0, n);
-    project_kv(d, L, s, pos0, n);
+    project_query(d, L, s, n);
+    project_kv(d, L, s, n);
     if (L->ratio) {
         qmat_mul(&L->comp.wkv, s->x, n, s->ca);
         qmat_mul(&L->comp.wgate, s->x, n, s->cs);
     }
-    if (L->ratio == 4) project_indexer(d, L, s, pos0, n);
-    attend_tokens(d, L, ls, s, pos0, n);
+    if (L->ratio == 4) project_indexer(d, L, s, n);
+    attend_tokens(d, L, li, s, n);
     project_output(d, L, s, n, out);
 }

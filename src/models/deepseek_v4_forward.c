@@ -1,8 +1,9 @@
 /* deepseek_v4_forward.c — one forward call: embedding, the hc_mult residual streams with their
  * mHC mixing (spec §3), the block loop, and the HC head + final norm + head (spec §2).
  *
- * A call is cut into passes of at most DSV4_CHUNK tokens; within a pass each layer runs its
- * projections over all tokens at once and its stateful parts token by token (deepseek_v4.h). */
+ * A call is cut into passes of at most DSV4_CHUNK rows, taken in order from its segments (one
+ * sequence each); within a pass each layer runs its projections over all rows at once and its
+ * stateful parts row by row, each in its own sequence (deepseek_v4.h). */
 #include <math.h>
 #include <string.h>
 
@@ -95,18 +96,17 @@ static void hc_post(const dsv4_model *d, dsv4_seq *s, int n) {
     }
 }
 
-static void run_block(const dsv4_model *d, const dsv4_layer *L, dsv4_layer_state *ls, dsv4_seq *s, const int *ids,
-                      int pos0, int n) {
+static void run_block(const dsv4_model *d, const dsv4_layer *L, int li, dsv4_seq *s, int n) {
     hc_pre(d, &L->hc_attn, L->attn_norm, s, n);
-    dsv4_attention(d, L, ls, s, pos0, n, s->f);
+    dsv4_attention(d, L, li, s, n, s->f);
     hc_post(d, s, n);
     hc_pre(d, &L->hc_ffn, L->ffn_norm, s, n);
-    dsv4_moe(d, L, s, ids, n, s->x, s->f);
+    dsv4_moe(d, L, s, n, s->x, s->f);
     hc_post(d, s, n);
 }
 
-/* Logits of pass token t: HC head collapse (no Sinkhorn), final norm, FP32 head. */
-static void head_logits(const dsv4_model *d, dsv4_seq *s, int t, float *logits) {
+/* Final hidden state of pass row t into y[dim]: HC head collapse (no Sinkhorn), final norm. */
+static void head_state(const dsv4_model *d, const dsv4_seq *s, int t, float *y) {
     const dsv4_config *c = &d->c;
     int width = c->hc * c->dim;
     const float *h = s->h + (size_t)t * width;
@@ -115,36 +115,66 @@ static void head_logits(const dsv4_model *d, dsv4_seq *s, int t, float *logits) 
     float r = rsqrt_mean_square(h, width, c->eps);
     for (int i = 0; i < c->hc; i++)
         pre[i] = sigmoidf(mix[i] * r * d->hc_head.scale[0] + d->hc_head.base[i]) + (float)c->hc_eps;
-    float *y = s->x;
     hc_collapse(d, h, pre, y);
     rmsnorm_bf16w(y, y, d->norm, c->dim, (float)c->eps);
     dsv4_bf16(d, y, c->dim);
-    qmat_vec(&d->head, y, logits);
 }
 
-static void forward_pass(const dsv4_model *d, dsv4_seq *s, const int *ids, int pos0, int n) {
+/* The pass's n rows (s->row_id, row_pos, row_seq set) through every block. */
+static void forward_pass(const dsv4_model *d, dsv4_seq *s, int n) {
     const dsv4_config *c = &d->c;
     for (int t = 0; t < n; t++) {
         float *h = s->h + (size_t)t * c->hc * c->dim;
-        qmat_row(&d->embed, ids[t], h);
+        qmat_row(&d->embed, s->row_id[t], h);
         for (int i = 1; i < c->hc; i++) memcpy(h + (size_t)i * c->dim, h, sizeof(float) * c->dim);
     }
-    for (int l = 0; l < c->n_layers; l++) run_block(d, &d->layers[l], &s->ls[l], s, ids, pos0, n);
+    for (int l = 0; l < c->n_layers; l++) run_block(d, &d->layers[l], l, s, n);
 }
 
-int dsv4_forward(model *m, void *fam_seq, const int *ids, int pos0, int n, float *logits, float *all_logits,
-                 char *err, size_t errlen) {
-    const dsv4_model *d = m->priv;
-    dsv4_seq *s = fam_seq;
-    for (int done = 0; done < n;) {
-        int k = MIN(DSV4_CHUNK, n - done);
-        forward_pass(d, s, ids + done, pos0 + done, k);
-        for (int t = 0; all_logits && t < k; t++) head_logits(d, s, t, all_logits + (size_t)(done + t) * d->c.vocab);
-        done += k;
-        if (logits && done == n) {
-            if (all_logits) memcpy(logits, all_logits + (size_t)(n - 1) * d->c.vocab, sizeof(float) * d->c.vocab);
-            else head_logits(d, s, k - 1, logits);
+/* Logits of a finished pass whose row t is token j[t] of segment g[t]: the final states of the
+ * rows that need logits go into s->x (free once the pass is done) and through the FP32 head
+ * DSV4_HEAD_ROWS at a time, so a batched decode step reads the head once for all its sequences. */
+static void pass_logits(const dsv4_model *d, dsv4_seq *s, const fwd_seg *const *g, const int *j, int n) {
+    int vocab = d->c.vocab, k = 0, row_tok[DSV4_CHUNK];
+    const fwd_seg *row_seg[DSV4_CHUNK];
+    for (int t = 0; t < n; t++)
+        if (g[t]->all_logits || (g[t]->logits && j[t] == g[t]->n - 1)) {
+            head_state(d, s, t, s->x + (size_t)k * d->c.dim);
+            row_seg[k] = g[t];
+            row_tok[k++] = j[t];
         }
+    for (int r0 = 0; r0 < k; r0 += DSV4_HEAD_ROWS) {
+        int rows = MIN(DSV4_HEAD_ROWS, k - r0);
+        qmat_mul(&d->head, s->x + (size_t)r0 * d->c.dim, rows, s->head_out);
+        for (int r = r0; r < r0 + rows; r++) {
+            const fwd_seg *seg = row_seg[r];
+            const float *row = s->head_out + (size_t)(r - r0) * vocab;
+            if (seg->all_logits) memcpy(seg->all_logits + (size_t)row_tok[r] * vocab, row, sizeof(float) * vocab);
+            if (seg->logits && row_tok[r] == seg->n - 1) memcpy(seg->logits, row, sizeof(float) * vocab);
+        }
+    }
+}
+
+/* The segments' tokens, concatenated, run in passes of at most DSV4_CHUNK rows in the first
+ * segment's scratch; a pass may hold rows of several sequences. */
+int dsv4_forward(model *m, const fwd_seg *segs, int nseg, char *err, size_t errlen) {
+    const dsv4_model *d = m->priv;
+    dsv4_seq *s = segs[0].fam_seq;
+    const fwd_seg *row_seg[DSV4_CHUNK];
+    int row_tok[DSV4_CHUNK], gi = 0, j = 0;     /* next token to place: token j of segment gi */
+    while (gi < nseg) {
+        int n = 0;
+        for (; gi < nseg && n < DSV4_CHUNK; n++) {
+            const fwd_seg *g = &segs[gi];
+            row_seg[n] = g;
+            row_tok[n] = j;
+            s->row_id[n] = g->ids[j];
+            s->row_pos[n] = g->pos0 + j;
+            s->row_seq[n] = g->fam_seq;
+            if (++j == g->n) gi++, j = 0;
+        }
+        forward_pass(d, s, n);
+        pass_logits(d, s, row_seg, row_tok, n);
     }
     return 0;
 }

@@ -44,8 +44,11 @@ static void expert_run(const dsv4_model *d, const qmat *w1, const qmat *w3, cons
     for (int r = 0; r < ne; r++) {
         float *g = s->moe_ge + (size_t)r * inter;
         const float *u = s->moe_ue + (size_t)r * inter;
+        /* fminf/fmaxf by comparison (inlined, unlike the libm calls): the same values, NaN
+         * included (it fails the comparison and gives the limit, as fminf/fmaxf do). */
         for (int k = 0; k < inter; k++) {
-            float gk = fminf(g[k], lim), uk = fminf(fmaxf(u[k], -lim), lim);
+            float gk = g[k] < lim ? g[k] : lim, uk = u[k] > -lim ? u[k] : -lim;
+            uk = uk < lim ? uk : lim;
             g[k] = weight[r] * (silu(gk) * uk);
         }
         dsv4_bf16(d, g, inter);
@@ -72,13 +75,12 @@ static void run_routed(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s, in
         memcpy(s->moe_y + (size_t)s->moe_rows[r] * c->dim, s->moe_ye + (size_t)r * c->dim, sizeof(float) * c->dim);
 }
 
-void dsv4_moe(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s, const int *ids, int n, const float *x,
-              float *out) {
+void dsv4_moe(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s, int n, const float *x, float *out) {
     const dsv4_config *c = &d->c;
     int k = c->n_active, dim = c->dim;
     qmat_mul(&L->gate, x, n, s->moe_logit);
     for (int t = 0; t < n; t++)
-        route(d, L, s, ids[t], s->moe_logit + (size_t)t * c->n_experts, s->moe_idx + t * k, s->moe_w + t * k);
+        route(d, L, s, s->row_id[t], s->moe_logit + (size_t)t * c->n_experts, s->moe_idx + t * k, s->moe_w + t * k);
     memcpy(s->xq, x, sizeof(float) * n * dim);
     for (int t = 0; t < n; t++) dsv4_act_qdq(d, s->xq + (size_t)t * dim, dim);
     for (int e = 0; e < c->n_experts; e++) run_routed(d, L, s, e, n);

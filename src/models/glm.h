@@ -71,8 +71,7 @@ typedef struct {
 #define GLM_CHUNK 64   /* tokens per internal pass: bounds the scratch */
 
 size_t glm_scratch_bytes(const model *m, int ctx);
-int glm_forward(model *m, void *fam_seq, const int *ids, int pos0, int n, float *logits, float *all_logits,
-                char *err, size_t errlen);
+int glm_forward(model *m, const fwd_seg *segs, int nseg, char *err, size_t errlen);
 
 /* chat_glm.c: the template the descriptor points at. */
 extern const chat_template glm_chat;

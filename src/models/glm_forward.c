@@ -52,6 +52,14 @@ typedef struct {
     int cap;
 } selection;
 
+/* The rows of a pass: tokens of the call's segments in order; row i is position pos[i] of seq[i]
+ * (a sequence's rows in position order). Stateful work for a row uses its own sequence. */
+typedef struct {
+    int *pos;
+    glm_seq **seq;
+    int end;                 /* 1 + the largest position of the pass */
+} rows_info;
+
 /* ---- DSA indexer ------------------------------------------------------------------------ */
 
 static int cmp_int(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
@@ -94,30 +102,32 @@ static void indexer_layout(arena *a, const glm_model *g, int n, int end, indexer
     b->dots = floats(a, (size_t)g->idx_heads * end);
 }
 
-static void run_indexer(const model *m, const glm_layer *l, float *keys, const float *hn, const float *q_resid,
-                        int pos0, int n, selection *sel, arena *sc) {
+static void run_indexer(const model *m, const glm_layer *l, int li, const rows_info *ri, const float *hn,
+                        const float *q_resid, int n, selection *sel, arena *sc) {
     const glm_model *g = m->priv;
     int hd = g->idx_dim, nh = g->idx_heads;
     indexer_bufs b;
-    indexer_layout(sc, g, n, pos0 + n, &b);
+    indexer_layout(sc, g, n, ri->end, &b);
     float *q = b.q, *k = b.k, *w = b.w, *dots = b.dots;
     project(m, &l->idx_wq_b, q_resid, n, q);
     project(m, &l->idx_wk, hn, n, k);
     project(m, &l->idx_weights, hn, n, w);
     float head_scale = 1.0f / sqrtf((float)nh);
     for (int i = 0; i < n; i++) {
-        for (int h = 0; h < nh; h++) rope_rotate(g, q + ((size_t)i * nh + h) * hd, pos0 + i, g->idx_rope_interleave);
+        int pos = ri->pos[i];
+        for (int h = 0; h < nh; h++) rope_rotate(g, q + ((size_t)i * nh + h) * hd, pos, g->idx_rope_interleave);
         for (int h = 0; h < nh; h++) w[(size_t)i * nh + h] *= head_scale;
-        float *row = keys + (size_t)(pos0 + i) * hd;
+        float *row = ri->seq[i]->ik[li] + (size_t)pos * hd;
         layernorm(row, k + (size_t)i * hd, l->idx_knorm_w, l->idx_knorm_b, hd, 1e-6f);
         act_round(m, row, (size_t)hd);
-        rope_rotate(g, row, pos0 + i, g->idx_rope_interleave);
+        rope_rotate(g, row, pos, g->idx_rope_interleave);
     }
     for (int i = 0; i < n; i++) {
-        int pos = pos0 + i;
+        int pos = ri->pos[i];
         sel->nsel[i] = pos + 1 > g->idx_topk ? g->idx_topk : -1;
         if (sel->nsel[i] > 0)
-            index_token(g, keys, q + (size_t)i * nh * hd, w + (size_t)i * nh, pos, sel->sel + (size_t)i * sel->cap, dots);
+            index_token(g, ri->seq[i]->ik[li], q + (size_t)i * nh * hd, w + (size_t)i * nh, pos,
+                        sel->sel + (size_t)i * sel->cap, dots);
     }
 }
 
@@ -166,8 +176,6 @@ static void attend_head(void *ctx, int h) {
     for (int d = 0; d < g->v_dim; d++) j->out[(size_t)h * g->v_dim + d] = dot_f32(w_uv + (size_t)d * kvl, c_lat, kvl);
 }
 
-/* Every token in position order: the attended rows are all t <= pos (already contiguous in the
- * state) or the indexer's selection gathered into one buffer, then heads run in parallel. */
 /* j->w and j->work, and the rows an indexer selection is gathered into (NULL without one). */
 static float *attend_layout(arena *a, const glm_model *g, int end, int sel_cap, attn_job *j) {
     int row_len = g->kv_lora + g->rope;
@@ -177,17 +185,21 @@ static float *attend_layout(arena *a, const glm_model *g, int end, int sel_cap, 
     return sel_cap > 1 ? floats(a, (size_t)sel_cap * row_len) : NULL;
 }
 
-static void attend(const glm_model *g, const glm_layer *l, const float *state_rows, const float *q,
-                   const selection *sel, int pos0, int n, float *out, arena *sc) {
+/* Every row in order: the attended rows are all t <= pos of the row's sequence (already
+ * contiguous in its state) or the indexer's selection gathered into one buffer, then heads run
+ * in parallel. */
+static void attend(const glm_model *g, const glm_layer *l, int li, const rows_info *ri, const float *q,
+                   const selection *sel, int n, float *out, arena *sc) {
     int row_len = g->kv_lora + g->rope, qk = g->nope + g->rope;
     attn_job j = {.g = g, .l = l};
-    float *gathered = attend_layout(sc, g, pos0 + n, sel->cap, &j);
+    float *gathered = attend_layout(sc, g, ri->end, sel->cap, &j);
     pool_run(g->n_heads, dequant_head, &j);
     for (int i = 0; i < n; i++) {
         int k = sel->nsel[i];
+        const float *state_rows = ri->seq[i]->kv[li];
         if (k < 0) {
             j.rows = state_rows;
-            j.cnt = pos0 + i + 1;
+            j.cnt = ri->pos[i] + 1;
         } else {
             const int *picked = sel->sel + (size_t)i * sel->cap;
             for (int r = 0; r < k; r++)
@@ -201,7 +213,7 @@ static void attend(const glm_model *g, const glm_layer *l, const float *state_ro
     }
 }
 
-/* out[n][dim] = o_proj(attention(hn)); writes this layer's rows at pos0..pos0+n-1. */
+/* out[n][dim] = o_proj(attention(hn)); writes this layer's row of every row's position. */
 typedef struct {
     float *qa, *q, *ckv, *heads;
 } attention_bufs;
@@ -213,7 +225,7 @@ static void attention_layout(arena *a, const glm_model *g, int n, attention_bufs
     b->heads = floats(a, (size_t)n * g->n_heads * g->v_dim);
 }
 
-static void attention(const model *m, const glm_layer *l, int li, glm_seq *s, const float *hn, int pos0, int n,
+static void attention(const model *m, const glm_layer *l, int li, const rows_info *ri, const float *hn, int n,
                       selection *sel, float *out, arena *sc) {
     const glm_model *g = m->priv;
     int qk = g->nope + g->rope, row_len = g->kv_lora + g->rope;
@@ -225,16 +237,17 @@ static void attention(const model *m, const glm_layer *l, int li, glm_seq *s, co
     project(m, &l->q_b, qa, n, q);
     project(m, &l->kv_a, hn, n, ckv);
     for (int i = 0; i < n; i++) {
-        for (int h = 0; h < g->n_heads; h++) rope_rotate(g, q + ((size_t)i * g->n_heads + h) * qk + g->nope, pos0 + i,
-                                                         g->rope_interleave);
-        float *row = s->kv[li] + (size_t)(pos0 + i) * row_len;
+        int pos = ri->pos[i];
+        for (int h = 0; h < g->n_heads; h++)
+            rope_rotate(g, q + ((size_t)i * g->n_heads + h) * qk + g->nope, pos, g->rope_interleave);
+        float *row = ri->seq[i]->kv[li] + (size_t)pos * row_len;
         rmsnorm(row, ckv + (size_t)i * row_len, l->kv_a_norm, g->kv_lora, 1e-6f);
         act_round(m, row, (size_t)g->kv_lora);
         memcpy(row + g->kv_lora, ckv + (size_t)i * row_len + g->kv_lora, (size_t)g->rope * sizeof *row);
-        rope_rotate(g, row + g->kv_lora, pos0 + i, g->rope_interleave);
+        rope_rotate(g, row + g->kv_lora, pos, g->rope_interleave);
     }
-    if (g->has_indexer && l->full_indexer) run_indexer(m, l, s->ik[li], hn, qa, pos0, n, sel, sc);
-    attend(g, l, s->kv[li], q, sel, pos0, n, heads, sc);
+    if (g->has_indexer && l->full_indexer) run_indexer(m, l, li, ri, hn, qa, n, sel, sc);
+    attend(g, l, li, ri, q, sel, n, heads, sc);
     act_round(m, heads, (size_t)n * g->n_heads * g->v_dim);
     project(m, &l->o, heads, n, out);
 }
@@ -343,15 +356,30 @@ static void head_layout(arena *a, const glm_model *g, int cnt, float **hn, float
     *out = floats(a, (size_t)cnt * g->vocab);
 }
 
-static void head_logits(const model *m, const float *x, int n, float *logits, float *all_logits, arena *sc) {
+/* Logits of the pass rows that want them (every row of an all_logits segment, each segment's
+ * last) through the head in one product: a batched decode step reads the head once. Row t is
+ * token tok[t] of segment seg[t]. */
+static void head_logits(const model *m, const float *x, const fwd_seg *const *seg, const int *tok, int n,
+                        arena *sc) {
     const glm_model *g = m->priv;
-    int first = all_logits ? 0 : n - 1, cnt = n - first;
+    int cnt = 0;
+    for (int t = 0; t < n; t++) cnt += seg[t]->all_logits || (seg[t]->logits && tok[t] == seg[t]->n - 1);
+    if (!cnt) return;
     float *hn, *out;
     head_layout(sc, g, cnt, &hn, &out);
-    rmsnorm_rows(m, hn, x + (size_t)first * g->dim, g->final_norm, cnt, g->dim, g->eps);
+    for (int t = 0, k = 0; t < n; t++)
+        if (seg[t]->all_logits || (seg[t]->logits && tok[t] == seg[t]->n - 1))
+            rmsnorm(hn + (size_t)k++ * g->dim, x + (size_t)t * g->dim, g->final_norm, g->dim, g->eps);
+    act_round(m, hn, (size_t)cnt * g->dim);
     qmat_mul(&g->head, hn, cnt, out);
-    if (all_logits) memcpy(all_logits, out, (size_t)n * g->vocab * sizeof *out);
-    if (logits) memcpy(logits, out + (size_t)(cnt - 1) * g->vocab, (size_t)g->vocab * sizeof *out);
+    size_t v = (size_t)g->vocab;
+    for (int t = 0, k = 0; t < n; t++) {
+        const fwd_seg *sg = seg[t];
+        if (!sg->all_logits && !(sg->logits && tok[t] == sg->n - 1)) continue;
+        const float *row = out + (size_t)k++ * v;
+        if (sg->all_logits) memcpy(sg->all_logits + (size_t)tok[t] * v, row, v * sizeof *row);
+        if (sg->logits && tok[t] == sg->n - 1) memcpy(sg->logits, row, v * sizeof *row);
+    }
 }
 
 /* What one chunk holds for its whole pass: the residual stream, norm output, sub-layer output and
@@ -359,6 +387,7 @@ static void head_logits(const model *m, const float *x, int n, float *logits, fl
 typedef struct {
     float *x, *hn, *delta;
     selection sel;
+    rows_info rows;
 } chunk_bufs;
 
 static void chunk_layout(arena *a, const glm_model *g, int n, chunk_bufs *b) {
@@ -368,6 +397,7 @@ static void chunk_layout(arena *a, const glm_model *g, int n, chunk_bufs *b) {
     b->hn = floats(a, len);
     b->delta = floats(a, len);
     b->sel = (selection){ints(a, (size_t)n * cap), ints(a, (size_t)n), cap};
+    b->rows = (rows_info){ints(a, (size_t)n), arena_take(a, (size_t)n, sizeof(glm_seq *)), 0};
 }
 
 /* One layer's scratch at its peak: attention's buffers stay taken while the FFN runs. */
@@ -410,9 +440,9 @@ size_t glm_scratch_bytes(const model *m, int ctx) {
     return held + MAX(body, a.used - held);
 }
 
-/* One chunk of at most GLM_CHUNK tokens; all its scratch is given back at the end. */
-static void forward_chunk(const model *m, glm_seq *s, const int *ids, int pos0, int n, float *logits,
-                          float *all_logits) {
+/* One pass of n <= GLM_CHUNK rows, row t being token tok[t] of segment seg[t], in the scratch
+ * of s; all of it is given back at the end. */
+static void forward_chunk(const model *m, glm_seq *s, const fwd_seg *const *seg, const int *tok, int n) {
     const glm_model *g = m->priv;
     arena *sc = s->scratch;
     size_t start = arena_mark(sc);
@@ -420,14 +450,19 @@ static void forward_chunk(const model *m, glm_seq *s, const int *ids, int pos0, 
     chunk_layout(sc, g, n, &b);
     size_t len = (size_t)n * g->dim;
     float *x = b.x, *hn = b.hn, *delta = b.delta;
-    for (int i = 0; i < n; i++) b.sel.nsel[i] = -1;
-    for (int i = 0; i < n; i++) qmat_row(&g->embed, ids[i], x + (size_t)i * g->dim);
+    for (int i = 0; i < n; i++) {
+        b.sel.nsel[i] = -1;
+        b.rows.pos[i] = seg[i]->pos0 + tok[i];
+        b.rows.seq[i] = seg[i]->fam_seq;
+        b.rows.end = MAX(b.rows.end, b.rows.pos[i] + 1);
+        qmat_row(&g->embed, seg[i]->ids[tok[i]], x + (size_t)i * g->dim);
+    }
     act_round(m, x, len);
     for (int li = 0; li < g->n_layers; li++) {
         const glm_layer *l = &g->layers[li];
         size_t layer = arena_mark(sc);
         rmsnorm_rows(m, hn, x, l->attn_norm, n, g->dim, g->eps);
-        attention(m, l, li, s, hn, pos0, n, &b.sel, delta, sc);
+        attention(m, l, li, &b.rows, hn, n, &b.sel, delta, sc);
         add_residual(m, x, delta, len);
         rmsnorm_rows(m, hn, x, l->ffn_norm, n, g->dim, g->eps);
         if (l->sparse) moe(m, l, hn, n, delta, sc);
@@ -435,18 +470,24 @@ static void forward_chunk(const model *m, glm_seq *s, const int *ids, int pos0, 
         add_residual(m, x, delta, len);
         arena_release(sc, layer);
     }
-    if (logits || all_logits) head_logits(m, x, n, logits, all_logits, sc);
+    head_logits(m, x, seg, tok, n, sc);
     arena_release(sc, start);
 }
 
-/* Chunks of GLM_CHUNK bound the scratch; by chunking invariance the split changes no bit. */
-int glm_forward(model *m, void *fam_seq, const int *ids, int pos0, int n, float *logits, float *all_logits,
-                char *err, size_t errlen) {
-    for (int done = 0; done < n;) {
-        int k = MIN(GLM_CHUNK, n - done);
-        float *all = all_logits ? all_logits + (size_t)done * ((const glm_model *)m->priv)->vocab : NULL;
-        forward_chunk(m, fam_seq, ids + done, pos0 + done, k, done + k == n ? logits : NULL, all);
-        done += k;
+/* The segments' tokens, concatenated, in passes of GLM_CHUNK rows (which bound the scratch) in
+ * the first segment's scratch; by chunking invariance the split changes no bit. The call's
+ * sequences share one context size (seq_feed_step), so that scratch fits every row. */
+int glm_forward(model *m, const fwd_seg *segs, int nseg, char *err, size_t errlen) {
+    const fwd_seg *seg[GLM_CHUNK];
+    int tok[GLM_CHUNK], gi = 0, j = 0;
+    while (gi < nseg) {
+        int n = 0;
+        for (; gi < nseg && n < GLM_CHUNK; n++) {
+            seg[n] = &segs[gi];
+            tok[n] = j;
+            if (++j == segs[gi].n) gi++, j = 0;
+        }
+        forward_chunk(m, segs[0].fam_seq, seg, tok, n);
     }
     return 0;
 }

@@ -91,7 +91,7 @@ int model_is_eos(const model *m, int id) {
 seq *seq_new(model *m, int ctx, char *err, size_t errlen) {
     seq *s = xcalloc(1, sizeof *s);
     s->m = m;
-    s->chunk = 64;
+    s->chunk = 256;    /* each forward call streams the weights once: few, large calls */
     state_init(&s->st, ctx);     /* a record allocation failure only disables reuse */
     size_t scratch = m->ops->scratch_bytes ? m->ops->scratch_bytes(m, ctx) : 0;
     if (arena_init(&s->scratch, scratch)) {
@@ -153,7 +153,8 @@ static int feed(seq *s, const int *ids, int n, float *logits, float *all_logits,
         int pos0 = s->st.len;
         float *out = done + k == n ? logits : NULL;
         float *all = all_logits ? all_logits + (size_t)done * vocab : NULL;
-        if (s->m->ops->forward(s->m, s->fam, ids + done, pos0, k, out, all, err, errlen) ||
+        fwd_seg seg = {s->fam, ids + done, pos0, k, out, all};
+        if (s->m->ops->forward(s->m, &seg, 1, err, errlen) ||
             check_finite(all, k, vocab, pos0, err, errlen) || check_finite(out, 1, vocab, pos0 + k - 1, err, errlen)) {
             state_taint(&s->st);
             return -1;
@@ -170,6 +171,30 @@ int seq_feed(seq *s, const int *ids, int n, float *logits, char *err, size_t err
 
 int seq_feed_all(seq *s, const int *ids, int n, float *all_logits, char *err, size_t errlen) {
     return feed(s, ids, n, NULL, all_logits, err, errlen);
+}
+
+int seq_feed_step(seq **seqs, const int *ids, int k, float **logits, char *err, size_t errlen) {
+    if (k == 1) return seq_feed(seqs[0], ids, 1, logits[0], err, errlen);
+    model *m = seqs[0]->m;
+    fwd_seg *segs = xmalloc(sizeof *segs * (size_t)k);
+    int rc = 0;
+    for (int i = 0; i < k && !rc; i++) {
+        if (seqs[i]->m != m || seqs[i]->st.cap != seqs[0]->st.cap)
+            rc = errf(err, errlen, "batched step: sequences of different models or context sizes");
+        else rc = check_ids(seqs[i], ids + i, 1, err, errlen);
+        for (int j = 0; j < i && !rc; j++)
+            if (seqs[j] == seqs[i]) rc = errf(err, errlen, "batched step: sequence %d appears twice", i);
+        segs[i] = (fwd_seg){seqs[i]->fam, ids + i, seqs[i]->st.len, 1, logits[i], NULL};
+    }
+    int failed = !rc && m->ops->forward(m, segs, k, err, errlen);    /* a refused step touched nothing */
+    for (int i = 0; i < k && !rc && !failed; i++)
+        failed = check_finite(logits[i], 1, m->vocab_size, segs[i].pos0, err, errlen);
+    for (int i = 0; i < k && !rc; i++) {
+        if (failed) state_taint(&seqs[i]->st);
+        else state_record(&seqs[i]->st, ids + i, segs[i].pos0, 1);
+    }
+    free(segs);
+    return rc || failed ? -1 : 0;
 }
 
 static int feed_cb(void *user, const int *ids, int n, float *logits, char *err, size_t errlen) {

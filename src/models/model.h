@@ -29,12 +29,19 @@
  *   scratch_bytes — the most scratch a forward call can take at `ctx` positions (any n: a family
  *              that bounds its scratch by a chunk loops over chunks inside forward). seq_new and
  *              forward take every buffer from the arena handed over, never malloc per call.
- *   forward  — feed ids at absolute positions pos0..pos0+n-1, extending that state (seq_feed
- *              has checked n >= 1, the positions against ctx and every id against the vocabulary,
- *              and checks the logits it asked for are finite: a family is its math). Result must
- *              be bit-identical however a prompt is split into forward calls (chunking
- *              invariance). Writes the logits of the LAST fed token when logits != NULL, and of
- *              every fed token into all_logits[n][vocab] when that is non-NULL.
+ *   forward  — one call over one or more segments (fwd_seg), each feeding ids at absolute
+ *              positions pos0..pos0+n-1 of its own sequence, extending that state (seq_feed /
+ *              seq_feed_step have checked n >= 1, the positions against ctx and every id against
+ *              the vocabulary, and check the logits they asked for are finite: a family is its
+ *              math). Each segment's result must be bit-identical to feeding it alone, however a
+ *              prompt is split into forward calls (chunking invariance) and whatever other
+ *              segments share the call: that lets the engine decode several conversations in
+ *              one call, reading the weights once for all of them. Writes the logits of a
+ *              segment's LAST token when its logits != NULL, and of every token into
+ *              all_logits[n][vocab] when that is non-NULL. A family implements this once: its
+ *              passes take rows from several sequences (token-parallel work over all rows,
+ *              stateful work per row in its own sequence, the first segment's scratch), so one
+ *              sequence is simply the one-segment case.
  *   capture  — a family with RING or RECUR parts calls state_capture(st, part, pos) immediately
  *              before the first write position pos makes to each such part (and after every
  *              write of earlier positions, batched phases included). That lets reuse take light
@@ -68,6 +75,15 @@ typedef enum {
 
 typedef struct model model;
 
+/* One sequence's share of a forward call. Segments of a call name distinct sequences. */
+typedef struct {
+    void *fam_seq;             /* the family's handle (seq_new) */
+    const int *ids;
+    int pos0, n;               /* n >= 1 ids at positions pos0..pos0+n-1 */
+    float *logits;             /* [vocab] logits of the last id, or NULL */
+    float *all_logits;         /* [n][vocab] logits of every id, or NULL */
+} fwd_seg;
+
 #define FAMILY_MAX_TOKENS 8      /* entries of family_turns.start / .boundaries, NULL-terminated */
 
 /* The turn structure of a family's chat format, as token strings (see the top comment). */
@@ -91,8 +107,7 @@ typedef struct {
     size_t (*scratch_bytes)(const model *m, int ctx);
     void *(*seq_new)(model *m, state *st, int ctx, arena *scratch, char *err, size_t errlen);
     void (*seq_free)(model *m, void *fam_seq);
-    int (*forward)(model *m, void *fam_seq, const int *ids, int pos0, int n, float *logits, float *all_logits,
-                   char *err, size_t errlen);
+    int (*forward)(model *m, const fwd_seg *segs, int nseg, char *err, size_t errlen);
     /* Weight bytes a decode step reads (dense + active experts), for bandwidth reports. */
     size_t (*decode_bytes)(const model *m);
     /* FLOPs of one token at position pos (for prefill GFLOP/s). */
@@ -147,6 +162,12 @@ void seq_free(seq *s);
 int seq_feed(seq *s, const int *ids, int n, float *logits, char *err, size_t errlen);
 /* seq_feed that writes every fed token's logits into all_logits[n][vocab] (echo / scoring). */
 int seq_feed_all(seq *s, const int *ids, int n, float *all_logits, char *err, size_t errlen);
+/* One decode step of k distinct sequences of one model (one context size) in a single forward
+ * call: ids[i] enters seqs[i] (and its record), logits[i] gets its next-token logits. Each
+ * sequence ends exactly as seq_feed(seqs[i], &ids[i], 1, ...) would leave it. A refused step
+ * (bad id, full context, repeated sequence) changes nothing; a failed forward or a non-finite
+ * logit taints every sequence of the call. */
+int seq_feed_step(seq **seqs, const int *ids, int k, float **logits, char *err, size_t errlen);
 /* seq_feed behind the reuse layer's feed callback (state/reuse.h), so state/ never calls up. */
 reuse_feeder seq_feeder(seq *s);
 /* A whole prompt the way one-slot callers (cairn run --chat, bench reuse) take it: the reuse

@@ -1,10 +1,14 @@
 /* engine.c — `cairn engine`: one model, N slots, the line protocol on stdin/stdout
  * (protocol.md §1; codec in wire.c, reuse in state/reuse.c).
  *
- * One thread owns every model state. The loop round-robins the active requests — a prefill
- * advances one chunk per step, a decode one token — and polls stdin with a zero-timeout select
- * between steps, so CANCEL, STOP and new SUBMITs are seen during long prefills and decodes. With
- * nothing active it blocks on stdin. EOF lets in-flight requests finish, then exits 0.
+ * One thread owns every model state. Each turn of the loop advances every prefilling request by
+ * one chunk, then every decoding request by one token in ONE forward call over all of them
+ * (seq_feed_step), so dense, attention and shared-expert weights stream from memory once per
+ * step for all conversations; each conversation's tokens stay bit-identical to running it
+ * alone (model.h). stdin is polled with a zero-timeout select between steps, so CANCEL, STOP and
+ * new SUBMITs are seen during long prefills and decodes. With nothing active it blocks on
+ * stdin. EOF lets in-flight requests finish, then exits 0. CAIRN_STEP_LOG=1 logs on stderr each
+ * decode step that batched several slots.
  *
  * Frames go to stdout, one fflush per frame; logs go to stderr. A request's reply is ACCEPT,
  * DATA*, DONE, or a single ERROR. A failure after a slot's state started changing taints that
@@ -59,6 +63,9 @@ typedef struct {
     request **active;    /* per slot, NULL when idle */
     store *cs;
     float *logits, *logprobs, *top_lps;
+    float *step_logits;  /* [slots][vocab]: one batched decode step's logits */
+    request **stepping;  /* [slots]: the requests of that step */
+    int log_steps;
     int *top_ids;
     wire_reader rd;
     int eof;
@@ -153,6 +160,13 @@ static void sample_next(engine *e, request *r) {
     if (r->generated >= r->sub.max_tokens) finish(e, r, 1);
 }
 
+/* A generating request whose next token can enter its slot: it joins the batched decode step. */
+static int decoding(const engine *e, const request *r) {
+    const state *st = &e->seqs[r->slot]->st;
+    return !r->prefilling && !r->stop && st->len < st->cap;
+}
+
+/* A prefill chunk, or the end of a request that cannot decode further (STOP, full slot). */
 static void step(engine *e, request *r) {
     char err[256];
     if (r->prefilling) {
@@ -166,11 +180,31 @@ static void step(engine *e, request *r) {
         if (r->stop || r->sub.max_tokens == 0) return finish(e, r, 0);
         return sample_next(e, r);
     }
-    seq *sq = e->seqs[r->slot];
-    if (r->stop) return finish(e, r, 0);
-    if (sq->st.len >= sq->st.cap) return finish(e, r, 1);
-    if (seq_feed(sq, &r->token, 1, e->logits, err, sizeof err)) return fail(e, r, "ENGINE_ERROR", err);
-    sample_next(e, r);
+    finish(e, r, !r->stop);
+}
+
+/* One token for each of the k decoding requests, in one forward call. A failure taints every
+ * slot of the call (seq_feed_step), so each of its requests fails. */
+static void decode_step(engine *e, request **rs, int k) {
+    char err[256];
+    seq *seqs[64];
+    int ids[64];
+    float *logits[64];
+    size_t v = (size_t)e->m->vocab_size;
+    for (int i = 0; i < k; i++) {
+        seqs[i] = e->seqs[rs[i]->slot];
+        ids[i] = rs[i]->token;
+        logits[i] = e->step_logits + (size_t)i * v;
+    }
+    if (e->log_steps && k > 1) fprintf(stderr, "step: %d slots decoded in one forward call\n", k);
+    if (seq_feed_step(seqs, ids, k, logits, err, sizeof err)) {
+        for (int i = 0; i < k; i++) fail(e, rs[i], "ENGINE_ERROR", err);
+        return;
+    }
+    for (int i = 0; i < k; i++) {
+        memcpy(e->logits, logits[i], v * sizeof *e->logits);
+        sample_next(e, rs[i]);
+    }
 }
 
 /* ---- prompts ------------------------------------------------------------------------------ */
@@ -389,14 +423,20 @@ static int any_active(const engine *e) {
     return 0;
 }
 
+/* Prefill steps one request at a time, with input polled in between; then the decoding
+ * requests, gathered with no poll in between (a CANCEL there would free one), as one step. */
 static void run_loop(engine *e) {
     for (;;) {
         poll_input(e, !any_active(e));
         if (e->eof && !any_active(e)) return;
         for (int i = 0; i < e->o.slots; i++) {
-            if (e->active[i]) step(e, e->active[i]);
+            if (e->active[i] && !decoding(e, e->active[i])) step(e, e->active[i]);
             poll_input(e, 0);
         }
+        int k = 0;
+        for (int i = 0; i < e->o.slots; i++)
+            if (e->active[i] && decoding(e, e->active[i])) e->stepping[k++] = e->active[i];
+        if (k) decode_step(e, e->stepping, k);
     }
 }
 
@@ -466,6 +506,8 @@ static int engine_open(engine *e, char *err, size_t errlen) {
     int v = e->m->vocab_size;
     e->logits = xmalloc((size_t)v * sizeof *e->logits);
     e->logprobs = xmalloc((size_t)v * sizeof *e->logprobs);
+    e->step_logits = xmalloc((size_t)e->o.slots * v * sizeof *e->step_logits);
+    e->stepping = xcalloc((size_t)e->o.slots, sizeof *e->stepping);
     e->top_ids = xmalloc(WIRE_LOGPROBS_MAX * sizeof *e->top_ids);
     e->bias_ids = xmalloc(WIRE_BIAS_ENTRIES * sizeof *e->bias_ids);
     e->bias_vals = xmalloc(WIRE_BIAS_ENTRIES * sizeof *e->bias_vals);
@@ -475,6 +517,8 @@ static int engine_open(engine *e, char *err, size_t errlen) {
     if (e->o.kv_dir) load_slots(e);
     const char *log = getenv("CAIRN_PREFIX_LOG");
     e->log_prefix = log && !strcmp(log, "1");
+    const char *step_log = getenv("CAIRN_STEP_LOG");
+    e->log_steps = step_log && !strcmp(step_log, "1");
     wire_reader_init(&e->rd);
     return 0;
 }
@@ -489,6 +533,8 @@ static void engine_close(engine *e) {
     store_free(e->cs);
     free(e->logits);
     free(e->logprobs);
+    free(e->step_logits);
+    free(e->stepping);
     free(e->top_ids);
     free(e->bias_ids);
     free(e->bias_vals);

@@ -40,10 +40,13 @@ static void *fake_seq_new(model *m, state *st, int ctx, arena *scratch, char *er
 
 static void fake_seq_free(model *m, void *fam) { free(fam); }
 
-static int fake_forward(model *m, void *fam, const int *ids, int pos0, int n, float *logits, float *all_logits,
-                        char *err, size_t errlen) {
-    fake_seq *f = fam;
+static int fake_forward(model *m, const fwd_seg *seg, int nseg, char *err, size_t errlen) {
+    fake_seq *f = seg->fam_seq;
+    const int *ids = seg->ids;
+    int pos0 = seg->pos0, n = seg->n;
+    float *logits = seg->logits;
     forward_calls++;
+    if (nseg != 1) return errf(err, errlen, "fake forward: one segment per call (got %d)", nseg);
     for (int i = 0; i < n; i++) {
         int pos = pos0 + i;
         if (ids[i] == BAD_ID) return errf(err, errlen, "fake forward: poisoned id at %d", pos);

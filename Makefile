@@ -19,15 +19,33 @@ TEST_SRC := $(sort $(wildcard tests/c/test_*.c tests/c/tool_*.c))
 TEST_BIN := $(TEST_SRC:tests/c/%.c=$(BUILD)/tests/%)
 PYTHON   := /usr/bin/python3
 
+# QUIET=1 (make run) prints one short line per file instead of each compiler command.
+ifdef QUIET
+SAY = @printf '  %-4s %s\n'
+Q   = @
+else
+SAY = @:
+Q   =
+endif
+NPROC := $(shell nproc 2>/dev/null || echo 2)
+
 .PHONY: all deps test test-c run bench asan clean deepseek-v4-tiny-check
 all: $(BUILD)/cairn $(TEST_BIN)
 
-$(BUILD)/cairn: $(OBJ)
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+# Plain `make` checks the C libraries first, so a missing one is named with the command that
+# installs it instead of failing on a missing header. (Stamp per build dir, rechecked after clean.)
+$(BUILD)/.deps-ok:
+	@scripts/deps.sh --build
+	@mkdir -p $(BUILD) && touch $@
 
-$(BUILD)/obj/%.o: src/%.c
+$(BUILD)/cairn: $(OBJ)
+	$(SAY) LD $@
+	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/obj/%.o: src/%.c | $(BUILD)/.deps-ok
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -MMD -MP -c -o $@ $<
+	$(SAY) CC $<
+	$(Q)$(CC) $(CFLAGS) -MMD -MP -c -o $@ $<
 
 $(BUILD)/tests/%: tests/c/%.c $(LIB_OBJ)
 	@mkdir -p $(dir $@)
@@ -49,7 +67,9 @@ test: deps
 asan:
 	@$(MAKE) --no-print-directory BUILD=build/asan OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer" all
 
-run: deps all
+# Only the binary, in parallel and quietly: the demo needs no test programs.
+run: deps
+	@$(MAKE) --no-print-directory -j$(NPROC) QUIET=1 $(BUILD)/cairn
 	@scripts/demo.sh
 
 bench: deps all

@@ -72,3 +72,71 @@ def test_no_added_token_text_in_chat_content(srv, family_model):
                                                          "seed": seed})
         raw_seen += any(a in c["choices"][0]["text"] for a in added)
     assert raw_seen, "no raw completion held an added token either: the test shows nothing"
+
+
+def test_run_never_writes_control_bytes_to_a_terminal(cairn, family_model):
+    """`cairn run -p` on a terminal shows control characters as pictures; piped, it stays exact."""
+    import os
+    import pty
+    import subprocess
+
+    def piped(seed):
+        return subprocess.run([cairn, "run", "-m", family_model.model, "-p", "Hello", "-n", "64", "--seed", str(seed)],
+                              capture_output=True).stdout
+
+    def controls(b):
+        return [c for c in b if (c < 0x20 and c not in (9, 10, 13)) or c == 0x7f]
+    seed = next((s for s in range(40) if controls(piped(s))), None)
+    assert seed is not None, "no seed made the random model write a control byte: nothing to show"
+    master, slave = pty.openpty()
+    p = subprocess.Popen([cairn, "run", "-m", family_model.model, "-p", "Hello", "-n", "64", "--seed", str(seed)],
+                         stdout=slave, stderr=subprocess.DEVNULL)
+    os.close(slave)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        out += chunk
+    p.wait()
+    os.close(master)
+    assert out and not controls(out), out
+
+
+def test_slots_save_restore_erase(family_model, tmp_path):
+    """llama.cpp's slot files: a conversation saved from slot 0 and restored into slot 1 goes on
+    there reusing all of it; erase empties a slot; bad names and actions are 400s."""
+    kv = tmp_path / "kv"
+    kv.mkdir()
+    srv = Server(family_model.model, str(tmp_path), ["--slots", "2", "--kv-dir", str(kv)])
+    try:
+        msgs = [{"role": "user", "content": "hello"}]
+        st, _, r = srv.json("POST", "/v1/chat/completions", {"messages": msgs, "max_tokens": 4, "temperature": 0,
+                                                             "cache_slot": 0})
+        record = r["usage"]["prompt_tokens"] + r["usage"]["completion_tokens"] - (r["usage"]["completion_tokens"] == 4)
+        msgs += [{"role": "assistant", "content": r["choices"][0]["message"]["content"]},
+                 {"role": "user", "content": "again"}]
+        st, _, listing = srv.json("GET", "/slots")
+        assert st == 200 and [s["id"] for s in listing] == [0, 1] and listing[0]["record_bytes"] > 0
+        st, _, saved = srv.json("POST", "/slots/0?action=save", {"filename": "conv-1"})
+        assert st == 200 and saved["n_saved"] == record, saved
+        st, _, erased = srv.json("POST", "/slots/0?action=erase")
+        assert st == 200 and erased["n_erased"] == record
+        st, _, restored = srv.json("POST", "/slots/1?action=restore", {"filename": "conv-1"})
+        assert st == 200 and restored["n_restored"] == record
+        st, _, r2 = srv.json("POST", "/v1/chat/completions", {"messages": msgs, "max_tokens": 4, "temperature": 0,
+                                                              "cache_slot": 1})
+        assert r2["usage"]["prompt_tokens_details"]["cached_tokens"] == record, r2["usage"]
+        for path, body, param in [("/slots/1?action=save", {"filename": "../x"}, "filename"),
+                                  ("/slots/1?action=restore", {"filename": "nope"}, "filename"),
+                                  ("/slots/1?action=fly", {"filename": "a"}, "action"),
+                                  ("/slots/1?action=save", {}, "filename")]:
+            st, _, e = srv.json("POST", path, body)
+            assert st == 400 and e["error"]["param"] == param, (path, e)
+        st, _, e = srv.json("POST", "/slots/7?action=erase")
+        assert st == 404
+    finally:
+        srv.stop()

@@ -358,6 +358,40 @@ static void on_submit(engine *e, const wire_frame *f) {
     put_frame(h, wire_fmt_accept(h, r->id, r->n, r->reused), NULL, 0);
 }
 
+/* SLOT: llama.cpp-style slot files, DIR/slots/NAME/ in persist.h's layout (as slot 0 there).
+ * The slot must be idle; a restore or erase replaces what the slot held, and is persisted. */
+static void on_slot(engine *e, const wire_frame *f) {
+    char err[512], dir[4096], h[WIRE_HEADER_MAX];
+    if (!e->o.kv_dir) return put_error(f->id, "BAD_REQUEST", "slot files live under --kv-dir, which this engine has not");
+    if (f->slot >= e->o.slots) return put_error(f->id, "BAD_REQUEST", "no such slot");
+    if (e->active[f->slot]) return put_error(f->id, "SLOT_BUSY", NULL);
+    if (!wire_slot_name_ok(f->payload, f->payload_len))
+        return put_error(f->id, "BAD_REQUEST", "a slot file name is 1..63 of A-Z a-z 0-9 . _ - (not starting with .)");
+    snprintf(dir, sizeof dir, "%s/slots", e->o.kv_dir);
+    mkdir(dir, 0755);
+    snprintf(dir, sizeof dir, "%s/slots/%.*s", e->o.kv_dir, (int)f->payload_len, f->payload);
+    state *st = &e->seqs[f->slot]->st;
+    int n = st->len;
+    if (f->action == WIRE_SLOT_SAVE) {
+        if (!state_usable(st) || n == 0) return put_error(f->id, "BAD_REQUEST", "the slot holds nothing to save");
+        mkdir(dir, 0755);
+        if (persist_save(dir, 0, st, e->m->fingerprint, err, sizeof err)) return put_error(f->id, "BAD_REQUEST", err);
+    } else if (f->action == WIRE_SLOT_RESTORE) {
+        char rows[4200];
+        snprintf(rows, sizeof rows, "%s/slot-0.cairnkv", dir);
+        if (access(rows, R_OK)) return put_error(f->id, "BAD_REQUEST", "no slot file of that name");
+        state_reset(st);          /* a file that then fails its checks leaves the slot empty */
+        int rc = persist_load(dir, 0, st, e->m->fingerprint, err, sizeof err);
+        save_slot(e, f->slot);
+        if (rc <= 0) return put_error(f->id, "BAD_REQUEST", rc == 0 ? "no slot file of that name" : err);
+        n = st->len;
+    } else {
+        state_reset(st);
+        save_slot(e, f->slot);
+    }
+    put_frame(h, wire_fmt_done(h, f->id, n, 0, 0, rss_gb(), n, 0, 0), NULL, 0);
+}
+
 /* A BIAS frame: kept for the SUBMIT with its id, which comes next (a bad one refuses that SUBMIT,
  * so the request has one ERROR and never runs without the bias it asked for). */
 static void on_bias(engine *e, const wire_frame *f) {
@@ -390,6 +424,7 @@ static void on_frame(engine *e, const wire_frame *f) {
     }
     case WIRE_IMAGE: snprintf(e->image_id, sizeof e->image_id, "%s", f->id); return;
     case WIRE_BIAS: return on_bias(e, f);
+    case WIRE_SLOT: return on_slot(e, f);
     case WIRE_ERROR: return put_error(f->id, f->code, f->detail);
     default: return;
     }

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "../core/util.h"
+#include "wire.h"
 
 #define ENG_LINE_MAX 8192        /* longest header line we accept from the engine */
 #define ENG_PAYLOAD_MAX 65536    /* protocol.md §1.4: the server enforces 0 <= n <= 65536 */
@@ -538,9 +539,8 @@ static int wait_ready(eng *e, double seconds) {
     return e->ready && !e->stopping;
 }
 
-int eng_submit(eng *e, gen *g, int slot, const char *payload, size_t n, const char *ext, size_t ext_n,
-               int max_tokens, double temperature, double top_p, const char *head_extra, const char *bias,
-               double wait_ready_s, char *err, size_t errlen) {
+/* Register g as in flight on slot with a fresh id, once the engine runs. */
+static int live_add(eng *e, gen *g, int slot, double wait_ready_s, char *err, size_t errlen) {
     pthread_mutex_lock(&e->mu);
     if (!wait_ready(e, wait_ready_s)) {
         pthread_mutex_unlock(&e->mu);
@@ -555,7 +555,25 @@ int eng_submit(eng *e, gen *g, int slot, const char *payload, size_t n, const ch
     gen_ref(g);
     e->live[e->nlive++] = g;
     pthread_mutex_unlock(&e->mu);
+    return 0;
+}
 
+/* After writing g's frames: on a failed write g leaves the live set again (unless the
+ * dispatcher already failed it, and so ran on_finish). */
+static int written(eng *e, gen *g, int bad, char *err, size_t errlen) {
+    if (!bad) return 0;
+    pthread_mutex_lock(&e->mu);
+    int mine = live_remove(e, g);
+    pthread_mutex_unlock(&e->mu);
+    if (!mine) return 0;
+    gen_unref(g);
+    return errf(err, errlen, "cannot write to the engine (it is restarting)");
+}
+
+int eng_submit(eng *e, gen *g, int slot, const char *payload, size_t n, const char *ext, size_t ext_n,
+               int max_tokens, double temperature, double top_p, const char *head_extra, const char *bias,
+               double wait_ready_s, char *err, size_t errlen) {
+    if (live_add(e, g, slot, wait_ready_s, err, errlen)) return -1;
     char head[512], bias_head[64];
     int hl = snprintf(head, sizeof head, "SUBMIT %s %d %zu %d %.8g %.8g%s\n", g->id, slot, n, max_tokens,
                       temperature, top_p, head_extra ? head_extra : "");
@@ -568,13 +586,19 @@ int eng_submit(eng *e, gen *g, int slot, const char *payload, size_t n, const ch
               write_all(e->in_fd, head, (size_t)hl) || write_all(e->in_fd, payload, n) ||
               (ext_n && write_all(e->in_fd, ext, ext_n)) || write_all(e->in_fd, "\n", 1);
     pthread_mutex_unlock(&e->wmu);
-    if (!bad) return 0;
-    pthread_mutex_lock(&e->mu);
-    int mine = live_remove(e, g);
-    pthread_mutex_unlock(&e->mu);
-    if (!mine) return 0;          /* the dispatcher already failed it: on_finish has run */
-    gen_unref(g);
-    return errf(err, errlen, "cannot write to the engine (it is restarting)");
+    return written(e, g, bad, err, errlen);
+}
+
+int eng_slot(eng *e, gen *g, int slot, wire_slot_action action, const char *name, double wait_ready_s, char *err,
+             size_t errlen) {
+    if (live_add(e, g, slot, wait_ready_s, err, errlen)) return -1;
+    char head[WIRE_HEADER_MAX];
+    size_t n = strlen(name), hl = wire_fmt_slot(head, g->id, action, slot, n);
+    pthread_mutex_lock(&e->wmu);
+    int bad = e->in_fd < 0 || write_all(e->in_fd, head, hl) || write_all(e->in_fd, name, n) ||
+              write_all(e->in_fd, "\n", 1);
+    pthread_mutex_unlock(&e->wmu);
+    return written(e, g, bad, err, errlen);
 }
 
 static void send_control(eng *e, gen *g, const char *verb, int *flag) {

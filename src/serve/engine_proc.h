@@ -23,6 +23,8 @@
 #include <stddef.h>
 #include <sys/types.h>
 
+#include "wire.h"
+
 #define ENG_TOPK_MAX 32
 
 /* One generated token as a DATA frame delivers it. */
@@ -100,6 +102,10 @@ pid_t eng_pid(eng *e);
 int eng_submit(eng *e, gen *g, int slot, const char *payload, size_t n, const char *ext, size_t ext_n,
                int max_tokens, double temperature, double top_p, const char *head_extra, const char *bias,
                double wait_ready, char *err, size_t errlen);
+/* Send SLOT action for an idle slot (wire.h) as g: it ends DONE (completion_tokens = the
+ * positions saved, restored or erased) or ERROR, like a generation. */
+int eng_slot(eng *e, gen *g, int slot, wire_slot_action action, const char *name, double wait_ready, char *err,
+             size_t errlen);
 /* Send CANCEL / STOP for g once (no-op if already sent or finished). */
 void eng_cancel(eng *e, gen *g);
 void eng_stop_gen(eng *e, gen *g);

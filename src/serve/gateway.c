@@ -29,6 +29,7 @@
 #include "http.h"
 #include "info.h"
 #include "responses.h"
+#include "slot_api.h"
 #include "openai.h"
 #include "turn.h"
 
@@ -298,6 +299,8 @@ static enum MHD_Result metrics_page(server *s, struct MHD_Connection *c, req_ctx
 
 static enum MHD_Result generate(server *s, struct MHD_Connection *c, req_ctx *rc) {
     if (rc->too_large) return reject(c, rc, 413, "invalid_request_error", "body_too_large", "request body too large");
+    int slot_op = !strncmp(rc->path, "/slots/", 7);
+    if (slot_op && !rc->body.len) return slot_action(&s->sc, c, rc->path + 7, NULL, rc->ri);   /* erase has none */
     if (!rc->body.len) return reject(c, rc, 400, "invalid_request_error", "invalid_json", "request body is empty");
     const char *end = NULL;
     cJSON *body = cJSON_ParseWithLengthOpts(rc->body.p, rc->body.len, &end, 0);
@@ -312,6 +315,7 @@ static enum MHD_Result generate(server *s, struct MHD_Connection *c, req_ctx *rc
     else if (!strcmp(rc->path, "/v1/completions")) r = openai_completions(&s->sc, c, body, rc->ri);
     else if (!strcmp(rc->path, "/v1/messages/count_tokens")) r = anthropic_count_tokens(&s->sc, c, body, rc->ri);
     else if (!strcmp(rc->path, "/v1/responses")) r = responses_create(&s->sc, c, body, rc->ri);
+    else if (slot_op) r = slot_action(&s->sc, c, rc->path + 7, body, rc->ri);
     else if (!strcmp(rc->path, "/tokenize")) r = info_tokenize(&s->sc, c, body, rc->ri);
     else if (!strcmp(rc->path, "/detokenize")) r = info_detokenize(&s->sc, c, body, rc->ri);
     else r = anthropic_messages(&s->sc, c, body, rc->ri);
@@ -327,6 +331,12 @@ static enum MHD_Result route(server *s, struct MHD_Connection *c, req_ctx *rc) {
     for (size_t i = 0; i < sizeof post_paths / sizeof post_paths[0]; i++)
         if (!strcmp(rc->path, post_paths[i]))
             return post ? generate(s, c, rc) : reject(c, rc, 405, "invalid_request_error", "method_not_allowed", "use POST");
+    if (!strncmp(rc->path, "/slots/", 7))
+        return post ? generate(s, c, rc) : reject(c, rc, 405, "invalid_request_error", "method_not_allowed", "use POST");
+    if (!strcmp(rc->path, "/slots") && get) {
+        char ctx[32];
+        return slot_list(&s->sc, c, eng_cap(s->sc.engine, "ctx", ctx, sizeof ctx) ? NULL : ctx, rc->ri);
+    }
     if (!strcmp(rc->path, "/health") && get) return health(s, c, rc);
     if (!strcmp(rc->path, "/metrics") && get) return metrics_page(s, c, rc);
     /* An Anthropic client (it sends anthropic-version) gets the Anthropic model-list shape. */
@@ -355,7 +365,7 @@ static enum MHD_Result route(server *s, struct MHD_Connection *c, req_ctx *rc) {
 static const char *endpoint_label(const char *path) {
     static const char *const known[] = {"/v1/chat/completions", "/v1/completions", "/v1/messages/count_tokens",
                                         "/v1/messages", "/v1/models", "/v1/responses", "/health", "/metrics", "/props",
-                                        "/tokenize", "/detokenize"};
+                                        "/tokenize", "/detokenize", "/slots"};
     for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
         if (!strncmp(path, known[i], strlen(known[i]))) return known[i];
     return "other";

@@ -190,7 +190,8 @@ static void parse_header(const char *h, size_t n, wire_frame *fr, int64_t *paylo
     split(h, n, &f);
     if (f.n == 0) { fr->kind = WIRE_IGNORED; return; }
     int submit = field_is(&f, 0, "SUBMIT"), image = field_is(&f, 0, "IMAGE"), bias = field_is(&f, 0, "BIAS");
-    if (!submit && !image && !bias && !field_is(&f, 0, "STOP") && !field_is(&f, 0, "CANCEL")) {
+    int slot = field_is(&f, 0, "SLOT");
+    if (!submit && !image && !bias && !slot && !field_is(&f, 0, "STOP") && !field_is(&f, 0, "CANCEL")) {
         fr->kind = WIRE_IGNORED;
         return;
     }
@@ -198,11 +199,13 @@ static void parse_header(const char *h, size_t n, wire_frame *fr, int64_t *paylo
     if (submit) *payload = submit_sizes(&f, &bytes, &ext);
     if (image && f.n >= 3 && !parse_u64(&f, 2, WIRE_IMAGE_MAX, &bytes)) *payload = (int64_t)bytes;
     if (bias && f.n >= 3 && !parse_u64(&f, 2, WIRE_BIAS_MAX, &bytes)) *payload = (int64_t)bytes;
+    if (slot && f.n >= 5 && !parse_u64(&f, 4, WIRE_SLOT_NAME_MAX, &bytes)) *payload = (int64_t)bytes;
     if (take_id(&f, fr)) return fail(fr, "BAD_REQUEST", "%s missing or longer than 63 bytes", "id");
     if (f.positional > WIRE_FIELDS_MAX || f.dropped) return fail(fr, "BAD_REQUEST", "more than %s fields", "10 positional");
     if (submit && *payload < 0) return fail(fr, "BAD_REQUEST", "bad %s", "bytes or ext_bytes (limits 16 MiB / 1 MiB)");
     if (image && *payload < 0) return fail(fr, "BAD_REQUEST", "bad %s", "IMAGE bytes");
     if (bias && *payload < 0) return fail(fr, "BAD_REQUEST", "bad %s", "BIAS bytes (limit 64 KiB)");
+    if (slot && *payload < 0) return fail(fr, "BAD_REQUEST", "%s needs id action slot bytes (a name < 64 bytes)", "SLOT");
     if (submit) {
         parse_submit(&f, fr, bytes);
         fr->payload_len = bytes;
@@ -212,6 +215,14 @@ static void parse_header(const char *h, size_t n, wire_frame *fr, int64_t *paylo
     } else if (image) {
         parse_image(&f, fr);
         fr->payload_len = bytes;
+    } else if (slot) {
+        static const char *const actions[] = {"save", "restore", "erase"};
+        fr->payload_len = bytes;
+        fr->kind = WIRE_ERROR;
+        for (int a = 0; a < 3; a++)
+            if (field_is(&f, 2, actions[a])) fr->action = (wire_slot_action)a, fr->kind = WIRE_SLOT;
+        if (fr->kind != WIRE_SLOT) fail(fr, "BAD_REQUEST", "%s action must be save, restore or erase", "SLOT");
+        else if (f.n != 5 || parse_int(&f, 3, 0, 1 << 20, &fr->slot)) fail(fr, "BAD_REQUEST", "bad %s", "SLOT slot");
     } else if (bias) {
         fr->kind = f.n == 3 ? WIRE_BIAS : WIRE_ERROR;
         if (f.n != 3) fail(fr, "BAD_REQUEST", "%s needs id bytes", "BIAS");
@@ -381,6 +392,22 @@ int wire_parse_spans(const char *table, size_t n, size_t prompt_len, tok_span **
 
 void wire_fmt_spans(sbuf *out, const tok_span *spans, int n) {
     for (int i = 0; i < n; i++) sbuf_printf(out, "%s%zu %zu", i ? " " : "", spans[i].start, spans[i].len);
+}
+
+int wire_slot_name_ok(const char *name, size_t n) {
+    if (n == 0 || n >= WIRE_SLOT_NAME_MAX || name[0] == '.') return 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = name[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+              c == '-'))
+            return 0;
+    }
+    return 1;
+}
+
+size_t wire_fmt_slot(char *out, const char *id, wire_slot_action action, int slot, size_t n) {
+    static const char *const actions[] = {"save", "restore", "erase"};
+    return (size_t)snprintf(out, WIRE_HEADER_MAX, "SLOT %s %s %d %zu\n", id, actions[action], slot, n);
 }
 
 /* ---- formatting ------------------------------------------------------------------------- */

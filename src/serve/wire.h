@@ -7,6 +7,11 @@
  * "\n" (a "\r" before it is dropped); SUBMIT and IMAGE announce a payload of exactly that many
  * bytes followed by one "\n".
  *
+ * SLOT <id> save|restore|erase <slot> <bytes>\n<name>\n (a cairn extension, llama.cpp's slot
+ * files): save the idle slot's state under the name, load it back into the slot, or empty the
+ * slot. The name is 1..63 bytes of [A-Za-z0-9._-], not starting with '.'. Answered DONE (its
+ * completion field = the positions saved, restored or erased) or ERROR.
+ *
  * BIAS <id> <bytes>\n<payload>\n (a cairn extension) comes right before the SUBMIT with the same
  * id, like IMAGE: its payload is the request's logit bias as space-separated `token_id:bias`.
  * UNTRUSTED SPANS (a cairn extension). `untrusted=B` on a SUBMIT says the first B bytes of its
@@ -47,7 +52,12 @@ enum {
     WIRE_BIAS_ENTRIES = 4096      /* id:bias pairs in one BIAS frame */
 };
 
-typedef enum { WIRE_NONE, WIRE_IGNORED, WIRE_SUBMIT, WIRE_STOP, WIRE_CANCEL, WIRE_IMAGE, WIRE_BIAS, WIRE_ERROR } wire_kind;
+typedef enum {
+    WIRE_NONE, WIRE_IGNORED, WIRE_SUBMIT, WIRE_STOP, WIRE_CANCEL, WIRE_IMAGE, WIRE_BIAS, WIRE_SLOT, WIRE_ERROR
+} wire_kind;
+
+typedef enum { WIRE_SLOT_SAVE, WIRE_SLOT_RESTORE, WIRE_SLOT_ERASE } wire_slot_action;
+enum { WIRE_SLOT_NAME_MAX = 64 };
 
 typedef struct {
     int slot;
@@ -74,6 +84,8 @@ typedef struct {
     size_t payload_len;
     const char *ext;              /* SUBMIT extension payload */
     size_t ext_len;
+    wire_slot_action action;      /* SLOT */
+    int slot;                     /* SLOT */
     const char *code;             /* WIRE_ERROR: protocol error code, e.g. "BAD_REQUEST" */
     char detail[160];             /* WIRE_ERROR: what was wrong */
 } wire_frame;
@@ -91,6 +103,11 @@ void wire_reader_push(wire_reader *r, const char *data, size_t n);
 int wire_reader_next(wire_reader *r, wire_frame *f);
 /* At end of input: 1 and a BAD_FRAME error if a frame was cut short, else 0. Clears the buffer. */
 int wire_reader_eof(wire_reader *r, wire_frame *f);
+
+/* 1 if name (n bytes) is a valid SLOT name. */
+int wire_slot_name_ok(const char *name, size_t n);
+/* "SLOT id action slot n\n" for a name of n bytes (the caller writes it and the closing "\n"). */
+size_t wire_fmt_slot(char *out, const char *id, wire_slot_action action, int slot, size_t n);
 
 /* A BIAS payload -> up to WIRE_BIAS_ENTRIES (id, bias) pairs (ids below vocab, finite biases).
  * Returns the count, or -1 with what was wrong in detail[160]. */

@@ -29,7 +29,7 @@ Q   =
 endif
 NPROC := $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: all deps test test-c run bench asan clean deepseek-v4-tiny-check
+.PHONY: all deps test test-c run bench asan clean deepseek-v4-tiny-check fuzz fuzz-build soak
 all: $(BUILD)/cairn $(TEST_BIN)
 
 # Plain `make` checks the C libraries first, so a missing one is named with the command that
@@ -61,7 +61,25 @@ deps:
 test: deps
 	@$(MAKE) --no-print-directory all
 	@$(MAKE) --no-print-directory BUILD=build/portable SIMD=portable all
+	@$(MAKE) --no-print-directory fuzz-build
 	$(PYTHON) -m pytest -q tests
+
+# libFuzzer targets (tests/fuzz/fuzz_*.c): every reader of untrusted bytes, under ASan + UBSan,
+# built with clang into build/fuzz. `make fuzz` runs each for FUZZ_TIME seconds (niced) from the
+# committed corpus; make test runs a short smoke pass over the same binaries.
+FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+FUZZ_SRC := $(sort $(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_TIME ?= 60
+
+fuzz-build:
+	@$(MAKE) --no-print-directory BUILD=build/fuzz CC=clang SIMD=portable \
+	    OPT="-O1 $(FUZZ_SAN) -fsanitize=fuzzer-no-link" $(FUZZ_SRC:tests/fuzz/%.c=build/fuzz/%)
+
+$(BUILD)/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h $(LIB_OBJ)
+	$(CC) $(CFLAGS) -fsanitize=fuzzer -Isrc -o $@ $< $(LIB_OBJ) $(LDLIBS)
+
+fuzz: deps fuzz-build
+	$(PYTHON) tests/fuzz/run.py --seconds $(FUZZ_TIME)
 
 # Address/UB sanitizer build of everything (the loader's corrupt-file tests run under it).
 asan:
@@ -71,6 +89,11 @@ asan:
 run: deps
 	@$(MAKE) --no-print-directory -j$(NPROC) QUIET=1 $(BUILD)/cairn
 	@scripts/demo.sh
+
+# Not in CI: 500 connections of mixed load + 200 slow-loris ones for SOAK_SECONDS, then leak checks.
+SOAK_SECONDS ?= 600
+soak: deps all
+	$(PYTHON) scripts/soak.py --seconds $(SOAK_SECONDS)
 
 bench: deps all
 	@scripts/bench.sh

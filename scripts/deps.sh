@@ -2,7 +2,8 @@
 # Installs the Debian packages cairn needs (as root), or prints the exact command and stops.
 # --build: only check what compiling needs (plain `make`), and print the command, never install.
 set -e
-PKGS="build-essential libcjson-dev libpcre2-dev libmicrohttpd-dev python3-numpy python3-pytest nodejs npm"
+# clang + libclang-rt-14-dev: the libFuzzer targets (make fuzz-build, run by make test).
+PKGS="build-essential libcjson-dev libpcre2-dev libmicrohttpd-dev python3-numpy python3-pytest nodejs npm clang libclang-rt-14-dev"
 if [ "$1" = "--build" ]; then
     missing=""
     for p in build-essential libcjson-dev libpcre2-dev libmicrohttpd-dev; do

@@ -264,6 +264,7 @@ static int shard_load(st_file *f, st_shard *sh, char *err, size_t errlen) {
     }
     cJSON_Delete(hdr);
     if (rc) return -1;
+    if (f->ntensors == first) return 0;     /* no tensors (f->tensors may still be NULL) */
     return check_overlap(f->tensors + first, f->ntensors - first, err, errlen);
 }
 

@@ -556,17 +556,13 @@ static int load_json(tokenizer *t, const cJSON *root, char *err, size_t errlen) 
     return load_decoding(t, cJSON_GetObjectItemCaseSensitive(root, "decoder"), err, errlen);
 }
 
-tokenizer *tok_load(const char *path, char *err, size_t errlen) {
+tokenizer *tok_load_text(const char *text, size_t len, const char *name, char *err, size_t errlen) {
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     pthread_once(&once, byte_alphabet_init);
-    size_t len;
-    char *text = read_file(path, &len, err, errlen);
-    if (!text) return NULL;
     cJSON *root = cJSON_ParseWithLength(text, len);
     if (!root) {
         const char *at = cJSON_GetErrorPtr();
-        errf(err, errlen, "%s: invalid JSON near byte %ld", path, at ? (long)(at - text) : -1L);
-        free(text);
+        errf(err, errlen, "%s: invalid JSON near byte %ld", name, at ? (long)(at - text) : -1L);
         return NULL;
     }
     tokenizer *t = xcalloc(1, sizeof *t);
@@ -575,11 +571,19 @@ tokenizer *tok_load(const char *path, char *err, size_t errlen) {
     t->unk_id = -1;
     int rc = load_json(t, root, err, errlen);
     cJSON_Delete(root);
-    free(text);
     if (rc) {
         tok_free(t);
         return NULL;
     }
+    return t;
+}
+
+tokenizer *tok_load(const char *path, char *err, size_t errlen) {
+    size_t len;
+    char *text = read_file(path, &len, err, errlen);
+    if (!text) return NULL;
+    tokenizer *t = tok_load_text(text, len, path, err, errlen);
+    free(text);
     return t;
 }
 

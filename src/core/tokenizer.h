@@ -18,6 +18,8 @@
 typedef struct tokenizer tokenizer;
 
 tokenizer *tok_load(const char *path, char *err, size_t errlen);   /* path to tokenizer.json */
+/* The same from the file's text (len bytes); name is for messages. */
+tokenizer *tok_load_text(const char *text, size_t len, const char *name, char *err, size_t errlen);
 void tok_free(tokenizer *t);
 
 int tok_vocab_size(const tokenizer *t);      /* largest id + 1 */

@@ -1,5 +1,6 @@
 #include "util.h"
 
+#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,4 +83,13 @@ uint64_t fnv64(uint64_t h, const void *data, size_t n) {
     const unsigned char *p = data;
     for (size_t i = 0; i < n; i++) { h ^= p[i]; h *= 0x100000001b3ULL; }
     return h;
+}
+
+void fault_point(void) {
+    static long at = -1, calls;
+    if (at < 0) {
+        const char *v = getenv("CAIRN_FAULT_KILL_AT");
+        at = v ? atol(v) : 0;
+    }
+    if (at > 0 && ++calls == at) raise(SIGKILL);
 }

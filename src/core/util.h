@@ -33,6 +33,12 @@ char *read_file(const char *path, size_t *len, char *err, size_t errlen);
 #define FNV64_INIT 0xcbf29ce484222325ULL
 uint64_t fnv64(uint64_t h, const void *data, size_t n);
 
+/* Crash-test point. With CAIRN_FAULT_KILL_AT=N in the environment the process SIGKILLs itself
+ * at the N-th call (counted over its lifetime from 1), as a power cut or kill -9 would stop it;
+ * without it a no-op. Code that must survive being cut anywhere (persistence) calls it before
+ * every step that changes a file, so tests can cut it at each step in turn. */
+void fault_point(void);
+
 #define MIN(a, b) ((a) < (b) ? (a) : (b))
 #define MAX(a, b) ((a) > (b) ? (a) : (b))
 

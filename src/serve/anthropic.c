@@ -512,3 +512,10 @@ enum MHD_Result anthropic_messages(serve_ctx *sc, struct MHD_Connection *c, cons
     call_free(k);
     return r;
 }
+
+int anthropic_request(serve_ctx *sc, const cJSON *body, turn_req *rq, http_err *e) {
+    am_call k = {.sc = sc};
+    int rc = parse_request(sc, body, &k, e);
+    *rq = k.call.rq;
+    return rc;
+}

@@ -21,4 +21,7 @@ enum MHD_Result anthropic_messages(serve_ctx *sc, struct MHD_Connection *c, cons
 enum MHD_Result anthropic_count_tokens(serve_ctx *sc, struct MHD_Connection *c, const cJSON *body, req_info *ri);
 
 
+/* The engine request a /v1/messages body maps to, without running it; as openai_request. */
+int anthropic_request(serve_ctx *sc, const cJSON *body, turn_req *rq, http_err *e);
+
 #endif

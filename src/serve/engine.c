@@ -112,22 +112,24 @@ static void request_free(engine *e, request *r) {
     free(r);
 }
 
+/* The slot's state is saved before DONE (or the ERROR ending the request) goes out: once the
+ * gateway hears a turn ended, a kill -9 no longer loses it. */
 static void finish(engine *e, request *r, int length_limited) {
     char tail[64], h[WIRE_HEADER_MAX];
     size_t n = e->m->tok ? tok_stream_finish(&r->ts, tail, sizeof tail) : 0;
     if (n) put_frame(h, wire_fmt_data(h, r->id, n, 0, 0, NULL, NULL, -1), tail, n);
     double dt = r->generated > 1 ? now_seconds() - r->t_first : 0;
     double tok_s = dt > 0 ? (r->generated - 1) / dt : 0;
+    save_slot(e, r->slot);
     put_frame(h, wire_fmt_done(h, r->id, r->generated, tok_s, 100.0 * r->reused / r->n, rss_gb(), r->n, length_limited,
                                r->reused), NULL, 0);
-    save_slot(e, r->slot);
     request_free(e, r);
 }
 
 static void fail(engine *e, request *r, const char *code, const char *detail) {
     state_taint(&e->seqs[r->slot]->st);
-    put_error(r->id, code, detail);
     save_slot(e, r->slot);
+    put_error(r->id, code, detail);
     request_free(e, r);
 }
 
@@ -404,8 +406,8 @@ static void on_cancel(engine *e, const char *id) {
     if (!r) return put_error(id, "NOT_FOUND", NULL);
     /* a prefill cut short leaves a state the prompt only partly describes: the next turn resets */
     if (r->prefilling) state_taint(&e->seqs[r->slot]->st);
-    put_error(r->id, "CANCELLED", NULL);
     save_slot(e, r->slot);
+    put_error(r->id, "CANCELLED", NULL);
     request_free(e, r);
 }
 
@@ -485,7 +487,7 @@ static void usage(FILE *f) {
             "  --ctx N            context positions per slot (default min(4096, model maximum))\n"
             "  --ckpt-mb N        checkpoint memory budget in MiB, 0 = no checkpoints (default 512)\n"
             "  --kv-share 0|1     let a new prompt copy a longer prefix from another slot (default 1)\n"
-            "  --kv-dir DIR       save each slot's state after every turn, reload at start-up\n"
+            "  --kv-dir DIR       save each slot's state before every turn's DONE, reload at start-up\n"
             "  --numerics qat|exact  activation numerics (default qat)\n"
             "  --threads N        worker threads (default: online cores)\n"
             "Environment: CAIRN_PREFIX_LOG=1 logs the reuse decision per request on stderr.\n");
@@ -547,7 +549,8 @@ static int engine_open(engine *e, char *err, size_t errlen) {
     e->bias_ids = xmalloc(WIRE_BIAS_ENTRIES * sizeof *e->bias_ids);
     e->bias_vals = xmalloc(WIRE_BIAS_ENTRIES * sizeof *e->bias_vals);
     e->top_lps = xmalloc(WIRE_LOGPROBS_MAX * sizeof *e->top_lps);
-    if (e->o.kv_dir && mkdir(e->o.kv_dir, 0755) && errno != EEXIST)
+    /* the saved states hold conversations: only the engine's user may read them */
+    if (e->o.kv_dir && mkdir(e->o.kv_dir, 0700) && errno != EEXIST)
         return errf(err, errlen, "--kv-dir %s: %s", e->o.kv_dir, strerror(errno));
     if (e->o.kv_dir) load_slots(e);
     const char *log = getenv("CAIRN_PREFIX_LOG");

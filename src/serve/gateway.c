@@ -409,6 +409,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
      * connection reset in the middle of its upload. */
     if (!host_allowed(s->o, c))
         return reject(c, rc, 403, "invalid_request_error", "host_not_allowed", "Host header not allowed");
+    /* A page of another site may send a POST its browser does not preflight (text/plain, or
+     * after a DNS rebinding): it cannot read the reply, but it would run a turn. Requests that
+     * act, from an origin off the CORS list, are refused; non-browser clients send no Origin. */
+    const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+    if (origin && strcmp(rc->method, "GET") && strcmp(rc->method, "HEAD") && strcmp(rc->method, "OPTIONS") &&
+        !http_origin_allowed(origin))
+        return reject(c, rc, 403, "invalid_request_error", "origin_not_allowed",
+                      "requests from this Origin are not allowed (see --cors-origin)");
     /* Browsers never send credentials on a CORS preflight, and it reveals nothing but which
      * methods and headers are allowed, so it comes before the key check. */
     if (!strcmp(rc->method, "OPTIONS")) {

@@ -82,6 +82,8 @@ static const char *cors_allow_value(const char *origin) {
     return NULL;
 }
 
+int http_origin_allowed(const char *origin) { return cors_allow_value(origin) != NULL; }
+
 /* Vary goes on whenever an Origin came, allowed or not: the reply depends on it, and a cache
  * must not hand one origin's answer to another. Expose lists the headers a page's script may
  * read besides the CORS-safelisted ones; x-request-id is listed as the reference gateway

@@ -71,6 +71,8 @@ enum MHD_Result http_send_stream(struct MHD_Connection *c, stream_pump_fn pump, 
  * n == 0 keeps the default: the usual local dev-server ports and the Tauri app origins. The
  * array and its strings are borrowed and must outlive the server. */
 void http_cors_allow(const char *const *origins, int n);
+/* 1 if pages of this origin may call the API (it is on that list). */
+int http_origin_allowed(const char *origin);
 /* Answer a CORS preflight (OPTIONS) with 204 and the methods and request headers allowed. */
 enum MHD_Result http_send_preflight(struct MHD_Connection *c);
 

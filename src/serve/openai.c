@@ -1,5 +1,6 @@
 #include "openai.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -311,7 +312,7 @@ static int parse_prompt(serve_ctx *sc, const cJSON *p, turn_req *rq, http_err *e
     const cJSON *id;
     cJSON_ArrayForEach(id, p) {
         double d = id->valuedouble;
-        if (!cJSON_IsNumber(id) || d != (double)(long)d || d < 0 || d >= vocab) {
+        if (!cJSON_IsNumber(id) || !(d >= 0 && d < vocab) || d != floor(d)) {   /* range first: (long)1e300 is UB */
             sbuf_free(&b);
             return http_err_set(e, 400, "invalid_request_error", "invalid_value", "prompt",
                                 "'prompt' token ids must be integers in [0, %d)", vocab);
@@ -804,4 +805,13 @@ enum MHD_Result openai_completions(serve_ctx *sc, struct MHD_Connection *c, cons
     http_err e = {0};
     if (parse_completion(sc, body, k, &e)) return fail(c, k, &e);
     return run(k, c);
+}
+
+int openai_request(serve_ctx *sc, int chat, const cJSON *body, turn_req *rq, http_err *e) {
+    oa_call k = {.sc = sc, .chat = chat};
+    int rc = chat ? parse_chat(sc, body, &k, e) : parse_completion(sc, body, &k, e);
+    *rq = k.call.rq;
+    for (int i = 0; i + 1 < k.nchoices; i++) turn_req_free(&k.queued[i]);   /* the first choice's only */
+    free(k.queued);
+    return rc;
 }

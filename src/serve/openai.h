@@ -28,4 +28,9 @@ cJSON *openai_normalize_messages(const cJSON *messages, http_err *e);
 int openai_render(serve_ctx *sc, const cJSON *messages, const cJSON *tools, const chat_opts *o, turn_req *rq,
                   http_err *e);
 
+/* The engine request a body maps to, without running it (chat: /v1/chat/completions, else
+ * /v1/completions): 0, or -1 with e (a 4xx). rq is the caller's to turn_req_free either way. For
+ * fuzzing and tests of the mapping; the handlers run the same parsers. */
+int openai_request(serve_ctx *sc, int chat, const cJSON *body, turn_req *rq, http_err *e);
+
 #endif

@@ -66,5 +66,7 @@ void sse_error(sbuf *out, const turn *t, api_flavor f) {
     turn_error(t, &e);
     char *body = http_err_body(&e, f);
     sbuf_printf(out, f == API_ANTHROPIC ? "event: error\ndata: %s\n\n" : "data: %s\n\n", body);
+    /* the stream still ends the way clients wait for */
+    sbuf_puts(out, f == API_ANTHROPIC ? "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n" : "data: [DONE]\n\n");
     free(body);
 }

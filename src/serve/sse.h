@@ -47,7 +47,8 @@ typedef struct {
 /* Record the turn's outcome in ri, end the turn (releasing its slot) and free what c holds. */
 void api_call_end(api_call *c);
 /* A failed turn reported on a stream that already sent its 200, in the API's shape: OpenAI a
- * data line with the error envelope, Anthropic an `error` event. */
+ * data line with the error envelope then `[DONE]`, Anthropic an `error` event then
+ * `message_stop`, so clients waiting for the end of the stream see it. */
 void sse_error(sbuf *out, const turn *t, api_flavor f);
 
 #endif

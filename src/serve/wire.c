@@ -258,9 +258,9 @@ void wire_reader_push(wire_reader *r, const char *data, size_t n) {
 
 int wire_reader_next(wire_reader *r, wire_frame *f) {
     for (;;) {
-        char *p = r->buf + r->start;
         size_t avail = r->len - r->start;
         if (avail == 0) return 0;
+        char *p = r->buf + r->start;
         if (r->draining) {
             char *end = memchr(p, '\n', avail);
             r->start = end ? (size_t)(end + 1 - r->buf) : r->len;
@@ -306,8 +306,8 @@ int wire_reader_next(wire_reader *r, wire_frame *f) {
 
 int wire_reader_eof(wire_reader *r, wire_frame *f) {
     size_t avail = r->len - r->start;
-    char *p = r->buf + r->start;
     int cut = avail > 0 && !r->draining;
+    char *p = cut ? r->buf + r->start : NULL;   /* buf is NULL before the first push */
     r->start = r->len = 0;
     r->draining = 0;
     if (!cut) return 0;

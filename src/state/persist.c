@@ -196,6 +196,7 @@ static void slot_paths(const char *dir, int slot, char *rows, char *tail, size_t
 /* A renamed or created entry is durable once its directory is synced. Best effort: a lost entry
  * only costs warmth, which load already copes with. */
 static void sync_dir(const char *dir) {
+    fault_point();
     int fd = open(dir, O_RDONLY | O_DIRECTORY);
     if (fd < 0) return;
     (void)fsync(fd);
@@ -203,18 +204,20 @@ static void sync_dir(const char *dir) {
 }
 
 static int remove_file(const char *path, char *err, size_t errlen) {
+    fault_point();
     if (unlink(path) && errno != ENOENT) return errf(err, errlen, "cannot remove %s: %s", path, strerror(errno));
     return 0;
 }
 
 static int write_at(int fd, const void *data, size_t n, off_t off) {
+    fault_point();
     return pwrite(fd, data, n, off) == (ssize_t)n ? 0 : -1;
 }
 
 /* Point the commit at `count` records, which must already be durable. */
 static int commit_rows(FILE *f, slot_file *sf, int count, char *err, size_t errlen) {
     rows_commit c = {.count = (uint64_t)count, .chain = count ? sf->chain[count - 1] : sf->seed};
-    if (write_at(fileno(f), &c, sizeof c, COMMIT_AT) || fdatasync(fileno(f)))
+    if (write_at(fileno(f), &c, sizeof c, COMMIT_AT) || (fault_point(), fdatasync(fileno(f))))
         return errf(err, errlen, "%s: cannot write the commit: %s", sf->path, strerror(errno));
     sf->count = count;
     return 0;
@@ -223,7 +226,7 @@ static int commit_rows(FILE *f, slot_file *sf, int count, char *err, size_t errl
 /* Empty the rows file to a header with nothing committed. */
 static int start_rows(FILE *f, slot_file *sf, char *err, size_t errlen) {
     file_ident id = ident_of(ROWS_MAGIC, sf->fingerprint, sf->layout);
-    if (ftruncate(fileno(f), 0) || write_at(fileno(f), &id, sizeof id, 0))
+    if ((fault_point(), ftruncate(fileno(f), 0)) || write_at(fileno(f), &id, sizeof id, 0))
         return errf(err, errlen, "%s: cannot write the header: %s", sf->path, strerror(errno));
     return commit_rows(f, sf, 0, err, errlen);
 }
@@ -246,8 +249,12 @@ static int append_records(FILE *f, slot_file *sf, const state *s, int from, char
             return errf(err, errlen, "%s: short write at position %d: %s", sf->path, pos, strerror(errno));
         sf->ids[pos] = id;
         sf->chain[pos] = chain;
+        if (pos == from + (s->len - from) / 2) {   /* cut with half the records flushed */
+            fault_point();
+            if (fflush(f)) return errf(err, errlen, "%s: cannot flush records: %s", sf->path, strerror(errno));
+        }
     }
-    if (fflush(f) || fdatasync(fileno(f))) return errf(err, errlen, "%s: cannot flush records: %s", sf->path, strerror(errno));
+    if ((fault_point(), fflush(f)) || (fault_point(), fdatasync(fileno(f)))) return errf(err, errlen, "%s: cannot flush records: %s", sf->path, strerror(errno));
     return commit_rows(f, sf, s->len, err, errlen);
 }
 
@@ -259,7 +266,7 @@ static int update_rows(FILE *f, slot_file *sf, const state *s, char *err, size_t
     while (k < lim && sf->ids[k] == s->ids[k]) k++;
     if (k < sf->count && commit_rows(f, sf, k, err, errlen)) return -1;
     off_t end = record_offset(s, k);
-    if (sf->size != end && ftruncate(fileno(f), end)) return errf(err, errlen, "%s: cannot truncate: %s", sf->path, strerror(errno));
+    if (sf->size != end && (fault_point(), ftruncate(fileno(f), end))) return errf(err, errlen, "%s: cannot truncate: %s", sf->path, strerror(errno));
     sf->size = end;
     return k < s->len ? append_records(f, sf, s, k, err, errlen) : 0;
 }
@@ -291,13 +298,16 @@ static int save_tail(slot_file *sf, const state *s, const char *dir, const char 
     h.checksum = tail_checksum(&h, payload);
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "wb");
+    int tfd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    FILE *f = tfd >= 0 ? fdopen(tfd, "wb") : NULL;
+    if (!f && tfd >= 0) close(tfd);
     int rc = f ? 0 : errf(err, errlen, "cannot create %s: %s", tmp, strerror(errno));
     if (f) {
-        if (fwrite(&h, sizeof h, 1, f) != 1 || fwrite(payload, bytes, 1, f) != 1 || fflush(f) || fsync(fileno(f)))
+        if (fwrite(&h, sizeof h, 1, f) != 1 || (fault_point(), fflush(f)) || fwrite(payload, bytes, 1, f) != 1 ||
+            (fault_point(), fflush(f)) || (fault_point(), fsync(fileno(f))))
             rc = errf(err, errlen, "writing %s: %s", tmp, strerror(errno));
         if (fclose(f) && rc == 0) rc = errf(err, errlen, "closing %s: %s", tmp, strerror(errno));
-        if (rc == 0 && rename(tmp, path)) rc = errf(err, errlen, "rename %s -> %s: %s", tmp, path, strerror(errno));
+        if (rc == 0 && (fault_point(), rename(tmp, path))) rc = errf(err, errlen, "rename %s -> %s: %s", tmp, path, strerror(errno));
         if (rc) unlink(tmp);
     }
     free(payload);
@@ -310,7 +320,7 @@ static int save_tail(slot_file *sf, const state *s, const char *dir, const char 
 
 /* The rows file, opened for update and created if missing (without truncating it). */
 static FILE *open_rows(const char *path, char *err, size_t errlen) {
-    int fd = open(path, O_RDWR | O_CREAT, 0644);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);   /* conversations: owner only */
     FILE *f = fd >= 0 ? fdopen(fd, "r+b") : NULL;
     if (!f) {
         errf(err, errlen, "cannot open %s: %s", path, strerror(errno));

@@ -1,7 +1,8 @@
 /* persist.h — `--kv-dir DIR`: each slot's state survives an engine restart, and a turn costs
  * only the bytes of the positions it added.
  *
- * THE FILES. DIR/slot-N.cairnkv holds the slot's ROWS parts append-only, one RECORD per position
+ * THE FILES (mode 0600: they hold conversations; these three names are all that is ever written
+ * in DIR). DIR/slot-N.cairnkv holds the slot's ROWS parts append-only, one RECORD per position
  * in order:
  *     int32 id | the ROWS rows completed at this position | uint64 chain
  * A span-1 part contributes a row at every position; a span-r part the row that position pos

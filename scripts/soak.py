@@ -1,0 +1,175 @@
+#!/usr/bin/python3
+"""`make soak` (not in CI): `cairn serve` under a long mixed load, then checks that nothing leaked.
+
+1. Slow loris: a probe request's latency on an idle server, then with 200 connections trickling
+   their headers one byte a second; the ratio of the medians is reported (the probe must not wait
+   for them).
+2. Load: 500 concurrent connections (autocannon, tests/node/soak_load.mjs) cycling OpenAI and
+   Anthropic requests, streaming and not, for --seconds. Only 200 and 429 (each 429 with
+   Retry-After) may come back, with no socket errors or timeouts. RSS and open fds of the server
+   and the engine are sampled after the warm-up (the first --warmup seconds) and at the end.
+3. Afterwards: every slot free, nothing queued, the engine never restarted, RSS end / after
+   warm-up <= 1.05 for both processes, fds back to what they were, and reuse still exact (a
+   two-turn conversation reuses and matches a freshly started server).
+
+usage: scripts/soak.py [-m MODEL_DIR] [--seconds 600] [--warmup 60] [--connections 500] [--loris 200]
+Exits 1 if any check fails; prints every figure either way."""
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+import conftest  # noqa: E402
+from test_http_robustness import Server  # noqa: E402
+
+NODE_DIR = os.path.join(ROOT, "tests", "node")
+
+
+def proc_status(pid):
+    """(RSS bytes, open fds) of a process."""
+    with open(f"/proc/{pid}/status") as f:
+        rss = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+    return rss, len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def probe(s, text="probe"):
+    t0 = time.perf_counter()
+    st, _, b = s.json("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": text}],
+                                                       "max_tokens": 8, "temperature": 0})
+    assert st == 200, b
+    return time.perf_counter() - t0
+
+
+class Loris:
+    """n connections that send a request's headers one byte a second, reconnecting when closed."""
+
+    HEAD = b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nX-Pad: " + \
+        b"a" * 4000
+
+    def __init__(self, port, n):
+        self.port, self.stop, self.open = port, threading.Event(), 0
+        self.threads = [threading.Thread(target=self.run, daemon=True) for _ in range(n)]
+        for t in self.threads:
+            t.start()
+
+    def run(self):
+        while not self.stop.is_set():
+            try:
+                c = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+            except OSError:
+                time.sleep(1)
+                continue
+            self.open += 1
+            try:
+                for b in self.HEAD:
+                    if self.stop.wait(1):
+                        break
+                    c.sendall(bytes([b]))
+            except OSError:
+                pass
+            self.open -= 1
+            c.close()
+
+    def close(self):
+        self.stop.set()
+        for t in self.threads:
+            t.join()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("-m", dest="model")
+    ap.add_argument("--seconds", type=int, default=600)
+    ap.add_argument("--warmup", type=int, default=60)
+    ap.add_argument("--connections", type=int, default=500)
+    ap.add_argument("--loris", type=int, default=200)
+    a = ap.parse_args()
+    model = a.model or conftest.make_model("deepseek_v4")
+    tmp = os.path.join(ROOT, "build", "soak")
+    os.makedirs(tmp, exist_ok=True)
+    limit = str(2 * (a.connections + a.loris) + 64)
+    args = ["--slots", "4", "--max-queue", "256", "--max-tokens", "8", "--queue-timeout", "20",
+            "--max-connections", limit, "--max-connections-per-ip", limit, "--read-timeout", "600"]
+    s = Server(model, tmp, args)
+    failures = []
+
+    def check(ok, what):
+        print(("ok   " if ok else "FAIL ") + what, flush=True)
+        if not ok:
+            failures.append(what)
+
+    try:
+        engine_pid = s.health()["engine"]["pid"]
+        # 1. slow loris
+        probe(s)
+        idle = [probe(s, f"probe {i}") for i in range(10)]
+        loris = Loris(s.port, a.loris)
+        while loris.open < a.loris:
+            time.sleep(0.2)
+        busy = [probe(s, f"probe {i}") for i in range(10)]
+        ratio = statistics.median(busy) / statistics.median(idle)
+        check(ratio <= 1.5, f"slow loris: probe median {statistics.median(idle) * 1e3:.1f} ms idle, "
+              f"{statistics.median(busy) * 1e3:.1f} ms with {loris.open} loris connections open (x{ratio:.2f})")
+        # 2. load, loris still trickling
+        url = f"http://127.0.0.1:{s.port}"
+        load = subprocess.Popen(["node", os.path.join(NODE_DIR, "soak_load.mjs"), url, str(a.connections),
+                                 str(a.seconds)], cwd=NODE_DIR, stdout=subprocess.PIPE, text=True)
+        time.sleep(a.warmup)
+        warm = {"server": proc_status(s.p.pid), "engine": proc_status(engine_pid)}
+        time.sleep(max(1, a.seconds - a.warmup - 5))
+        end = {"server": proc_status(s.p.pid), "engine": proc_status(engine_pid)}
+        out, _ = load.communicate()
+        loris.close()
+        res = json.loads(out.strip().splitlines()[-1])
+        codes = res["seen"]["status"]
+        print(f"load: {res['requests']} requests over {a.seconds} s on {a.connections} connections: {codes}", flush=True)
+        check(res["errors"] == 0 and res["timeouts"] == 0, f"no socket errors ({res['errors']}) or timeouts "
+              f"({res['timeouts']})")
+        check(set(codes) <= {"200", "429"} and int(codes.get("200", 0)) > 0, "only 200 and 429")
+        check(res["seen"]["missingRetryAfter"] == 0, f"every 429 has Retry-After "
+              f"({res['seen']['missingRetryAfter']} without)")
+        for who in ("server", "engine"):
+            r = end[who][0] / warm[who][0]
+            check(r <= 1.05, f"{who} RSS {warm[who][0] >> 20} MiB after warm-up, {end[who][0] >> 20} MiB at the end "
+                  f"(x{r:.3f})")
+        # 3. afterwards
+        time.sleep(2)
+        h = s.health()
+        check(h["slots"]["busy"] == 0 and h["slots"]["waiting"] == 0, f"slots free, queue empty: {h['slots']}")
+        check(h["engine"]["pid"] == engine_pid and h["engine"]["restarts"] == 0, "the engine never restarted")
+        after = {"server": proc_status(s.p.pid), "engine": proc_status(engine_pid)}
+        base_fds = {"server": warm["server"][1], "engine": warm["engine"][1]}
+        print(f"fds: after warm-up (under load) {base_fds}, idle afterwards "
+              f"{ {k: v[1] for k, v in after.items()} }", flush=True)
+        check(after["engine"][1] <= base_fds["engine"], "engine fds not leaked")
+        check(after["server"][1] <= base_fds["server"], "server fds back to at most the loaded count")
+        convo = [{"role": "user", "content": "after the soak, tell me something"}]
+        st, _, first = s.json("POST", "/v1/chat/completions", {"messages": convo, "max_tokens": 6, "temperature": 0})
+        convo += [{"role": "assistant", "content": first["choices"][0]["message"]["content"]},
+                  {"role": "user", "content": "and more"}]
+        st, _, warm_reply = s.json("POST", "/v1/chat/completions", {"messages": convo, "max_tokens": 6,
+                                                                    "temperature": 0})
+        cold = Server(model, tmp, ["--slots", "1"])
+        try:
+            st, _, cold_reply = cold.json("POST", "/v1/chat/completions", {"messages": convo, "max_tokens": 6,
+                                                                            "temperature": 0})
+        finally:
+            cold.stop()
+        cached = warm_reply["usage"]["prompt_tokens_details"]["cached_tokens"]
+        check(cached > 0 and warm_reply["choices"][0]["message"] == cold_reply["choices"][0]["message"],
+              f"reuse exact afterwards ({cached} cached tokens, reply equals a fresh server's)")
+    finally:
+        s.stop()
+    print("soak: " + ("PASS" if not failures else f"FAIL ({len(failures)})"))
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -156,7 +156,7 @@ def test_bad_input_gets_400_with_error_shapes(servers, tiny_dsv4):
     st, _, b = s.json("POST", "/v1/chat/completions", {"messages": "hello"})
     assert_openai_error(b, 400, st)
     assert b["error"]["param"] == "messages"
-    st, _, b = s.json("POST", "/v1/chat/completions", chat_body("x", n=2))
+    st, _, b = s.json("POST", "/v1/chat/completions", chat_body("x", n=9))
     assert_openai_error(b, 400, st)
     st, _, b = s.json("POST", "/v1/chat/completions", chat_body("x", max_tokens=-1))
     assert_openai_error(b, 400, st)
@@ -168,7 +168,7 @@ def test_bad_input_gets_400_with_error_shapes(servers, tiny_dsv4):
     st, _, b = s.json("POST", "/v1/completions", {"prompt": [1, -5], "max_tokens": 2})
     assert_openai_error(b, 400, st)
     assert b["error"]["param"] == "prompt"
-    st, _, b = s.json("POST", "/v1/completions", {"prompt": "x", "echo": True})
+    st, _, b = s.json("POST", "/v1/completions", {"prompt": "x", "echo": True, "logprobs": 1})
     assert_openai_error(b, 400, st)
     st, _, b = s.json("GET", "/v1/nothing-here")
     assert_openai_error(b, 404, st)

@@ -499,14 +499,7 @@ enum MHD_Result anthropic_messages(serve_ctx *sc, struct MHD_Connection *c, cons
         k->call.last_write = now_seconds();
         return http_send_stream(c, stream_pump, stream_done, k);
     }
-    if (turn_run(&k->call.t) == TURN_GONE) {
-        http_err_set(&e, 499, "client_closed", NULL, NULL, "client closed the connection");
-        return fail(c, k, &e);
-    }
-    if (k->call.t.status == GEN_ERROR) {
-        turn_error(&k->call.t, &e);
-        return fail(c, k, &e);
-    }
+    if (turn_complete(&k->call.t, &e)) return fail(c, k, &e);
     ri->status = 200;
     enum MHD_Result r = http_send_json(c, 200, message_json(k, 1));
     call_free(k);

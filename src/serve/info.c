@@ -95,19 +95,6 @@ static int need_tokenizer(const serve_ctx *sc, http_err *e) {
                         "this model has no usable tokenizer.json");
 }
 
-/* Fields of /tokenize and /detokenize besides the ones each honours are refused. */
-static int only_fields(const cJSON *body, const char *const *known, http_err *e) {
-    const cJSON *f;
-    cJSON_ArrayForEach(f, body) {
-        int ok = 0;
-        for (const char *const *k = known; *k; k++) ok |= !strcmp(f->string, *k);
-        if (!ok)
-            return http_err_set(e, 400, "invalid_request_error", "unsupported_parameter", f->string,
-                                "'%s' is not supported here", f->string);
-    }
-    return 0;
-}
-
 static enum MHD_Result failed(struct MHD_Connection *c, req_info *ri, const http_err *e) {
     ri->status = e->status;
     return http_send_error(c, API_OPENAI, e);
@@ -119,7 +106,7 @@ enum MHD_Result info_tokenize(serve_ctx *sc, struct MHD_Connection *c, const cJS
     const char *text = NULL;
     int add_special = 0, parse_special = 1, pieces = 0;
     if (!cJSON_IsObject(body)) http_err_set(&e, 400, "invalid_request_error", "invalid_json", NULL, "the body must be a JSON object");
-    else if (!only_fields(body, known, &e) && !need_tokenizer(sc, &e) && !param_str(body, "content", &text, &e) &&
+    else if (!param_only_fields(body, known, "here", &e) && !need_tokenizer(sc, &e) && !param_str(body, "content", &text, &e) &&
              !param_bool(body, "add_special", &add_special, &e) && !param_bool(body, "parse_special", &parse_special, &e) &&
              !param_bool(body, "with_pieces", &pieces, &e)) {
         if (!text) http_err_set(&e, 400, "invalid_request_error", "invalid_value", "content", "'content' is required");
@@ -165,7 +152,7 @@ enum MHD_Result info_detokenize(serve_ctx *sc, struct MHD_Connection *c, const c
     http_err e = {0};
     const cJSON *toks = cJSON_GetObjectItemCaseSensitive(body, "tokens");
     if (!cJSON_IsObject(body)) http_err_set(&e, 400, "invalid_request_error", "invalid_json", NULL, "the body must be a JSON object");
-    else if (!only_fields(body, known, &e) && !need_tokenizer(sc, &e) && !cJSON_IsArray(toks))
+    else if (!param_only_fields(body, known, "here", &e) && !need_tokenizer(sc, &e) && !cJSON_IsArray(toks))
         http_err_set(&e, 400, "invalid_request_error", "invalid_value", "tokens", "'tokens' must be a list of token ids");
     if (e.status) return failed(c, ri, &e);
     int n = cJSON_GetArraySize(toks), vocab = tok_vocab_size(sc->tok), k = 0;

@@ -763,14 +763,7 @@ static enum MHD_Result run(oa_call *k, struct MHD_Connection *c) {
     }
     k->choices = cJSON_CreateArray();
     for (int more = 1; more > 0;) {
-        if (turn_run(&k->call.t) == TURN_GONE) {
-            http_err_set(&e, 499, "client_closed", NULL, NULL, "client closed the connection");
-            return fail(c, k, &e);
-        }
-        if (k->call.t.status == GEN_ERROR) {
-            turn_error(&k->call.t, &e);
-            return fail(c, k, &e);
-        }
+        if (turn_complete(&k->call.t, &e)) return fail(c, k, &e);
         cJSON_AddItemToArray(k->choices, k->chat ? chat_choice(k) : completion_choice(k));
         if ((more = next_choice(k, c, &e)) < 0) return fail(c, k, &e);
     }

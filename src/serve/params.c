@@ -61,6 +61,18 @@ int param_str(const cJSON *o, const char *key, const char **out, http_err *e) {
     return 0;
 }
 
+int param_only_fields(const cJSON *body, const char *const *known, const char *where, http_err *e) {
+    const cJSON *f;
+    cJSON_ArrayForEach(f, body) {
+        int ok = 0;
+        for (const char *const *k = known; *k; k++) ok |= !strcmp(f->string, *k);
+        if (!ok)
+            return http_err_set(e, 400, "invalid_request_error", "unsupported_parameter", f->string,
+                                "'%s' is not supported %s", f->string, where);
+    }
+    return 0;
+}
+
 int param_model(const serve_ctx *sc, const cJSON *body, http_err *e) {
     const char *model = NULL;
     if (param_str(body, "model", &model, e)) return -1;

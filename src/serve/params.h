@@ -18,6 +18,9 @@ int param_num(const cJSON *o, const char *key, double lo, double hi, double *out
 int param_bool(const cJSON *o, const char *key, int *out, http_err *e);
 int param_str(const cJSON *o, const char *key, const char **out, http_err *e);
 
+/* Every field of body must be one of known[] (NULL-ended), else a 400 naming the first other
+ * one, "'F' is not supported <where>". */
+int param_only_fields(const cJSON *body, const char *const *known, const char *where, http_err *e);
 /* body.model must be absent, empty, the served model id or an alias (else 404 model_not_found). */
 int param_model(const serve_ctx *sc, const cJSON *body, http_err *e);
 /* Stop strings: one string or a list of 1..TURN_MAX_STOPS non-empty strings. */

@@ -253,14 +253,7 @@ static int check_fields(const cJSON *body, http_err *e) {
                                         "max_output_tokens", "temperature", "top_p", "tools", "tool_choice",
                                         "parallel_tool_calls", "text", "reasoning", "metadata", "user", "truncation",
                                         "include", "top_logprobs", "seed", NULL};
-    const cJSON *f;
-    cJSON_ArrayForEach(f, body) {
-        int ok = 0;
-        for (const char *const *k = known; *k; k++) ok |= !strcmp(f->string, *k);
-        if (!ok)
-            return http_err_set(e, 400, "invalid_request_error", "unsupported_parameter", f->string,
-                                "'%s' is not supported by /v1/responses here", f->string);
-    }
+    if (param_only_fields(body, known, "by /v1/responses here", e)) return -1;
     const cJSON *v;
     if ((v = cJSON_GetObjectItemCaseSensitive(body, "tool_choice")) && !cJSON_IsNull(v) &&
         !(cJSON_IsString(v) && (!strcmp(v->valuestring, "auto") || !strcmp(v->valuestring, "none"))))
@@ -644,14 +637,7 @@ enum MHD_Result responses_create(serve_ctx *sc, struct MHD_Connection *c, const 
         k->call.last_write = now_seconds();
         return http_send_stream(c, stream_pump, stream_done, k);
     }
-    if (turn_run(&k->call.t) == TURN_GONE) {
-        http_err_set(&e, 499, "client_closed", NULL, NULL, "client closed the connection");
-        return fail(c, k, &e);
-    }
-    if (k->call.t.status == GEN_ERROR) {
-        turn_error(&k->call.t, &e);
-        return fail(c, k, &e);
-    }
+    if (turn_complete(&k->call.t, &e)) return fail(c, k, &e);
     ri->status = 200;
     enum MHD_Result r = http_send_json(c, 200, finish(k));
     call_free(k);

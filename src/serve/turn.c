@@ -313,6 +313,16 @@ int turn_run(turn *t) {
     }
 }
 
+int turn_complete(turn *t, http_err *e) {
+    if (turn_run(t) == TURN_GONE)
+        return http_err_set(e, 499, "client_closed", NULL, NULL, "client closed the connection");
+    if (t->status == GEN_ERROR) {
+        turn_error(t, e);
+        return -1;
+    }
+    return 0;
+}
+
 void turn_end(turn *t) {
     if (t->g) {
         if (t->status < 0) eng_cancel(t->sc->engine, t->g);

@@ -108,6 +108,9 @@ enum { TURN_IDLE = 0, TURN_PROGRESS = 1, TURN_DONE = 2, TURN_GONE = -1 };
 int turn_wait(turn *t, double wait);
 /* Block until the turn is finished (or the client left: TURN_GONE). */
 int turn_run(turn *t);
+/* turn_run for a reply answered at once: 0 when the engine finished it, else -1 and e (499 the
+ * client left, or the engine's error). */
+int turn_complete(turn *t, http_err *e);
 /* Release the turn: CANCEL if unfinished, drop references. */
 void turn_end(turn *t);
 

@@ -10,6 +10,9 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+
+#include "models/model.h"
 
 int bench_kernels(int argc, char **argv);
 int bench_model(int argc, char **argv);
@@ -19,6 +22,15 @@ int bench_concurrency(int argc, char **argv);
 /* A fixed pseudo-random prompt of n ids, one per seed (ids 2.. to stay clear of BOS/EOS in
  * small vocabularies), and the greedy choice the benches decode with. */
 int *bench_prompt(int n, int vocab, uint64_t seed);
+/* The options `bench -m` and `bench concurrency` share; bench_parse reads them over the defaults
+ * already in *o (-1 with a message on a bad flag). */
+typedef struct {
+    const char *model_dir;
+    int json;
+    long prompt, decode, threads;
+    numerics num;
+} bench_opts;
+int bench_parse(const char *cmd, int argc, char **argv, void (*usage)(FILE *), bench_opts *o);
 int bench_argmax(const float *x, int n);
 
 /* Stream-like read bandwidth in bytes/s over a buffer of at least `bytes` (bench_stream_bytes() for reports),

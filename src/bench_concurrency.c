@@ -20,13 +20,6 @@
 
 #define MAX_CONV 8
 
-typedef struct {
-    const char *model_dir;
-    int json;
-    long prompt, decode, threads;
-    numerics num;
-} conc_opts;
-
 static void usage(FILE *f) {
     fprintf(f,
             "usage: cairn bench concurrency -m DIR [--json] [--prompt N] [--decode N] [--threads N]\n"
@@ -39,35 +32,10 @@ static void usage(FILE *f) {
             "--json prints {concurrency_ratio_2, concurrency_ratio_4, concurrency_ratio_8, ...}.\n");
 }
 
-static int parse(int argc, char **argv, conc_opts *o) {
-    *o = (conc_opts){NULL, 0, 16, 16, 0, NUMERICS_QAT};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); exit(0); }
-        if (!strcmp(a, "--json")) { o->json = 1; continue; }
-        if (!v) { fprintf(stderr, "cairn bench concurrency: %s needs a value (or unknown flag)\n", a); return -1; }
-        i++;
-        if (!strcmp(a, "-m")) o->model_dir = v;
-        else if (!strcmp(a, "--prompt")) { if (cli_int("bench concurrency", a, v, 1, 1 << 16, &o->prompt)) return -1; }
-        else if (!strcmp(a, "--decode")) { if (cli_int("bench concurrency", a, v, 1, 1 << 16, &o->decode)) return -1; }
-        else if (!strcmp(a, "--threads")) { if (cli_int("bench concurrency", a, v, 1, 1024, &o->threads)) return -1; }
-        else if (!strcmp(a, "--numerics")) {
-            int n = cli_numerics(v);
-            if (n < 0) { fprintf(stderr, "cairn bench concurrency: bad value for --numerics: '%s'\n", v); return -1; }
-            o->num = (numerics)n;
-        } else {
-            fprintf(stderr, "cairn bench concurrency: unknown flag '%s' (see --help)\n", a);
-            return -1;
-        }
-    }
-    if (!o->model_dir) { fprintf(stderr, "cairn bench concurrency: -m DIR is required\n"); return -1; }
-    return 0;
-}
-
 /* Conversations first..first+k-1 (conversation i has prompt seed i + 1): prefill (untimed),
  * then `decode` batched greedy steps; tokens[i - first][step] gets conversation i's choices.
  * Returns seconds of the decode steps, < 0 on failure. */
-static double run_batch(model *m, const conc_opts *o, int first, int k, int (*tokens)[64], char *err, size_t errlen) {
+static double run_batch(model *m, const bench_opts *o, int first, int k, int (*tokens)[64], char *err, size_t errlen) {
     seq *seqs[MAX_CONV] = {0};
     float *logits[MAX_CONV] = {0};
     int ids[MAX_CONV], ok = 1;
@@ -93,8 +61,8 @@ static double run_batch(model *m, const conc_opts *o, int first, int k, int (*to
 }
 
 int bench_concurrency(int argc, char **argv) {
-    conc_opts o;
-    if (parse(argc, argv, &o)) return 2;
+    bench_opts o = {NULL, 0, 16, 16, 0, NUMERICS_QAT};
+    if (bench_parse("bench concurrency", argc, argv, usage, &o)) return 2;
     if (o.decode > 64) { fprintf(stderr, "cairn bench concurrency: --decode is at most 64\n"); return 2; }
     if (o.threads) pool_set_threads((int)o.threads);
     char err[512] = "";

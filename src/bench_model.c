@@ -16,15 +16,9 @@
 #include "core/util.h"
 
 typedef struct {
-    const char *model_dir;
-    int json;
-    long prompt, decode, threads;
-    numerics num;
-} bench_opts;
-
-typedef struct {
     double prefill_tok_s, prefill_gflops, decode_tok_s, bandwidth_gbs, decode_efficiency;
     double fma_peak_gflops, bf16_peak_gflops;    /* measured in this run (bench_peak.c) */
+    double verify_cost_ratio;  /* one VERIFY_TOKENS-token forward call / one decode step */
     size_t decode_bytes;
 } bench_result;
 
@@ -35,30 +29,30 @@ static void usage(FILE *f) {
             "Measures, in one run: the read bandwidth (bench_stream_bytes: >= 1 GiB, 4x the LLC), prefill of an N-token prompt\n"
             "(default 64) in tok/s and GFLOP/s, greedy decode of N tokens (default 16) in tok/s, and\n"
             "decode efficiency = weight bytes per decode step x decode tok/s / read bandwidth.\n"
-            "Prefill GFLOP/s is also given as a fraction of the f32 FMA (and BF16 dot) peak measured here.\n"
+            "Prefill GFLOP/s is also given as a fraction of the f32 FMA (and BF16 dot) peak measured here,\n"
+            "and one 4-token forward call (a speculative verify step) as a multiple of one decode step.\n"
             "--json prints {prefill_tok_s, prefill_gflops, prefill_vs_fma_peak, decode_tok_s, bandwidth_gbs,\n"
             "decode_efficiency, ...}.\n");
 }
 
-static int parse(int argc, char **argv, bench_opts *o) {
-    *o = (bench_opts){NULL, 0, 64, 16, 0, NUMERICS_QAT};
+int bench_parse(const char *cmd, int argc, char **argv, void (*usage)(FILE *), bench_opts *o) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); exit(0); }
         if (!strcmp(a, "--json")) { o->json = 1; continue; }
-        if (!v) { fprintf(stderr, "cairn bench: %s needs a value (or unknown flag)\n", a); return -1; }
+        if (!v) { fprintf(stderr, "cairn %s: %s needs a value (or unknown flag)\n", cmd, a); return -1; }
         i++;
         if (!strcmp(a, "-m")) o->model_dir = v;
-        else if (!strcmp(a, "--prompt")) { if (cli_int("bench", a, v, 1, 1 << 20, &o->prompt)) return -1; }
-        else if (!strcmp(a, "--decode")) { if (cli_int("bench", a, v, 1, 1 << 20, &o->decode)) return -1; }
-        else if (!strcmp(a, "--threads")) { if (cli_int("bench", a, v, 1, 1024, &o->threads)) return -1; }
+        else if (!strcmp(a, "--prompt")) { if (cli_int(cmd, a, v, 1, 1 << 20, &o->prompt)) return -1; }
+        else if (!strcmp(a, "--decode")) { if (cli_int(cmd, a, v, 1, 1 << 20, &o->decode)) return -1; }
+        else if (!strcmp(a, "--threads")) { if (cli_int(cmd, a, v, 1, 1024, &o->threads)) return -1; }
         else if (!strcmp(a, "--numerics")) {
             int n = cli_numerics(v);
-            if (n < 0) { fprintf(stderr, "cairn bench: bad value for --numerics: '%s'\n", v); return -1; }
+            if (n < 0) { fprintf(stderr, "cairn %s: bad value for --numerics: '%s'\n", cmd, v); return -1; }
             o->num = (numerics)n;
-        } else { fprintf(stderr, "cairn bench: unknown flag '%s' (see cairn bench -m DIR --help)\n", a); return -1; }
+        } else { fprintf(stderr, "cairn %s: unknown flag '%s' (see --help)\n", cmd, a); return -1; }
     }
-    if (!o->model_dir) { fprintf(stderr, "cairn bench: -m DIR is required\n"); return -1; }
+    if (!o->model_dir) { fprintf(stderr, "cairn %s: -m DIR is required\n", cmd); return -1; }
     return 0;
 }
 
@@ -80,9 +74,14 @@ int bench_argmax(const float *x, int n) {
 }
 
 /* Timed prefill then greedy decode on a fresh sequence. */
+/* Timed prefill, greedy decode, then one forward call of VERIFY_TOKENS tokens on a fresh
+ * sequence: what a speculative step verifying VERIFY_TOKENS - 1 drafts would pay, against one
+ * decode step (MTP drafting itself is not implemented). */
+#define VERIFY_TOKENS 4
+
 static int measure(model *m, const bench_opts *o, const int *ids, int timed, bench_result *r, char *err,
                    size_t errlen) {
-    seq *s = seq_new(m, (int)(o->prompt + o->decode + 1), err, errlen);
+    seq *s = seq_new(m, (int)(o->prompt + o->decode + 1 + VERIFY_TOKENS), err, errlen);
     if (!s) return -1;
     float *logits = xmalloc(sizeof(float) * m->vocab_size);
     s->chunk = (int)o->prompt;
@@ -94,12 +93,15 @@ static int measure(model *m, const bench_opts *o, const int *ids, int timed, ben
         rc = seq_feed(s, &id, 1, logits, err, errlen);
     }
     double t2 = now_seconds();
+    if (timed && !rc) rc = seq_feed(s, ids, VERIFY_TOKENS, logits, err, errlen);
+    double t3 = now_seconds();
     if (timed && !rc) {
         double flops = 0;
         for (int p = 0; p < o->prompt; p++) flops += m->ops->token_flops(m, p);
         r->prefill_tok_s = o->prompt / (t1 - t0);
         r->prefill_gflops = flops / (t1 - t0) / 1e9;
         r->decode_tok_s = o->decode / (t2 - t1);
+        r->verify_cost_ratio = (t3 - t2) * r->decode_tok_s;
     }
     free(logits);
     seq_free(s);
@@ -111,10 +113,10 @@ static void report(const bench_opts *o, const bench_result *r) {
         printf("{\"prefill_tok_s\":%.3f,\"prefill_gflops\":%.3f,\"fma_peak_gflops\":%.3f,"
                "\"prefill_vs_fma_peak\":%.4f,\"bf16_dot_peak_gflops\":%.3f,\"decode_tok_s\":%.3f,"
                "\"bandwidth_gbs\":%.3f,\"decode_efficiency\":%.6f,\"decode_bytes_per_token\":%zu,\"prompt\":%ld,"
-               "\"decode\":%ld,\"threads\":%d,\"simd\":\"%s\"}\n",
+               "\"decode\":%ld,\"verify%d_cost_ratio\":%.3f,\"threads\":%d,\"simd\":\"%s\"}\n",
                r->prefill_tok_s, r->prefill_gflops, r->fma_peak_gflops, r->prefill_gflops / r->fma_peak_gflops,
                r->bf16_peak_gflops, r->decode_tok_s, r->bandwidth_gbs, r->decode_efficiency, r->decode_bytes,
-               o->prompt, o->decode, pool_threads(), kernels_simd_name());
+               o->prompt, o->decode, VERIFY_TOKENS, r->verify_cost_ratio, pool_threads(), kernels_simd_name());
         return;
     }
     printf("read bandwidth      %10.2f GB/s\n", r->bandwidth_gbs);
@@ -126,11 +128,13 @@ static void report(const bench_opts *o, const bench_result *r) {
     printf("decode  (%4ld tok)  %10.2f tok/s  %8.1f MB/token\n", o->decode, r->decode_tok_s, r->decode_bytes / 1e6);
     printf("decode efficiency   %10.3f  (weight bytes/s over read bandwidth; %d threads, %s)\n", r->decode_efficiency,
            pool_threads(), kernels_simd_name());
+    printf("verify %d tokens     %10.2f  decode steps (one forward call; MTP drafting is not implemented)\n",
+           VERIFY_TOKENS, r->verify_cost_ratio);
 }
 
 int bench_model(int argc, char **argv) {
-    bench_opts o;
-    if (parse(argc, argv, &o)) return 2;
+    bench_opts o = {NULL, 0, 64, 16, 0, NUMERICS_QAT};
+    if (bench_parse("bench", argc, argv, usage, &o)) return 2;
     if (o.threads) pool_set_threads((int)o.threads);
     char err[512] = "";
     model *m = model_open(o.model_dir, o.num, 0, err, sizeof err);

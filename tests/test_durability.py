@@ -9,13 +9,14 @@ record. Over HTTP a kill -9 mid-stream ends both APIs' streams cleanly."""
 import json
 import os
 import signal
+import socket
 import subprocess
 
 import pytest
 
 from engine_client import Engine
 from test_engine_protocol import CTX, model, reference, spawn, words  # noqa: F401 (fixtures)
-from test_http_robustness import Server, stream_lines, wait_until
+from test_http_robustness import Server, chat_body, open_stream, servers, stream_lines, wait_until  # noqa: F401
 
 
 def test_kill_right_after_done_keeps_the_turn(spawn, cairn, model, words, tmp_path):
@@ -155,3 +156,38 @@ def test_engine_killed_mid_stream_ends_the_stream_cleanly(family_model, tmp_path
         assert st == 200 and b["usage"]["completion_tokens"] == 4, b
     finally:
         s.stop()
+
+
+def drop(sock, f):
+    f.close()
+    sock.shutdown(socket.SHUT_RDWR)
+    sock.close()
+
+
+def test_disconnect_while_queued_never_reaches_the_engine(servers, tiny_dsv4):
+    s = servers(tiny_dsv4, ["--slots", "1"], {"FAKE_TOKEN_DELAY": "0.05"}, fake=True)
+    busy = open_stream(s.port, "/v1/chat/completions", chat_body("first", max_tokens=60, stream=True))
+    wait_until(lambda: s.health()["slots"]["busy"] == 1, what="the first request to hold the slot")
+    queued = open_stream(s.port, "/v1/chat/completions", chat_body("queued", max_tokens=4))
+    wait_until(lambda: s.health()["slots"]["waiting"] == 1, what="the second request to queue")
+    drop(*queued)
+    wait_until(lambda: s.health()["slots"]["waiting"] == 0, what="the queued client to leave the queue")
+    assert b"200" in busy[1].readline()
+    while busy[1].readline():             # the first request still runs to its end
+        pass
+    drop(*busy)
+    wait_until(lambda: s.health()["slots"]["busy"] == 0, what="slot release")
+    submitted = [f["prompt"] for f in s.fake_frames() if f["cmd"] == "SUBMIT"]
+    assert len(submitted) == 1 and "queued" not in submitted[0], submitted
+    st, _, b = s.json("POST", "/v1/chat/completions", chat_body("next"))
+    assert st == 200, b
+
+
+def test_disconnect_while_prefilling_cancels_and_releases(servers, tiny_dsv4):
+    s = servers(tiny_dsv4, ["--slots", "1"], {"FAKE_ACCEPT_DELAY": "30"}, fake=True)
+    sock, f = open_stream(s.port, "/v1/chat/completions", chat_body("long prefill", max_tokens=4, stream=True))
+    wait_until(lambda: any(x["cmd"] == "SUBMIT" for x in s.fake_frames()), what="the SUBMIT")
+    drop(sock, f)
+    wait_until(lambda: any(x["cmd"] == "CANCEL" for x in s.fake_frames()), what="CANCEL during the prefill")
+    wait_until(lambda: s.health()["slots"]["busy"] == 0, what="slot release after the ack")
+    assert [x["cmd"] for x in s.fake_frames()].count("CANCEL") == 1

@@ -75,3 +75,12 @@ def test_engine_writes_only_owner_readable_state(cairn, tiny_dsv4, tmp_path):
     assert names == ["slot-0.cairnkv", "slot-0.cairnkv.tail"], names
     for n in names:
         assert stat.S_IMODE(os.stat(os.path.join(kv, n)).st_mode) == 0o600, n
+
+
+def test_engine_cannot_gain_privileges(cairn, tiny_dsv4):
+    e = Engine(cairn, tiny_dsv4, "--ctx", "64")
+    try:
+        status = open(f"/proc/{e.p.pid}/status").read()
+        assert "NoNewPrivs:\t1" in status, status
+    finally:
+        assert e.close() == 0

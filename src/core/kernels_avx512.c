@@ -30,7 +30,7 @@
 #define FEW_X 4          /* inputs per register pass of dot_rows: VEC_ROWS x FEW_X accumulators */
 #define FEW_BATCH 8      /* batches up to this many inputs decode in registers (two passes of 4) */
 #define MUL_CHUNK 256
-#define MUL_XROWS 12
+#define MUL_XROWS 6       /* input rows per pass (one tile's width): few enough that their lines share L1 sets */
 #define TILE_R 4
 #define TILE_X 6
 
@@ -325,19 +325,22 @@ INLINE void tile(const float *wb, int ldw, const float *x, int cols, int c0, int
         #pragma GCC unroll 6
         for (int j = 0; j < NX; j++) a[i][j] = _mm512_load_ps(acc + ((size_t)j * nr_all + i) * 16);
     for (int c = c0; c < full_end; c += 16) {
-        __m512 wv[TILE_R], xv[TILE_X];
-        #pragma GCC unroll 4
-        for (int i = 0; i < NR; i++) wv[i] = _mm512_load_ps(wb + (size_t)i * ldw + c);
+        __m512 xv[TILE_X];
         #pragma GCC unroll 6
         for (int j = 0; j < NX; j++) {
             xv[j] = _mm512_loadu_ps(x + (size_t)j * cols + c);
             /* Keep the input in a register: folded into each FMA it would be loaded NR times. */
             __asm__("" : "+v"(xv[j]));
         }
+        /* One weight vector live at a time: 24 accumulators + 6 inputs + 1 weight = 31 of the 32
+         * zmm registers (all four weights at once would spill accumulators to the stack). */
         #pragma GCC unroll 4
-        for (int i = 0; i < NR; i++)
+        for (int i = 0; i < NR; i++) {
+            __m512 wv = _mm512_load_ps(wb + (size_t)i * ldw + c);
+            __asm__("" : "+v"(wv));
             #pragma GCC unroll 6
-            for (int j = 0; j < NX; j++) a[i][j] = _mm512_fmadd_ps(wv[i], xv[j], a[i][j]);
+            for (int j = 0; j < NX; j++) a[i][j] = _mm512_fmadd_ps(wv, xv[j], a[i][j]);
+        }
     }
     if (full_end < c1) {
         __mmask16 m = tail_mask(full_end, cols);
@@ -377,7 +380,9 @@ static void avx512_rows_mul(const qmat *w, int r0, int r1, const float *x, int n
         nibble_rows_mul(w, r0, r1, x, n, y, ldy);
         return;
     }
-    const int cols = w->cols, ldw = (cols + 15) & ~15, nr = r1 - r0;
+    /* Decoded rows one cache line further apart than their length: rows of a power-of-two
+     * width would otherwise all map to the same L1 sets as each other and as the inputs. */
+    const int cols = w->cols, ldw = ((cols + 15) & ~15) + 16, nr = r1 - r0;
     float *wb = kernel_scratch((size_t)nr * ldw + (size_t)MUL_XROWS * nr * 16);
     float *acc = wb + (size_t)nr * ldw;
     for (int r = r0; r < r1; r++)

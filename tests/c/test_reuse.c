@@ -40,13 +40,11 @@ static void *fake_seq_new(model *m, state *st, int ctx, arena *scratch, char *er
 
 static void fake_seq_free(model *m, void *fam) { free(fam); }
 
-static int fake_forward(model *m, const fwd_seg *seg, int nseg, char *err, size_t errlen) {
+/* One segment of a call; the fake family's forward takes every segment in turn. */
+static int fake_segment(const fwd_seg *seg, char *err, size_t errlen) {
     fake_seq *f = seg->fam_seq;
     const int *ids = seg->ids;
     int pos0 = seg->pos0, n = seg->n;
-    float *logits = seg->logits;
-    forward_calls++;
-    if (nseg != 1) return errf(err, errlen, "fake forward: one segment per call (got %d)", nseg);
     for (int i = 0; i < n; i++) {
         int pos = pos0 + i;
         if (ids[i] == BAD_ID) return errf(err, errlen, "fake forward: poisoned id at %d", pos);
@@ -59,10 +57,17 @@ static int fake_forward(model *m, const fwd_seg *seg, int nseg, char *err, size_
         f->ring[pos % f->window] = h;
         if (f->recur) *f->recur = fnv64(*f->recur, &ids[i], sizeof ids[i]);
     }
-    if (logits) {
+    if (seg->logits) {
         uint64_t last = f->rows[pos0 + n - 1];
-        for (int v = 0; v < VOCAB; v++) logits[v] = (float)(fnv64(last, &v, sizeof v) & 0xffff) / 65536.0f;
+        for (int v = 0; v < VOCAB; v++) seg->logits[v] = (float)(fnv64(last, &v, sizeof v) & 0xffff) / 65536.0f;
     }
+    return 0;
+}
+
+static int fake_forward(model *m, const fwd_seg *segs, int nseg, char *err, size_t errlen) {
+    forward_calls++;
+    for (int i = 0; i < nseg; i++)
+        if (fake_segment(&segs[i], err, errlen)) return -1;
     return 0;
 }
 
@@ -370,6 +375,50 @@ static void test_store_budget(void) {
     seq_free(sq);
 }
 
+/* seq_feed_step: one forward call for k sequences, each left exactly as feeding it alone would
+ * (state bytes, record, logits); a refused step (a sequence twice, a bad id) changes nothing;
+ * a forward failure taints every sequence of the call. */
+static void test_feed_step(int extend_only) {
+    model m = make_model(&extend_only);
+    char err[128];
+    seq *s[3], *alone[3];
+    const int base[3][4] = {{1, 2, 3, 4}, {9, 8}, {5, 5, 5}}, lens[3] = {4, 2, 3}, next[3] = {11, 12, 13};
+    float lg[3][VOCAB], la[VOCAB], *lp[3] = {lg[0], lg[1], lg[2]};
+    for (int i = 0; i < 3; i++) {
+        s[i] = seq_new(&m, CTX, err, sizeof err);
+        alone[i] = seq_new(&m, CTX, err, sizeof err);
+        seq_feed(s[i], base[i], lens[i], NULL, err, sizeof err);
+        seq_feed(alone[i], base[i], lens[i], NULL, err, sizeof err);
+    }
+    forward_calls = 0;
+    CHECK(seq_feed_step(s, next, 3, lp, err, sizeof err) == 0, "step: %s", err);
+    CHECK(forward_calls == 1, "three sequences in one forward call: %d calls", forward_calls);
+    for (int i = 0; i < 3; i++) {
+        seq_feed(alone[i], &next[i], 1, la, err, sizeof err);
+        snapshot *a = state_snapshot(&s[i]->st, 1), *b = state_snapshot(&alone[i]->st, 1);
+        CHECK(a && b && snapshot_bytes(a) == snapshot_bytes(b) && !memcmp(a, b, snapshot_bytes(a)) &&
+                  !memcmp(la, lg[i], sizeof la) && s[i]->st.len == lens[i] + 1,
+              "sequence %d of the step differs from feeding it alone", i);
+        snapshot_free(a);
+        snapshot_free(b);
+    }
+    seq *twice[2] = {s[0], s[0]};
+    const int two[2] = {1, 2}, bad_vocab[2] = {1, VOCAB};
+    CHECK(seq_feed_step(twice, two, 2, lp, err, sizeof err) < 0 && s[0]->st.len == 5 && !s[0]->st.tainted,
+          "a sequence twice is refused untouched");
+    CHECK(seq_feed_step(s, bad_vocab, 2, lp, err, sizeof err) < 0 && s[0]->st.len == 5 && !s[0]->st.tainted &&
+              !s[1]->st.tainted,
+          "an id outside the vocabulary is refused untouched");
+    const int poisoned[2] = {1, BAD_ID};
+    CHECK(seq_feed_step(s, poisoned, 2, lp, err, sizeof err) < 0 && s[0]->st.tainted && s[1]->st.tainted &&
+              !s[2]->st.tainted,
+          "a failed forward taints every sequence of the call, no other");
+    for (int i = 0; i < 3; i++) {
+        seq_free(s[i]);
+        seq_free(alone[i]);
+    }
+}
+
 int main(void) {
     test_extend_and_reask(0);
     test_extend_and_reask(1);
@@ -381,5 +430,7 @@ int main(void) {
     test_captured_checkpoints_equal_cold();
     test_truncatable_takes_no_light_checkpoints();
     test_store_budget();
+    test_feed_step(0);
+    test_feed_step(1);
     return TEST_END();
 }

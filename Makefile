@@ -12,7 +12,9 @@ LDLIBS  := -lcjson -lpcre2-8 -lmicrohttpd -lpthread -lm
 BUILD   ?= build
 
 SRC      := $(shell find src -name '*.c' | sort)
-OBJ      := $(SRC:src/%.c=$(BUILD)/obj/%.o)
+# The chat page (webui/, served at /) is one generated source: its files as C arrays.
+WEBUI_GEN := $(BUILD)/gen/webui_assets.c
+OBJ      := $(SRC:src/%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/gen/webui_assets.o
 LIB_OBJ  := $(filter-out $(BUILD)/obj/main.o,$(OBJ))
 # tests/c/tool_*.c are helpers the pytest files run (not unit programs).
 TEST_SRC := $(sort $(wildcard tests/c/test_*.c tests/c/tool_*.c))
@@ -52,6 +54,25 @@ $(BUILD)/tests/%: tests/c/%.c $(LIB_OBJ)
 	$(CC) $(CFLAGS) -Isrc -o $@ $< $(LIB_OBJ) $(LDLIBS)
 
 -include $(OBJ:.o=.d)
+
+# URL=file pairs the page is made of; the markdown renderer and sanitizer come from npm
+# (webui/package-lock.json pins them) and are vendored into the binary, never fetched at run time.
+WEBUI_VENDOR := webui/node_modules/marked/lib/marked.esm.js webui/node_modules/dompurify/dist/purify.es.mjs
+WEBUI_FILES  := /index.html=webui/index.html /app.js=webui/app.js /style.css=webui/style.css \
+                /vendor/marked.esm.js=webui/node_modules/marked/lib/marked.esm.js \
+                /vendor/purify.es.mjs=webui/node_modules/dompurify/dist/purify.es.mjs
+
+webui/node_modules/.installed: webui/package.json webui/package-lock.json
+	cd webui && npm ci --no-audit --no-fund --loglevel=error >/dev/null
+	@touch $@
+
+$(WEBUI_GEN): tools/embed_webui.py webui/index.html webui/app.js webui/style.css webui/node_modules/.installed
+	@mkdir -p $(dir $@)
+	$(PYTHON) tools/embed_webui.py $@ $(WEBUI_FILES)
+
+$(BUILD)/obj/gen/webui_assets.o: $(WEBUI_GEN)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Isrc -c -o $@ $<
 
 deps:
 	@scripts/deps.sh

@@ -3,7 +3,8 @@
 # --build: only check what compiling needs (plain `make`), and print the command, never install.
 set -e
 # clang + libclang-rt-14-dev: the libFuzzer targets (make fuzz-build, run by make test).
-PKGS="build-essential libcjson-dev libpcre2-dev libmicrohttpd-dev python3-numpy python3-pytest nodejs npm clang libclang-rt-14-dev"
+# chromium: the chat page's browser tests (driven by puppeteer-core, tests/node/webui.test.mjs).
+PKGS="build-essential libcjson-dev libpcre2-dev libmicrohttpd-dev python3-numpy python3-pytest nodejs npm clang libclang-rt-14-dev chromium"
 if [ "$1" = "--build" ]; then
     missing=""
     for p in build-essential libcjson-dev libpcre2-dev libmicrohttpd-dev; do
@@ -33,8 +34,10 @@ if [ -n "$missing" ]; then
         exit 1
     fi
 fi
-# Node packages used as real-world oracles and clients in tests.
-if [ ! -d tests/node/node_modules/openai ] || [ ! -d tests/node/node_modules/@huggingface/tokenizers ] ; then
+# Node packages used as real-world oracles and clients in tests (puppeteer-core drives the
+# Debian chromium above; it downloads no browser of its own).
+if [ ! -d tests/node/node_modules/openai ] || [ ! -d tests/node/node_modules/@huggingface/tokenizers ] ||
+   [ ! -d tests/node/node_modules/puppeteer-core ]; then
     echo "deps: npm install (tests/node)"
     (cd tests/node && npm install --no-audit --no-fund --loglevel=error >/dev/null)
 fi

@@ -45,6 +45,11 @@ def tiny_glm():
     return make_model("glm")
 
 
+@pytest.fixture(scope="session")
+def tiny_kimi_k3():
+    return make_model("kimi_k3")
+
+
 # ---- one fixture for tests that must hold on every family ------------------------------------
 
 # Taken from the registry, so a family registered in src/models/families.c is tested here

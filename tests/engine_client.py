@@ -35,8 +35,12 @@ class Reply:
 
     @property
     def reuse(self):
-        """DONE id STAT completion tok/s hit% rss prompt_tokens length_limited reuse"""
+        """DONE id STAT completion tok/s hit% rss prompt_tokens length_limited reuse prefill_us"""
         return int(self.done[9]) if self.done and len(self.done) > 9 else None
+
+    @property
+    def prefill_us(self):
+        return int(self.done[10]) if self.done and len(self.done) > 10 else None
 
     @property
     def completion(self):

@@ -99,6 +99,17 @@ def test_identical_prompt_reuses_all_but_the_last_token(spawn, cairn, model, fam
     assert kinds(e) == ["reset", want[1]]
 
 
+def test_done_reports_the_prefill_time(spawn, words):
+    """DONE's last field is the engine's time prefilling the request's new tokens: the gateway's
+    measured prefill rate (/metrics, the chat page's cold-prefill estimate) is made of it."""
+    e = spawn()
+    prompt = words(5, 40)
+    t1 = e.generate(prompt, 3)
+    assert t1.reuse == 0 and t1.prefill_us is not None and t1.prefill_us > 0
+    t2 = e.generate(prompt + t1.ids + words(6, 30), 3)
+    assert t2.reuse > 0 and t2.prefill_us is not None and t2.prefill_us > 0
+
+
 def test_divergent_prompt_resets_and_matches_cold(spawn, cairn, model, words):
     e = spawn()
     prompt = words(4, 16)
@@ -392,6 +403,27 @@ def test_kv_dir_resumes_and_refuses_bad_files(spawn, cairn, model, words, tmp_pa
     assert t3.reuse == 0 and t3.ids == t2.ids
     assert c.close() == 0
     assert "ignoring" in c.read_stderr() and "checksum" in c.read_stderr()
+
+
+def test_kv_dir_survives_kill_9(spawn, cairn, model, words, tmp_path):
+    """The engine saves a slot right after its DONE, before reading the next command, so a finished
+    request on slot 1 proves slot 0's file is complete; after kill -9 (SIGKILL: no shutdown code
+    runs) a new engine resumes slot 0's whole state, every part kind included, and answers the
+    next turn exactly like a cold engine."""
+    kv = str(tmp_path)
+    e = spawn("--kv-dir", kv, "--slots", "2")
+    prompt = words(35, 14)
+    t1 = e.generate(prompt, 4)
+    e.generate(words(36, 3), 1, slot=1)
+    e.kill()
+    assert e.p.returncode == -9
+    turn2 = prompt + t1.ids + words(37, 3)
+    r = spawn("--kv-dir", kv, "--slots", "2")
+    t2 = r.generate(turn2, 4)
+    assert t2.reuse == len(prompt) + len(t1.fed())
+    assert t2.ids == reference(cairn, model, turn2, 4).ids
+    assert r.close() == 0
+    assert "resumed with" in r.read_stderr()
 
 
 def test_bench_reuse_json(cairn, model):

@@ -3,7 +3,8 @@ real tensor name/dtype/shape and the real sharding as sparse files (all weights 
 
 The C loader and each family's tensor validation must accept them whole: DeepSeek-V4-Flash
 (69,187 tensors, ~160 GB virtual) even runs one token, and must do so touching only the pages a
-forward pass needs; GLM-5 (~1.5 TB virtual) is opened and validated only."""
+forward pass needs; GLM-5 (~1.5 TB virtual) and Kimi K3 (497,052 tensors, ~1.56 TB virtual) are
+opened and validated only."""
 import json
 import os
 import re
@@ -59,6 +60,7 @@ def inventory(d):
 @pytest.mark.parametrize("family,count,total,layers", [
     ("deepseek_v4", 69187, 159609485896, 43),
     ("glm", 59870, 1507728316928, 78),
+    ("kimi_k3", 497052, 1559965606912, 93),
 ])
 def test_generated_layout_is_real_and_sparse(family, count, total, layers):
     d = sparse_model(family)
@@ -66,7 +68,8 @@ def test_generated_layout_is_real_and_sparse(family, count, total, layers):
     assert len(idx["weight_map"]) == count
     assert idx["metadata"]["total_size"] == total
     with open(os.path.join(d, "config.json")) as f:
-        assert json.load(f)["num_hidden_layers"] == layers
+        c = json.load(f)
+    assert c.get("text_config", c)["num_hidden_layers"] == layers
     headers = read_headers(d)
     assert set(headers) == set(idx["weight_map"].values())
     in_headers = {k: shard for shard, h in headers.items() for k in h if k != "__metadata__"}
@@ -95,6 +98,19 @@ def test_dsv4_expected_names(sparse_dsv4):
         assert name in wm, name
     for absent in ["layers.0.attn.compressor.ape", "layers.3.attn.indexer.wq_b.weight", "layers.3.ffn.gate.tid2eid",
                    "mtp.0.attn.compressor.ape", "layers.43.attn_norm.weight"]:
+        assert absent not in wm, absent
+
+
+def test_kimi_k3_expected_names():
+    wm = inventory(sparse_model("kimi_k3"))["weight_map"]
+    p = "language_model.model.layers."
+    for name in ["language_model.lm_head.weight", "language_model.model.output_attn_res_proj.weight",
+                 p + "0.mlp.gate_proj.weight", p + "0.self_attn.A_log", p + "3.self_attn.kv_b_proj.weight",
+                 p + "3.self_attn.g_proj.weight", p + "92.block_sparse_moe.experts.895.w2.weight_scale",
+                 p + "90.self_attn.q_conv1d.weight", p + "1.block_sparse_moe.routed_expert_norm.weight"]:
+        assert name in wm, name
+    for absent in [p + "0.block_sparse_moe.gate.weight", p + "3.self_attn.A_log", p + "4.self_attn.q_a_proj.weight",
+                   p + "93.input_layernorm.weight"]:
         assert absent not in wm, absent
 
 
@@ -147,7 +163,8 @@ def test_dsv4_sparse_runs_one_token(cairn, sparse_dsv4):
     assert int(fixed) > 0
 
 
-@pytest.mark.parametrize("family,count", [("deepseek_v4", 69187), ("glm", 59870)])
+# Kimi K3: every tensor but layer 0's attention-site residual mixer, which the release ships unused.
+@pytest.mark.parametrize("family,count", [("deepseek_v4", 69187), ("glm", 59870), ("kimi_k3", 497050)])
 def test_sparse_validate_only(cairn, family, count):
     d = sparse_model(family)
     r = run_cairn(cairn, "-m", d, "--validate-only")

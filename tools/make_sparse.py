@@ -4,8 +4,9 @@ size without writing data, so a 160 GB (DeepSeek-V4-Flash) or 1.5 TB (GLM-5) che
 few MB of disk. Every weight reads as zero. The loader, the tensor validation of each family and
 the memory behaviour of mmap can then be tested at full scale on an ordinary machine.
 
-FAMILY is deepseek_v4 (DeepSeek-V4-Flash) or glm (GLM-5, glm_moe_dsa, BF16 official layout).
-Each inventory checks itself against the published totals (tensor count and index total_size).
+FAMILY is deepseek_v4 (DeepSeek-V4-Flash), glm (GLM-5, glm_moe_dsa, BF16 official layout) or
+kimi_k3 (Kimi K3, the text model of the MXFP4 release). Each inventory checks itself against the
+published totals (tensor count and index total_size) where they are known here.
 No tokenizer.json is written: the real vocabularies are not available here.
 """
 import argparse
@@ -270,9 +271,117 @@ def glm_inventory(c):
     return out
 
 
+# ---- Kimi K3 (glm_kimi_inkling.md Corrections, §3, §5) ----------------------------------------
+#
+# config.json: the published moonshotai/Kimi-K3 config (root model_type kimi_k3, text_config
+# kimi_linear), fields the text model reads. Tensor names, shapes and dtypes: the release's
+# safetensors headers as third-party loaders record them (layer 12's non-expert manifest and the
+# per-expert MXFP4 packing; MLA, dense-layer and root tensors from the HF key map). Uncertain points:
+#  - the published index totals (tensor count, total_size) were not available: the inventory is not
+#    checked against them, and the vision tower / mm_projector tensors of the release are left out
+#    (cairn runs the text model only);
+#  - MLA-layer and root dtypes are taken as BF16 like every other matrix of the release.
+
+K3_CONFIG = {
+    "architectures": ["KimiK3ForConditionalGeneration"],
+    "model_type": "kimi_k3",
+    "bos_token_id": 163584,
+    "eos_token_id": 163586,
+    "pad_token_id": 163839,
+    "media_placeholder_token_id": 163605,
+    "tie_word_embeddings": False,
+    "text_config": {
+        "model_type": "kimi_linear", "architectures": ["KimiLinearForCausalLM"], "dtype": "bfloat16",
+        "activation_situ_beta": 4.0, "activation_situ_linear_beta": 25.0, "attn_res_block_size": 12,
+        "bos_token_id": 163584, "eos_token_id": 163586, "first_k_dense_replace": 1, "hidden_act": "situ",
+        "hidden_size": 7168, "intermediate_size": 33792, "kv_lora_rank": 512, "latent_moe_use_norm": True,
+        "linear_attn_config": {
+            "full_attn_layers": [i for i in range(1, 94) if i % 4 == 0 or i == 93],
+            "gate_lower_bound": -5.0, "head_dim": 128,
+            "kda_layers": [i for i in range(1, 94) if i % 4 != 0 and i != 93],
+            "num_heads": 96, "short_conv_kernel_size": 4, "use_full_rank_gate": True},
+        "max_position_embeddings": 1048576, "mla_use_nope": True, "mla_use_output_gate": True,
+        "moe_intermediate_size": 3072, "moe_layer_freq": 1, "moe_renormalize": True,
+        "moe_router_activation_func": "sigmoid", "num_attention_heads": 96, "num_expert_group": 1,
+        "num_experts": 896, "num_experts_per_token": 16, "num_hidden_layers": 93, "num_key_value_heads": 96,
+        "num_nextn_predict_layers": 0, "num_shared_experts": 2, "q_lora_rank": 1536, "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64, "rms_norm_eps": 1e-05, "routed_expert_hidden_size": 3584,
+        "routed_scaling_factor": 1.0, "tie_word_embeddings": False, "topk_group": 1, "topk_method": "noaux_tc",
+        "use_grouped_topk": True, "v_head_dim": 128, "vocab_size": 163840,
+        "quantization_config": {"quant_method": "compressed-tensors", "format": "mxfp4-pack-quantized",
+                                "ignore": ["re:.*shared_experts.*"],
+                                "config_groups": {"group_0": {"format": "mxfp4-pack-quantized",
+                                                              "targets": ["Linear"],
+                                                              "weights": {"num_bits": 4, "group_size": 32}}}},
+    },
+}
+
+
+def k3_glu(out, p, inter, d):
+    out += [(f"{p}.gate_proj.weight", "BF16", [inter, d]), (f"{p}.up_proj.weight", "BF16", [inter, d]),
+            (f"{p}.down_proj.weight", "BF16", [d, inter])]
+
+
+def k3_kda(out, a, c):
+    la, d = c["linear_attn_config"], c["hidden_size"]
+    hd, proj = la["head_dim"], la["num_heads"] * la["head_dim"]
+    out += [(f"{a}.A_log", "F32", [128]), (f"{a}.b_proj.weight", "BF16", [la["num_heads"], d]),
+            (f"{a}.dt_bias", "F32", [proj]), (f"{a}.f_a_proj.weight", "BF16", [hd, d]),
+            (f"{a}.f_b_proj.weight", "BF16", [proj, hd]), (f"{a}.g_proj.weight", "BF16", [proj, d]),
+            (f"{a}.o_norm.weight", "F32", [hd]), (f"{a}.o_proj.weight", "BF16", [d, proj])]
+    for n in ("q", "k", "v"):
+        out += [(f"{a}.{n}_proj.weight", "BF16", [proj, d]),
+                (f"{a}.{n}_conv1d.weight", "F32", [proj, 1, la["short_conv_kernel_size"]])]
+
+
+def k3_mla(out, a, c):
+    d, h, ql, kvl = c["hidden_size"], c["num_attention_heads"], c["q_lora_rank"], c["kv_lora_rank"]
+    nope, rope, vd = c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"]
+    out += [(f"{a}.q_a_proj.weight", "BF16", [ql, d]), (f"{a}.q_a_layernorm.weight", "BF16", [ql]),
+            (f"{a}.q_b_proj.weight", "BF16", [h * (nope + rope), ql]),
+            (f"{a}.kv_a_proj_with_mqa.weight", "BF16", [kvl + rope, d]),
+            (f"{a}.kv_a_layernorm.weight", "BF16", [kvl]),
+            (f"{a}.kv_b_proj.weight", "BF16", [h * (nope + vd), kvl]),
+            (f"{a}.g_proj.weight", "BF16", [h * vd, d]), (f"{a}.o_proj.weight", "BF16", [d, h * vd])]
+
+
+def k3_moe(out, p, c):
+    d, e, lat, inter = c["hidden_size"], c["num_experts"], c["routed_expert_hidden_size"], c["moe_intermediate_size"]
+    out += [(f"{p}.gate.e_score_correction_bias", "F32", [e]), (f"{p}.gate.weight", "BF16", [e, d]),
+            (f"{p}.routed_expert_down_proj.weight", "BF16", [lat, d]),
+            (f"{p}.routed_expert_norm.weight", "BF16", [lat]), (f"{p}.routed_expert_up_proj.weight", "BF16", [d, lat])]
+    k3_glu(out, f"{p}.shared_experts", inter * c["num_shared_experts"], d)
+    for i in range(e):
+        for name, rows, cols in (("w1", inter, lat), ("w2", lat, inter), ("w3", inter, lat)):
+            out += [(f"{p}.experts.{i}.{name}.weight_packed", "U8", [rows, cols // 2]),
+                    (f"{p}.experts.{i}.{name}.weight_scale", "U8", [rows, cols // 32])]
+
+
+def k3_inventory(root):
+    c = root["text_config"]
+    d, v, n = c["hidden_size"], c["vocab_size"], c["num_hidden_layers"]
+    m = "language_model.model"
+    out = [(f"{m}.embed_tokens.weight", "BF16", [v, d]), (f"{m}.norm.weight", "BF16", [d]),
+           (f"{m}.output_attn_res_norm.weight", "BF16", [d]), (f"{m}.output_attn_res_proj.weight", "BF16", [1, d]),
+           ("language_model.lm_head.weight", "BF16", [v, d])]
+    kda = set(c["linear_attn_config"]["kda_layers"])
+    for i in range(n):
+        p = f"{m}.layers.{i}"
+        out += [(f"{p}.input_layernorm.weight", "BF16", [d]), (f"{p}.post_attention_layernorm.weight", "BF16", [d])]
+        for site in ("self_attention_res", "mlp_res"):
+            out += [(f"{p}.{site}_norm.weight", "BF16", [d]), (f"{p}.{site}_proj.weight", "BF16", [1, d])]
+        (k3_kda if i + 1 in kda else k3_mla)(out, f"{p}.self_attn", c)
+        if i < c["first_k_dense_replace"]:
+            k3_glu(out, f"{p}.mlp", c["intermediate_size"], d)
+        else:
+            k3_moe(out, f"{p}.block_sparse_moe", c)
+    return out
+
+
 FAMILIES = {
     "deepseek_v4": (DSV4_CONFIG, dsv4_inventory, DSV4_TENSORS, DSV4_TOTAL_SIZE),
     "glm": (GLM_CONFIG, glm_inventory, GLM_TENSORS, GLM_TOTAL_SIZE),
+    "kimi_k3": (K3_CONFIG, k3_inventory, None, None),
 }
 
 # ---- writing ---------------------------------------------------------------------------------
@@ -290,7 +399,7 @@ def check_inventory(family, tensors, want_count, want_total):
     if len(set(names)) != len(names):
         sys.exit(f"{family}: duplicate tensor names in the inventory")
     total = sum(nbytes(dt, shape) for _, dt, shape in tensors)
-    if len(tensors) != want_count or total != want_total:
+    if want_count is not None and (len(tensors) != want_count or total != want_total):
         sys.exit(f"{family}: inventory has {len(tensors)} tensors / {total} bytes, "
                  f"published {want_count} / {want_total}")
     return total

@@ -21,7 +21,7 @@ except ImportError:
     sys.exit("make_tiny: numpy is missing: sudo apt-get install -y python3-numpy")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-FAMILIES = {"deepseek_v4": "tiny_deepseek_v4", "glm": "tiny_glm", "glm_moe_dsa": "tiny_glm"}
+FAMILIES = {"deepseek_v4": "tiny_deepseek_v4", "glm": "tiny_glm", "glm_moe_dsa": "tiny_glm", "kimi_k3": "tiny_kimi_k3"}
 
 
 def main():

@@ -110,22 +110,52 @@ static void json_py_number(sbuf *b, double v) {
     sbuf_puts(b, buf);
 }
 
-void chat_json_py(sbuf *b, const cJSON *v) {
+/* One writer for both spacings; sort orders object keys by bytes (= Python's sorted() on code
+ * points for UTF-8 keys). */
+static void json_write(sbuf *b, const cJSON *v, const char *item_sep, const char *key_sep, int sort) {
     if (cJSON_IsString(v)) chat_json_py_string(b, v->valuestring);
     else if (cJSON_IsNumber(v)) json_py_number(b, v->valuedouble);
     else if (cJSON_IsTrue(v)) sbuf_puts(b, "true");
     else if (cJSON_IsFalse(v)) sbuf_puts(b, "false");
     else if (cJSON_IsArray(v) || cJSON_IsObject(v)) {
-        int obj = cJSON_IsObject(v);
-        sbuf_puts(b, obj ? "{" : "[");
-        for (const cJSON *e = v->child; e; e = e->next) {
-            if (obj) {
-                chat_json_py_string(b, e->string);
-                sbuf_puts(b, ": ");
+        int obj = cJSON_IsObject(v), n = 0;
+        for (const cJSON *e = v->child; e; e = e->next) n++;
+        const cJSON **items = xmalloc((size_t)(n ? n : 1) * sizeof *items);
+        n = 0;
+        for (const cJSON *e = v->child; e; e = e->next) items[n++] = e;
+        for (int i = 1; obj && sort && i < n; i++)      /* insertion sort: stable, small objects */
+            for (int j = i; j > 0 && strcmp(items[j - 1]->string, items[j]->string) > 0; j--) {
+                const cJSON *t = items[j];
+                items[j] = items[j - 1];
+                items[j - 1] = t;
             }
-            chat_json_py(b, e);
-            if (e->next) sbuf_puts(b, ", ");
+        sbuf_puts(b, obj ? "{" : "[");
+        for (int i = 0; i < n; i++) {
+            if (obj) {
+                chat_json_py_string(b, items[i]->string);
+                sbuf_puts(b, key_sep);
+            }
+            json_write(b, items[i], item_sep, key_sep, sort);
+            if (i + 1 < n) sbuf_puts(b, item_sep);
         }
         sbuf_puts(b, obj ? "}" : "]");
+        free(items);
     } else sbuf_puts(b, "null");
+}
+
+void chat_json_py(sbuf *b, const cJSON *v) { json_write(b, v, ", ", ": ", 0); }
+
+void chat_json_compact(sbuf *b, const cJSON *v, int sort_keys) { json_write(b, v, ",", ":", sort_keys); }
+
+cJSON *chat_tool_call(const char *name, const char *arguments_json, const char *text, size_t n, int k) {
+    char id[40];
+    uint64_t h = fnv64(FNV64_INIT, text, n);
+    snprintf(id, sizeof id, "call_%016llx%08x", (unsigned long long)h, (unsigned)(fnv64(h, &k, sizeof k) & 0xffffffffu));
+    cJSON *call = cJSON_CreateObject(), *fn = cJSON_CreateObject();
+    cJSON_AddStringToObject(call, "id", id);
+    cJSON_AddStringToObject(call, "type", "function");
+    cJSON_AddStringToObject(fn, "name", name);
+    cJSON_AddStringToObject(fn, "arguments", arguments_json);
+    cJSON_AddItemToObject(call, "function", fn);
+    return call;
 }

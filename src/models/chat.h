@@ -77,6 +77,12 @@ typedef struct {
  * of difference would change the prompt. */
 void chat_json_py(sbuf *b, const cJSON *v);
 void chat_json_py_string(sbuf *b, const char *s);
+/* json.dumps(v, ensure_ascii=False, separators=(",", ":"), sort_keys=sort_keys): compact JSON. */
+void chat_json_compact(sbuf *b, const cJSON *v, int sort_keys);
 void chat_reply_free(chat_reply *r);
+/* An OpenAI tool call {id, type: "function", function: {name, arguments}} parsed from reply
+ * `text`[0..n) as its k-th call; the id ("call_" + 24 hex) is a hash of the text and k, so
+ * parsing the same reply again gives the same ids. */
+cJSON *chat_tool_call(const char *name, const char *arguments_json, const char *text, size_t n, int k);
 
 #endif

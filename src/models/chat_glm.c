@@ -261,15 +261,8 @@ static cJSON *parse_call(const char *s, const char *end, const char *text, size_
         cJSON_AddItemToObject(args, key, val);
         free(key);
     }
-    char *args_json = cJSON_PrintUnformatted(args), id[32];
-    uint64_t h = fnv64(FNV64_INIT, text, text_n);
-    snprintf(id, sizeof id, "call_%016llx%08x", (unsigned long long)h, (unsigned)(fnv64(h, &k, sizeof k) & 0xffffffffu));
-    cJSON *call = cJSON_CreateObject(), *fn = cJSON_CreateObject();
-    cJSON_AddStringToObject(call, "id", id);
-    cJSON_AddStringToObject(call, "type", "function");
-    cJSON_AddStringToObject(fn, "name", name);
-    cJSON_AddStringToObject(fn, "arguments", args_json);
-    cJSON_AddItemToObject(call, "function", fn);
+    char *args_json = cJSON_PrintUnformatted(args);
+    cJSON *call = chat_tool_call(name, args_json, text, text_n, k);
     free(name);
     free(args_json);
     cJSON_Delete(args);

@@ -11,10 +11,12 @@
 
 extern const family_ops deepseek_v4_ops;
 extern const family_ops glm_ops;
+extern const family_ops kimi_k3_ops;
 
 static const family_ops *const registry[] = {
     &deepseek_v4_ops,
     &glm_ops,
+    &kimi_k3_ops,
 };
 
 int family_count(void) { return (int)(sizeof registry / sizeof *registry); }

@@ -54,6 +54,7 @@ typedef struct {
     sampler smp;
     tok_stream ts;
     double t_first;      /* first token sampled */
+    double prefill_s;    /* time spent in this request's prefill steps (not other slots' steps) */
 } request;
 
 typedef struct {
@@ -123,7 +124,7 @@ static void finish(engine *e, request *r, int length_limited) {
     double tok_s = dt > 0 ? (r->generated - 1) / dt : 0;
     save_slot(e, r->slot);
     put_frame(h, wire_fmt_done(h, r->id, r->generated, tok_s, 100.0 * r->reused / r->n, rss_gb(), r->n, length_limited,
-                               r->reused), NULL, 0);
+                               r->reused, (long)(r->prefill_s * 1e6)), NULL, 0);
     request_free(e, r);
 }
 
@@ -173,7 +174,9 @@ static int decoding(const engine *e, const request *r) {
 static void step(engine *e, request *r) {
     char err[256];
     if (r->prefilling) {
+        double t = now_seconds();
         int rc = reuse_prefill_step(&r->pf, e->logits, err, sizeof err);
+        r->prefill_s += now_seconds() - t;
         if (rc < 0) return fail(e, r, "ENGINE_ERROR", err);
         if (rc > 0) {
             if (r->stop) finish(e, r, 0);
@@ -392,7 +395,7 @@ static void on_slot(engine *e, const wire_frame *f) {
         state_reset(st);
         save_slot(e, f->slot);
     }
-    put_frame(h, wire_fmt_done(h, f->id, n, 0, 0, rss_gb(), n, 0, 0), NULL, 0);
+    put_frame(h, wire_fmt_done(h, f->id, n, 0, 0, rss_gb(), n, 0, 0, 0), NULL, 0);
 }
 
 /* A BIAS frame: kept for the SUBMIT with its id, which comes next (a bad one refuses that SUBMIT,

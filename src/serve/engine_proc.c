@@ -277,6 +277,7 @@ static void on_done(gen *g, char **f, int nf) {
     if (nf > 7 && !parse_long(f[7], 0, 1L << 30, &v)) g->prompt_tokens = (int)v;
     g->length_limited = nf > 8 && !strcmp(f[8], "1");
     g->reuse = nf > 9 && !parse_long(f[9], 0, 1L << 30, &v) ? (int)v : 0;
+    g->prefill_s = nf > 10 && !parse_long(f[10], 0, 1L << 50, &v) ? (double)v / 1e6 : 0;
     g->accepted = 1;
     pthread_mutex_unlock(&g->mu);
     gen_finish(g, GEN_DONE, NULL);

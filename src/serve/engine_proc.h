@@ -59,6 +59,7 @@ struct gen {
     /* DONE fields (reuse already from ACCEPT when the engine sends it there) */
     int completion_tokens, length_limited, reuse;
     double tok_s;
+    double prefill_s;             /* engine time prefilling prompt_tokens - reuse tokens; 0 = not sent */
     char error[256];              /* ERROR text (e.g. "CONTEXT_EXCEEDED 300 128"), or why it failed */
     int cancel_sent, stop_sent;
     gen_finish_fn on_finish;

@@ -1,7 +1,8 @@
 /* gateway.c — `cairn serve`: the HTTP server (libmicrohttpd, one thread per connection) in front
  * of one `cairn engine` child process.
  *
- * This file owns start-up, flags, routing of URLs to the API modules, the checks every request
+ * This file owns start-up, flags, routing of URLs to the API modules and the chat page (webui.h),
+ * the checks every request
  * passes first (Host guard, API key, body bound), the per-request log line, and the graceful
  * shutdown on SIGTERM/SIGINT. Generation itself is turn.c; the wire to the engine is
  * engine_proc.c; which slot a conversation uses is slots.c.
@@ -32,6 +33,7 @@
 #include "slot_api.h"
 #include "openai.h"
 #include "turn.h"
+#include "webui.h"
 
 #define MAX_ALLOWED_HOSTS 8
 #define MAX_ALIASES 8
@@ -49,7 +51,7 @@ typedef struct {
     int n_cors;
     const char *aliases[MAX_ALIASES];
     int n_aliases;
-    int loopback, allow_insecure;
+    int loopback, allow_insecure, no_webui;
     int reply_ids;                /* --reply-ids on|off */
     const char *kv_dir;           /* also passed to the engine; the gateway keeps reply ids there */
     char *engine_args[MAX_ENGINE_ARGS];   /* flags passed through to `cairn engine` */
@@ -109,6 +111,7 @@ static void usage(FILE *f) {
             "                           re-tokenizing its text (default on; kept under --kv-dir)\n"
             "  --engine PATH            engine binary (default: this cairn)\n"
             "  --allow-insecure-bind    allow a non-loopback bind without --api-key\n"
+            "  --no-webui               do not serve the chat page at / (the API alone)\n"
             "  --numerics M, --threads N, --ckpt-mb N, --kv-dir DIR, --kv-share 0|1\n"
             "                           passed through to the engine\n");
 }
@@ -146,6 +149,7 @@ static int parse_flags(int argc, char **argv, serve_opts *o) {
         int rc = 0;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); exit(0); }
         else if (!strcmp(a, "--allow-insecure-bind")) { o->allow_insecure = 1; continue; }
+        else if (!strcmp(a, "--no-webui")) { o->no_webui = 1; continue; }
         if (!v) { fprintf(stderr, "cairn serve: %s needs a value\n", a); return -1; }
         i++;
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->model_dir = v;
@@ -244,6 +248,15 @@ static int host_allowed(const serve_opts *o, struct MHD_Connection *c) {
     for (int i = 0; i < o->n_allowed; i++)
         if (!strcasecmp(name, o->allowed_hosts[i]) || !strcmp(o->allowed_hosts[i], "*")) return 1;
     return 0;
+}
+
+/* The chat page (webui.h) calls the API from this server's own origin, http://<Host>. That is
+ * trusted only where the Host is: under the loopback Host guard, or behind the API key (on an
+ * open non-loopback bind a rebound DNS name would pass for "own origin"). */
+static int own_origin(const serve_opts *o, struct MHD_Connection *c, const char *origin) {
+    if (!o->loopback && !o->api_key) return 0;
+    const char *host = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Host");
+    return host && !strncmp(origin, "http://", 7) && !strcasecmp(origin + 7, host);
 }
 
 static api_flavor flavor_of(struct MHD_Connection *c, const char *path) {
@@ -380,7 +393,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         rc->ri = req_info_new(now_seconds());
         snprintf(rc->method, sizeof rc->method, "%s", method);
         snprintf(rc->path, sizeof rc->path, "%s", url);
-        rc->endpoint = endpoint_label(rc->path);
+        rc->endpoint = !s->o->no_webui && webui_find(rc->path) ? "/" : endpoint_label(rc->path);
         turn_make_id(rc->id, sizeof rc->id, "req_");
         http_request_id_set(rc->id);
         *con_cls = rc;
@@ -411,10 +424,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return reject(c, rc, 403, "invalid_request_error", "host_not_allowed", "Host header not allowed");
     /* A page of another site may send a POST its browser does not preflight (text/plain, or
      * after a DNS rebinding): it cannot read the reply, but it would run a turn. Requests that
-     * act, from an origin off the CORS list, are refused; non-browser clients send no Origin. */
+     * act, from an origin off the CORS list (other than our own page's), are refused;
+     * non-browser clients send no Origin. */
     const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
     if (origin && strcmp(rc->method, "GET") && strcmp(rc->method, "HEAD") && strcmp(rc->method, "OPTIONS") &&
-        !http_origin_allowed(origin))
+        !http_origin_allowed(origin) && !own_origin(s->o, c, origin))
         return reject(c, rc, 403, "invalid_request_error", "origin_not_allowed",
                       "requests from this Origin are not allowed (see --cors-origin)");
     /* Browsers never send credentials on a CORS preflight, and it reveals nothing but which
@@ -422,6 +436,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (!strcmp(rc->method, "OPTIONS")) {
         rc->ri->status = MHD_HTTP_NO_CONTENT;
         return http_send_preflight(c);
+    }
+    /* The page's files hold no secret, and a browser cannot send a key with a navigation. */
+    if (!s->o->no_webui && (!strcmp(rc->method, "GET") || !strcmp(rc->method, "HEAD"))) {
+        const webui_asset *a = webui_find(rc->path);
+        if (a) {
+            rc->ri->status = 200;
+            return webui_send(c, a);
+        }
     }
     if (strcmp(rc->path, "/health") && !authorized(s->o, c))
         return reject(c, rc, 401, "invalid_request_error", "invalid_api_key", "missing or invalid API key");

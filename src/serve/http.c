@@ -171,6 +171,15 @@ enum MHD_Result http_send_error(struct MHD_Connection *c, api_flavor f, const ht
     return send_owned(c, e->status, "application/json", http_err_body(e, f), e->retry_after);
 }
 
+enum MHD_Result http_send_static(struct MHD_Connection *c, const char *ctype, const void *data, size_t len,
+                                 const char *const *headers) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)data, MHD_RESPMEM_PERSISTENT);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", ctype);
+    for (; headers && headers[0]; headers += 2) MHD_add_response_header(r, headers[0], headers[1]);
+    return queue(c, MHD_HTTP_OK, r);
+}
+
 int http_client_gone(struct MHD_Connection *c) {
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     if (!ci) return 0;

@@ -51,6 +51,10 @@ char *http_err_body(const http_err *e, api_flavor f);
 enum MHD_Result http_send_json(struct MHD_Connection *c, int status, cJSON *body);
 enum MHD_Result http_send_text(struct MHD_Connection *c, int status, const char *ctype, const char *text);
 enum MHD_Result http_send_error(struct MHD_Connection *c, api_flavor f, const http_err *e);
+/* 200 with len bytes that outlive the server (static files); headers is a NULL-terminated
+ * list of name, value pairs added to the reply. */
+enum MHD_Result http_send_static(struct MHD_Connection *c, const char *ctype, const void *data, size_t len,
+                                 const char *const *headers);
 
 /* The id of the request this connection thread is answering ("req_<hex>"), for the reply
  * headers and error bodies; set once per request before its handler runs. */

@@ -21,6 +21,7 @@ struct metrics {
     req_series req[MAX_SERIES];
     int nreq;
     long prompt_tokens, reused_tokens, completion_tokens, generations;
+    double prefill_s;
     long ttft_counts[TTFT_NB + 1];     /* per bucket (not cumulative); last = +Inf */
     double ttft_sum;
     long ttft_n;
@@ -50,12 +51,13 @@ void metrics_request(metrics *m, const char *endpoint, int status) {
     pthread_mutex_unlock(&m->mu);
 }
 
-void metrics_generation(metrics *m, int prompt_tokens, int reused, int completion_tokens) {
+void metrics_generation(metrics *m, int prompt_tokens, int reused, int completion_tokens, double prefill_s) {
     pthread_mutex_lock(&m->mu);
     m->generations++;
     m->prompt_tokens += prompt_tokens;
     m->reused_tokens += MIN(reused, prompt_tokens);
     m->completion_tokens += completion_tokens;
+    m->prefill_s += prefill_s;
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -87,6 +89,8 @@ void metrics_render(metrics *m, sbuf *o, int slots_busy, int slots_total, int qu
     sbuf_printf(o, "# HELP cairn_prompt_tokens_prefilled_total Prompt tokens the engine had to prefill.\n"
                    "# TYPE cairn_prompt_tokens_prefilled_total counter\ncairn_prompt_tokens_prefilled_total %ld\n",
                 m->prompt_tokens - m->reused_tokens);
+    sbuf_printf(o, "# HELP cairn_prefill_seconds_total Engine time spent prefilling those tokens.\n"
+                   "# TYPE cairn_prefill_seconds_total counter\ncairn_prefill_seconds_total %.6f\n", m->prefill_s);
     sbuf_printf(o, "# HELP cairn_completion_tokens_total Generated tokens.\n"
                    "# TYPE cairn_completion_tokens_total counter\ncairn_completion_tokens_total %ld\n",
                 m->completion_tokens);

@@ -406,6 +406,22 @@ static char *echo_text(const oa_call *k) {
     return clean;
 }
 
+/* usage, and beside it llama.cpp's `timings` from the engine's own clocks: prompt_n tokens were
+ * prefilled in prompt_ms (cache_n came from the state), decoding ran at predicted_per_second.
+ * The chat page's per-message line reads it; clients that do not know the field ignore it. */
+static void add_usage(cJSON *r, const oa_call *k) {
+    const turn *t = &k->call.t;     /* with several choices: the last one's clocks */
+    cJSON_AddItemToObject(r, "usage", usage_json(k));
+    cJSON *tm = cJSON_AddObjectToObject(r, "timings");
+    int prefilled = t->prompt_tokens - t->reused;
+    cJSON_AddNumberToObject(tm, "cache_n", t->reused);
+    cJSON_AddNumberToObject(tm, "prompt_n", prefilled);
+    cJSON_AddNumberToObject(tm, "prompt_ms", t->prefill_s * 1e3);
+    if (t->prefill_s > 0) cJSON_AddNumberToObject(tm, "prompt_per_second", prefilled / t->prefill_s);
+    cJSON_AddNumberToObject(tm, "predicted_n", t->completion_tokens);
+    cJSON_AddNumberToObject(tm, "predicted_per_second", t->tok_s);
+}
+
 /* One generated token for the logprob tables: the DATA frame that carried its logprobs, plus
  * any following frames without logprobs (bytes the engine's decoder released late). */
 typedef struct {
@@ -672,7 +688,7 @@ static void emit_last(oa_call *k, sbuf *out) {
     if (k->include_usage) {
         cJSON *r = envelope(k);
         cJSON_AddArrayToObject(r, "choices");
-        cJSON_AddItemToObject(r, "usage", usage_json(k));
+        add_usage(r, k);
         sse_data(out, r);
     }
     sbuf_puts(out, "data: [DONE]\n\n");
@@ -771,7 +787,7 @@ static enum MHD_Result run(oa_call *k, struct MHD_Connection *c) {
     cJSON *body = envelope(k);
     cJSON_AddItemToObject(body, "choices", k->choices);
     k->choices = NULL;
-    cJSON_AddItemToObject(body, "usage", usage_json(k));
+    add_usage(body, k);
     enum MHD_Result r = http_send_json(c, 200, body);
     call_free(k);
     return r;

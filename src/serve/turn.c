@@ -59,7 +59,8 @@ static void on_finish(gen *g, void *user) {
     } else {
         slots_release(f->sc->sl, f->slot, NULL, 0);   /* a failed turn taints the engine's state */
     }
-    if (g->status == GEN_DONE) metrics_generation(f->sc->mx, g->prompt_tokens, g->reuse, g->completion_tokens);
+    if (g->status == GEN_DONE)
+        metrics_generation(f->sc->mx, g->prompt_tokens, g->reuse, g->completion_tokens, g->prefill_s);
     free(f->prompt);
     free(f);
 }
@@ -211,6 +212,8 @@ static void capture_end(turn *t) {
     t->completion_tokens = g->completion_tokens;
     t->reused = g->reuse;
     t->length_limited = g->length_limited;
+    t->prefill_s = g->prefill_s;
+    t->tok_s = g->tok_s;
     snprintf(t->error, sizeof t->error, "%s", g->error);
     reply_finish(&t->out);
 }

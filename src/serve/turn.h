@@ -95,6 +95,7 @@ typedef struct {
     double t0, t_first;
     int status;                   /* gen_status once finished, else -1 */
     int prompt_tokens, completion_tokens, reused, length_limited;
+    double prefill_s, tok_s;      /* engine clocks from DONE: prefill time, decode speed */
     char error[256];
 } turn;
 

@@ -429,9 +429,9 @@ size_t wire_fmt_data(char *out, const char *id, size_t n, int k, float lp, const
 }
 
 size_t wire_fmt_done(char *out, const char *id, int completion, double tok_s, double hit_pct, double rss_gb,
-                     int prompt_tokens, int length_limited, int reused) {
-    return (size_t)snprintf(out, WIRE_HEADER_MAX, "DONE %s STAT %d %.3f %.1f %.2f %d %d %d\n", id, completion, tok_s,
-                            hit_pct, rss_gb, prompt_tokens, length_limited ? 1 : 0, reused);
+                     int prompt_tokens, int length_limited, int reused, long prefill_us) {
+    return (size_t)snprintf(out, WIRE_HEADER_MAX, "DONE %s STAT %d %.3f %.1f %.2f %d %d %d %ld\n", id, completion, tok_s,
+                            hit_pct, rss_gb, prompt_tokens, length_limited ? 1 : 0, reused, prefill_us);
 }
 
 size_t wire_fmt_error(char *out, const char *id, const char *code, const char *detail) {

@@ -131,8 +131,10 @@ size_t wire_fmt_accept(char *out, const char *id, int prompt_tokens, int reused)
  * them). The caller writes the payload and the closing "\n". */
 size_t wire_fmt_data(char *out, const char *id, size_t n, int k, float lp, const int *top_ids, const float *top_lps,
                      int tok);
+/* DONE's trailing ints: the reuse count, then the microseconds the engine spent prefilling this
+ * request's new tokens (prompt - reused), which is what its measured prefill rate is made of. */
 size_t wire_fmt_done(char *out, const char *id, int completion, double tok_s, double hit_pct, double rss_gb,
-                     int prompt_tokens, int length_limited, int reused);
+                     int prompt_tokens, int length_limited, int reused, long prefill_us);
 /* "ERROR id CODE[ detail]\n"; CR/LF in detail become spaces. */
 size_t wire_fmt_error(char *out, const char *id, const char *code, const char *detail);
 

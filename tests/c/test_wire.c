@@ -186,8 +186,9 @@ static void test_bytewise_equals_whole(void) {
 
 static void test_format(void) {
     char out[WIRE_HEADER_MAX];
-    size_t n = wire_fmt_done(out, "req-v4", 3, 1.25, 50.0, 1.25, 7, 1, 5);
-    CHECK(n == strlen("DONE req-v4 STAT 3 1.250 50.0 1.25 7 1 5\n") && !memcmp(out, "DONE req-v4 STAT 3 1.250 50.0 1.25 7 1 5\n", n),
+    size_t n = wire_fmt_done(out, "req-v4", 3, 1.25, 50.0, 1.25, 7, 1, 5, 1234);
+    CHECK(n == strlen("DONE req-v4 STAT 3 1.250 50.0 1.25 7 1 5 1234\n") &&
+              !memcmp(out, "DONE req-v4 STAT 3 1.250 50.0 1.25 7 1 5 1234\n", n),
           "DONE golden: %.*s", (int)n, out);
     n = wire_fmt_accept(out, "x", 12, 5);
     CHECK(n == 14 && !memcmp(out, "ACCEPT x 12 5\n", n), "ACCEPT with the reuse count");

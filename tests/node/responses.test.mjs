@@ -6,8 +6,9 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
-import { startServer, MODEL_ID } from './serve_helper.mjs';
-import { SYNTAX } from './tool_syntax.mjs';
+import { startServer, MODEL_ID, FAMILY, TOOL_SYNTAX } from './serve_helper.mjs';
+
+const SYNTAX = TOOL_SYNTAX[FAMILY.name];
 
 const MAX = 8;
 let server;

@@ -20,6 +20,48 @@ export const FAMILY = MODEL_TYPE && CAIRN
   : undefined;
 if (MODEL && CAIRN && !FAMILY) throw new Error(`no registered family loads model_type ${MODEL_TYPE}`);
 
+const D = '｜DSML｜';
+// Each family's own tool-call syntax (by family name), for replies a scripted engine gives: a random tiny model
+// never writes a tool call. reply = what the model writes; result(text) = how the template
+// renders a tool's answer in the next prompt; thinkEnd = what closes the reasoning when it is not </think>.
+export const TOOL_SYNTAX = {
+  deepseek_v4: {
+    reply: `Let me check.\n\n<${D}tool_calls>\n<${D}invoke name="get_weather">\n`
+      + `<${D}parameter name="city" string="true">Paris</${D}parameter>\n`
+      + `<${D}parameter name="days" string="false">3</${D}parameter>\n</${D}invoke>\n</${D}tool_calls>`,
+    marker: 'DSML',
+    result: (text) => `<tool_result>${text}</tool_result>`,
+  },
+  // The template renders the content stripped, then each call with no whitespace between tags.
+  glm: {
+    reply: 'Let me check.<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>'
+      + '<arg_key>days</arg_key><arg_value>3</arg_value></tool_call>',
+    marker: 'tool_call',
+    result: (text) => `<|observation|><tool_response>${text}</tool_response>`,
+  },
+  // XTML: the response channel closes, the tools channel holds typed arguments (strings raw,
+  // numbers compact JSON); the EOS (<|end_of_msg|>) is not part of the text.
+  kimi_k3: {
+    reply: 'Let me check.<|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool="get_weather" index="1"<|sep|>'
+      + '<|open|>argument key="city" type="string"<|sep|>Paris<|close|>argument<|sep|>'
+      + '<|open|>argument key="days" type="number"<|sep|>3<|close|>argument<|sep|><|close|>call<|sep|>'
+      + '<|close|>tools<|sep|><|close|>message<|sep|>',
+    marker: '<|',
+    // In thinking mode the prompt leaves the think channel open; the reply closes it and opens the response one.
+    thinkEnd: '<|close|>think<|sep|><|open|>response<|sep|>',
+    result: (text) => `<|open|>message role="tool" tool="get_weather" index="1"<|sep|>${text}<|close|>message<|sep|><|end_of_msg|>`,
+  },
+};
+
+export const TOOL = {
+  type: 'function',
+  function: {
+    name: 'get_weather',
+    description: 'Weather forecast for a city',
+    parameters: { type: 'object', properties: { city: { type: 'string' }, days: { type: 'integer' } }, required: ['city'] },
+  },
+};
+
 function freePort() {
   return new Promise((resolve, reject) => {
     const s = createServer();

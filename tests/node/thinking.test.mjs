@@ -1,8 +1,9 @@
 // Reasoning split through the official clients, once per family: in thinking mode the prompt ends
-// with the family's assistant marker + <think>, the reply is REASONING</think>ANSWER, and the
-// gateway must hand the reasoning out separately (OpenAI reasoning_content, Anthropic thinking
-// blocks), streaming or not, without ever leaking the marker; in chat mode the prompt ends with the
-// marker + </think>. The engine is tests/fake_engine.py (it replies in 3-byte pieces, so the
+// with the family's thinking cue (its assistant marker + <think>, or the family's own, below), the
+// reply is REASONING, the end-of-reasoning markup, ANSWER, and the gateway must hand the reasoning
+// out separately (OpenAI reasoning_content, Anthropic thinking blocks), streaming or not, without
+// ever leaking the markup; in chat mode the prompt ends with the chat cue (marker + </think>).
+// The engine is tests/fake_engine.py (it replies in 3-byte pieces, so the
 // marker and multibyte characters arrive split across frames).
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -13,10 +14,19 @@ import { startServer, MODEL_ID, FAMILY } from './serve_helper.mjs';
 const REASONING = 'Let me think… 2+2 is 4.';
 const ANSWER = 'The answer is 4.';
 const ASSISTANT = FAMILY.turns.assistant;
+// Kimi K3 (XTML) has no <think> tags: the cue opens the assistant message and its think or
+// response channel, and the reply closes the think channel and opens the response one.
+const K3_ASSISTANT = '<|open|>message role="assistant"<|sep|>';
+const FORMAT = {
+  kimi_k3: {
+    think: `${K3_ASSISTANT}<|open|>think<|sep|>`, chat: `${K3_ASSISTANT}<|open|>response<|sep|>`,
+    reply: `${REASONING}<|close|>think<|sep|><|open|>response<|sep|>${ANSWER}<|close|>response<|sep|><|close|>message<|sep|>`,
+  },
+}[FAMILY.name] ?? { think: `${ASSISTANT}<think>`, chat: `${ASSISTANT}</think>`, reply: `${REASONING}</think>${ANSWER}` };
 
 let server;
 before(async () => {
-  server = await startServer([], { FAKE_REPLY: `${REASONING}</think>${ANSWER}` }, { fake: true });
+  server = await startServer([], { FAKE_REPLY: FORMAT.reply }, { fake: true });
 });
 after(async () => { await server.stop(); });
 
@@ -26,7 +36,7 @@ test('openai: reasoning_content separated, streaming and not', async () => {
   const c = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'unused', maxRetries: 0 });
   const messages = [{ role: 'user', content: 'What is 2+2?' }];
   const r = await c.chat.completions.create({ model: MODEL_ID, messages, reasoning_effort: 'high', max_tokens: 100 });
-  assert.ok(lastPrompt().endsWith(`${ASSISTANT}<think>`), 'thinking mode must end the prompt with <think>');
+  assert.ok(lastPrompt().endsWith(FORMAT.think), 'thinking mode must end the prompt with the thinking cue');
   assert.equal(r.choices[0].message.content, ANSWER);
   assert.equal(r.choices[0].message.reasoning_content, REASONING);
 
@@ -42,7 +52,7 @@ test('openai: reasoning_content separated, streaming and not', async () => {
   assert.equal(content, ANSWER);
 
   await c.chat.completions.create({ model: MODEL_ID, messages, max_tokens: 100 });
-  assert.ok(lastPrompt().endsWith(`${ASSISTANT}</think>`), 'chat mode must end the prompt with </think>');
+  assert.ok(lastPrompt().endsWith(FORMAT.chat), 'chat mode must end the prompt with the chat cue');
 });
 
 test('anthropic: thinking block then text block, streaming and not', async () => {

@@ -9,19 +9,11 @@ import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
 import Anthropic from '@anthropic-ai/sdk';
-import { startServer, MODEL_ID } from './serve_helper.mjs';
-import { SYNTAX } from './tool_syntax.mjs';
+import { startServer, MODEL_ID, FAMILY, TOOL_SYNTAX, TOOL } from './serve_helper.mjs';
 
+const SYNTAX = TOOL_SYNTAX[FAMILY.name];
+if (!SYNTAX) throw new Error(`no tool-call syntax known for family ${FAMILY.name}: add its reply to TOOL_SYNTAX (serve_helper.mjs)`);
 const REPLY = SYNTAX.reply;
-
-const TOOL = {
-  type: 'function',
-  function: {
-    name: 'get_weather',
-    description: 'Weather forecast for a city',
-    parameters: { type: 'object', properties: { city: { type: 'string' }, days: { type: 'integer' } }, required: ['city'] },
-  },
-};
 
 let server;
 before(async () => { server = await startServer(['--slots', '2'], { FAKE_REPLY: REPLY }, { fake: true }); });

@@ -1,0 +1,374 @@
+/* chat_kimi_k3.c — the Kimi K3 chat format (XTML) and reply parser.
+ *
+ * K3 ships no jinja chat_template: prompts come from the release's Python encoder
+ * (encoding_k3.py, build_chat_segments). This follows its format as the K3 technical report and
+ * the encoder's public ports describe it. Markup is made of three special tokens, <|open|>,
+ * <|sep|>, <|close|>, plus <|end_of_msg|> after every message:
+ *   <|open|>message role="system" type="tool-declare"<|sep|># Tools\nHere are the available tools,
+ *       described in JSONSchema.\n\n```json\n{compact, key-sorted tools}\n```<|close|>message<|sep|><|end_of_msg|>
+ *   <|open|>message role="system" type="thinking-effort"<|sep|>`thinking_effort` guides ...
+ *       `thinking_effort=max`.<|close|>message<|sep|><|end_of_msg|>            (thinking mode only)
+ *   <|open|>message role="user"<|sep|>TEXT<|close|>message<|sep|><|end_of_msg|>   (system alike)
+ *   <|open|>message role="assistant"<|sep|>[<|open|>think<|sep|>R<|close|>think<|sep|>]
+ *       <|open|>response<|sep|>TEXT<|close|>response<|sep|>
+ *       [<|open|>tools<|sep|><|open|>call tool="NAME" index="1"<|sep|>
+ *           <|open|>argument key="K" type="string"<|sep|>V<|close|>argument<|sep|>...<|close|>call<|sep|>
+ *        <|close|>tools<|sep|>]<|close|>message<|sep|><|end_of_msg|>
+ *   <|open|>message role="tool" tool="NAME" index="1"<|sep|>TEXT<|close|>message<|sep|><|end_of_msg|>
+ *   cue: <|open|>message role="assistant"<|sep|><|open|>think<|sep|>   (thinking off: response)
+ * The global options (tool declarations, thinking effort) come before every message. K3 keeps
+ * thinking in history ("preserved thinking", technical report): in thinking mode every assistant
+ * message has a think channel, empty when no reasoning is known; in instruct mode none has. So the
+ * rendered history starts with exactly the previous prompt + the reply the model generated.
+ * Argument values: strings raw, every other JSON type compact; arguments that are not a JSON
+ * object go in a <|open|>json<|sep|> fallback block.
+ *
+ * Choices where the sources are silent, stated: `developer` renders as system; JSON is written
+ * without ASCII escaping; attribute values escape & " < > as XML entities. Options the encoder
+ * renders as one-time option messages whose text is not public here (tool_choice other than
+ * auto, response_format) are refused with an error rather than rendered wrongly; efforts other
+ * than low / high / max are refused as the encoder refuses them.
+ *
+ * Only the format's literals are written trusted; content, reasoning, tool results, the tools
+ * JSON, tool and argument names and argument values are request data, written untrusted (chat.h). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/sbuf.h"
+#include "../core/util.h"
+#include "chat.h"
+
+#define OPEN "<|open|>"
+#define SEP "<|sep|>"
+#define CLOSE "<|close|>"
+#define EOM "<|end_of_msg|>"
+
+/* ---- rendering -------------------------------------------------------------------------- */
+
+/* Template text is written with T (trusted); request data with chat_untrusted* (chat.h). */
+#define T(lit) chat_trusted(p, lit)
+
+/* key="value": the value is request data (a tool or argument name), entity-escaped. */
+static void put_attr(chat_prompt *p, const char *key, const char *value, int untrusted) {
+    sbuf_printf(&p->text, " %s=\"", key);
+    size_t at = p->text.len;
+    for (const char *c = value; *c; c++) {
+        switch (*c) {
+        case '&': sbuf_puts(&p->text, "&amp;"); break;
+        case '"': sbuf_puts(&p->text, "&quot;"); break;
+        case '<': sbuf_puts(&p->text, "&lt;"); break;
+        case '>': sbuf_puts(&p->text, "&gt;"); break;
+        default: sbuf_put(&p->text, c, 1);
+        }
+    }
+    if (untrusted) chat_untrusted_since(p, at);
+    T("\"");
+}
+
+static void close_tag(chat_prompt *p, const char *name) {
+    T(CLOSE);
+    T(name);
+    T(SEP);
+}
+
+static void end_message(chat_prompt *p) { T(CLOSE "message" SEP EOM); }
+
+static void open_message(chat_prompt *p, const char *role, const char *type) {
+    T(OPEN "message");
+    put_attr(p, "role", role, 0);
+    if (type) put_attr(p, "type", type, 0);
+    T(SEP);
+}
+
+/* A message's text, untrusted: a string, or the text parts of an array; null is empty. */
+static int put_text(chat_prompt *p, const cJSON *content, int idx, char *err, size_t errlen) {
+    if (!content || cJSON_IsNull(content)) return 0;
+    if (cJSON_IsString(content)) { chat_untrusted_str(p, content->valuestring); return 0; }
+    if (!cJSON_IsArray(content))
+        return errf(err, errlen, "messages[%d].content must be a string or an array of content parts", idx);
+    const cJSON *part;
+    cJSON_ArrayForEach(part, content) {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
+        const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
+        if (!cJSON_IsString(type) || strcmp(type->valuestring, "text") || !cJSON_IsString(text))
+            return errf(err, errlen, "messages[%d].content: only text parts are supported", idx);
+        chat_untrusted_str(p, text->valuestring);
+    }
+    return 0;
+}
+
+static void untrusted_compact(chat_prompt *p, const cJSON *v, int sort_keys) {
+    size_t at = p->text.len;
+    chat_json_compact(&p->text, v, sort_keys);
+    chat_untrusted_since(p, at);
+}
+
+static void render_options(chat_prompt *p, const cJSON *tools, int thinking, const char *effort) {
+    if (cJSON_IsArray(tools) && cJSON_GetArraySize(tools) > 0) {
+        open_message(p, "system", "tool-declare");
+        T("# Tools\nHere are the available tools, described in JSONSchema.\n\n```json\n");
+        untrusted_compact(p, tools, 1);
+        T("\n```");
+        end_message(p);
+    }
+    if (!thinking) return;
+    open_message(p, "system", "thinking-effort");
+    T("`thinking_effort` guides on how much to think in your thinking channel (not including the response channel), "
+      "supported values include `low`, `medium`, `high`, and `max`.\nNow the system is invoked with `thinking_effort=");
+    T(effort);        /* one of the literals k3_render accepts */
+    T("`.");
+    end_message(p);
+}
+
+static const cJSON *call_function(const cJSON *call) {
+    const cJSON *fn = cJSON_GetObjectItemCaseSensitive(call, "function");
+    return fn ? fn : call;
+}
+
+static int render_call(chat_prompt *p, const cJSON *call, int idx, int k, char *err, size_t errlen) {
+    const cJSON *fn = call_function(call), *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
+    const cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
+    if (!cJSON_IsString(name)) return errf(err, errlen, "messages[%d].tool_calls[%d].function.name must be a string", idx, k);
+    char index[16];
+    snprintf(index, sizeof index, "%d", k + 1);
+    T(OPEN "call");
+    put_attr(p, "tool", name->valuestring, 1);
+    put_attr(p, "index", index, 0);
+    T(SEP);
+    cJSON *parsed = cJSON_IsString(args) ? cJSON_Parse(args->valuestring) : NULL;
+    const cJSON *obj = parsed ? parsed : args;
+    if (!args || cJSON_IsObject(obj)) {
+        for (const cJSON *a = obj ? obj->child : NULL; a; a = a->next) {
+            const char *type = cJSON_IsString(a) ? "string" : cJSON_IsNumber(a) ? "number" : cJSON_IsBool(a) ? "boolean"
+                               : cJSON_IsNull(a) ? "null" : cJSON_IsArray(a) ? "array" : "object";
+            T(OPEN "argument");
+            put_attr(p, "key", a->string, 1);
+            put_attr(p, "type", type, 0);
+            T(SEP);
+            if (cJSON_IsString(a)) chat_untrusted_str(p, a->valuestring);
+            else untrusted_compact(p, a, 0);
+            close_tag(p, "argument");
+        }
+    } else {
+        T(OPEN "json" SEP);
+        if (cJSON_IsString(args)) chat_untrusted_str(p, args->valuestring);
+        else untrusted_compact(p, args, 0);
+        close_tag(p, "json");
+    }
+    cJSON_Delete(parsed);
+    close_tag(p, "call");
+    return 0;
+}
+
+static int render_assistant(chat_prompt *p, const cJSON *msg, int idx, int thinking, char *err, size_t errlen) {
+    open_message(p, "assistant", NULL);
+    if (thinking) {
+        const cJSON *rc = cJSON_GetObjectItemCaseSensitive(msg, "reasoning_content");
+        T(OPEN "think" SEP);
+        if (cJSON_IsString(rc)) chat_untrusted_str(p, rc->valuestring);
+        close_tag(p, "think");
+    }
+    T(OPEN "response" SEP);
+    if (put_text(p, cJSON_GetObjectItemCaseSensitive(msg, "content"), idx, err, errlen)) return -1;
+    close_tag(p, "response");
+    const cJSON *calls = cJSON_GetObjectItemCaseSensitive(msg, "tool_calls"), *c;
+    if (cJSON_IsArray(calls) && cJSON_GetArraySize(calls) > 0) {
+        T(OPEN "tools" SEP);
+        int k = 0;
+        cJSON_ArrayForEach(c, calls) if (render_call(p, c, idx, k++, err, errlen)) return -1;
+        close_tag(p, "tools");
+    }
+    end_message(p);
+    return 0;
+}
+
+/* A tool result repeats its call's tool/index: found by tool_call_id in the latest assistant
+ * message with tool calls, else by its position among the results that follow that message. */
+static int render_tool_result(chat_prompt *p, const cJSON *messages, int i, char *err, size_t errlen) {
+    const cJSON *msg = cJSON_GetArrayItem(messages, i), *calls = NULL;
+    int first = i;
+    while (first > 0) {
+        const cJSON *prev = cJSON_GetArrayItem(messages, first - 1);
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(prev, "role");
+        first--;
+        if (cJSON_IsString(role) && !strcmp(role->valuestring, "assistant")) {
+            calls = cJSON_GetObjectItemCaseSensitive(prev, "tool_calls");
+            break;
+        }
+    }
+    if (!cJSON_IsArray(calls) || !cJSON_GetArraySize(calls))
+        return errf(err, errlen, "messages[%d]: a tool result must follow an assistant message with tool_calls", i);
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(msg, "tool_call_id");
+    int k = -1, n = cJSON_GetArraySize(calls);
+    for (int c = 0; cJSON_IsString(id) && c < n; c++) {
+        const cJSON *cid = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(calls, c), "id");
+        if (cJSON_IsString(cid) && !strcmp(cid->valuestring, id->valuestring)) k = c;
+    }
+    if (k < 0 && !cJSON_IsString(id)) k = i - first - 1;
+    if (k < 0 || k >= n)
+        return errf(err, errlen, "messages[%d]: tool_call_id matches no tool call of the preceding assistant message", i);
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(call_function(cJSON_GetArrayItem(calls, k)), "name");
+    char index[16];
+    snprintf(index, sizeof index, "%d", k + 1);
+    T(OPEN "message");
+    put_attr(p, "role", "tool", 0);
+    put_attr(p, "tool", cJSON_IsString(name) ? name->valuestring : "", 1);
+    put_attr(p, "index", index, 0);
+    T(SEP);
+    if (put_text(p, cJSON_GetObjectItemCaseSensitive(msg, "content"), i, err, errlen)) return -1;
+    end_message(p);
+    return 0;
+}
+
+static int render_message(chat_prompt *p, const cJSON *messages, int i, int thinking, char *err, size_t errlen) {
+    const cJSON *msg = cJSON_GetArrayItem(messages, i);
+    const cJSON *role = cJSON_GetObjectItemCaseSensitive(msg, "role");
+    if (!cJSON_IsObject(msg) || !cJSON_IsString(role)) return errf(err, errlen, "messages[%d].role must be a string", i);
+    const char *r = role->valuestring;
+    if (!strcmp(r, "assistant")) return render_assistant(p, msg, i, thinking, err, errlen);
+    if (!strcmp(r, "tool")) return render_tool_result(p, messages, i, err, errlen);
+    if (strcmp(r, "user") && strcmp(r, "system") && strcmp(r, "developer"))
+        return errf(err, errlen, "messages[%d].role '%s' is not one of system, developer, user, assistant, tool", i, r);
+    open_message(p, strcmp(r, "user") ? "system" : "user", NULL);
+    if (put_text(p, cJSON_GetObjectItemCaseSensitive(msg, "content"), i, err, errlen)) return -1;
+    end_message(p);
+    return 0;
+}
+
+static int k3_render(const cJSON *messages, const cJSON *tools, const chat_opts *o, chat_prompt *p, char *err,
+                     size_t errlen) {
+    int thinking = !o || o->thinking;
+    const char *effort = o && o->effort ? o->effort : "max";
+    if (!cJSON_IsArray(messages)) return errf(err, errlen, "messages must be an array");
+    if (strcmp(effort, "low") && strcmp(effort, "high") && strcmp(effort, "max"))
+        return errf(err, errlen, "reasoning effort '%s' is not supported by Kimi K3 (low, high or max)", effort);
+    if (o && o->tool_choice && strcmp(o->tool_choice, "auto"))
+        return errf(err, errlen, "tool_choice '%s' is not supported by the Kimi K3 template (auto only)", o->tool_choice);
+    render_options(p, tools, thinking, effort);
+    int n = cJSON_GetArraySize(messages);
+    for (int i = 0; i < n; i++)
+        if (render_message(p, messages, i, thinking, err, errlen)) return -1;
+    open_message(p, "assistant", NULL);
+    T(thinking ? OPEN "think" SEP : OPEN "response" SEP);
+    return 0;
+}
+
+#undef T
+
+/* ---- parsing a reply -------------------------------------------------------------------- */
+
+static const char *find(const char *s, const char *end, const char *needle) {
+    return s < end ? memmem(s, (size_t)(end - s), needle, strlen(needle)) : NULL;
+}
+
+static const char *find_last(const char *s, const char *end, const char *needle) {
+    const char *last = NULL;
+    for (const char *p = s; (p = find(p, end, needle)); p++) last = p;
+    return last;
+}
+
+static char *span(const char *s, const char *e) {
+    char *out = xmalloc((size_t)(e - s) + 1);
+    memcpy(out, s, (size_t)(e - s));
+    out[e - s] = 0;
+    return out;
+}
+
+/* The value of attribute key="..." inside a tag header [s, e), entities decoded. */
+static char *attr_value(const char *s, const char *e, const char *key) {
+    char pat[64];
+    snprintf(pat, sizeof pat, " %s=\"", key);
+    const char *v = find(s, e, pat);
+    if (!v) return xstrdup("");
+    v += strlen(pat);
+    const char *q = find(v, e, "\"");
+    sbuf b = {0};
+    static const char *ent[][2] = {{"&amp;", "&"}, {"&quot;", "\""}, {"&lt;", "<"}, {"&gt;", ">"}};
+    for (const char *p = v; p < (q ? q : e);) {
+        size_t i, m = 0;
+        for (i = 0; i < 4; i++)
+            if (!strncmp(p, ent[i][0], (m = strlen(ent[i][0])))) break;
+        if (i < 4) { sbuf_puts(&b, ent[i][1]); p += m; }
+        else sbuf_put(&b, p++, 1);
+    }
+    char *out = sbuf_take(&b);
+    return out ? out : xstrdup("");
+}
+
+/* One <|open|>call ...<|sep|> ... <|close|>call<|sep|> block [s, e) -> an OpenAI tool call. */
+static cJSON *parse_call(const char *s, const char *e, const char *text, size_t n, int k) {
+    const char *body = find(s, e, SEP);
+    body = body ? body + strlen(SEP) : e;
+    char *name = attr_value(s, body, "tool");
+    cJSON *args = cJSON_CreateObject();
+    char *raw = NULL;
+    for (const char *p = body, *a; (a = find(p, e, OPEN "argument")) || (a = find(p, e, OPEN "json"));) {
+        int json = !strncmp(a, OPEN "json", strlen(OPEN "json"));
+        const char *v = find(a, e, SEP), *ve;
+        v = v ? v + strlen(SEP) : e;
+        ve = find(v, e, json ? CLOSE "json" SEP : CLOSE "argument" SEP);
+        if (!ve) ve = e;
+        if (json) { free(raw); raw = span(v, ve); }
+        else {
+            char *key = attr_value(a, v, "key"), *type = attr_value(a, v, "type"), *val = span(v, ve);
+            cJSON *j = strcmp(type, "string") ? cJSON_Parse(val) : NULL;
+            cJSON_AddItemToObject(args, key, j ? j : cJSON_CreateString(val));
+            free(key);
+            free(type);
+            free(val);
+        }
+        p = ve < e ? ve + 1 : e;
+    }
+    char *args_json = raw ? raw : cJSON_PrintUnformatted(args);
+    cJSON *call = chat_tool_call(name, args_json, text, n, k);
+    free(name);
+    free(args_json);
+    cJSON_Delete(args);
+    return call;
+}
+
+/* Reasoning and content are returned exactly as generated, so a non-streamed reply equals the
+ * concatenation of the streamed deltas. A reply cut off mid-channel keeps what it has; a tag
+ * still open at the end (<|open|>.. or <|close|>.. without its <|sep|>: more text may complete
+ * it while streaming) is markup, never content. */
+static void k3_parse(const char *text, size_t n, int thinking, chat_reply *out) {
+    memset(out, 0, sizeof *out);
+    const char *p = text, *end = text + n, *m;
+    const char *lo = find_last(p, end, OPEN), *lc = find_last(p, end, CLOSE), *tag = lo > lc ? lo : lc;
+    if (tag && !find(tag, end, SEP)) end = tag;
+    if ((m = find(p, end, CLOSE "message" SEP))) end = m;
+    if ((m = find(p, end, EOM))) end = m;
+    if (thinking) {
+        const char *r = find(p, end, CLOSE "think" SEP);
+        out->reasoning = span(p, r ? r : end);
+        if (!r) return;
+        p = r + strlen(CLOSE "think" SEP);
+    }
+    size_t resp = strlen(OPEN "response" SEP);
+    if ((size_t)(end - p) >= resp && !memcmp(p, OPEN "response" SEP, resp)) p += resp;
+    const char *tools = find(p, end, OPEN "tools" SEP), *ce = find(p, tools ? tools : end, CLOSE "response" SEP);
+    out->content = span(p, ce ? ce : tools ? tools : end);
+    if (!tools) return;
+    out->tool_calls = cJSON_CreateArray();
+    const char *c = tools, *ce2;
+    for (int k = 0; (c = find(c, end, OPEN "call")); k++) {
+        ce2 = find(c, end, CLOSE "call" SEP);
+        cJSON_AddItemToArray(out->tool_calls, parse_call(c, ce2 ? ce2 : end, text, n, k));
+        c = ce2 ? ce2 + strlen(CLOSE "call" SEP) : end;
+    }
+    if (!*out->content) { free(out->content); out->content = NULL; }
+}
+
+/* The stable head of a prompt: the global option messages and system messages before the first
+ * user message. */
+static size_t k3_system_prefix_bytes(const char *prompt, size_t n) {
+    const char *user = find(prompt, prompt + n, OPEN "message role=\"user\"" SEP);
+    return user ? (size_t)(user - prompt) : 0;
+}
+
+const chat_template kimi_k3_chat = {
+    .render = k3_render,
+    .parse = k3_parse,
+    .system_prefix_bytes = k3_system_prefix_bytes,
+};

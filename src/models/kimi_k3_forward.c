@@ -1,0 +1,197 @@
+/* kimi_k3_forward.c — the Kimi K3 forward pass over a chunk of tokens: attention residuals, the layer
+ * loop and the head (invariants in kimi_k3.h).
+ *
+ * NUMERICS. --numerics exact keeps every activation in f32. The default rounds activations to BF16
+ * where the official bf16 inference holds bf16 tensors: the embedding, the residual stream (prefix
+ * and block snapshots) and each mix, norm outputs, the outputs of every projection, the short-conv
+ * outputs, the KDA / attention outputs and the expert outputs. The KDA state, decays and beta, the
+ * router, attention scores and softmax, the residual-mix scores and the logits stay f32 (HF and
+ * flash-linear-attention compute them in f32). Rounding is per element, so it keeps chunking
+ * invariance.
+ *
+ * ATTENTION RESIDUALS (per token, so any chunking gives the same bits): the candidates are the block
+ * snapshots taken so far plus the running prefix; score_e = proj . RMSNorm(v_e), softmax over e, and
+ * the mix is the probability-weighted sum of the raw vectors in candidate order. */
+#include <math.h>
+#include <string.h>
+
+#include "../core/quant.h"
+#include "../core/util.h"
+#include "kimi_k3.h"
+
+float *k3_floats(arena *a, size_t n) { return arena_take(a, n, sizeof(float)); }
+
+void k3_round(const model *m, float *x, size_t n) {
+    if (m->num == NUMERICS_QAT) bf16_round_vec(x, n);
+}
+
+void k3_project(const model *m, const qmat *w, const float *x, int n, float *y) {
+    qmat_mul(w, x, n, y);
+    k3_round(m, y, (size_t)n * w->rows);
+}
+
+void k3_rmsnorm_rows(const model *m, float *out, const float *x, const float *w, int n, int dim, float eps) {
+    for (int i = 0; i < n; i++) rmsnorm(out + (size_t)i * dim, x + (size_t)i * dim, w, dim, eps);
+    k3_round(m, out, (size_t)n * dim);
+}
+
+void k3_situ(const k3_model *k, float *g, const float *u, size_t n) {
+    float b1 = k->situ_beta, b2 = k->situ_linear_beta;
+    for (size_t i = 0; i < n; i++) g[i] = b1 * tanhf(g[i] / b1) * sigmoidf(g[i]) * (b2 * tanhf(u[i] / b2));
+}
+
+/* What one chunk holds for its whole pass: the residual stream (the prefix and the block
+ * snapshots, each [n][dim], in `slots`), the mixed layer input, norm output, sub-layer output and
+ * one token's normalised candidate for the residual-mix scores. */
+typedef struct {
+    float *slots[K3_MAX_BLOCKS + 1];
+    float *x, *hn, *delta, *normed;
+} chunk_bufs;
+
+static void chunk_layout(arena *a, const k3_model *k, int n, chunk_bufs *b) {
+    size_t len = (size_t)n * k->dim;
+    for (int i = 0; i <= k->n_blocks; i++) b->slots[i] = k3_floats(a, len);
+    b->x = k3_floats(a, len);
+    b->hn = k3_floats(a, len);
+    b->delta = k3_floats(a, len);
+    b->normed = k3_floats(a, (size_t)k->dim);
+}
+
+typedef struct {
+    float *hn, *out;           /* [cnt][dim], [cnt][vocab] */
+} head_bufs;
+
+static void head_layout(arena *a, const k3_model *k, int cnt, head_bufs *b) {
+    b->hn = k3_floats(a, (size_t)cnt * k->dim);
+    b->out = k3_floats(a, (size_t)cnt * k->vocab);
+}
+
+size_t k3_scratch_bytes(const model *m, int ctx) {
+    const k3_model *k = m->priv;
+    int n = MIN(K3_CHUNK, ctx);
+    arena a = {0};
+    chunk_bufs cb;
+    head_bufs hb;
+    chunk_layout(&a, k, n, &cb);
+    size_t held = a.used, body = 0;
+    for (int li = 0; li < k->n_layers; li++) {
+        const k3_layer *l = &k->layers[li];
+        body = MAX(body, l->kda ? k3_kda_scratch(k, n) : k3_mla_scratch(k, n, ctx));
+        body = MAX(body, k3_ffn_scratch(k, l, n));
+    }
+    head_layout(&a, k, n, &hb);
+    return held + MAX(body, a.used - held);
+}
+
+/* The residual stream: block snapshots so far, then the running prefix, all in chunk slots. */
+typedef struct {
+    float *blocks[K3_MAX_BLOCKS];
+    int nblocks;
+    float *prefix;
+    int have_prefix;        /* 0 right after a block boundary: the next sub-layer output starts it */
+} k3_stream;
+
+/* out[n][dim] = softmax-weighted mix of [blocks..., last] for every token. */
+static void res_mix(const model *m, const k3_stream *rs, const float *last, const float *norm_w, const float *proj,
+                    int n, float *normed, float *out) {
+    const k3_model *k = m->priv;
+    int d = k->dim, nc = rs->nblocks + 1;
+    float score[K3_MAX_BLOCKS + 1];
+    for (int t = 0; t < n; t++) {
+        for (int e = 0; e < nc; e++) {
+            const float *v = (e < rs->nblocks ? rs->blocks[e] : last) + (size_t)t * d;
+            rmsnorm(normed, v, norm_w, d, k->eps);
+            k3_round(m, normed, (size_t)d);
+            score[e] = dot_f32(normed, proj, d);
+        }
+        softmax(score, nc);
+        float *o = out + (size_t)t * d;
+        memset(o, 0, (size_t)d * sizeof *o);
+        for (int e = 0; e < nc; e++) {
+            const float *v = (e < rs->nblocks ? rs->blocks[e] : last) + (size_t)t * d;
+            for (int c = 0; c < d; c++) o[c] += score[e] * v[c];
+        }
+    }
+    k3_round(m, out, (size_t)n * d);
+}
+
+static void add_into(const model *m, k3_stream *rs, const float *delta, size_t len) {
+    if (!rs->have_prefix) memcpy(rs->prefix, delta, len * sizeof *delta);
+    else
+        for (size_t i = 0; i < len; i++) rs->prefix[i] += delta[i];
+    rs->have_prefix = 1;
+    k3_round(m, rs->prefix, len);
+}
+
+/* One decoder layer over n tokens; rs->prefix holds its input and receives its output. */
+static void layer(const model *m, int li, k3_seq *s, k3_stream *rs, chunk_bufs *b, int pos0, int n) {
+    const k3_model *k = m->priv;
+    const k3_layer *l = &k->layers[li];
+    size_t len = (size_t)n * k->dim;
+    if (k->res_block && rs->nblocks) res_mix(m, rs, rs->prefix, l->res_attn_norm, l->res_attn_proj, n, b->normed, b->x);
+    else memcpy(b->x, rs->prefix, len * sizeof *b->x);
+    if (k->res_block && li % k->res_block == 0) {
+        /* The layer input (before mixing) becomes a block; the prefix restarts at this attention output. */
+        rs->blocks[rs->nblocks++] = rs->prefix;
+        rs->prefix = b->slots[rs->nblocks];
+        rs->have_prefix = 0;
+    }
+    k3_rmsnorm_rows(m, b->hn, b->x, l->attn_norm, n, k->dim, k->eps);
+    if (l->kda) k3_kda_forward(m, l, li, s, b->hn, pos0, n, b->delta);
+    else k3_mla_forward(m, l, li, s, b->hn, pos0, n, b->delta);
+    add_into(m, rs, b->delta, len);
+    if (k->res_block) res_mix(m, rs, rs->prefix, l->res_mlp_norm, l->res_mlp_proj, n, b->normed, b->x);
+    else memcpy(b->x, rs->prefix, len * sizeof *b->x);
+    k3_rmsnorm_rows(m, b->hn, b->x, l->ffn_norm, n, k->dim, k->eps);
+    k3_ffn_forward(m, l, b->hn, n, b->delta, s->scratch);
+    add_into(m, rs, b->delta, len);
+}
+
+static void head_logits(const model *m, const k3_stream *rs, chunk_bufs *cb, int n, float *logits, float *all_logits,
+                        arena *sc) {
+    const k3_model *k = m->priv;
+    int first = all_logits ? 0 : n - 1, cnt = n - first, d = k->dim;
+    head_bufs b;
+    head_layout(sc, k, cnt, &b);
+    if (k->res_block) res_mix(m, rs, rs->prefix, k->out_res_norm, k->out_res_proj, n, cb->normed, cb->x);
+    else memcpy(cb->x, rs->prefix, (size_t)n * d * sizeof *cb->x);
+    k3_rmsnorm_rows(m, b.hn, cb->x + (size_t)first * d, k->final_norm, cnt, d, k->eps);
+    qmat_mul(&k->head, b.hn, cnt, b.out);
+    if (all_logits) memcpy(all_logits, b.out, (size_t)n * k->vocab * sizeof *b.out);
+    if (logits) memcpy(logits, b.out + (size_t)(cnt - 1) * k->vocab, (size_t)k->vocab * sizeof *b.out);
+}
+
+/* One chunk of at most K3_CHUNK tokens; all its scratch is given back at the end. */
+static void forward_chunk(const model *m, k3_seq *s, const int *ids, int pos0, int n, float *logits,
+                          float *all_logits) {
+    const k3_model *k = m->priv;
+    arena *sc = s->scratch;
+    size_t start = arena_mark(sc);
+    chunk_bufs b;
+    chunk_layout(sc, k, n, &b);
+    k3_stream rs = {.prefix = b.slots[0], .have_prefix = 1};
+    for (int i = 0; i < n; i++) qmat_row(&k->embed, ids[i], rs.prefix + (size_t)i * k->dim);
+    k3_round(m, rs.prefix, (size_t)n * k->dim);
+    for (int li = 0; li < k->n_layers; li++) layer(m, li, s, &rs, &b, pos0, n);
+    if (logits || all_logits) head_logits(m, &rs, &b, n, logits, all_logits, sc);
+    arena_release(sc, start);
+}
+
+/* Segments run one after another, each in chunks of K3_CHUNK (which bound the scratch) on its own
+ * sequence and arena: by chunking invariance the split changes no bit, and a segment's result
+ * cannot depend on the others. (The weights are read once per segment, not once per call: K3
+ * does not batch decode steps of several conversations yet.) seq_feed has checked the ids and
+ * positions and checks the logits. */
+int k3_forward(model *m, const fwd_seg *segs, int nseg, char *err, size_t errlen) {
+    const k3_model *k = m->priv;
+    for (int i = 0; i < nseg; i++) {
+        const fwd_seg *g = &segs[i];
+        for (int done = 0; done < g->n;) {
+            int c = MIN(K3_CHUNK, g->n - done);
+            float *all = g->all_logits ? g->all_logits + (size_t)done * k->vocab : NULL;
+            forward_chunk(m, g->fam_seq, g->ids + done, g->pos0 + done, c, done + c == g->n ? g->logits : NULL, all);
+            done += c;
+        }
+    }
+    return 0;
+}

@@ -1,0 +1,116 @@
+/* kimi_k3_mla.c — gated NoPE multi-head latent attention (invariants in kimi_k3.h).
+ *
+ * Follows Hugging Face transformers models/kimi_linear (KimiLinearAttention) with K3's output gate:
+ * q = q_b(RMSNorm_1e-6(q_a x)) per head [nope | rope]; the row kept per position is
+ * [RMSNorm_1e-6(latent) | rope part], the rope part used raw (mla_use_nope: no rotation anywhere);
+ * score_t = (q_nope . k_nope_t + q_rope . rope_t) / sqrt(nope + rope) with k/v from kv_b(latent);
+ * out = o_proj(attention * sigmoid(g_proj x)).
+ * The absorbed form is used for every token (prefill and decode alike, so chunk boundaries never
+ * change the arithmetic): per head q_abs = W_uk^T q_nope over the latent scores every row in one
+ * kernel call against [q_abs | q_rope], and the softmax-weighted latent goes through W_uv. */
+#include <math.h>
+#include <string.h>
+
+#include "../core/threads.h"
+#include "kimi_k3.h"
+
+typedef struct {
+    const k3_model *k;
+    const k3_mla *a;
+    float *w;                /* [heads][nope + v_dim][kv_lora]: kv_b dequantized per head */
+    const float *q;          /* this token's [heads][nope + rope] */
+    const float *rows;       /* rows 0..cnt-1 of the layer's state part */
+    int cnt;
+    float *work;             /* [heads][work_stride] */
+    size_t work_stride;
+    float *out;              /* this token's [heads * v_dim] */
+} mla_job;
+
+static void dequant_head(void *ctx, int h) {
+    mla_job *j = ctx;
+    int kvl = j->k->kv_lora, per = j->k->nope + j->k->v_dim;
+    for (int r = 0; r < per; r++) qmat_row(&j->a->kv_b, h * per + r, j->w + ((size_t)h * per + r) * kvl);
+}
+
+static void attend_head(void *ctx, int h) {
+    mla_job *j = ctx;
+    const k3_model *k = j->k;
+    int kvl = k->kv_lora, row = kvl + k->rope;
+    const float *w_uk = j->w + (size_t)h * (k->nope + k->v_dim) * kvl, *w_uv = w_uk + (size_t)k->nope * kvl;
+    const float *qh = j->q + (size_t)h * (k->nope + k->rope);
+    float *qcat = j->work + (size_t)h * j->work_stride, *lat = qcat + row, *score = lat + kvl;
+    memset(qcat, 0, (size_t)kvl * sizeof *qcat);
+    for (int d = 0; d < k->nope; d++)
+        for (int c = 0; c < kvl; c++) qcat[c] += qh[d] * w_uk[(size_t)d * kvl + c];
+    memcpy(qcat + kvl, qh + k->nope, (size_t)k->rope * sizeof *qcat);
+    qmat rows = {.fmt = WF_F32, .rows = j->cnt, .cols = row, .data = j->rows};
+    qmat_vec(&rows, qcat, score);
+    float scale = 1.0f / sqrtf((float)(k->nope + k->rope));
+    for (int t = 0; t < j->cnt; t++) score[t] *= scale;
+    softmax(score, j->cnt);
+    memset(lat, 0, (size_t)kvl * sizeof *lat);
+    for (int t = 0; t < j->cnt; t++)
+        for (int c = 0; c < kvl; c++) lat[c] += score[t] * j->rows[(size_t)t * row + c];
+    for (int d = 0; d < k->v_dim; d++) j->out[(size_t)h * k->v_dim + d] = dot_f32(w_uv + (size_t)d * kvl, lat, kvl);
+}
+
+/* The buffers of one MLA layer pass over n tokens whose last position is below `end`. */
+typedef struct {
+    float *qa, *q, *ckv, *heads, *gate;
+    float *w, *work;           /* kv_b per head; per-head [q_abs | q_rope | latent | scores] */
+    size_t work_stride;
+} mla_bufs;
+
+static void mla_layout(arena *a, const k3_model *k, int n, int end, mla_bufs *b) {
+    int qk = k->nope + k->rope, row = k->kv_lora + k->rope, hv = k->n_heads * k->v_dim;
+    b->qa = k3_floats(a, (size_t)n * k->q_lora);
+    b->q = k3_floats(a, (size_t)n * k->n_heads * qk);
+    b->ckv = k3_floats(a, (size_t)n * row);
+    b->heads = k3_floats(a, (size_t)n * hv);
+    b->gate = k3_floats(a, (size_t)n * hv);
+    b->w = k3_floats(a, (size_t)k->n_heads * (k->nope + k->v_dim) * k->kv_lora);
+    b->work_stride = (size_t)row + k->kv_lora + end;
+    b->work = k3_floats(a, (size_t)k->n_heads * b->work_stride);
+}
+
+size_t k3_mla_scratch(const k3_model *k, int n, int end) {
+    arena a = {0};
+    mla_bufs b;
+    mla_layout(&a, k, n, end, &b);
+    return a.used;
+}
+
+void k3_mla_forward(const model *m, const k3_layer *l, int li, k3_seq *s, const float *hn, int pos0, int n,
+                    float *out) {
+    const k3_model *k = m->priv;
+    const k3_mla *a = &l->mla;
+    int qk = k->nope + k->rope, row = k->kv_lora + k->rope, hv = k->n_heads * k->v_dim;
+    size_t mark = arena_mark(s->scratch);
+    mla_bufs b;
+    mla_layout(s->scratch, k, n, pos0 + n, &b);
+    k3_project(m, &a->q_a, hn, n, b.qa);
+    k3_rmsnorm_rows(m, b.qa, b.qa, a->q_a_norm, n, k->q_lora, 1e-6f);
+    k3_project(m, &a->q_b, b.qa, n, b.q);
+    k3_project(m, &a->kv_a, hn, n, b.ckv);
+    k3_project(m, &a->g, hn, n, b.gate);
+    float *rows = s->kv[li];
+    for (int i = 0; i < n; i++) {
+        float *r = rows + (size_t)(pos0 + i) * row;
+        rmsnorm(r, b.ckv + (size_t)i * row, a->kv_a_norm, k->kv_lora, 1e-6f);
+        k3_round(m, r, (size_t)k->kv_lora);
+        memcpy(r + k->kv_lora, b.ckv + (size_t)i * row + k->kv_lora, (size_t)k->rope * sizeof *r);
+    }
+    mla_job j = {.k = k, .a = a, .rows = rows, .w = b.w, .work = b.work, .work_stride = b.work_stride};
+    pool_run(k->n_heads, dequant_head, &j);
+    for (int i = 0; i < n; i++) {
+        j.cnt = pos0 + i + 1;
+        j.q = b.q + (size_t)i * k->n_heads * qk;
+        j.out = b.heads + (size_t)i * hv;
+        pool_run(k->n_heads, attend_head, &j);
+    }
+    k3_round(m, b.heads, (size_t)n * hv);
+    for (size_t c = 0; c < (size_t)n * hv; c++) b.heads[c] *= sigmoidf(b.gate[c]);
+    k3_round(m, b.heads, (size_t)n * hv);
+    k3_project(m, &a->o, b.heads, n, out);
+    arena_release(s->scratch, mark);
+}

@@ -1,0 +1,131 @@
+/* kimi_k3_moe.c — K3's feed-forward blocks: SiTU-GLU (dense layer 0, fused shared experts) and the
+ * stable latent MoE (invariants in kimi_k3.h).
+ *
+ * SiTU-GLU: down(beta * tanh(g / beta) * sigmoid(g) * linear_beta * tanh(u / linear_beta)), with
+ * g = gate x, u = up x and both betas from the config (activation_situ_beta / _linear_beta).
+ * Latent MoE, per token: sigmoid router scores s; top-k chosen on s + e_score_correction_bias
+ * (ties to the lower expert); weights = the unbiased s of the chosen, renormalised to sum 1
+ * (moe_renormalize) and times routed_scaling_factor (the official modeling applies it; the RMS
+ * norm that follows makes it nearly scale-free); z = routed_expert_down_proj x; the experts'
+ * weighted sum in the latent, RMS-normalised (routed_expert_norm), then routed_expert_up_proj;
+ * plus the shared experts on x, unweighted. Expert contributions are summed in top-k order. */
+#include <string.h>
+
+#include "../core/util.h"
+#include "kimi_k3.h"
+
+typedef struct {
+    float *g, *u;              /* [n][inter] */
+} glu_bufs;
+
+static void glu_layout(arena *a, int n, int inter, glu_bufs *b) {
+    b->g = k3_floats(a, (size_t)n * inter);
+    b->u = k3_floats(a, (size_t)n * inter);
+}
+
+/* y[n][down->rows] = SiTU-GLU(x). */
+static void situ_glu(const model *m, const qmat *gate, const qmat *up, const qmat *down, const float *x, int n,
+                     float *y, arena *sc) {
+    size_t mark = arena_mark(sc), len = (size_t)n * gate->rows;
+    glu_bufs b;
+    glu_layout(sc, n, gate->rows, &b);
+    k3_project(m, gate, x, n, b.g);
+    k3_project(m, up, x, n, b.u);
+    k3_situ(m->priv, b.g, b.u, len);
+    k3_round(m, b.g, len);
+    k3_project(m, down, b.g, n, y);
+    arena_release(sc, mark);
+}
+
+static void route(const k3_model *k, const k3_layer *l, const float *logits, float *score, float *choice, int *idx,
+                  float *weight) {
+    for (int e = 0; e < k->n_experts; e++) {
+        score[e] = sigmoidf(logits[e]);
+        choice[e] = score[e] + l->router_bias[e];
+    }
+    topk(choice, k->n_experts, k->top_k, idx);
+    float sum = 0.0f;
+    for (int i = 0; i < k->top_k; i++) sum += weight[i] = score[idx[i]];
+    for (int i = 0; i < k->top_k; i++) weight[i] = (k->renormalize ? weight[i] / (sum + 1e-20f) : weight[i]) * k->routed_scale;
+}
+
+/* The buffers of one latent-MoE pass over n tokens (the experts' SiTU-GLU takes its own after). */
+typedef struct {
+    float *logits, *weight, *score, *choice;
+    float *z, *zin, *ex, *eout, *agg, *shared;   /* latent inputs, expert outputs [n][top_k][latent], ... */
+    int *idx, *rows;
+} moe_bufs;
+
+static void moe_layout(arena *a, const k3_model *k, int n, moe_bufs *b) {
+    size_t nk = (size_t)n * k->top_k, lat = (size_t)k->latent;
+    b->logits = k3_floats(a, (size_t)n * k->n_experts);
+    b->weight = k3_floats(a, nk);
+    b->score = k3_floats(a, (size_t)k->n_experts);
+    b->choice = k3_floats(a, (size_t)k->n_experts);
+    b->z = k3_floats(a, (size_t)n * lat);
+    b->zin = k3_floats(a, (size_t)n * lat);
+    b->ex = k3_floats(a, nk * lat);
+    b->eout = k3_floats(a, (size_t)n * lat);
+    b->agg = k3_floats(a, (size_t)n * lat);
+    b->shared = k3_floats(a, (size_t)n * k->dim);
+    b->idx = arena_take(a, nk, sizeof(int));
+    b->rows = arena_take(a, nk, sizeof(int));
+}
+
+size_t k3_ffn_scratch(const k3_model *k, const k3_layer *l, int n) {
+    arena a = {0};
+    glu_bufs g;
+    if (!l->sparse) {
+        glu_layout(&a, n, k->inter, &g);
+        return a.used;
+    }
+    moe_bufs b;
+    moe_layout(&a, k, n, &b);
+    size_t held = a.used;
+    /* an expert sees each token at most once: at most n rows; then the shared experts over n */
+    glu_layout(&a, n, MAX(k->moe_inter, k->moe_inter * k->n_shared), &g);
+    return MAX(held, a.used);
+}
+
+static void latent_moe(const model *m, const k3_layer *l, const float *x, int n, float *y, arena *sc) {
+    const k3_model *k = m->priv;
+    int K = k->top_k, lat = k->latent;
+    size_t mark = arena_mark(sc);
+    moe_bufs b;
+    moe_layout(sc, k, n, &b);
+    qmat_mul(&l->router, x, n, b.logits);
+    for (int t = 0; t < n; t++)
+        route(k, l, b.logits + (size_t)t * k->n_experts, b.score, b.choice, b.idx + (size_t)t * K, b.weight + (size_t)t * K);
+    k3_project(m, &l->lat_down, x, n, b.z);
+    /* Each expert runs once over the tokens that chose it; results land in ex[token][slot]. */
+    for (int e = 0; e < k->n_experts; e++) {
+        int cnt = 0;
+        for (int s = 0; s < n * K; s++)
+            if (b.idx[s] == e) {
+                memcpy(b.zin + (size_t)cnt * lat, b.z + (size_t)(s / K) * lat, (size_t)lat * sizeof *b.z);
+                b.rows[cnt++] = s;
+            }
+        if (!cnt) continue;
+        situ_glu(m, &l->w1[e], &l->w3[e], &l->w2[e], b.zin, cnt, b.eout, sc);
+        for (int r = 0; r < cnt; r++)
+            memcpy(b.ex + (size_t)b.rows[r] * lat, b.eout + (size_t)r * lat, (size_t)lat * sizeof *b.ex);
+    }
+    for (int t = 0; t < n; t++)
+        for (int c = 0; c < lat; c++) {
+            float acc = 0.0f;
+            for (int s = 0; s < K; s++) acc += b.weight[(size_t)t * K + s] * b.ex[((size_t)t * K + s) * lat + c];
+            b.agg[(size_t)t * lat + c] = acc;
+        }
+    k3_round(m, b.agg, (size_t)n * lat);
+    k3_rmsnorm_rows(m, b.agg, b.agg, l->lat_norm, n, lat, k->eps);
+    k3_project(m, &l->lat_up, b.agg, n, y);
+    situ_glu(m, &l->gate, &l->up, &l->down, x, n, b.shared, sc);
+    for (size_t i = 0; i < (size_t)n * k->dim; i++) y[i] += b.shared[i];
+    k3_round(m, y, (size_t)n * k->dim);
+    arena_release(sc, mark);
+}
+
+void k3_ffn_forward(const model *m, const k3_layer *l, const float *x, int n, float *y, arena *sc) {
+    if (l->sparse) latent_moe(m, l, x, n, y, sc);
+    else situ_glu(m, &l->gate, &l->up, &l->down, x, n, y, sc);
+}

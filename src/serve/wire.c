@@ -104,6 +104,14 @@ static int take_id(const fields *f, wire_frame *fr) {
     return 0;
 }
 
+/* An extension-payload byte count (untrusted=B, grammar=B). */
+static int parse_size(const fields *v, size_t *out) {
+    uint64_t b;
+    if (parse_u64(v, 0, WIRE_EXT_BYTES_MAX, &b)) return -1;
+    *out = (size_t)b;
+    return 0;
+}
+
 static int parse_key(const fields *f, int i, wire_submit *s, wire_frame *fr) {
     const char *eq = memchr(f->s[i], '=', (size_t)f->len[i]);
     int klen = (int)(eq - f->s[i]);
@@ -115,12 +123,8 @@ static int parse_key(const fields *f, int i, wire_submit *s, wire_frame *fr) {
     else if (!strcmp(key, "ids")) ok = parse_int(&v, 0, 0, 1, &s->ids) == 0;
     else if (!strcmp(key, "pin")) ok = parse_int(&v, 0, 0, 1, &s->pin) == 0;
     else if (!strcmp(key, "seed")) ok = parse_u64(&v, 0, UINT64_MAX, &s->seed) == 0;
-    else if (!strcmp(key, "untrusted") || !strcmp(key, "grammar")) {
-        uint64_t b;
-        ok = parse_u64(&v, 0, WIRE_EXT_BYTES_MAX, &b) == 0;
-        *(key[0] == 'u' ? &s->untrusted_bytes : &s->grammar_bytes) = (size_t)b;
-        if (key[0] == 'g') s->has_grammar_bytes = 1;
-    }
+    else if (!strcmp(key, "untrusted")) ok = parse_size(&v, &s->untrusted_bytes) == 0;
+    else if (!strcmp(key, "grammar")) ok = (s->has_grammar_bytes = parse_size(&v, &s->grammar_bytes) == 0);
     else ok = 1;                  /* unknown keys are ignored, like unknown frames */
     if (!ok) fail(fr, "BAD_REQUEST", "bad value for extension key %s", key);
     return ok ? 0 : -1;

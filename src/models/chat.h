@@ -42,19 +42,36 @@ typedef struct {
     cJSON *tool_calls;            /* OpenAI tool_calls array or NULL */
 } chat_reply;
 
-/* How a family writes tool calls, for grammars that force them (tool_grammar.c). Every field is
- * GBNF text — a sequence of literals, each special token spelled as its own literal so the token
- * mask lets the family's token through there (tokmask.h) — or "" for nothing:
- *   block_open CALL [call_sep CALL ...] block_close       the calls of one reply
- *   CALL = call_open "NAME" call_mid ARGS call_close      ARGS = ARG [arg_sep ARG ...] or none
- *   ARG  = arg_open "KEY" arg_mid JSON-VALUE arg_close
+/* How a family writes tool calls, for grammars that force them (tool_grammar.c). Every field
+ * but the last two is GBNF text — a sequence of literals, each special token spelled as its own
+ * literal so the token mask lets the family's token through there (tokmask.h) — and NULL or ""
+ * means nothing:
+ *   forced reply    [THINK] CALLS
+ *   auto reply      [THINK] text_open TEXT (text_close | text_calls CALLS)   (or CALLS alone when
+ *                   text_open is set: the text is then a block that may be absent)
+ *   auto + content  [THINK] (text_open CONTENT text_close | CALLS)
+ *   THINK = think_open REASONING think_close        (no think_close: think_end as a literal)
+ *   CALLS = block_open CALL [call_sep CALL ...] block_close
+ *   CALL  = call_open NAME [call_index] call_mid [JSON-NAME call_name_json] ARGS call_close
+ *   ARGS  = ARG [arg_sep ARG ...] or none; ARG = arg_open KEY arg_mid [TYPE arg_type] VALUE arg_close
+ * NAME and KEY are spelled per name_spelling / key_spelling; JSON-NAME is the name again as a
+ * JSON string (families whose call body repeats it). call_index is a printf format with one %d,
+ * the call's 1-based index in the reply (parallel calls are then unrolled up to
+ * TOOL_CALLS_INDEXED_MAX). With arg_type set, TYPE is the value's JSON type name and a string
+ * value is written raw (json_schema_tagged_rules); otherwise every value is JSON text, which
+ * every family's parser reads back with its type. sorted_args: arguments in byte order of their
+ * keys (the family's template sorts them) instead of the order `properties` declares.
  * calls_start is the plain text that begins the calls (free content before them never contains
- * it) and think_end the text that ends reasoning. Argument values are always written as JSON
- * text, which every family's parser reads back with its type. */
+ * it) and think_end the plain text that ends reasoning. */
+enum { NAME_RAW, NAME_ATTR, NAME_JSON };       /* as is; XML attribute (&amp; &quot;); JSON string */
+enum { TOOL_CALLS_INDEXED_MAX = 16 };
 typedef struct {
     const char *block_open, *call_sep, *block_close;
-    const char *call_open, *call_mid, *call_close;
-    const char *arg_open, *arg_mid, *arg_close, *arg_sep;
+    const char *call_open, *call_index, *call_mid, *call_name_json, *call_close;
+    const char *arg_open, *arg_mid, *arg_type, *arg_close, *arg_sep;
+    int name_spelling, key_spelling, sorted_args;
+    const char *text_open, *text_close, *text_calls;
+    const char *think_open, *think_close;
     const char *calls_start, *think_end;
 } tool_syntax;
 
@@ -104,6 +121,10 @@ typedef struct {
  * tool<N>*. */
 int chat_tool_grammar(const chat_template *t, const cJSON *tools, const char *choice, int parallel, int thinking,
                       const char *content, sbuf *out, char *err, size_t errlen);
+/* Rules for a reply that reasons before answering in syntax sx: appends the rules it needs to
+ * g (names reasoning*) and to root the GBNF that writes the reasoning and its end; the answer
+ * follows (for content, after sx->text_open). -1 when sx's texts are not valid UTF-8. */
+int chat_think_rules(const tool_syntax *sx, sbuf *g, sbuf *root);
 
 /* JSON exactly as Python's json.dumps(ensure_ascii=False) writes it (", " and ": " separators,
  * non-ASCII kept): the official templates embed tool schemas and arguments that way, and a byte

@@ -346,7 +346,29 @@ static size_t inkling_system_prefix_bytes(const char *prompt, size_t n) {
     return (size_t)(user - prompt);
 }
 
+/* render_call's blocks: the name, then {"name":NAME,"args":{...}} with the arguments sorted as
+ * json_sorted writes them; text and reasoning as their own blocks, each block after the first
+ * opened by <|message_model|> (the cue opens the first). */
+static const tool_syntax inkling_tools = {
+    .call_sep = "\"<|message_model|>\"",
+    .call_mid = "\"<|content_invoke_tool_json|>\" \"{\\\"name\\\":\"",
+    .call_name_json = "\",\\\"args\\\":{\"",
+    .call_close = "\"}}\" \"" END "\"",
+    .arg_mid = "\":\"",
+    .arg_sep = "\",\"",
+    .key_spelling = NAME_JSON,
+    .sorted_args = 1,
+    .text_open = "\"<|content_text|>\"",
+    .text_close = "\"" END "\"",
+    .text_calls = "\"" END "\" \"<|message_model|>\"",
+    .think_open = "\"<|content_thinking|>\"",
+    .think_close = "\"" END "\" \"<|message_model|>\"",
+    .calls_start = END,
+    .think_end = END,
+};
+
 const chat_template inkling_chat = {
+    .tools = &inkling_tools,
     .render = inkling_render,
     .parse = inkling_parse,
     .system_prefix_bytes = inkling_system_prefix_bytes,

@@ -91,12 +91,33 @@ static void test_render_tools(void) {
     free(p);
 }
 
+/* tool_choice is a one-time option message after the messages (the encoder's text); a named
+ * function renders as required, auto as nothing. */
+static void test_tool_choice(void) {
+    char err[256] = "";
+    const char *user = "[{\"role\":\"user\",\"content\":\"What's the weather in San Francisco?\"}]";
+    const char *tail = "<|open|>message role=\"user\"<|sep|>What's the weather in San Francisco?<|close|>message<|sep|>"
+                       "<|end_of_msg|><|open|>message role=\"system\" type=\"tool-choice\"<|sep|>The system is invoked "
+                       "with `tool_choice=required`.\nYou MUST call tools in the next message.<|close|>message<|sep|>"
+                       "<|end_of_msg|><|open|>message role=\"assistant\"<|sep|><|open|>response<|sep|>";
+    const char *tools = "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"}}]";
+    for (int named = 0; named < 2; named++) {
+        char *p = render(user, tools, 0, NULL, named ? "get_weather" : "required", err);
+        CHECK(p && strlen(p) > strlen(tail) && !strcmp(p + strlen(p) - strlen(tail), tail), "got %s", show(p));
+        free(p);
+    }
+    char *p = render(user, tools, 0, NULL, "none", err);
+    CHECK(p && strstr(p, "`tool_choice=none`.\nYou MUST NOT call any tools in the next message.<|close|>message"), "got %s", show(p));
+    free(p);
+    p = render(user, tools, 0, NULL, "auto", err);
+    CHECK(p && !strstr(p, "tool-choice"), "got %s", show(p));
+    free(p);
+}
+
 static void test_render_errors(void) {
     char err[256] = "";
     char *p = render("[{\"role\":\"user\",\"content\":\"x\"}]", NULL, 1, "medium", NULL, err);
     CHECK(!p && strstr(err, "medium"), "err %s", err);
-    p = render("[{\"role\":\"user\",\"content\":\"x\"}]", "[]", 0, NULL, "required", err);
-    CHECK(!p && strstr(err, "tool_choice"), "err %s", err);
     p = render("[{\"role\":\"tool\",\"content\":\"x\"}]", NULL, 0, NULL, NULL, err);
     CHECK(!p && strstr(err, "messages[0]"), "err %s", err);
     p = render("[{\"role\":\"wizard\",\"content\":\"x\"}]", NULL, 0, NULL, NULL, err);
@@ -190,6 +211,7 @@ int main(void) {
     test_render_basic();
     test_render_history();
     test_render_tools();
+    test_tool_choice();
     test_render_errors();
     test_parse();
     test_prefix_stability();

@@ -64,7 +64,7 @@ typedef struct {
  * calls_start is the plain text that begins the calls (free content before them never contains
  * it) and think_end the plain text that ends reasoning. */
 enum { NAME_RAW, NAME_ATTR, NAME_JSON };       /* as is; XML attribute (&amp; &quot;); JSON string */
-enum { TOOL_CALLS_INDEXED_MAX = 16 };
+enum { TOOL_CALLS_INDEXED_MAX = 8 };
 typedef struct {
     const char *block_open, *call_sep, *block_close;
     const char *call_open, *call_index, *call_mid, *call_name_json, *call_close;

@@ -108,10 +108,18 @@ void k3_rmsnorm_rows(const model *m, float *out, const float *x, const float *w,
 /* beta * tanh(g / beta) * sigmoid(g) * linear_beta * tanh(u / linear_beta), into g. */
 void k3_situ(const k3_model *k, float *g, const float *u, size_t n);
 
-void k3_kda_forward(const model *m, const k3_layer *l, int li, k3_seq *s, const float *hn, int pos0, int n,
-                    float *out);
-void k3_mla_forward(const model *m, const k3_layer *l, int li, k3_seq *s, const float *hn, int pos0, int n,
-                    float *out);
+/* A pass (kimi_k3_forward.c) holds rows of several sequences: rows t0 .. t0+n-1 of it are
+ * positions pos0 .. pos0+n-1 of sequence s. The attention layers project all the pass's rows with
+ * one read of each weight, then run each run's recurrence or attention on its own sequence. */
+typedef struct {
+    k3_seq *s;
+    int pos0, t0, n;
+} k3_run;
+
+void k3_kda_forward(const model *m, const k3_layer *l, int li, const k3_run *runs, int nruns, const float *hn, int n,
+                    float *out, arena *sc);
+void k3_mla_forward(const model *m, const k3_layer *l, int li, const k3_run *runs, int nruns, const float *hn, int n,
+                    float *out, arena *sc);
 void k3_ffn_forward(const model *m, const k3_layer *l, const float *x, int n, float *y, arena *sc);
 
 int k3_forward(model *m, const fwd_seg *segs, int nseg, char *err, size_t errlen);

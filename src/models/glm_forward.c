@@ -479,15 +479,7 @@ static void forward_chunk(const model *m, glm_seq *s, const fwd_seg *const *seg,
  * sequences share one context size (seq_feed_step), so that scratch fits every row. */
 int glm_forward(model *m, const fwd_seg *segs, int nseg, char *err, size_t errlen) {
     const fwd_seg *seg[GLM_CHUNK];
-    int tok[GLM_CHUNK], gi = 0, j = 0;
-    while (gi < nseg) {
-        int n = 0;
-        for (; gi < nseg && n < GLM_CHUNK; n++) {
-            seg[n] = &segs[gi];
-            tok[n] = j;
-            if (++j == segs[gi].n) gi++, j = 0;
-        }
-        forward_chunk(m, segs[0].fam_seq, seg, tok, n);
-    }
+    int tok[GLM_CHUNK], gi = 0, j = 0, n;
+    while ((n = fwd_next_pass(segs, nseg, &gi, &j, GLM_CHUNK, seg, tok))) forward_chunk(m, segs[0].fam_seq, seg, tok, n);
     return 0;
 }

@@ -211,16 +211,8 @@ static void forward_pass(const model *m, arena *sc, const fwd_seg *const *seg, c
  * bit. seq_feed has checked the ids and positions and checks the logits. */
 int k3_forward(model *m, const fwd_seg *segs, int nseg, char *err, size_t errlen) {
     k3_seq *first = segs[0].fam_seq;
-    int rows = MIN(K3_CHUNK, first->cap), gi = 0, j = 0, tok[K3_CHUNK];
+    int rows = MIN(K3_CHUNK, first->cap), gi = 0, j = 0, tok[K3_CHUNK], n;
     const fwd_seg *seg[K3_CHUNK];
-    while (gi < nseg) {
-        int n = 0;
-        for (; gi < nseg && n < rows; n++) {
-            seg[n] = &segs[gi];
-            tok[n] = j;
-            if (++j == segs[gi].n) gi++, j = 0;
-        }
-        forward_pass(m, first->scratch, seg, tok, n);
-    }
+    while ((n = fwd_next_pass(segs, nseg, &gi, &j, rows, seg, tok))) forward_pass(m, first->scratch, seg, tok, n);
     return 0;
 }

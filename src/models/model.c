@@ -230,3 +230,13 @@ int seq_prompt(seq *s, store *cs, const int *ids, int n, int sys_end, float *log
     reuse_prefill_free(&p);
     return rc;
 }
+
+int fwd_next_pass(const fwd_seg *segs, int nseg, int *gi, int *j, int cap, const fwd_seg **seg, int *tok) {
+    int n = 0;
+    for (; *gi < nseg && n < cap; n++) {
+        seg[n] = &segs[*gi];
+        tok[n] = *j;
+        if (++*j == segs[*gi].n) ++*gi, *j = 0;
+    }
+    return n;
+}

@@ -91,6 +91,11 @@ typedef struct {
     float *all_logits;         /* [n][vocab] logits of every id, or NULL */
 } fwd_seg;
 
+/* A forward call's rows in passes of at most cap: fills the next pass (row t is token tok[t] of
+ * segment seg[t]) from the cursor — token *j of segment *gi, both 0 at the start — and advances it.
+ * Returns the pass's row count, 0 once every row is taken. */
+int fwd_next_pass(const fwd_seg *segs, int nseg, int *gi, int *j, int cap, const fwd_seg **seg, int *tok);
+
 #define FAMILY_MAX_TOKENS 8      /* entries of family_turns.start / .boundaries, NULL-terminated */
 
 /* The turn structure of a family's chat format, as token strings (see the top comment). */

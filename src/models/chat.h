@@ -56,15 +56,15 @@ typedef struct {
  *   ARGS  = ARG [arg_sep ARG ...] or none; ARG = arg_open KEY arg_mid [TYPE arg_type] VALUE arg_close
  * NAME and KEY are spelled per name_spelling / key_spelling; JSON-NAME is the name again as a
  * JSON string (families whose call body repeats it). call_index is a printf format with one %d,
- * the call's 1-based index in the reply (parallel calls are then unrolled up to
- * TOOL_CALLS_INDEXED_MAX). With arg_type set, TYPE is the value's JSON type name and a string
+ * the call's 1-based index in the reply (each index then has its own head). A reply carries at
+ * most TOOL_CALLS_MAX parallel calls. With arg_type set, TYPE is the value's JSON type name and a string
  * value is written raw (json_schema_tagged_rules); otherwise every value is JSON text, which
  * every family's parser reads back with its type. sorted_args: arguments in byte order of their
  * keys (the family's template sorts them) instead of the order `properties` declares.
  * calls_start is the plain text that begins the calls (free content before them never contains
  * it) and think_end the plain text that ends reasoning. */
 enum { NAME_RAW, NAME_ATTR, NAME_JSON };       /* as is; XML attribute (&amp; &quot;); JSON string */
-enum { TOOL_CALLS_INDEXED_MAX = 8 };
+enum { TOOL_CALLS_MAX = 8 };
 typedef struct {
     const char *block_open, *call_sep, *block_close;
     const char *call_open, *call_index, *call_mid, *call_name_json, *call_close;

@@ -149,8 +149,8 @@ int chat_tool_grammar(const chat_template *t, const cJSON *tools, const char *ch
     if (!sx) return errf(err, errlen, "this model's chat template has no tool-call syntax to force");
     int any = !strcmp(choice, "required") || !strcmp(choice, "auto");
     /* one head per call index when calls carry one, else one head for every call */
-    int heads = sx->call_index && parallel ? TOOL_CALLS_INDEXED_MAX : 1;
-    sbuf g = {0}, alts[TOOL_CALLS_INDEXED_MAX] = {{0}};
+    int heads = sx->call_index && parallel ? TOOL_CALLS_MAX : 1;
+    sbuf g = {0}, alts[TOOL_CALLS_MAX] = {{0}};
     int i = 0, n = 0, rc = 0;
     const cJSON *tool;
     cJSON_ArrayForEach(tool, tools) {
@@ -176,13 +176,13 @@ int chat_tool_grammar(const chat_template *t, const cJSON *tools, const char *ch
         for (int k = 1; k <= heads; k++) sbuf_printf(&g, "call-%d ::= %s\n", k, alts[k - 1].p);
         if (!parallel) sbuf_printf(&g, "calls ::= %s call-1 %s\n", opt(sx->block_open), opt(sx->block_close));
         else if (heads == 1)
-            sbuf_printf(&g, "calls ::= %s call-1 calls-more %s\ncalls-more ::= %s call-1 calls-more | \"\"\n",
-                        opt(sx->block_open), opt(sx->block_close), opt(sx->call_sep));
+            sbuf_printf(&g, "calls ::= %s call-1 calls-more %s\ncalls-more ::= (%s call-1){0,%d}\n", opt(sx->block_open),
+                        opt(sx->block_close), opt(sx->call_sep), TOOL_CALLS_MAX - 1);
         else {
-            sbuf_printf(&g, "calls ::= %s call-1 calls-2 %s\ncalls-%d ::= \"\"\n", opt(sx->block_open),
+            sbuf_printf(&g, "calls ::= %s call-1 calls-more-2 %s\ncalls-more-%d ::= \"\"\n", opt(sx->block_open),
                         opt(sx->block_close), heads + 1);
             for (int k = 2; k <= heads; k++)
-                sbuf_printf(&g, "calls-%d ::= %s call-%d calls-%d | \"\"\n", k, opt(sx->call_sep), k, k + 1);
+                sbuf_printf(&g, "calls-more-%d ::= %s call-%d calls-more-%d | \"\"\n", k, opt(sx->call_sep), k, k + 1);
         }
         sbuf root = {0};
         if (thinking) rc |= chat_think_rules(sx, &g, &root);
@@ -202,6 +202,6 @@ int chat_tool_grammar(const chat_template *t, const cJSON *tools, const char *ch
         sbuf_free(&root);
     }
     sbuf_free(&g);
-    for (int k = 0; k < TOOL_CALLS_INDEXED_MAX; k++) sbuf_free(&alts[k]);
+    for (int k = 0; k < TOOL_CALLS_MAX; k++) sbuf_free(&alts[k]);
     return rc;
 }

@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "../cli.h"
@@ -633,6 +634,12 @@ int cmd_serve(int argc, char **argv) {
     sc->tok = access(tok_path, R_OK) == 0 ? tok_load(tok_path, err, sizeof err) : NULL;
     if (!sc->tpl)
         fprintf(stderr, "cairn serve: family %s has no chat template: only /v1/completions works\n", sc->family);
+    /* the reply-id file lives beside the engine's slot files: the directory exists before either
+     * opens it (mode 0700, as the engine makes it: both hold conversations) */
+    if (o.kv_dir && mkdir(o.kv_dir, 0700) && errno != EEXIST) {
+        errf(err, sizeof err, "--kv-dir %s: %s", o.kv_dir, strerror(errno));
+        goto fail;
+    }
     if (o.reply_ids && sc->tok) sc->replies = replies_open(o.kv_dir, tokenizer_hash(tok_path));
     if (sc->tok) collect_specials(sc);
     sc->responses = responses_new();

@@ -57,7 +57,8 @@ typedef struct {
  * NAME and KEY are spelled per name_spelling / key_spelling; JSON-NAME is the name again as a
  * JSON string (families whose call body repeats it). call_index is a printf format with one %d,
  * the call's 1-based index in the reply (each index then has its own head). A reply carries at
- * most TOOL_CALLS_MAX parallel calls. With arg_type set, TYPE is the value's JSON type name and a string
+ * most max_calls parallel calls (0: TOOL_CALLS_MAX; a syntax whose calls are long sets fewer, so
+ * a forced reply ends within the gateway's token cap). With arg_type set, TYPE is the value's JSON type name and a string
  * value is written raw (json_schema_tagged_rules); otherwise every value is JSON text, which
  * every family's parser reads back with its type. sorted_args: arguments in byte order of their
  * keys (the family's template sorts them) instead of the order `properties` declares.
@@ -69,7 +70,7 @@ typedef struct {
     const char *block_open, *call_sep, *block_close;
     const char *call_open, *call_index, *call_mid, *call_name_json, *call_close;
     const char *arg_open, *arg_mid, *arg_type, *arg_close, *arg_sep;
-    int name_spelling, key_spelling, sorted_args;
+    int name_spelling, key_spelling, sorted_args, max_calls;
     const char *text_open, *text_close, *text_calls;
     const char *think_open, *think_close;
     const char *calls_start, *think_end;

@@ -407,6 +407,7 @@ static const tool_syntax k3_tools = {
     .arg_close = LIT(CLOSE) " \"argument\" " LIT(SEP),
     .name_spelling = NAME_ATTR,
     .key_spelling = NAME_ATTR,
+    .max_calls = 4,            /* ~120 tokens a call on a small vocabulary */
     .text_close = LIT(CLOSE) " \"response\" " LIT(SEP) " " LIT(CLOSE) " \"message\" " LIT(SEP),
     .think_close = LIT(CLOSE) " \"think\" " LIT(SEP) " " LIT(OPEN) " \"response\" " LIT(SEP),
     .calls_start = CLOSE "response" SEP,

@@ -149,7 +149,8 @@ int chat_tool_grammar(const chat_template *t, const cJSON *tools, const char *ch
     if (!sx) return errf(err, errlen, "this model's chat template has no tool-call syntax to force");
     int any = !strcmp(choice, "required") || !strcmp(choice, "auto");
     /* one head per call index when calls carry one, else one head for every call */
-    int heads = sx->call_index && parallel ? TOOL_CALLS_MAX : 1;
+    int most = sx->max_calls ? sx->max_calls : TOOL_CALLS_MAX;
+    int heads = sx->call_index && parallel ? most : 1;
     sbuf g = {0}, alts[TOOL_CALLS_MAX] = {{0}};
     int i = 0, n = 0, rc = 0;
     const cJSON *tool;
@@ -177,7 +178,7 @@ int chat_tool_grammar(const chat_template *t, const cJSON *tools, const char *ch
         if (!parallel) sbuf_printf(&g, "calls ::= %s call-1 %s\n", opt(sx->block_open), opt(sx->block_close));
         else if (heads == 1)
             sbuf_printf(&g, "calls ::= %s call-1 calls-more %s\ncalls-more ::= (%s call-1){0,%d}\n", opt(sx->block_open),
-                        opt(sx->block_close), opt(sx->call_sep), TOOL_CALLS_MAX - 1);
+                        opt(sx->block_close), opt(sx->call_sep), most - 1);
         else {
             sbuf_printf(&g, "calls ::= %s call-1 calls-more-2 %s\ncalls-more-%d ::= \"\"\n", opt(sx->block_open),
                         opt(sx->block_close), heads + 1);

@@ -21,13 +21,24 @@ static int check_f32_scales(const st_tensor *s, char *err, size_t errlen) {
     return 0;
 }
 
-/* `<name>_scale_inv`, else `<stem>.scale`; NULL if neither exists. */
+static int ends_with(const char *s, size_t n, const char *suffix) {
+    size_t k = strlen(suffix);
+    return n > k && !memcmp(s + n - k, suffix, k);
+}
+
+/* `<stem>.weight_scale` for `<stem>.weight_packed`, else `<name>_scale_inv`, else `<stem>.scale`;
+ * NULL if none exists. */
 static const st_tensor *find_scale(const st_file *f, const char *name, char *sname) {
+    size_t n = strlen(name), packed = strlen("_packed");
+    if (ends_with(name, n, ".weight_packed")) {
+        snprintf(sname, NAME_MAX_LEN, "%.*s_scale", (int)(n - packed), name);
+        return st_find(f, sname);
+    }
     snprintf(sname, NAME_MAX_LEN, "%s_scale_inv", name);
     const st_tensor *s = st_find(f, sname);
     if (s) return s;
-    size_t n = strlen(name), suffix = strlen(".weight");
-    if (n > suffix && !strcmp(name + n - suffix, ".weight")) n -= suffix;
+    size_t suffix = strlen(".weight");
+    if (ends_with(name, n, ".weight")) n -= suffix;
     snprintf(sname, NAME_MAX_LEN, "%.*s.scale", (int)n, name);
     return st_find(f, sname);
 }
@@ -57,12 +68,13 @@ static int get_fp8(const st_file *f, const st_tensor *t, qmat *out, int *count, 
     return 0;
 }
 
-/* Packed E2M1 [rows, cols/2] (I8 officially, U8 accepted) with E8M0 scales [rows, cols/32]. */
+/* Packed E2M1 [rows, cols/2] (I8 officially, U8 accepted) with E8M0 scales [rows, cols/32]
+ * (F8_E8M0, or U8 holding the same UE8M0 bytes as compressed-tensors MXFP4 stores them). */
 static int get_fp4(const st_tensor *t, const st_tensor *s, qmat *out, int *count, char *err, size_t errlen) {
     if (out->cols % 32 || !shape_is(t, out->rows, out->cols / 2))
         return errf(err, errlen, "tensor %s in %s: expected packed FP4 [%d,%d] (32 | cols)", t->name, t->file,
                     out->rows, out->cols / 2);
-    if (s->type != DT_F8_E8M0 || !shape_is(s, out->rows, out->cols / 32))
+    if ((s->type != DT_F8_E8M0 && s->type != DT_U8) || !shape_is(s, out->rows, out->cols / 32))
         return errf(err, errlen, "tensor %s in %s: expected F8_E8M0 [%d,%d], found %s", s->name, s->file, out->rows,
                     out->cols / 32, dtype_name(s->type));
     out->fmt = WF_FP4;

@@ -23,18 +23,16 @@ import re
 import struct
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import st  # noqa: E402
+
 # ---- headers ---------------------------------------------------------------------------------
 
 
 def headers(d):
     """{name: (dtype, shape, nbytes)} from every shard's JSON header (no tensor data is read)."""
-    idx = os.path.join(d, "model.safetensors.index.json")
-    if os.path.exists(idx):
-        files = sorted(set(json.load(open(idx))["weight_map"].values()))
-    else:
-        files = sorted(f for f in os.listdir(d) if f.endswith(".safetensors"))
     out = {}
-    for name in files:
+    for name in st.shard_files(d):
         with open(os.path.join(d, name), "rb") as f:
             n = struct.unpack("<Q", f.read(8))[0]
             for k, v in json.loads(f.read(n)).items():

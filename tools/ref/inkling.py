@@ -19,6 +19,9 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import st  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from refmath import log_softmax, print_top, rms, silu, top_indices  # noqa: E402,F401
+
 RAW_TO_HF = [("attn.wq_du", "self_attn.q_proj"), ("attn.wk_dv", "self_attn.k_proj"), ("attn.wv_dv", "self_attn.v_proj"),
              ("attn.wr_du", "self_attn.r_proj"), ("attn.wo_ud", "self_attn.o_proj"),
              ("attn.k_sconv.", "self_attn.k_sconv.conv1d."), ("attn.v_sconv.", "self_attn.v_sconv.conv1d."),
@@ -107,12 +110,6 @@ def text_config(cfg):
     return t
 
 
-def rms(x, g, eps):
-    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * g
-
-
-def silu(x):
-    return x / (1 + np.exp(-x))
 
 
 def short_conv(x, weight):
@@ -220,14 +217,6 @@ def forward(cfg, w, ids, dmel=None):
     return logits[:, : t.get("unpadded_vocab_size") or logits.shape[1]]
 
 
-def log_softmax(z):
-    z = z - z.max(-1, keepdims=True)
-    return z - np.log(np.exp(z).sum(-1, keepdims=True))
-
-
-def top_indices(scores, k):
-    """k best, ties to the lower index."""
-    return np.lexsort((np.arange(len(scores)), -scores))[:k]
 
 
 def main():
@@ -242,9 +231,7 @@ def main():
     if a.dmel:
         dmel = np.fromfile(a.dmel, dtype=np.uint8).reshape(-1, cfg["audio_config"]["n_mel_bins"])
     lp = log_softmax(forward(cfg, w, [int(t) for t in a.ids.split(",")], dmel))
-    for i, row in enumerate(lp):
-        best = top_indices(row, a.top)
-        print(json.dumps({"pos": i, "top": [[int(t), float(row[t])] for t in best]}))
+    print_top(lp, a.top)
 
 
 if __name__ == "__main__":

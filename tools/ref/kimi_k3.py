@@ -32,6 +32,9 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import st  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from refmath import log_softmax, print_top, rms, sigmoid, silu, top_indices  # noqa: E402,F401
+
 
 def load(model_dir):
     """(text config, weights by name without the `language_model.` prefix, float64)."""
@@ -53,16 +56,7 @@ def load(model_dir):
     return cfg, w
 
 
-def rms(x, g, eps):
-    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * g
 
-
-def sigmoid(x):
-    return 1 / (1 + np.exp(-x))
-
-
-def silu(x):
-    return x * sigmoid(x)
 
 
 def softplus(x):
@@ -80,10 +74,6 @@ def expert(cfg, w, p, z):
     g, u = z @ w[p + "w1.weight"].T, z @ w[p + "w3.weight"].T
     return (b1 * np.tanh(g / b1) * sigmoid(g) * b2 * np.tanh(u / b2)) @ w[p + "w2.weight"].T
 
-
-def top_indices(scores, k):
-    """k best, ties to the lower index."""
-    return np.lexsort((np.arange(len(scores)), -scores))[:k]
 
 
 def short_conv(x, taps):
@@ -240,10 +230,6 @@ def forward(cfg, w, ids, kda_path="chunked", chunk=64):
     return x @ w["lm_head.weight"].T
 
 
-def log_softmax(z):
-    z = z - z.max(-1, keepdims=True)
-    return z - np.log(np.exp(z).sum(-1, keepdims=True))
-
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -255,9 +241,7 @@ def main():
     a = ap.parse_args()
     cfg, w = load(a.model)
     lp = log_softmax(forward(cfg, w, [int(t) for t in a.ids.split(",")], a.kda, a.chunk))
-    for i, row in enumerate(lp):
-        best = top_indices(row, a.top)
-        print(json.dumps({"pos": i, "top": [[int(t), float(row[t])] for t in best]}))
+    print_top(lp, a.top)
 
 
 if __name__ == "__main__":

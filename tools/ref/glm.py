@@ -8,7 +8,6 @@ F8_E4M3 with `_scale_inv` block scales, and colibri U8 + `.qs` int8/int4 contain
 usage: glm.py MODEL_DIR --ids 1,2,3 [--top 5]
 prints one JSON line per position: {"pos": i, "top": [[id, logprob], ...]} (next-token log-probs).
 """
-import argparse
 import json
 import os
 import sys
@@ -19,7 +18,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import st  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from refmath import log_softmax, print_top, rms, silu, top_indices  # noqa: E402,F401
+from refmath import arg_parser, log_softmax, print_top, prompt_ids, rms, silu, top_indices  # noqa: E402,F401
 
 
 def load(model_dir):
@@ -195,15 +194,11 @@ def forward(cfg, w, ids):
     return x @ w["lm_head.weight"].T
 
 
-
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("model")
-    ap.add_argument("--ids", required=True, help="comma-separated prompt token ids")
-    ap.add_argument("--top", type=int, default=5)
+    ap = arg_parser(__doc__)
     a = ap.parse_args()
     cfg, w = load(a.model)
-    lp = log_softmax(forward(cfg, w, [int(t) for t in a.ids.split(",")]))
+    lp = log_softmax(forward(cfg, w, prompt_ids(a)))
     print_top(lp, a.top)
 
 

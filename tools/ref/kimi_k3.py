@@ -22,7 +22,6 @@ MXFP4 experts are dequantized to float64 at load (E2M1 codes, low nibble = even 
 usage: kimi_k3.py MODEL_DIR --ids 1,2,3 [--top 5] [--kda chunked|recurrent] [--chunk 64]
 prints one JSON line per position: {"pos": i, "top": [[id, logprob], ...]} (next-token log-probs).
 """
-import argparse
 import json
 import os
 import sys
@@ -33,7 +32,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import st  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from refmath import log_softmax, print_top, rms, sigmoid, silu, top_indices  # noqa: E402,F401
+from refmath import arg_parser, log_softmax, print_top, prompt_ids, rms, sigmoid, silu, top_indices  # noqa: E402,F401
 
 
 def load(model_dir):
@@ -230,17 +229,13 @@ def forward(cfg, w, ids, kda_path="chunked", chunk=64):
     return x @ w["lm_head.weight"].T
 
 
-
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("model")
-    ap.add_argument("--ids", required=True, help="comma-separated prompt token ids")
-    ap.add_argument("--top", type=int, default=5)
+    ap = arg_parser(__doc__)
     ap.add_argument("--kda", choices=["chunked", "recurrent"], default="chunked")
     ap.add_argument("--chunk", type=int, default=64)
     a = ap.parse_args()
     cfg, w = load(a.model)
-    lp = log_softmax(forward(cfg, w, [int(t) for t in a.ids.split(",")], a.kda, a.chunk))
+    lp = log_softmax(forward(cfg, w, prompt_ids(a), a.kda, a.chunk))
     print_top(lp, a.top)
 
 

@@ -1,6 +1,7 @@
 """Numerics every float64 reference shares (tools/ref/*.py): norms, activations, the top-k order
 and the output format of their command lines. References share these with each other, never
 with the engine."""
+import argparse
 import json
 
 import numpy as np
@@ -32,3 +33,16 @@ def print_top(lp, k):
     """One JSON line per position: {"pos": i, "top": [[id, logprob], ...]} of the k best."""
     for i, row in enumerate(lp):
         print(json.dumps({"pos": i, "top": [[int(t), float(row[t])] for t in top_indices(row, k)]}))
+
+
+def arg_parser(doc):
+    """The command line every reference shares: MODEL --ids A,B,... [--top K]; a reference adds its own."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("model")
+    ap.add_argument("--ids", required=True, help="comma-separated prompt token ids")
+    ap.add_argument("--top", type=int, default=5)
+    return ap
+
+
+def prompt_ids(args):
+    return [int(t) for t in args.ids.split(",")]

@@ -230,6 +230,11 @@ static void load_moe(loader *ld, const dsv4_config *c, dsv4_layer *L, const char
         L->w1[e] = mat_at(ld, name, "w1", c->moe_inter, c->dim);
         L->w2[e] = mat_at(ld, name, "w2", c->dim, c->moe_inter);
         L->w3[e] = mat_at(ld, name, "w3", c->moe_inter, c->dim);
+        /* the experts generation runs (MTP is validated only) */
+        int li = (int)(L - ld->d->layers);
+        if (!ld->failed && li < c->n_layers &&
+            experts_add(ld->d->experts, li, e, (qmat[]){L->w1[e], L->w3[e], L->w2[e]}, 3, ld->err, ld->errlen))
+            ld->failed = 1;
     }
     int si = c->n_shared * c->moe_inter;
     if (!si) return;
@@ -303,6 +308,7 @@ static int dsv4_load(model *m, char *err, size_t errlen) {
     d->qat = m->num == NUMERICS_QAT;
     m->vocab_size = c->vocab;
     init_ropes(d);
+    d->experts = m->experts;
     loader ld = {m->st, d, err, errlen, 0, 0};
     d->embed = mat(&ld, c->vocab, c->dim, "embed.weight");
     d->head = mat(&ld, c->vocab, c->dim, "head.weight");
@@ -381,7 +387,6 @@ static void layout_scratch(arena *a, dsv4_seq *s, const dsv4_config *c) {
     s->moe_w = arena_take(a, C * k, F);
     s->moe_rw = arena_take(a, C * k, F);
     s->moe_idx = arena_take(a, C * k, sizeof(int));
-    s->moe_rows = arena_take(a, C * k, sizeof(int));
     s->moe_xe = arena_take(a, C * c->dim, F);       /* an expert sees each token at most once */
     s->moe_ge = arena_take(a, C * inter, F);
     s->moe_ue = arena_take(a, C * inter, F);

@@ -92,6 +92,7 @@ typedef struct {
     dsv4_layer *layers;        /* n_layers + n_mtp (MTP validated, not run) */
     void **owned;              /* aligned copies of the small vectors the layers point to */
     int n_owned;
+    experts *experts;          /* the model's routed experts (core/experts.h), registered by layer index */
 } dsv4_model;
 
 /* Per-layer pointers into the sequence's state parts (NULL where the layer has none), and the
@@ -125,7 +126,7 @@ struct dsv4_seq {
     float *moe_logit;          /* [C][n_experts] gate logits */
     float *moe_score, *moe_biased;                 /* [n_experts] one token's scores */
     float *moe_w, *moe_rw;     /* [C*k] route weights by (token, rank); gathered for one expert */
-    int *moe_idx, *moe_rows;   /* [C*k] chosen experts; (token, rank) rows gathered for one expert */
+    int *moe_idx;              /* [C*k] chosen experts */
     float *moe_xe, *moe_ge, *moe_ue, *moe_ye;     /* [C][..] one expert's gathered rows */
     float *moe_y;              /* [C][k][dim] routed outputs by rank */
     float *att_scores;         /* [n_heads][max_cand] scores, then weights */

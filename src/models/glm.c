@@ -207,7 +207,7 @@ static int load_attention(glm_model *g, const st_file *f, glm_layer *l, const ch
            MAT(&l->idx_weights, g->idx_heads, g->dim, "%sindexer.weights_proj.weight", p) ? -1 : 0;
 }
 
-static int load_moe(glm_model *g, const st_file *f, glm_layer *l, const char *p, char *err, size_t errlen) {
+static int load_moe(glm_model *g, const st_file *f, glm_layer *l, int li, const char *p, char *err, size_t errlen) {
     char name[NAME_MAX_LEN], sub[NAME_MAX_LEN];
     if (MAT(&l->router, g->n_experts, g->dim, "%sgate.weight", p) ||
         VEC(l->router_bias, g->n_experts, "%sgate.e_score_correction_bias", p))
@@ -217,7 +217,10 @@ static int load_moe(glm_model *g, const st_file *f, glm_layer *l, const char *p,
     l->e_down = xcalloc((size_t)g->n_experts, sizeof(qmat));
     for (int e = 0; e < g->n_experts; e++) {
         tname(sub, "%sexperts.%d.", p, e);
-        if (load_swiglu(g, f, &l->e_gate[e], &l->e_up[e], &l->e_down[e], g->moe_inter, sub, err, errlen)) return -1;
+        if (load_swiglu(g, f, &l->e_gate[e], &l->e_up[e], &l->e_down[e], g->moe_inter, sub, err, errlen) ||
+            (li < g->n_layers &&   /* the MTP layer is validated only: generation never runs it */
+             experts_add(g->experts, li, e, (qmat[]){l->e_gate[e], l->e_up[e], l->e_down[e]}, 3, err, errlen)))
+            return -1;
     }
     tname(sub, "%sshared_experts.", p);
     return load_swiglu(g, f, &l->gate, &l->up, &l->down, g->moe_inter * g->n_shared, sub, err, errlen);
@@ -232,7 +235,7 @@ static int load_layer(glm_model *g, const st_file *f, glm_layer *l, int i, char 
     tname(name, "%sself_attn.", p);
     if (load_attention(g, f, l, name, err, errlen)) return -1;
     tname(name, "%smlp.", p);
-    if (l->sparse) return load_moe(g, f, l, name, err, errlen);
+    if (l->sparse) return load_moe(g, f, l, i, name, err, errlen);
     return load_swiglu(g, f, &l->gate, &l->up, &l->down, g->inter, name, err, errlen);
 }
 
@@ -279,6 +282,7 @@ static void glm_free(model *m) {
 static int glm_load(model *m, char *err, size_t errlen) {
     glm_model *g = xcalloc(1, sizeof *g);
     m->priv = g;
+    g->experts = m->experts;
     const cJSON *c = m->config;
     const st_file *f = m->st;
     char name[NAME_MAX_LEN];

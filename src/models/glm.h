@@ -58,6 +58,7 @@ typedef struct {
     size_t *owned_bytes;
     int n_owned, cap_owned;
     int n_validated;                  /* tensors looked up and checked (dtype + shape) */
+    experts *experts;                 /* the routed experts (core/experts.h), registered by layer index */
 } glm_model;
 
 /* Per-sequence handle: pointers into the state's parts, and the sequence's scratch arena. */

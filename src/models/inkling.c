@@ -277,6 +277,32 @@ static int load_glus(loader *ld, ink_glu **out, int count, glu_layout layout, co
     return rc;
 }
 
+int ink_glu_mats(const ink_glu *u, qmat *out) {
+    if (u->layout == GLU_SPLIT) {
+        out[0] = u->gate, out[1] = u->up, out[2] = u->down;
+        return 3;
+    }
+    out[0] = u->fused, out[1] = u->down;
+    return 2;
+}
+
+ink_glu ink_glu_with(const ink_glu *u, const qmat *w) {
+    ink_glu v = *u;
+    if (u->layout == GLU_SPLIT) v.gate = w[0], v.up = w[1], v.down = w[2];
+    else v.fused = w[0], v.down = w[1];
+    return v;
+}
+
+/* Each routed expert's slices of the stacked tensors, for the expert cache. */
+static int add_experts(loader *ld, const ink_layer *l) {
+    for (int e = 0; e < ld->g->n_experts; e++) {
+        qmat w[EXPERT_MATS];
+        int nm = ink_glu_mats(&l->experts[e], w);
+        if (experts_add(ld->g->experts, (int)(l - ld->g->layers), e, w, nm, ld->err, ld->errlen)) return -1;
+    }
+    return 0;
+}
+
 static int load_moe(loader *ld, ink_layer *l, const char *p) {
     ink_model *g = ld->g;
     char n[NAME_LEN], n2[NAME_LEN], n3[NAME_LEN];
@@ -287,12 +313,12 @@ static int load_moe(loader *ld, ink_layer *l, const char *p) {
         return -1;
     if (ld->raw)
         return load_glus(ld, &l->experts, g->n_experts, GLU_INTERLEAVED, tname(n, "%smlp.experts.w13_weight", p), NULL,
-                         tname(n3, "%smlp.experts.w2_weight", p)) ||
+                         tname(n3, "%smlp.experts.w2_weight", p)) || add_experts(ld, l) ||
                load_glus(ld, &l->shared, g->n_shared, GLU_INTERLEAVED,
                          tname(n, "%smlp.shared_experts.shared_w13_weight", p), NULL,
                          tname(n3, "%smlp.shared_experts.shared_w2_weight", p)) ? -1 : 0;
     return load_glus(ld, &l->experts, g->n_experts, GLU_HALVES, tname(n, "%smlp.experts.gate_up_proj", p), NULL,
-                     tname(n3, "%smlp.experts.down_proj", p)) ||
+                     tname(n3, "%smlp.experts.down_proj", p)) || add_experts(ld, l) ||
            load_glus(ld, &l->shared, g->n_shared, GLU_SPLIT, tname(n, "%smlp.shared_experts.gate_proj", p),
                      tname(n2, "%smlp.shared_experts.up_proj", p), tname(n3, "%smlp.shared_experts.down_proj", p)) ? -1 : 0;
 }
@@ -373,6 +399,7 @@ static int read_generation(model *m, const cJSON *t, char *err, size_t errlen) {
 static int inkling_load(model *m, char *err, size_t errlen) {
     ink_model *g = xcalloc(1, sizeof *g);
     m->priv = g;
+    g->experts = m->experts;
     const cJSON *t = text_config(m->config);
     if (read_dims(g, t, err, errlen)) return -1;
     g->layers = xcalloc((size_t)g->n_layers, sizeof *g->layers);

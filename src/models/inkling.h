@@ -85,7 +85,13 @@ typedef struct {
     void **owned;
     int n_owned, cap_owned;
     int n_validated;
+    experts *experts;                                    /* the routed experts (core/experts.h), by layer index */
 } ink_model;
+
+/* A SwiGLU's matrices in the order the expert cache holds them (gate, up, down; or fused, down):
+ * returns how many. ink_glu_with gives u with its matrices replaced by w in that order. */
+int ink_glu_mats(const ink_glu *u, qmat *out);
+ink_glu ink_glu_with(const ink_glu *u, const qmat *w);
 
 /* One state part as the forward pass sees it: its buffer and its index (for state_capture). */
 typedef struct {

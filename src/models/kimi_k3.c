@@ -293,6 +293,9 @@ static void load_moe(loader *ld, const k3_model *k, k3_layer *l, const char *p) 
         l->w1[e] = mxfp4(ld, k->moe_inter, k->latent, "%sexperts.%d.w1", p, e);
         l->w2[e] = mxfp4(ld, k->latent, k->moe_inter, "%sexperts.%d.w2", p, e);
         l->w3[e] = mxfp4(ld, k->moe_inter, k->latent, "%sexperts.%d.w3", p, e);
+        if (!ld->failed && experts_add(k->experts, (int)(l - k->layers), e, (qmat[]){l->w1[e], l->w3[e], l->w2[e]}, 3,
+                                       ld->err, ld->errlen))
+            ld->failed = 1;
     }
     snprintf(sub, sizeof sub, "%sshared_experts.", p);
     load_glu(ld, k, l, k->moe_inter * k->n_shared, sub);
@@ -345,6 +348,7 @@ static void k3_free(model *m) {
 static int k3_load(model *m, char *err, size_t errlen) {
     k3_model *k = xcalloc(1, sizeof *k);
     m->priv = k;
+    k->experts = m->experts;
     const cJSON *c = config_get(m->config, "text_config");
     if (!c) c = m->config;
     if (read_dims(k, c, err, errlen) || read_options(k, c, err, errlen)) return -1;

@@ -80,6 +80,7 @@ typedef struct {
     void **owned;
     int n_owned;
     int n_validated;
+    experts *experts;                        /* the routed experts (core/experts.h), by layer index */
 } k3_model;
 
 /* Per-sequence handle: pointers into the state's parts, and the sequence's scratch arena. */

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "../core/config.h"
+#include "../core/experts.h"
 #include "../core/util.h"
 
 /* The family's turn tokens as ids of this tokenizer; a token it lacks is left out (-1). */
@@ -49,6 +50,7 @@ model *model_open(const char *dir, numerics num, int progress, char *err, size_t
     if (!(m->ops = family_for_model_type(type))) { errf(err, errlen, "config.json: unsupported model_type '%s'", type); goto fail; }
     if (!(m->st = st_open(dir, progress, err, errlen))) goto fail;
     m->fingerprint = st_fingerprint(m->st);
+    m->experts = experts_new(m->st);
     char path[4096];
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
     FILE *probe = fopen(path, "rb");
@@ -73,8 +75,15 @@ fail:
     return NULL;
 }
 
+int model_expert_cache(model *m, double mb, const char *usage_dir, char *err, size_t errlen) {
+    char path[4096];
+    if (usage_dir) snprintf(path, sizeof path, "%s/expert_usage.bin", usage_dir);
+    return experts_cache(m->experts, (size_t)(mb * 1048576.0), usage_dir ? path : NULL, m->fingerprint, err, errlen);
+}
+
 void model_close(model *m) {
     if (!m) return;
+    experts_free(m->experts);
     if (m->ops && m->priv) m->ops->free(m);
     if (m->tok) tok_free(m->tok);
     if (m->st) st_close(m->st);

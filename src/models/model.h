@@ -25,7 +25,9 @@
  * A family file knows tensors and math; it knows nothing about requests, records or reuse:
  *   load     — read config.json (typed, errors name the key: core/config.h) and look up and
  *              validate every tensor; weight matrices through core/weights.h, so every format
- *              the kernels run is accepted (count them in n_validated).
+ *              the kernels run is accepted (count them in n_validated). Every routed expert is
+ *              registered with experts_add(m->experts, ...) and a MoE layer runs its chosen experts
+ *              through experts_run, so the expert cache (--expert-cache-mb) serves every family.
  *   seq_new  — declare the parts of one sequence state (state_add_part) for `ctx` positions and
  *              return the family's per-sequence handle (pointers into those parts + scratch).
  *   scratch_bytes — the most scratch a forward call can take at `ctx` positions (any n: a family
@@ -69,6 +71,7 @@
 #include <stdint.h>
 
 #include "../core/arena.h"
+#include "../core/experts.h"
 #include "../core/safetensors.h"
 #include "../core/tokenizer.h"
 #include "../state/reuse.h"
@@ -134,6 +137,8 @@ struct model {
     const family_ops *ops;
     char *dir;
     st_file *st;
+    experts *experts;          /* every routed expert (core/experts.h): the family registers them at load and
+                                * runs a MoE layer's experts through experts_run, mapped or cached */
     cJSON *config;
     tokenizer *tok;
     numerics num;
@@ -152,6 +157,10 @@ struct model {
 /* Open DIR: config.json model_type picks the family; tokenizer.json is loaded if present. */
 model *model_open(const char *dir, numerics num, int progress, char *err, size_t errlen);
 void model_close(model *m);
+/* Read routed experts through the expert cache with a budget of mb MiB (fractions allowed) (core/experts.h) instead of
+ * the mapping; usage_dir (NULL: none) keeps the usage counts that pick the pinned experts
+ * (`expert_usage.bin`, the engine's --kv-dir). Before the first forward. -1 with err. */
+int model_expert_cache(model *m, double mb, const char *usage_dir, char *err, size_t errlen);
 int model_is_eos(const model *m, int id);
 
 /* One conversation timeline: the generic state (parts + record) and the family's handle. */

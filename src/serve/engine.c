@@ -38,6 +38,7 @@ typedef struct {
     const char *model_dir, *kv_dir;
     int slots, ctx, kv_share, threads;
     long ckpt_mb;
+    double expert_cache_mb;
     numerics num;
 } engine_opts;
 
@@ -501,6 +502,9 @@ static void usage(FILE *f) {
             "  --kv-dir DIR       save each slot's state before every turn's DONE, reload at start-up\n"
             "  --numerics qat|exact  activation numerics (default qat)\n"
             "  --threads N        worker threads (default: online cores)\n"
+            CLI_EXPERT_CACHE_HELP
+            "                     (with --kv-dir, the expert usage counts that choose the pinned experts\n"
+            "                     are kept there)\n"
             "Environment: CAIRN_PREFIX_LOG=1 logs the reuse decision per request on stderr.\n");
 }
 
@@ -518,6 +522,7 @@ static int parse_flags(int argc, char **argv, engine_opts *o) {
         else if (!strcmp(a, "--ckpt-mb")) { if (cli_int("engine", a, v, 0, 1L << 30, &o->ckpt_mb)) return -1; }
         else if (!strcmp(a, "--kv-share")) { if (cli_int("engine", a, v, 0, 1, &l)) return -1; o->kv_share = (int)l; }
         else if (!strcmp(a, "--threads")) { if (cli_int("engine", a, v, 1, 1024, &l)) return -1; o->threads = (int)l; }
+        else if (!strcmp(a, "--expert-cache-mb")) { if (cli_expert_cache_mb("engine", v, &o->expert_cache_mb)) return -1; }
         else if (!strcmp(a, "--numerics")) {
             int n = cli_numerics(v);
             if (n < 0) { fprintf(stderr, "cairn engine: bad value for --numerics: '%s' (exact or qat)\n", v); return -1; }
@@ -563,6 +568,7 @@ static int engine_open(engine *e, char *err, size_t errlen) {
     if (e->o.kv_dir && mkdir(e->o.kv_dir, 0700) && errno != EEXIST)
         return errf(err, errlen, "--kv-dir %s: %s", e->o.kv_dir, strerror(errno));
     if (e->o.kv_dir) load_slots(e);
+    if (e->o.expert_cache_mb && model_expert_cache(e->m, e->o.expert_cache_mb, e->o.kv_dir, err, errlen)) return -1;
     const char *log = getenv("CAIRN_PREFIX_LOG");
     e->log_prefix = log && !strcmp(log, "1");
     const char *step_log = getenv("CAIRN_STEP_LOG");
@@ -588,6 +594,11 @@ static void engine_close(engine *e) {
     tokvocab_free(e->vocab);
     wire_reader_free(&e->rd);
     persist_forget();
+    if (e->m && experts_cached(e->m->experts)) {
+        char line[1024];
+        experts_stats_line(e->m->experts, line, sizeof line);
+        fprintf(stderr, "cairn engine: %s\n", line);
+    }
     model_close(e->m);
 }
 

@@ -513,6 +513,14 @@ void experts_run(experts *x, int layer, const int *idx, int nk, expert_fn fn, vo
     pthread_mutex_unlock(&x->mu);
 }
 
+void experts_gather(const float *x, int dim, int k, const int *slots, int cnt, float *out) {
+    for (int r = 0; r < cnt; r++) memcpy(out + (size_t)r * dim, x + (size_t)(slots[r] / k) * dim, (size_t)dim * sizeof *x);
+}
+
+void experts_scatter(const float *y, int dim, const int *slots, int cnt, float *ex) {
+    for (int r = 0; r < cnt; r++) memcpy(ex + (size_t)slots[r] * dim, y + (size_t)r * dim, (size_t)dim * sizeof *y);
+}
+
 /* ---- reports and teardown ------------------------------------------------------------------- */
 
 void experts_get_stats(const experts *x, experts_stats *out) {

@@ -76,6 +76,11 @@ typedef void (*expert_fn)(void *ctx, int e, const qmat *w, const int *slots, int
 /* idx[nk]: the expert of each (token, rank) slot of one layer call. */
 void experts_run(experts *x, int layer, const int *idx, int nk, expert_fn fn, void *ctx);
 
+/* What a callback does around its expert: out[r] = x[slots[r] / k] (rows of dim floats: the token of
+ * each slot, k slots per token), and ex[slots[r]] = y[r] (each result to its slot's row). */
+void experts_gather(const float *x, int dim, int k, const int *slots, int cnt, float *out);
+void experts_scatter(const float *y, int dim, const int *slots, int cnt, float *ex);
+
 void experts_get_stats(const experts *x, experts_stats *out);
 /* One line "expert-cache: budget_mb=... hits=... ..." for stderr reports. */
 void experts_stats_line(const experts *x, char *buf, size_t len);

@@ -69,14 +69,10 @@ static void run_routed(void *ctx, int e, const qmat *w, const int *slots, int ne
     routed_job *j = ctx;
     const dsv4_config *c = &j->d->c;
     dsv4_seq *s = j->s;
-    for (int r = 0; r < ne; r++) {
-        int tk = slots[r];
-        s->moe_rw[r] = s->moe_w[tk];
-        memcpy(s->moe_xe + (size_t)r * c->dim, s->xq + (size_t)(tk / c->n_active) * c->dim, sizeof(float) * c->dim);
-    }
+    for (int r = 0; r < ne; r++) s->moe_rw[r] = s->moe_w[slots[r]];
+    experts_gather(s->xq, c->dim, c->n_active, slots, ne, s->moe_xe);
     expert_run(j->d, &w[0], &w[1], &w[2], s->moe_rw, s, ne);
-    for (int r = 0; r < ne; r++)
-        memcpy(s->moe_y + (size_t)slots[r] * c->dim, s->moe_ye + (size_t)r * c->dim, sizeof(float) * c->dim);
+    experts_scatter(s->moe_ye, c->dim, slots, ne, s->moe_y);
 }
 
 void dsv4_moe(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s, int n, const float *x, float *out) {

@@ -321,13 +321,11 @@ typedef struct {
 static void run_routed(void *ctx, int e, const qmat *w, const int *slots, int cnt) {
     routed_job *j = ctx;
     const glm_model *g = j->m->priv;
-    int d = g->dim, K = g->top_k;
-    for (int r = 0; r < cnt; r++) memcpy(j->b->xin + (size_t)r * d, j->x + (size_t)(slots[r] / K) * d, (size_t)d * sizeof *j->x);
+    experts_gather(j->x, g->dim, g->top_k, slots, cnt, j->b->xin);
     size_t mark = arena_mark(j->sc);
     swiglu(j->m, &w[0], &w[1], &w[2], j->b->xin, cnt, j->b->eout, j->sc);
     arena_release(j->sc, mark);
-    for (int r = 0; r < cnt; r++)
-        memcpy(j->b->ex + (size_t)slots[r] * d, j->b->eout + (size_t)r * d, (size_t)d * sizeof *j->b->ex);
+    experts_scatter(j->b->eout, g->dim, slots, cnt, j->b->ex);
 }
 
 static void moe(const model *m, const glm_layer *l, int li, const float *x, int n, float *y, arena *sc) {

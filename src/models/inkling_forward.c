@@ -274,7 +274,7 @@ static void run_routed(void *ctx, int e, const qmat *w, const int *slots, int cn
     const ink_model *g = j->m->priv;
     int d = g->dim, K = g->top_k, S = g->n_shared;
     ink_bufs *b = j->b;
-    for (int r = 0; r < cnt; r++) memcpy(b->xin + (size_t)r * d, j->x + (size_t)(slots[r] / K) * d, (size_t)d * sizeof *j->x);
+    experts_gather(j->x, d, K, slots, cnt, b->xin);
     ink_glu u = ink_glu_with(&j->l->experts[e], w);
     glu(j->m, &u, b->xin, cnt, NULL, b->eout, b);
     for (int r = 0; r < cnt; r++) {

@@ -96,12 +96,10 @@ typedef struct {
 static void run_routed(void *ctx, int e, const qmat *w, const int *slots, int cnt) {
     routed_job *j = ctx;
     const k3_model *k = j->m->priv;
-    int K = k->top_k, lat = k->latent;
     moe_bufs *b = j->b;
-    for (int r = 0; r < cnt; r++) memcpy(b->zin + (size_t)r * lat, b->z + (size_t)(slots[r] / K) * lat, (size_t)lat * sizeof *b->z);
+    experts_gather(b->z, k->latent, k->top_k, slots, cnt, b->zin);
     situ_glu(j->m, &w[0], &w[1], &w[2], b->zin, cnt, b->eout, j->sc);
-    for (int r = 0; r < cnt; r++)
-        memcpy(b->ex + (size_t)slots[r] * lat, b->eout + (size_t)r * lat, (size_t)lat * sizeof *b->ex);
+    experts_scatter(b->eout, k->latent, slots, cnt, b->ex);
 }
 
 static void latent_moe(const model *m, const k3_layer *l, const float *x, int n, float *y, arena *sc) {

@@ -57,6 +57,21 @@ else
     rm -f $OUT/deepseek_v4-disk.json
 fi
 
+# Real shape: every family's full-size checkpoint as sparse files (holes read as zeros), one
+# prompt token and one decode step with a 2 GiB expert cache in a memory cgroup of 8 GiB. Slow
+# (every dense page of a 12-100+ GB model is faulted per step): it proves a step is feasible.
+for fam in deepseek_v4 glm kimi_k3 inkling; do
+    d=build/models/sparse-$fam
+    [ -f "$d/config.json" ] || $PY tools/make_sparse.py $fam "$d" > /dev/null
+    echo "== real shape $fam: one decode step, expert cache 2048 MiB, memory cgroup 8 GiB"
+    if memcg_run $((8 << 30)) build/cairn run -m $d --prompt-ids 0 -n 2 --ctx 64 --temperature 0 --ignore-eos \
+            --expert-cache-mb 2048 > /dev/null 2> $OUT/$fam-real-shape.txt; then
+        $PY tools/real_shape_line.py $OUT/$fam-real-shape.txt
+    else
+        tail -3 $OUT/$fam-real-shape.txt
+    fi
+done
+
 $PY - $OUT <<'EOF'
 import json, sys
 out = sys.argv[1]

@@ -2,6 +2,7 @@
 with pread into a small LRU budget give output bit-identical to the mmapped checkpoint, and the
 counters prove the budget evicted, the reader thread read ahead, and the usage counts saved
 beside --kv-dir pinned experts on the next start. Bad budgets are refused by name."""
+import json
 import os
 import re
 import subprocess
@@ -118,3 +119,19 @@ def test_bad_budget_is_a_clear_error(cairn, tiny_dsv4, value, message):
         r = subprocess.run([cairn, sub[0], "-m", tiny_dsv4, "--expert-cache-mb", value, *sub[1:]],
                            capture_output=True, text=True, input="")
         assert r.returncode != 0 and message in r.stderr, (sub, r.stderr[-2000:])
+
+
+def test_bench_compares_mmap_and_cache(cairn, tiny_dsv4):
+    """`cairn bench -m DIR --expert-cache-mb N --json` (the larger-than-RAM bench, here on a tiny
+    model that fits): both passes report, the cache's counters are its own, the ids agree."""
+    budget = mb(2 * largest_expert(cairn, tiny_dsv4))
+    r = subprocess.run([cairn, "bench", "-m", tiny_dsv4, "--prompt", "4", "--decode", "6", "--expert-cache-mb", budget,
+                        "--json"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout)
+    assert out["identical"] is True and out["decode"] == 6
+    for k in ("mmap", "expert_cache"):
+        assert out[k]["decode_tok_s"] > 0 and out[k]["bytes_read_per_token"] >= 0
+    assert out["mmap"]["hit_rate"] == 0 and out["mmap"]["expert_bytes_read_per_token"] == 0
+    assert out["expert_cache"]["expert_bytes_read_per_token"] > 0       # a two-expert budget must read
+    assert out["disk_read_gbs"] > 0

@@ -62,6 +62,9 @@ int st_locate(const st_file *f, const void *p, size_t len, uint64_t *offset);
 const st_tensor *st_expect(const st_file *f, const char *name, dtype type, int ndim, const int64_t *shape,
                            char *err, size_t errlen);
 
+/* "[1024,4096]" into buf[n] (returned). */
+const char *st_shape_str(int ndim, const int64_t *shape, char *buf, size_t n);
+
 /* A cheap fingerprint of the checkpoint: config.json bytes and every shard's JSON header.
  * Identifies "the same model" for persisted state without reading the weights. */
 uint64_t st_fingerprint(const st_file *f);

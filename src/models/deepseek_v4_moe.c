@@ -63,7 +63,7 @@ typedef struct {
     dsv4_seq *s;
 } routed_job;
 
-/* Routed expert e (its w1, w3, w2 in w) on the (token, rank) slots that chose it; results go to
+/* Routed expert e (its w1, w2, w3 in w, the tensor table's order) on the (token, rank) slots that chose it; results go to
  * moe_y[token][rank]. */
 static void run_routed(void *ctx, int e, const qmat *w, const int *slots, int ne) {
     routed_job *j = ctx;
@@ -71,7 +71,7 @@ static void run_routed(void *ctx, int e, const qmat *w, const int *slots, int ne
     dsv4_seq *s = j->s;
     for (int r = 0; r < ne; r++) s->moe_rw[r] = s->moe_w[slots[r]];
     experts_gather(s->xq, c->dim, c->n_active, slots, ne, s->moe_xe);
-    expert_run(j->d, &w[0], &w[1], &w[2], s->moe_rw, s, ne);
+    expert_run(j->d, &w[0], &w[2], &w[1], s->moe_rw, s, ne);
     experts_scatter(s->moe_ye, c->dim, slots, ne, s->moe_y);
 }
 

@@ -98,7 +98,7 @@ static void run_routed(void *ctx, int e, const qmat *w, const int *slots, int cn
     const k3_model *k = j->m->priv;
     moe_bufs *b = j->b;
     experts_gather(b->z, k->latent, k->top_k, slots, cnt, b->zin);
-    situ_glu(j->m, &w[0], &w[1], &w[2], b->zin, cnt, b->eout, j->sc);
+    situ_glu(j->m, &w[0], &w[2], &w[1], b->zin, cnt, b->eout, j->sc);   /* table order: w1, w2, w3 */
     experts_scatter(b->eout, k->latent, slots, cnt, b->ex);
 }
 

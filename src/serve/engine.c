@@ -690,7 +690,7 @@ int cmd_engine(int argc, char **argv) {
     char h[WIRE_HEADER_MAX];
     fputs(WIRE_READY, stdout);
     fwrite(h, 1, wire_fmt_caps(h, &caps), stdout);
-    printf("STAT 0 0.0 0.0 %.2f 0 0\n", rss_gb());
+    fwrite(h, 1, wire_fmt_idle_stat(h, rss_gb()), stdout);
     fflush(stdout);
     run_loop(&e);
     engine_close(&e);

@@ -28,11 +28,12 @@ def free_port():
 
 
 class Server:
-    """One `cairn serve` process on a free loopback port; its stderr goes to a file."""
+    """One `cairn serve` process on a loopback port (a free one unless given); its stderr goes to a
+    file of its own."""
 
-    def __init__(self, model, tmp, args=(), env=None, fake=False):
-        self.port = free_port()
-        self.log_path = os.path.join(tmp, f"serve-{self.port}.log")
+    def __init__(self, model, tmp, args=(), env=None, fake=False, port=None):
+        self.port = port or free_port()
+        self.log_path = os.path.join(tmp, f"serve-{self.port}-{time.monotonic_ns()}.log")
         self.fake_log = os.path.join(tmp, f"fake-{self.port}.jsonl")
         e = dict(os.environ, FAKE_LOG=self.fake_log, **(env or {}))
         cmd = [CAIRN, "serve", "-m", model, "--port", str(self.port), *args]

@@ -538,6 +538,25 @@ static void load_slots(engine *e) {
     }
 }
 
+/* Before READY, what every resumed slot holds, as text (wire.h RECORD). The gateway routes a
+ * prompt to the slot whose text it extends; without this a restarted engine's resumed slots
+ * would all look empty to it, and the first turns would overwrite each other's states. */
+static void announce_records(engine *e) {
+    if (!e->m->tok) return;
+    for (int i = 0; i < e->o.slots; i++) {
+        const state *st = &e->seqs[i]->st;
+        size_t n = 0;
+        char *text = st->len ? tok_decode(e->m->tok, st->ids, st->len, &n) : NULL;
+        if (text && n <= WIRE_RECORD_MAX) {
+            char h[WIRE_HEADER_MAX];
+            fwrite(h, 1, wire_fmt_record(h, i, n), stdout);
+            fwrite(text, 1, n, stdout);
+            fputc('\n', stdout);
+        }
+        free(text);
+    }
+}
+
 static int engine_open(engine *e, char *err, size_t errlen) {
     if (e->o.threads) pool_set_threads(e->o.threads);
     if (!(e->m = model_open(e->o.model_dir, e->o.num, 0, err, errlen))) return -1;
@@ -610,6 +629,7 @@ int cmd_engine(int argc, char **argv) {
                       .grammar = e.vocab != NULL};
     snprintf(caps.family, sizeof caps.family, "%s", e.m->ops->name);
     char h[WIRE_HEADER_MAX];
+    announce_records(&e);
     fputs(WIRE_READY, stdout);
     fwrite(h, 1, wire_fmt_caps(h, &caps), stdout);
     printf("STAT 0 0.0 0.0 %.2f 0 0\n", rss_gb());

@@ -75,6 +75,8 @@ typedef struct {
     double ready_timeout;         /* seconds to wait for READY at each start */
     void (*on_restart)(void *user); /* called from the dispatcher after the engine died (state lost) */
     void (*on_start_failed)(void *user); /* the first start never reached READY: nothing is retried */
+    /* before READY, for each slot the engine resumed (wire.h RECORD): its state as text */
+    void (*on_record)(void *user, int slot, const char *text, size_t n);
     void *user;
 } eng_config;
 

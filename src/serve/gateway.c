@@ -456,6 +456,10 @@ static int listen_on(const char *host, long port, int *bound_port, char *err, si
 
 static void forget_records(void *user) { slots_forget_all(((serve_ctx *)user)->sl); }
 
+static void learn_record(void *user, int slot, const char *text, size_t n) {
+    slots_learn(((serve_ctx *)user)->sl, slot, text, n);
+}
+
 /* The engine could not start at all: stop the server the same way a SIGTERM would. */
 static void engine_start_failed(void *user) {
     (void)user;
@@ -497,6 +501,18 @@ static void drain(server *s, double grace) {
         int inflight = __atomic_load_n(&s->inflight, __ATOMIC_SEQ_CST);
         if ((st.busy == 0 && st.waiting == 0 && inflight == 0) || now_seconds() >= deadline) return;
         usleep(50 * 1000);
+    }
+}
+
+/* Block until SIGTERM or SIGINT, giving freed heap pages back to the kernel every few seconds
+ * meanwhile: glibc returns only the top of the heap by itself, and the pages freed between
+ * live blocks by hundreds of connection threads would otherwise stay in the RSS for good. */
+static int wait_for_signal(const sigset_t *sigs) {
+    const struct timespec every = {.tv_sec = 5};
+    for (;;) {
+        int sig = sigtimedwait(sigs, NULL, &every);
+        if (sig > 0) return sig;
+        malloc_trim(0);
     }
 }
 
@@ -578,7 +594,7 @@ int cmd_serve(int argc, char **argv) {
     }
     if ((lfd = listen_on(o.host, o.port, &port, err, sizeof err)) < 0) goto fail;
     eargv = engine_argv(&o, o.engine_exe ? o.engine_exe : "/proc/self/exe");
-    eng_config ec = {.exe = eargv[0], .argv = eargv, .ready_timeout = 600, .on_restart = forget_records,
+    eng_config ec = {.exe = eargv[0], .argv = eargv, .ready_timeout = 600, .on_restart = forget_records, .on_record = learn_record,
                      .on_start_failed = engine_start_failed, .user = sc};
     if (!(sc->engine = eng_start(&ec, err, sizeof err))) goto fail;
     if (!(d = start_http(&s, lfd))) {
@@ -587,8 +603,7 @@ int cmd_serve(int argc, char **argv) {
     }
     fprintf(stderr, "cairn serve: listening on http://%s:%d (model %s, %ld slots)\n", o.host, port, sc->model_id, o.slots);
 
-    int sig = 0;
-    sigwait(&sigs, &sig);
+    int sig = wait_for_signal(&sigs);
     if (!eng_start_failed(sc->engine))
         fprintf(stderr, "cairn serve: %s: finishing requests in flight, then stopping\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
     MHD_socket lsock = MHD_quiesce_daemon(d);

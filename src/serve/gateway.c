@@ -551,7 +551,8 @@ int cmd_serve(int argc, char **argv) {
     /* One malloc arena for every thread. glibc gives threads that contend for the heap arenas
      * of their own (up to 8 per core); under thread-per-connection, hundreds of short-lived
      * threads spread allocations over them, and each arena keeps its freed pages: the RSS of a
-     * long load run grew by 12% (make soak) against 4% with one arena. The gateway's work per
+     * long load run grew by 12% (make soak), by 5% with one arena and the trimming in
+     * wait_for_signal (docs/reliability.md §4). The gateway's work per
      * request is small next to the engine's, so the shared arena's lock costs nothing visible.
      * Must run before any thread starts; the engine child (exec'd) is unaffected. */
     mallopt(M_ARENA_MAX, 1);

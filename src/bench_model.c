@@ -97,7 +97,7 @@ static int measure(model *m, const bench_opts *o, const int *ids, int timed, ben
     double t3 = now_seconds();
     if (timed && !rc) {
         double flops = 0;
-        for (int p = 0; p < o->prompt; p++) flops += m->ops->token_flops(m, p);
+        for (int p = 0; p < o->prompt; p++) flops += model_token_flops(m, p);
         r->prefill_tok_s = o->prompt / (t1 - t0);
         r->prefill_gflops = flops / (t1 - t0) / 1e9;
         r->decode_tok_s = o->decode / (t2 - t1);
@@ -146,7 +146,7 @@ int bench_model(int argc, char **argv) {
     }
     int *ids = bench_prompt((int)o.prompt, m->vocab_size, 0);
     bench_result r = {0};
-    r.decode_bytes = m->ops->decode_bytes(m);
+    r.decode_bytes = model_decode_bytes(m);
     int rc = measure(m, &o, ids, 0, &r, err, sizeof err);
     double bw = rc ? 0 : bench_read_bandwidth(bench_stream_bytes());
     if (!rc) rc = measure(m, &o, ids, 1, &r, err, sizeof err);

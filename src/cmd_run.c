@@ -30,6 +30,8 @@ typedef struct {
     int chat, raw, jsonl, ignore_eos, validate_only;
     long n_gen, top_logprobs, echo_logprobs, ctx, threads, snapshot_at;
     int *chunks, nchunks;      /* --prefill-chunks sizes (heap) */
+    int *report, nreport;      /* --weights-report positions (heap); report_on: the flag was given */
+    int report_on;
     numerics num;
     sampler_params sp;
 } run_opts;
@@ -85,21 +87,23 @@ static void usage(FILE *f) {
             "  --snapshot-at K        after K prompt tokens: snapshot, serialize, free the sequence,\n"
             "                         restore into a new one and continue\n"
             "  --validate-only        open the model, validate every tensor (incl. MTP) and exit\n"
+            "  --weights-report P,Q   open the model and print one JSON line: tensors validated, weight\n"
+            "                         bytes a decode step reads, FLOPs of a token at positions P, Q, ...\n"
             "\n"
             "At exit a stats line is printed on stderr (prompt, generated, rss_mb, state bytes, tok/s).\n");
 }
 
 /* ---- flags -------------------------------------------------------------------------------- */
 
-/* "a,b,c" of positive integers into a heap array. */
-static int parse_list(const char *flag, const char *s, int **out, int *n) {
+/* "a,b,c" of integers >= min (0 or 1) into a heap array. */
+static int parse_list(const char *flag, const char *s, int min, int **out, int *n) {
     *n = 0;
     *out = xrealloc(*out, sizeof(int) * (strlen(s) / 2 + 1));
     for (const char *p = s; *p;) {
         char *end;
         long v = strtol(p, &end, 10);
-        if (end == p || v < 1 || v > 1 << 30 || (*end && *end != ',')) {
-            fprintf(stderr, "cairn run: bad value for %s: '%s' (expected positive integers a,b,c)\n", flag, s);
+        if (end == p || v < min || v > 1 << 30 || (*end && *end != ',')) {
+            fprintf(stderr, "cairn run: bad value for %s: '%s' (expected integers >= %d: a,b,c)\n", flag, s, min);
             return -1;
         }
         (*out)[(*n)++] = (int)v;
@@ -139,7 +143,11 @@ static int parse_flags(int argc, char **argv, run_opts *o) {
         else if (!strcmp(a, "--temperature")) { if (cli_float("run", a, v, &d)) return -1; o->sp.temperature = (float)d; }
         else if (!strcmp(a, "--top-p")) { if (cli_float("run", a, v, &d) || d <= 0 || d > 1) goto bad; o->sp.top_p = (float)d; }
         else if (!strcmp(a, "--min-p")) { if (cli_float("run", a, v, &d) || d < 0 || d > 1) goto bad; o->sp.min_p = (float)d; }
-        else if (!strcmp(a, "--prefill-chunks")) { if (parse_list(a, v, &o->chunks, &o->nchunks)) return -1; }
+        else if (!strcmp(a, "--prefill-chunks")) { if (parse_list(a, v, 1, &o->chunks, &o->nchunks)) return -1; }
+        else if (!strcmp(a, "--weights-report")) {
+            if (parse_list(a, v, 0, &o->report, &o->nreport)) return -1;
+            o->report_on = 1;
+        }
         else if (!strcmp(a, "--format")) {
             if (strcmp(v, "text") && strcmp(v, "jsonl")) goto bad;
             o->jsonl = !strcmp(v, "jsonl");
@@ -155,7 +163,7 @@ static int parse_flags(int argc, char **argv, run_opts *o) {
         return -1;
     }
     if (!o->model_dir) { fprintf(stderr, "cairn run: -m DIR is required (see cairn run --help)\n"); return -1; }
-    if (!o->validate_only && !o->chat + !o->prompt + !o->prompt_ids != 2) {
+    if (!o->validate_only && !o->report_on && !o->chat + !o->prompt + !o->prompt_ids != 2) {
         fprintf(stderr, "cairn run: give exactly one of -p TEXT, --prompt-ids IDS or --chat\n");
         return -1;
     }
@@ -662,6 +670,13 @@ static int load_prompts(const run_opts *o, const model *m, prompt **prompts, int
     return text_prompt(o, m, &(*prompts)[0], err, errlen);
 }
 
+/* The tensor table's accounting (core/tensor_table.h) as one JSON line, for checks from outside. */
+static void print_weights_report(const model *m, const int *pos, int n) {
+    printf("{\"validated\":%d,\"decode_bytes\":%zu,\"token_flops\":{", m->n_validated, model_decode_bytes(m));
+    for (int i = 0; i < n; i++) printf("%s\"%d\":%.17g", i ? "," : "", pos[i], model_token_flops(m, pos[i]));
+    printf("}}\n");
+}
+
 int cmd_run(int argc, char **argv) {
     run_opts o;
     if (parse_flags(argc, argv, &o)) return 2;
@@ -669,10 +684,12 @@ int cmd_run(int argc, char **argv) {
     char err[512] = "";
     model *m = model_open(o.model_dir, o.num, isatty(2), err, sizeof err);
     if (!m) { fprintf(stderr, "cairn run: %s\n", err); return 1; }
-    if (o.validate_only) {
-        printf("cairn: validated %d tensors\n", m->n_validated);
+    if (o.validate_only || o.report_on) {
+        if (o.report_on) print_weights_report(m, o.report, o.nreport);
+        else printf("cairn: validated %d tensors\n", m->n_validated);
         model_close(m);
         free(o.chunks);
+        free(o.report);
         return 0;
     }
     runner r = {.o = &o, .m = m};

@@ -55,6 +55,9 @@ const st_tensor *st_find(const st_file *f, const char *name);   /* NULL if absen
 const st_tensor *st_expect(const st_file *f, const char *name, dtype type, int ndim, const int64_t *shape,
                            char *err, size_t errlen);
 
+/* "[1024,4096]" into buf[n] (returned). */
+const char *st_shape_str(int ndim, const int64_t *shape, char *buf, size_t n);
+
 /* A cheap fingerprint of the checkpoint: config.json bytes and every shard's JSON header.
  * Identifies "the same model" for persisted state without reading the weights. */
 uint64_t st_fingerprint(const st_file *f);

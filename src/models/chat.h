@@ -58,6 +58,19 @@ typedef struct {
     const char *calls_start, *think_end;
 } tool_syntax;
 
+/* The family's tool-call syntax written out for one call, get_weather(city="Paris", days=3) with
+ * the tool get_weather(city: string, days: integer): what its model writes and how its template
+ * shows the tool's answer. Clients and tests (through `cairn families`) take the syntax from here
+ * instead of knowing the family; a scripted engine replaying `reply` must parse back to that call.
+ *   reply        the model's text for the call (after any reasoning)
+ *   marker       a piece of the call syntax that never survives into parsed content
+ *   result       the next prompt's rendering of a tool answer, "%s" standing for the answer
+ *   think_start  what the model writes to open reasoning when the prompt's cue does not (or NULL)
+ *   think_end    what closes reasoning (NULL: "</think>") */
+typedef struct {
+    const char *reply, *marker, *result, *think_start, *think_end;
+} tool_example;
+
 /* A rendered prompt: its text and the byte spans of it that came from the request. A zeroed
  * chat_prompt is empty; spans are ascending, disjoint, non-empty and adjacent ones are merged. */
 typedef struct {
@@ -81,6 +94,7 @@ int chat_prompt_encode(const tokenizer *t, const chat_prompt *p, int **ids, int 
 /* A family's template; its descriptor (model.h family_ops.chat) points at it. */
 typedef struct {
     const tool_syntax *tools;     /* NULL: calls cannot be forced by a grammar */
+    const tool_example *example;  /* NULL: the template renders no tool calls */
     /* Render into a zeroed *out (the text ends with the generation cue): 0, or -1 + err (out may
      * hold partial text; the caller frees it either way). */
     int (*render)(const cJSON *messages, const cJSON *tools, const chat_opts *o, chat_prompt *out, char *err,
@@ -113,6 +127,18 @@ void chat_json_py_string(sbuf *b, const char *s);
 /* json.dumps(v, ensure_ascii=False, separators=(",", ":"), sort_keys=sort_keys): compact JSON. */
 void chat_json_compact(sbuf *b, const cJSON *v, int sort_keys);
 void chat_reply_free(chat_reply *r);
+
+/* The one walker over a message's content, for every template: absent or null is empty; a string
+ * is one text (from_part 0); in an array each {"type": "text", "text": S} part gives S
+ * (from_part 1) and every other part goes to the template's rule `other`, which renders it, skips
+ * it (0) or refuses it (-1 with err). Content of any other JSON type is refused, naming
+ * messages[idx]. */
+typedef struct {
+    void (*text)(void *ctx, const char *s, int from_part);
+    int (*other)(void *ctx, const cJSON *part, int idx, char *err, size_t errlen);
+    void *ctx;
+} chat_content_rule;
+int chat_content_walk(const cJSON *content, int idx, const chat_content_rule *rule, char *err, size_t errlen);
 /* An OpenAI tool call {id, type: "function", function: {name, arguments}} parsed from reply
  * `text`[0..n) as its k-th call; the id ("call_" + 24 hex) is a hash of the text and k, so
  * parsing the same reply again gives the same ids. */

@@ -81,21 +81,16 @@ static void open_message(chat_prompt *p, const char *role, const char *type) {
     T(SEP);
 }
 
+static void put_untrusted(void *p, const char *s, int from_part) { chat_untrusted_str(p, s); }
+
+static int refuse_part(void *p, const cJSON *part, int idx, char *err, size_t errlen) {
+    return errf(err, errlen, "messages[%d].content: only text parts are supported", idx);
+}
+
 /* A message's text, untrusted: a string, or the text parts of an array; null is empty. */
 static int put_text(chat_prompt *p, const cJSON *content, int idx, char *err, size_t errlen) {
-    if (!content || cJSON_IsNull(content)) return 0;
-    if (cJSON_IsString(content)) { chat_untrusted_str(p, content->valuestring); return 0; }
-    if (!cJSON_IsArray(content))
-        return errf(err, errlen, "messages[%d].content must be a string or an array of content parts", idx);
-    const cJSON *part;
-    cJSON_ArrayForEach(part, content) {
-        const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
-        const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
-        if (!cJSON_IsString(type) || strcmp(type->valuestring, "text") || !cJSON_IsString(text))
-            return errf(err, errlen, "messages[%d].content: only text parts are supported", idx);
-        chat_untrusted_str(p, text->valuestring);
-    }
-    return 0;
+    chat_content_rule rule = {put_untrusted, refuse_part, p};
+    return chat_content_walk(content, idx, &rule, err, errlen);
 }
 
 static void untrusted_compact(chat_prompt *p, const cJSON *v, int sort_keys) {
@@ -372,7 +367,21 @@ static size_t k3_system_prefix_bytes(const char *prompt, size_t n) {
     return user ? (size_t)(user - prompt) : 0;
 }
 
+/* XTML: the response channel closes, the tools channel holds typed arguments (strings raw, numbers
+ * compact JSON); the EOS (<|end_of_msg|>) is not part of the text. In thinking mode the prompt
+ * leaves the think channel open; the reply closes it and opens the response one. */
+static const tool_example k3_example = {
+    .reply = "Let me check.<|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool=\"get_weather\" index=\"1\"<|sep|>"
+             "<|open|>argument key=\"city\" type=\"string\"<|sep|>Paris<|close|>argument<|sep|>"
+             "<|open|>argument key=\"days\" type=\"number\"<|sep|>3<|close|>argument<|sep|><|close|>call<|sep|>"
+             "<|close|>tools<|sep|><|close|>message<|sep|>",
+    .marker = "<|",
+    .result = "<|open|>message role=\"tool\" tool=\"get_weather\" index=\"1\"<|sep|>%s<|close|>message<|sep|><|end_of_msg|>",
+    .think_end = "<|close|>think<|sep|><|open|>response<|sep|>",
+};
+
 const chat_template kimi_k3_chat = {
+    .example = &k3_example,
     .render = k3_render,
     .parse = k3_parse,
     .system_prefix_bytes = k3_system_prefix_bytes,

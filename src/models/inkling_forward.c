@@ -258,7 +258,7 @@ static void route(const ink_model *g, const ink_layer *l, const float *logits, i
     topk(choice, E, K, idx);
     float sum = 0.0f;
     for (int k = 0; k < K + g->n_shared; k++) sum += gam[k] = sigmoidf(logits[k < K ? idx[k] : E + k - K]);
-    for (int k = 0; k < K + g->n_shared; k++) gam[k] = gam[k] / sum * g->route_scale * l->router_scale;
+    for (int k = 0; k < K + g->n_shared; k++) gam[k] = gam[k] / sum * g->route_scale * *l->router_scale;
 }
 
 static void moe(const model *m, const ink_layer *l, const float *x, int n, float *y, ink_bufs *b) {
@@ -300,7 +300,7 @@ static void mlp(const model *m, const ink_layer *l, const float *x, int n, float
     const ink_model *g = m->priv;
     if (l->sparse) return moe(m, l, x, n, y, b);
     glu(m, &l->mlp, x, n, NULL, y, b);
-    for (size_t k = 0; k < (size_t)n * g->dim; k++) y[k] *= l->mlp_scale;
+    for (size_t k = 0; k < (size_t)n * g->dim; k++) y[k] *= *l->mlp_scale;
     act_round(m, y, (size_t)n * g->dim);
 }
 

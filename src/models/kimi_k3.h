@@ -65,6 +65,10 @@ typedef struct {
     qmat *w1, *w2, *w3;                      /* routed experts (MXFP4) */
 } k3_layer;
 
+/* The dimensions the tensor table's shapes are written in (kimi_k3.c fills k3_model.dims). */
+enum { KD_DIM, KD_VOCAB, KD_PROJ, KD_KDA_DIM, KD_KDA_HEADS, KD_CONV, KD_QLORA, KD_QB, KD_KVA, KD_KVLORA, KD_KVB,
+       KD_OV, KD_EXPERTS, KD_LATENT, KD_MOE_INTER, KD_INTER, KD_COUNT };
+
 typedef struct {
     int vocab, dim, n_layers, inter;
     int n_heads, q_lora, kv_lora, nope, rope, v_dim;
@@ -77,9 +81,7 @@ typedef struct {
     qmat embed, head;
     const float *final_norm, *out_res_norm, *out_res_proj;
     k3_layer *layers;
-    void **owned;
-    int n_owned;
-    int n_validated;
+    int dims[KD_COUNT];
 } k3_model;
 
 /* Per-sequence handle: pointers into the state's parts, and the sequence's scratch arena. */

@@ -66,7 +66,11 @@ model *model_open(const char *dir, numerics num, int progress, char *err, size_t
     m->bos_id = bos;
     read_eos_ids(m);
     if (config_int_or(m->config, "max_position_embeddings", 4096, &m->max_ctx, err, errlen)) goto fail;
+    tt_init(&m->weights, m->st, err, errlen);
     if (m->ops->load(m, err, errlen)) goto fail;
+    m->n_validated = m->weights.count;
+    m->weights.err = NULL;     /* the caller's buffer is gone after open */
+    m->weights.errlen = 0;
     return m;
 fail:
     model_close(m);
@@ -76,11 +80,18 @@ fail:
 void model_close(model *m) {
     if (!m) return;
     if (m->ops && m->priv) m->ops->free(m);
+    tt_free(&m->weights);
     if (m->tok) tok_free(m->tok);
     if (m->st) st_close(m->st);
     cJSON_Delete(m->config);
     free(m->dir);
     free(m);
+}
+
+size_t model_decode_bytes(const model *m) { return tt_decode_bytes(&m->weights); }
+
+double model_token_flops(const model *m, int pos) {
+    return tt_matmul_flops(&m->weights) + (m->ops->extra_flops ? m->ops->extra_flops(m, pos) : 0);
 }
 
 int model_is_eos(const model *m, int id) {

@@ -21,11 +21,14 @@
  *   truncates    1 when the state is rows only (every part PART_ROWS, span 1): it rewinds to any
  *                prefix, so reuse never needs turn-boundary checkpoints. seq_new checks the
  *                declared value against the parts actually declared; CAPS reports it.
- *   load .. token_flops   the math, below.
+ *   load .. extra_flops   the math, below.
  * A family file knows tensors and math; it knows nothing about requests, records or reuse:
- *   load     — read config.json (typed, errors name the key: core/config.h) and look up and
- *              validate every tensor; weight matrices through core/weights.h, so every format
- *              the kernels run is accepted (count them in n_validated).
+ *   load     — read config.json (typed, errors name the key: core/config.h) and walk the
+ *              family's tensor table (core/tensor_table.h) through m->weights: one list of rows
+ *              (name, kind, shape from the config, multiplicity, role) looks up and validates
+ *              every tensor, fills the family's structs, and is the record the weight bytes per
+ *              token and the matrix FLOPs are counted from (model_decode_bytes,
+ *              model_token_flops) and the expert cache finds an expert's tensors in.
  *   seq_new  — declare the parts of one sequence state (state_add_part) for `ctx` positions and
  *              return the family's per-sequence handle (pointers into those parts + scratch).
  *   scratch_bytes — the most scratch a forward call can take at `ctx` positions (any n: a family
@@ -70,6 +73,7 @@
 
 #include "../core/arena.h"
 #include "../core/safetensors.h"
+#include "../core/tensor_table.h"
 #include "../core/tokenizer.h"
 #include "../state/reuse.h"
 #include "../state/state.h"
@@ -116,10 +120,10 @@ typedef struct {
     void (*seq_free)(model *m, void *fam_seq);
     int (*forward)(model *m, const fwd_seg *segs, int nseg, char *err, size_t errlen);
     int (*set_media)(model *m, void *fam_seq, const unsigned char *bytes, size_t len, char *err, size_t errlen);
-    /* Weight bytes a decode step reads (dense + active experts), for bandwidth reports. */
-    size_t (*decode_bytes)(const model *m);
-    /* FLOPs of one token at position pos (for prefill GFLOP/s). */
-    double (*token_flops)(const model *m, int pos);
+    /* FLOPs of one token at position pos that no weight matrix of the table accounts for
+     * (attention over the context, recurrences, convolutions); model_token_flops adds the
+     * table's matrix FLOPs. */
+    double (*extra_flops)(const model *m, int pos);
 } family_ops;
 
 /* Role-marker token ids of a loaded model (family_turns resolved against its tokenizer; -1 or
@@ -144,6 +148,7 @@ struct model {
     int max_ctx;               /* max_position_embeddings */
     int media_token;           /* placeholder id consuming set_media input, -1 if the family takes none */
     uint64_t fingerprint;      /* st_fingerprint: identifies the checkpoint for persisted state */
+    tt_table weights;          /* the family's tensor table as loaded: the record, bytes, FLOPs */
     int n_validated;           /* tensors the family's load looked up and checked (dtype + shape) */
     model_markers markers;     /* all -1 / empty without a usable tokenizer */
     void *priv;                /* family data */
@@ -153,6 +158,11 @@ struct model {
 model *model_open(const char *dir, numerics num, int progress, char *err, size_t errlen);
 void model_close(model *m);
 int model_is_eos(const model *m, int id);
+/* Weight bytes a decode step reads (dense + active experts), for bandwidth reports, and the
+ * FLOPs of one token at position pos (for prefill GFLOP/s): the tensor table's count, plus the
+ * family's extra_flops. */
+size_t model_decode_bytes(const model *m);
+double model_token_flops(const model *m, int pos);
 
 /* One conversation timeline: the generic state (parts + record) and the family's handle. */
 typedef struct {

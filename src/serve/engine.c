@@ -699,7 +699,7 @@ int cmd_engine(int argc, char **argv) {
     announce_records(&e);
     fputs(WIRE_READY, stdout);
     fwrite(h, 1, wire_fmt_caps(h, &caps), stdout);
-    printf("STAT 0 0.0 0.0 %.2f 0 0\n", rss_gb());
+    fwrite(h, 1, wire_fmt_idle_stat(h, rss_gb()), stdout);
     fflush(stdout);
     run_loop(&e);
     engine_close(&e);

@@ -296,7 +296,7 @@ static int handle_frame(eng *e, reader *r) {
         e->caps = o.caps;
         e->has_caps = 1;
         pthread_mutex_unlock(&e->mu);
-        if (e->cfg.on_caps) e->cfg.on_caps(e->cfg.user);
+        if (e->cfg.on_caps) e->cfg.on_caps(e->cfg.user, &o.caps);
     } else if (o.kind == WIRE_OUT_DATA) {
         gen *g = take_live(e, o.id, 0);
         if (g) gen_append(g, r->payload, (size_t)o.payload, &o);

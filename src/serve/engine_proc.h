@@ -80,7 +80,9 @@ typedef struct {
     void (*on_start_failed)(void *user); /* the first start never reached READY: nothing is retried */
     /* before READY, for each slot the engine resumed (wire.h RECORD): its state as text */
     void (*on_record)(void *user, int slot, const char *text, size_t n);
-    void (*on_caps)(void *user);  /* the engine announced its capabilities (CAPS), at each start */
+    /* the engine announced its capabilities (CAPS), at each start. Called on the dispatcher thread,
+     * possibly before eng_start has returned: use `caps`, not the eng handle. */
+    void (*on_caps)(void *user, const wire_caps *caps);
     void *user;
 } eng_config;
 

@@ -531,16 +531,16 @@ static void collect_specials(serve_ctx *sc) {
 static void forget_records(void *user) { slots_forget_all(((server *)user)->sc.sl); }
 
 /* The start-up banner, once the engine says what it runs (and again after a restart). */
-static void banner(void *user) {
+/* on_caps: runs on the engine dispatcher thread, which may get here before eng_start has returned
+ * (s->sc.engine not yet set), so everything it prints comes from `caps` and the options. */
+static void banner(void *user, const wire_caps *caps) {
     server *s = user;
-    wire_caps caps;
-    if (eng_caps(s->sc.engine, &caps)) return;
     fprintf(stderr,
             "cairn serve: ready at http://%s:%d\n"
             "  model     %s (%s)\n"
             "  context   %d tokens per slot, %d slots\n"
             "  numerics  %s; reply ids %s%s%s\n",
-            s->o->host, s->port, s->sc.model_id, s->sc.family, caps.ctx, caps.slots, caps.numerics,
+            s->o->host, s->port, s->sc.model_id, s->sc.family, caps->ctx, caps->slots, caps->numerics,
             s->sc.replies ? "on" : "off", s->o->kv_dir ? ", kv-dir " : "", s->o->kv_dir ? s->o->kv_dir : "");
 }
 

@@ -497,6 +497,10 @@ size_t wire_fmt_caps(char *out, const wire_caps *c) {
                             c->grammar, c->numerics);
 }
 
+size_t wire_fmt_idle_stat(char *out, double rss_gb) {
+    return (size_t)snprintf(out, WIRE_HEADER_MAX, "STAT 0 0.0 0.0 %.2f 0 0\n", rss_gb);
+}
+
 /* ---- engine output ---------------------------------------------------------------------- */
 
 static int parse_double(const fields *f, int i, double *out) {

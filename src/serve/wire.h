@@ -166,6 +166,8 @@ typedef struct {
     char numerics[16];            /* "exact" or "qat" (--numerics) */
 } wire_caps;
 size_t wire_fmt_caps(char *out, const wire_caps *c);
+/* "STAT 0 0.0 0.0 <rss_gb> 0 0": the idle statistics line after READY (protocol.md §1.2). */
+size_t wire_fmt_idle_stat(char *out, double rss_gb);
 
 /* DONE's statistics, in field order. */
 typedef struct {

@@ -603,6 +603,25 @@ static void load_slots(engine *e) {
     }
 }
 
+/* Before READY, what every resumed slot holds, as text (wire.h RECORD). The gateway routes a
+ * prompt to the slot whose text it extends; without this a restarted engine's resumed slots
+ * would all look empty to it, and the first turns would overwrite each other's states. */
+static void announce_records(engine *e) {
+    if (!e->m->tok) return;
+    for (int i = 0; i < e->o.slots; i++) {
+        const state *st = &e->seqs[i]->st;
+        size_t n = 0;
+        char *text = st->len ? tok_decode(e->m->tok, st->ids, st->len, &n) : NULL;
+        if (text && n <= WIRE_RECORD_MAX) {
+            char h[WIRE_HEADER_MAX];
+            fwrite(h, 1, wire_fmt_record(h, i, n), stdout);
+            fwrite(text, 1, n, stdout);
+            fputc('\n', stdout);
+        }
+        free(text);
+    }
+}
+
 static int engine_open(engine *e, char *err, size_t errlen) {
     if (e->o.threads) pool_set_threads(e->o.threads);
     /* the load progress bar goes to stderr (a terminal, or CAIRN_PROGRESS=1): under cairn serve it
@@ -688,6 +707,7 @@ int cmd_engine(int argc, char **argv) {
     snprintf(caps.numerics, sizeof caps.numerics, "%s", e.o.num == NUMERICS_EXACT ? "exact" : "qat");
     snprintf(caps.family, sizeof caps.family, "%s", e.m->ops->name);
     char h[WIRE_HEADER_MAX];
+    announce_records(&e);
     fputs(WIRE_READY, stdout);
     fwrite(h, 1, wire_fmt_caps(h, &caps), stdout);
     fwrite(h, 1, wire_fmt_idle_stat(h, rss_gb()), stdout);

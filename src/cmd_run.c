@@ -29,6 +29,7 @@ typedef struct {
     const char *model_dir, *prompt, *prompt_ids, *dump_state;
     int chat, raw, jsonl, ignore_eos, validate_only;
     long n_gen, top_logprobs, echo_logprobs, ctx, threads, snapshot_at;
+    double expert_cache_mb;
     int *chunks, nchunks;      /* --prefill-chunks sizes (heap) */
     int *report, nreport;      /* --weights-report positions (heap); report_on: the flag was given */
     int report_on;
@@ -89,6 +90,7 @@ static void usage(FILE *f) {
             "  --validate-only        open the model, validate every tensor (incl. MTP) and exit\n"
             "  --weights-report P,Q   open the model and print one JSON line: tensors validated, weight\n"
             "                         bytes a decode step reads, FLOPs of a token at positions P, Q, ...\n"
+            CLI_EXPERT_CACHE_HELP
             "\n"
             "At exit a stats line is printed on stderr (prompt, generated, rss_mb, state bytes, tok/s).\n");
 }
@@ -137,6 +139,9 @@ static int parse_flags(int argc, char **argv, run_opts *o) {
         else if (!strcmp(a, "--echo-logprobs")) { if (cli_int("run", a, v, 1, 1000, &o->echo_logprobs)) return -1; }
         else if (!strcmp(a, "--ctx")) { if (cli_int("run", a, v, 1, 1 << 30, &o->ctx)) return -1; }
         else if (!strcmp(a, "--threads")) { if (cli_int("run", a, v, 1, 1024, &o->threads)) return -1; }
+        else if (!strcmp(a, "--expert-cache-mb")) {
+            if (cli_expert_cache_mb("run", v, &o->expert_cache_mb)) return -1;
+        }
         else if (!strcmp(a, "--snapshot-at")) { if (cli_int("run", a, v, 1, 1 << 30, &o->snapshot_at)) return -1; }
         else if (!strcmp(a, "--top-k")) { if (cli_int("run", a, v, 0, 1 << 30, &l)) return -1; o->sp.top_k = (int)l; }
         else if (!strcmp(a, "--seed")) { if (cli_int("run", a, v, 0, 0x7fffffffffffffffL, &l)) return -1; o->sp.seed = (uint64_t)l; }
@@ -644,6 +649,11 @@ static void print_stats(const runner *r) {
             r->st.prompt, r->st.generated, rss_bytes() / 1048576.0, st ? state_bytes_per_token(st) : 0,
             st ? state_fixed_bytes(st) : 0, r->st.prefill_s > 0 ? r->st.prompt / r->st.prefill_s : 0,
             r->st.decode_s > 0 ? r->st.decode_steps / r->st.decode_s : 0);
+    if (experts_cached(r->m->experts)) {
+        char line[1024];
+        experts_stats_line(r->m->experts, line, sizeof line);
+        fprintf(stderr, "cairn: %s\n", line);
+    }
 }
 
 static int run_model(runner *r, prompt *prompts, int np, char *err, size_t errlen) {
@@ -684,6 +694,12 @@ int cmd_run(int argc, char **argv) {
     char err[512] = "";
     model *m = model_open(o.model_dir, o.num, isatty(2), err, sizeof err);
     if (!m) { fprintf(stderr, "cairn run: %s\n", err); return 1; }
+    if (cli_expert_cache("run", m, o.expert_cache_mb, NULL)) {
+        model_close(m);
+        free(o.chunks);
+        free(o.report);
+        return 1;
+    }
     if (o.validate_only || o.report_on) {
         if (o.report_on) print_weights_report(m, o.report, o.nreport);
         else printf("cairn: validated %d tensors\n", m->n_validated);

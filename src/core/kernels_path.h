@@ -49,11 +49,14 @@ typedef struct {
     /* Vector width (8 or 16 lanes) whose kernel_nibble_permute_x order nibble-format input rows
      * must arrive in (the SIMD decode order), or 0 for column order. */
     int nibble_width;
+    /* out[c] = rule 1's weight factor (r, c) for c < cols (kernel_weight, unscaled), for the
+     * rule-2 formats; NULL: kernel_weight per element. qmat_row applies the scales. */
+    void (*row_factors)(const qmat *w, int r, float *out);
 } kernel_path;
 
 extern const kernel_path kernel_path_scalar;
 extern const kernel_path kernel_path_avx2;     /* defined only when compiled with AVX2+FMA+F16C */
-extern const kernel_path kernel_path_avx512;   /* defined only when compiled with AVX-512F (+ AVX2) */
+extern const kernel_path kernel_path_avx512;   /* defined only when compiled with AVX-512F + BW (+ AVX2) */
 
 /* 256-entry table: E4M3 byte read as an f16 bit pattern ((b&0x7f)<<7 | (b&0x80)<<8), i.e. the
  * E4M3 value times 2^-8 (the NaN codes read as +-480 * 2^-8; checkpoints do not contain them). */

@@ -434,6 +434,22 @@ void st_close(st_file *f) {
 
 int st_count(const st_file *f) { return f->ntensors; }
 
+int st_shard_count(const st_file *f) { return f->nshards; }
+
+const char *st_shard_path(const st_file *f, int i) { return i >= 0 && i < f->nshards ? f->shards[i].path : NULL; }
+
+int st_locate(const st_file *f, const void *p, size_t len, uint64_t *offset) {
+    const unsigned char *b = p;
+    for (int i = 0; i < f->nshards; i++) {
+        const st_shard *sh = &f->shards[i];
+        if (sh->map && b >= sh->map && (size_t)(b - sh->map) <= sh->size && len <= sh->size - (size_t)(b - sh->map)) {
+            *offset = (uint64_t)(b - sh->map);
+            return i;
+        }
+    }
+    return -1;
+}
+
 const st_tensor *st_at(const st_file *f, int i) { return i >= 0 && i < f->ntensors ? &f->tensors[i] : NULL; }
 
 uint64_t st_fingerprint(const st_file *f) { return f->fingerprint; }

@@ -273,6 +273,7 @@ static void dsv4_free(model *m) {
 static int dsv4_load(model *m, char *err, size_t errlen) {
     dsv4_model *d = xcalloc(1, sizeof *d);
     m->priv = d;
+    d->experts = m->experts;
     if (parse_config(m->config, &d->c, err, errlen)) return -1;
     const dsv4_config *c = &d->c;
     d->qat = m->num == NUMERICS_QAT;

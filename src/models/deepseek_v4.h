@@ -105,6 +105,7 @@ typedef struct {
     dsv4_hc hc_head;
     dsv4_layer *layers;        /* n_layers + n_mtp (MTP validated, not run) */
     dsv4_mtp *mtp;             /* [n_mtp] */
+    experts *experts;          /* the model's routed experts (core/experts.h), by layer index */
     int dims[DD_COUNT];
 } dsv4_model;
 

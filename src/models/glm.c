@@ -250,6 +250,7 @@ static void glm_free(model *m) {
 static int glm_load(model *m, char *err, size_t errlen) {
     glm_model *g = xcalloc(1, sizeof *g);
     m->priv = g;
+    g->experts = m->experts;
     const cJSON *c = m->config;
     tt_table *w = &m->weights;
     if (read_dims(g, c, err, errlen) || read_routing(g, c, err, errlen) || read_rope(g, c, err, errlen)) return -1;

@@ -66,6 +66,7 @@ typedef struct {
     glm_mtp mtp_extra;
     int has_mtp;
     int dims[GD_COUNT];
+    experts *experts;                 /* the routed experts (core/experts.h), by layer index */
 } glm_model;
 
 /* Per-sequence handle: pointers into the state's parts, and the sequence's scratch arena. */

@@ -297,7 +297,7 @@ static void route(const glm_model *g, const glm_layer *l, const float *logits, i
 
 typedef struct {
     float *logits, *weight, *xin, *ex, *eout;
-    int *idx, *rows;
+    int *idx;
 } moe_bufs;
 
 static void moe_layout(arena *a, const glm_model *g, int n, moe_bufs *b) {
@@ -305,33 +305,42 @@ static void moe_layout(arena *a, const glm_model *g, int n, moe_bufs *b) {
     b->logits = floats(a, (size_t)n * g->n_experts);
     b->weight = floats(a, n * K);
     b->idx = ints(a, n * K);
-    b->rows = ints(a, (size_t)n);
     b->xin = floats(a, n * d);
     b->ex = floats(a, n * K * d);
     b->eout = floats(a, n * d);
 }
 
-static void moe(const model *m, const glm_layer *l, const float *x, int n, float *y, arena *sc) {
+typedef struct {
+    const model *m;
+    const float *x;
+    moe_bufs *b;
+    arena *sc;
+} routed_job;
+
+/* Routed expert e (gate, up, down in w) on the (token, rank) slots that chose it: ex[slot]. */
+static void run_routed(void *ctx, int e, const qmat *w, const int *slots, int cnt) {
+    routed_job *j = ctx;
+    const glm_model *g = j->m->priv;
+    experts_gather(j->x, g->dim, g->top_k, slots, cnt, j->b->xin);
+    size_t mark = arena_mark(j->sc);
+    swiglu(j->m, &w[0], &w[1], &w[2], j->b->xin, cnt, j->b->eout, j->sc);
+    arena_release(j->sc, mark);
+    experts_scatter(j->b->eout, g->dim, slots, cnt, j->b->ex);
+}
+
+static void moe(const model *m, const glm_layer *l, int li, const float *x, int n, float *y, arena *sc) {
     const glm_model *g = m->priv;
     int d = g->dim, K = g->top_k;
     moe_bufs b;
     moe_layout(sc, g, n, &b);
-    float *logits = b.logits, *weight = b.weight, *xin = b.xin, *ex = b.ex, *eout = b.eout;
-    int *idx = b.idx, *rows = b.rows;
+    float *logits = b.logits, *weight = b.weight, *ex = b.ex;
+    int *idx = b.idx;
     qmat_mul(&l->router, x, n, logits);
     for (int i = 0; i < n; i++)
         route(g, l, logits + (size_t)i * g->n_experts, idx + (size_t)i * K, weight + (size_t)i * K, sc);
-    /* Batch each expert over the tokens that chose it; results land in ex[token][slot]. */
-    for (int e = 0; e < g->n_experts; e++) {
-        int cnt = 0;
-        for (int t = 0; t < n * K; t++)
-            if (idx[t] == e) { memcpy(xin + (size_t)cnt * d, x + (size_t)(t / K) * d, (size_t)d * sizeof *x); rows[cnt++] = t; }
-        if (!cnt) continue;
-        size_t mark = arena_mark(sc);
-        swiglu(m, &l->e_gate[e], &l->e_up[e], &l->e_down[e], xin, cnt, eout, sc);
-        arena_release(sc, mark);
-        for (int r = 0; r < cnt; r++) memcpy(ex + (size_t)rows[r] * d, eout + (size_t)r * d, (size_t)d * sizeof *ex);
-    }
+    /* each routed expert once over the tokens that chose it */
+    routed_job j = {m, x, &b, sc};
+    experts_run(g->experts, li, idx, n * K, run_routed, &j);
     swiglu(m, &l->gate, &l->up, &l->down, x, n, y, sc);      /* shared expert */
     for (int i = 0; i < n; i++) {
         float *yi = y + (size_t)i * d;
@@ -465,7 +474,7 @@ static void forward_chunk(const model *m, glm_seq *s, const fwd_seg *const *seg,
         attention(m, l, li, &b.rows, hn, n, &b.sel, delta, sc);
         add_residual(m, x, delta, len);
         rmsnorm_rows(m, hn, x, l->ffn_norm, n, g->dim, g->eps);
-        if (l->sparse) moe(m, l, hn, n, delta, sc);
+        if (l->sparse) moe(m, l, li, hn, n, delta, sc);
         else swiglu(m, &l->gate, &l->up, &l->down, hn, n, delta, sc);
         add_residual(m, x, delta, len);
         arena_release(sc, layer);

@@ -232,6 +232,13 @@ static void fill_dims(ink_model *g) {
     d[ID_MOE_INTER] = g->moe_inter, d[ID_2MOE_INTER] = 2 * g->moe_inter, d[ID_AUDIO_ROWS] = g->n_mel * g->mel_vocab;
 }
 
+ink_glu ink_glu_with(const ink_glu *u, const qmat *w) {
+    ink_glu v = *u;
+    if (u->layout == GLU_SPLIT) v.gate = w[0], v.up = w[1], v.down = w[2];
+    else v.fused = w[0], v.down = w[1];
+    return v;
+}
+
 /* The SwiGLUs of a sparse layer, built from the stacked matrices as the layout fuses them. */
 static void build_glus(ink_model *g, ink_layer *l, int raw) {
     l->experts = xcalloc((size_t)g->n_experts, sizeof *l->experts);
@@ -295,6 +302,7 @@ static int read_generation(model *m, const cJSON *t, char *err, size_t errlen) {
 static int inkling_load(model *m, char *err, size_t errlen) {
     ink_model *g = xcalloc(1, sizeof *g);
     m->priv = g;
+    g->experts = m->experts;
     const cJSON *t = text_config(m->config);
     if (read_dims(g, t, err, errlen)) return -1;
     g->layers = xcalloc((size_t)g->n_layers, sizeof *g->layers);

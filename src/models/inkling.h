@@ -90,7 +90,12 @@ typedef struct {
     float *embed_norm, *final_norm, *audio_norm;
     ink_layer *layers;
     int dims[ID_COUNT];
+    experts *experts;                                    /* the routed experts (core/experts.h), by layer index */
 } ink_model;
+
+/* u with its matrices replaced by w, in the tensor table's order (gate, up, down; or fused, down):
+ * a routed expert as the expert registry hands it out (mapped or cached). */
+ink_glu ink_glu_with(const ink_glu *u, const qmat *w);
 
 /* One state part as the forward pass sees it: its buffer and its index (for state_capture). */
 typedef struct {

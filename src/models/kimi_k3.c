@@ -258,6 +258,7 @@ static void k3_free(model *m) {
 static int k3_load(model *m, char *err, size_t errlen) {
     k3_model *k = xcalloc(1, sizeof *k);
     m->priv = k;
+    k->experts = m->experts;
     const cJSON *c = config_get(m->config, "text_config");
     if (!c) c = m->config;
     if (read_dims(k, c, err, errlen) || read_options(k, c, err, errlen)) return -1;

@@ -82,6 +82,7 @@ typedef struct {
     const float *final_norm, *out_res_norm, *out_res_proj;
     k3_layer *layers;
     int dims[KD_COUNT];
+    experts *experts;                        /* the routed experts (core/experts.h), by layer index */
 } k3_model;
 
 /* Per-sequence handle: pointers into the state's parts, and the sequence's scratch arena. */

@@ -28,7 +28,9 @@
  *              (name, kind, shape from the config, multiplicity, role) looks up and validates
  *              every tensor, fills the family's structs, and is the record the weight bytes per
  *              token and the matrix FLOPs are counted from (model_decode_bytes,
- *              model_token_flops) and the expert cache finds an expert's tensors in.
+ *              model_token_flops). model_open registers every routed expert (TT_ROUTED rows) with
+ *              core/experts.h, and a MoE layer runs its chosen experts through experts_run
+ *              (m->experts), so the expert cache (--expert-cache-mb) serves every family.
  *   seq_new  — declare the parts of one sequence state (state_add_part) for `ctx` positions and
  *              return the family's per-sequence handle (pointers into those parts + scratch).
  *   scratch_bytes — the most scratch a forward call can take at `ctx` positions (any n: a family
@@ -72,6 +74,7 @@
 #include <stdint.h>
 
 #include "../core/arena.h"
+#include "../core/experts.h"
 #include "../core/safetensors.h"
 #include "../core/tensor_table.h"
 #include "../core/tokenizer.h"
@@ -143,6 +146,8 @@ struct model {
     const family_ops *ops;
     char *dir;
     st_file *st;
+    experts *experts;          /* every routed expert (core/experts.h): model_open registers the table's
+                                * TT_ROUTED rows; a MoE layer runs its experts through experts_run */
     cJSON *config;
     tokenizer *tok;
     numerics num;
@@ -162,6 +167,10 @@ struct model {
 /* Open DIR: config.json model_type picks the family; tokenizer.json is loaded if present. */
 model *model_open(const char *dir, numerics num, int progress, char *err, size_t errlen);
 void model_close(model *m);
+/* Read routed experts through the expert cache with a budget of mb MiB (fractions allowed) (core/experts.h) instead of
+ * the mapping; usage_dir (NULL: none) keeps the usage counts that pick the pinned experts
+ * (`expert_usage.bin`, the engine's --kv-dir). Before the first forward. -1 with err. */
+int model_expert_cache(model *m, double mb, const char *usage_dir, char *err, size_t errlen);
 int model_is_eos(const model *m, int id);
 /* Weight bytes a decode step reads (dense + active experts), for bandwidth reports, and the
  * FLOPs of one token at position pos (for prefill GFLOP/s): the tensor table's count, plus the

@@ -6,25 +6,16 @@
 
 #include "core/util.h"
 #include "models/chat.h"
+#include "chat_test.h"
 #include "test.h"
 
 extern const chat_template kimi_k3_chat;
 
 static char *render(const char *messages_json, const char *tools_json, int thinking, const char *effort,
                     const char *tool_choice, char *err) {
-    cJSON *msgs = cJSON_Parse(messages_json), *tools = tools_json ? cJSON_Parse(tools_json) : NULL;
     chat_opts o = {.thinking = thinking, .effort = effort, .tool_choice = tool_choice};
-    chat_prompt p = {0};
-    char *out = kimi_k3_chat.render(msgs, tools, &o, &p, err, 256) ? NULL : sbuf_take(&p.text);
-    chat_prompt_free(&p);
-    cJSON_Delete(msgs);
-    cJSON_Delete(tools);
-    return out;
+    return chat_render_json(&kimi_k3_chat, messages_json, tools_json, o, err, 256);
 }
-
-static const char *show(const char *s) { return s ? s : "(null)"; }
-
-static int starts_with(const char *s, const char *prefix) { return s && !strncmp(s, prefix, strlen(prefix)); }
 
 #define EFFORT(e)                                                                                                    \
     "<|open|>message role=\"system\" type=\"thinking-effort\"<|sep|>`thinking_effort` guides on how much to think " \

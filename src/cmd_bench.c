@@ -141,6 +141,7 @@ typedef struct {
 static const bench_layout layouts[] = {
     {WF_F32, 0, "f32"},       {WF_BF16, 0, "bf16"},     {WF_FP8, 0, "fp8"},       {WF_FP8, 1, "fp8-f32s"},
     {WF_FP4, 0, "fp4"},       {WF_I8_ROW, 0, "i8-row"}, {WF_I4_ROW, 0, "i4-row"}, {WF_I4_G64, 0, "i4-g64"},
+    {WF_NVFP4, 0, "nvfp4"},
 };
 #define N_LAYOUTS (int)(sizeof layouts / sizeof layouts[0])
 
@@ -150,6 +151,7 @@ static size_t scale_count(wformat fmt, size_t rows) {
     case WF_BF16: return 0;
     case WF_FP8: return rows / 128 * (BENCH_COLS / 128);
     case WF_FP4: return rows * (BENCH_COLS / 32);
+    case WF_NVFP4: return rows * (BENCH_COLS / 16);
     case WF_I8_ROW:
     case WF_I4_ROW: return rows;
     case WF_I4_G64: return rows * (BENCH_COLS / 64);
@@ -164,7 +166,7 @@ static int make_matrix(qmat *w, const bench_layout *lay, size_t mb, char *err, s
                          : fmt == WF_FP8 || fmt == WF_I8_ROW ? BENCH_COLS : BENCH_COLS / 2;
     size_t rows = (mb * MIB / bytes_per_row + 127) / 128 * 128;
     size_t scale_len = scale_count(fmt, rows);
-    int f32_scales = lay->f32_scales || fmt >= WF_I8_ROW;
+    int f32_scales = lay->f32_scales || fmt == WF_I8_ROW || fmt == WF_I4_ROW || fmt == WF_I4_G64;
     uint8_t *data = malloc(rows * bytes_per_row);
     uint8_t *scale = scale_len && !f32_scales ? malloc(scale_len) : NULL;
     float *fscale = scale_len && f32_scales ? malloc(scale_len * sizeof(float)) : NULL;
@@ -185,9 +187,11 @@ static int make_matrix(qmat *w, const bench_layout *lay, size_t mb, char *err, s
             data[i] = fmt == WF_FP8 && (b & 0x7f) == 0x7f ? b - 1 : b;
         }
     }
-    for (size_t i = 0; scale && i < scale_len; i++) scale[i] = (uint8_t)(120 + rng_next() % 8);
+    for (size_t i = 0; scale && i < scale_len; i++)   /* E8M0 2^-7..2^0, or E4M3 0.5..1.875 */
+        scale[i] = (uint8_t)(fmt == WF_NVFP4 ? 0x30 + rng_next() % 16 : 120 + rng_next() % 8);
     for (size_t i = 0; fscale && i < scale_len; i++) fscale[i] = 0.01f + (float)(rng_next() % 1000) * 1e-4f;
-    *w = (qmat){.fmt = fmt, .rows = (int)rows, .cols = BENCH_COLS, .data = data, .scale = scale, .scale_f32 = fscale};
+    *w = (qmat){.fmt = fmt, .rows = (int)rows, .cols = BENCH_COLS, .data = data, .scale = scale, .scale_f32 = fscale,
+                .global_scale = 0.5f};
     return 0;
 }
 

@@ -24,6 +24,7 @@
 float kernel_fp8_lut[256];
 float kernel_fp8_scale_lut[256];
 float kernel_fp4_scale_lut[256];
+float kernel_nvfp4_scale_lut[256];
 
 uint8_t kernel_nibble_bf16_lo[2][16], kernel_nibble_bf16_hi[2][16];
 
@@ -35,6 +36,7 @@ __attribute__((constructor)) static void kernel_luts_init(void) {
         kernel_fp8_lut[b] = f16_to_f32((uint16_t)((b & 0x7f) << 7 | (b & 0x80) << 8));
         kernel_fp8_scale_lut[b] = e8m0_to_f32((uint8_t)b) * 256.0f;
         kernel_fp4_scale_lut[b] = e8m0_to_f32((uint8_t)b) * 0.5f;
+        kernel_nvfp4_scale_lut[b] = e4m3_to_f32((uint8_t)b) * 0.5f;
     }
     for (int code = 0; code < 16; code++) {
         uint16_t fp4 = f32_to_bf16(kernel_fp4_lut[code]), i4 = f32_to_bf16(kernel_i4_lut[code]);
@@ -54,6 +56,7 @@ const char *wformat_name(wformat f) {
     case WF_I8_ROW: return "i8-row";
     case WF_I4_ROW: return "i4-row";
     case WF_I4_G64: return "i4-g64";
+    case WF_NVFP4: return "nvfp4";
     }
     return "unknown";
 }
@@ -68,7 +71,7 @@ size_t qmat_data_bytes(const qmat *w) {
     case WF_F32: return rows * cols * 4;
     case WF_BF16: return rows * cols * 2;
     case WF_FP8: case WF_I8_ROW: return rows * cols;
-    case WF_FP4: case WF_I4_ROW: case WF_I4_G64: return rows * kernel_nibble_row_bytes(w);
+    case WF_FP4: case WF_I4_ROW: case WF_I4_G64: case WF_NVFP4: return rows * kernel_nibble_row_bytes(w);
     }
     return 0;
 }
@@ -79,6 +82,7 @@ size_t qmat_scale_bytes(const qmat *w) {
     case WF_F32: case WF_BF16: return 0;
     case WF_FP8: return ceil_div(rows, 128) * ceil_div(cols, 128) * (w->scale_f32 ? 4 : 1);
     case WF_FP4: return rows * ceil_div(cols, 32);
+    case WF_NVFP4: return rows * ceil_div(cols, 16);   /* the global scale is held by value */
     case WF_I8_ROW: case WF_I4_ROW: return rows * 4;
     case WF_I4_G64: return rows * ceil_div(cols, 64) * 4;
     }
@@ -88,7 +92,7 @@ size_t qmat_scale_bytes(const qmat *w) {
 size_t qmat_bytes(const qmat *w) { return qmat_data_bytes(w) + qmat_scale_bytes(w); }
 
 size_t kernel_scale_row_len(const qmat *w) {
-    return ceil_div((size_t)w->cols, w->fmt == WF_FP8 ? 128 : w->fmt == WF_I4_G64 ? 64 : 32);
+    return ceil_div((size_t)w->cols, w->fmt == WF_FP8 ? 128 : w->fmt == WF_I4_G64 ? 64 : w->fmt == WF_NVFP4 ? 16 : 32);
 }
 
 float kernel_fp8_scale(const qmat *w, int r, int c) {
@@ -134,11 +138,12 @@ float kernel_weight(const qmat *w, int r, int c) {
     case WF_FP8: return kernel_fp8_lut[((const uint8_t *)w->data)[(size_t)r * cols + c]];
     case WF_I8_ROW: return (float)((const int8_t *)w->data)[(size_t)r * cols + c];
     case WF_FP4:
+    case WF_NVFP4:
     case WF_I4_ROW:
     case WF_I4_G64: {
         uint8_t byte = ((const uint8_t *)w->data)[(size_t)r * kernel_nibble_row_bytes(w) + (size_t)c / 2];
         int code = c & 1 ? byte >> 4 : byte & 15;
-        return w->fmt == WF_FP4 ? kernel_fp4_lut[code] : kernel_i4_lut[code];
+        return kernel_nibble_is_e2m1(w->fmt) ? kernel_fp4_lut[code] : kernel_i4_lut[code];
     }
     }
     return 0.0f;
@@ -209,9 +214,9 @@ void kernel_nibble_blocks(const qmat *w, int r, int b0, const float *x, float ac
     const void *srow = kernel_nibble_scale_row(w, r);
     int blocks = (w->cols + 31) / 32;
     for (int b = b0; b < blocks; b++) {
-        float scale = kernel_nibble_scale(w->fmt, srow, b);
         for (int g = 0; g < 8; g++) {
             int c = 32 * b + 4 * g;
+            float scale = c < w->cols ? kernel_nibble_scale(w->fmt, srow, b, g / 4) : 0.0f;
             float p = kernel_weight(w, r, c) * (c < w->cols ? x[c] : 0.0f);
             for (int t = 1; t < 4; t++)
                 p = fmaf(kernel_weight(w, r, c + t), c + t < w->cols ? x[c + t] : 0.0f, p);
@@ -235,7 +240,7 @@ static float dot_canonical(const float *wrow, const float *x, int cols) {
 static float nibble_dot(const qmat *w, int r, const float *x) {
     float acc[16] = {0};
     kernel_nibble_blocks(w, r, 0, x, acc);
-    return kernel_tree16(acc);
+    return kernel_row_finish(w, r, kernel_tree16(acc));
 }
 
 static void scalar_rows_mul(const qmat *w, int r0, int r1, const float *x, int n, float *y, int ldy) {
@@ -330,12 +335,12 @@ void qmat_row(const qmat *w, int r, float *out) {
     const kernel_path *path = active_path();
     if (path->row_factors && !kernel_is_nibbles(w->fmt)) path->row_factors(w, r, out);
     else weight_row(w, r, out);
-    int block = w->fmt == WF_FP8 ? 128 : kernel_is_nibbles(w->fmt) ? 32 : 0;
+    int block = w->fmt == WF_FP8 ? 128 : kernel_is_nibbles(w->fmt) ? 16 : 0;
     const void *srow = kernel_is_nibbles(w->fmt) ? kernel_nibble_scale_row(w, r) : NULL;
     if (w->fmt == WF_I8_ROW)
         for (int c = 0; c < w->cols; c++) out[c] *= w->scale_f32[r];
     for (int c0 = 0; block && c0 < w->cols; c0 += block) {
-        float scale = w->fmt == WF_FP8 ? kernel_fp8_scale(w, r, c0) : kernel_nibble_scale(w->fmt, srow, c0 / 32);
-        for (int c = c0; c < MIN(c0 + block, w->cols); c++) out[c] *= scale;
+        float scale = w->fmt == WF_FP8 ? kernel_fp8_scale(w, r, c0) : kernel_nibble_scale(w->fmt, srow, c0 / 32, c0 / 16 % 2);
+        for (int c = c0; c < MIN(c0 + block, w->cols); c++) out[c] = kernel_row_finish(w, r, out[c] * scale);
     }
 }

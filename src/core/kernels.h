@@ -6,6 +6,9 @@
  *   WF_FP8  : E4M3 bytes [rows][cols] + a scale per 128x128 block [ceil(rows/128)][ceil(cols/128)],
  *             E8M0 (`scale`) or F32 (`scale_f32`, any value: GLM-5-FP8 / DeepSeek-V3 `_scale_inv`)
  *   WF_FP4  : E2M1 nibbles [rows][cols/2] (low nibble = even column) + E8M0 scale [rows][cols/32]
+ *   WF_NVFP4: the same nibbles + E4M3 scale [rows][cols/16] (`scale`) + one f32 global scale per
+ *             matrix: W = code value * scale / global (compressed-tensors `weight_global_scale`,
+ *             global_divides) or * global (ModelOpt `weight_scale_2`)
  * and the colibri integer containers (QT formats 1, 2 and 4), symmetric, scales in `scale_f32`:
  *   WF_I8_ROW : int8 [rows][cols] + one f32 scale per row
  *   WF_I4_ROW : nibbles [rows][ceil(cols/2)] (low nibble = even column, value = nibble - 8)
@@ -31,15 +34,17 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef enum { WF_F32, WF_BF16, WF_FP8, WF_FP4, WF_I8_ROW, WF_I4_ROW, WF_I4_G64 } wformat;
+typedef enum { WF_F32, WF_BF16, WF_FP8, WF_FP4, WF_I8_ROW, WF_I4_ROW, WF_I4_G64, WF_NVFP4 } wformat;
 
 typedef struct {
     wformat fmt;
     int rows, cols;
     const void *data;
-    const uint8_t *scale;       /* E8M0 block scales (FP8, FP4), else NULL */
+    const uint8_t *scale;       /* E8M0 block scales (FP8, FP4), E4M3 (NVFP4), else NULL */
     const float *scale_f32;     /* FP8 block scales when set (then `scale` is unused); the integer
                                  * formats' row or group scales; else NULL */
+    float global_scale;         /* NVFP4: the per-matrix scale (finite, > 0), held by value */
+    int global_divides;         /* NVFP4: 1 = the weights are divided by it, 0 = multiplied */
 } qmat;
 
 const char *wformat_name(wformat f);

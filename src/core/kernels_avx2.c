@@ -6,7 +6,7 @@
  * its FMA. Batched calls decode a few rows into an f32 buffer once, then run a 3x3 register
  * tile (3 weight rows x 3 input rows) over it, one lane half at a time, which uses 15 of the 16
  * ymm registers and loads 6 vectors per 9 FMAs (see avx2_rows_mul for the cache blocking).
- * The nibble formats (FP4, I4_ROW, I4_G64) follow rule 4: 64 columns (two scale blocks) decode
+ * The nibble formats (FP4, NVFP4, I4_ROW, I4_G64) follow rule 4: 64 columns (two scale blocks) decode
  * with byte shuffles through the format's table into eight vectors laid out as
  * kernel_nibble_permute_x orders the input (width 8), so no shuffles touch x or acc. I8_ROW is a rule-2
  * format whose codes widen to f32 exactly; its row scale multiplies the result (rule 5). */
@@ -39,7 +39,7 @@ INLINE void dec16_fp8(const uint8_t *p, __m256 v[2]) {
 
 /* The two byte tables of a nibble format (kernel_nibble_bf16_lo/hi), in both 128-bit halves. */
 INLINE void nibble_tables(wformat f, __m256i *lo_bytes, __m256i *hi_bytes) {
-    int t = f == WF_FP4 ? 0 : 1;
+    int t = kernel_nibble_is_e2m1(f) ? 0 : 1;
     *lo_bytes = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kernel_nibble_bf16_lo[t]));
     *hi_bytes = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kernel_nibble_bf16_hi[t]));
 }
@@ -68,25 +68,29 @@ INLINE void dec64_nibbles(const uint8_t *p, __m256i lo_bytes, __m256i hi_bytes, 
     }
 }
 
-/* Rule 4's scale factors for blocks b (half 0) and b + 1 (half 1); b is even, so both blocks
- * of I4_G64 lie in one group and I4_ROW has one scale. */
-INLINE __m256 nibble_scales(wformat f, const void *srow, int b) {
-    if (f != WF_FP4) return _mm256_set1_ps(kernel_nibble_scale(f, srow, b));
-    return _mm256_setr_m128(_mm_set1_ps(kernel_nibble_scale(f, srow, b)),
-                            _mm_set1_ps(kernel_nibble_scale(f, srow, b + 1)));
+/* Rule 4's scale factors of lanes 0..7 (s[0]) and 8..15 (s[1]): blocks b (128-bit half 0) and
+ * b + 1 (half 1); b is even, so both blocks of I4_G64 lie in one group and I4_ROW has one
+ * scale. Only NVFP4 scales lanes 8..15 (the second 16 columns of each block) apart. */
+INLINE void nibble_scales(wformat f, const void *srow, int b, __m256 s[2]) {
+    #pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+        if (f == WF_I4_ROW || f == WF_I4_G64) s[h] = _mm256_set1_ps(kernel_nibble_scale(f, srow, b, h));
+        else s[h] = _mm256_setr_m128(_mm_set1_ps(kernel_nibble_scale(f, srow, b, h)),
+                                     _mm_set1_ps(kernel_nibble_scale(f, srow, b + 1, h)));
+    }
 }
 
 /* One 64-column chunk of rule 4: each lane's 4-term partial, then acc = fma(p, scale, acc).
  * x is in kernel_nibble_permute_x order. */
-INLINE void nibble_chunk(const __m256 v[8], const float *x, __m256 scale, __m256 acc[2]) {
+INLINE void nibble_chunk(const __m256 v[8], const float *x, const __m256 scale[2], __m256 acc[2]) {
     __m256 p0 = _mm256_mul_ps(v[0], _mm256_loadu_ps(x)), p1 = _mm256_mul_ps(v[4], _mm256_loadu_ps(x + 32));
     #pragma GCC unroll 3
     for (int t = 1; t < 4; t++) {
         p0 = _mm256_fmadd_ps(v[t], _mm256_loadu_ps(x + 8 * t), p0);
         p1 = _mm256_fmadd_ps(v[4 + t], _mm256_loadu_ps(x + 32 + 8 * t), p1);
     }
-    acc[0] = _mm256_fmadd_ps(p0, scale, acc[0]);
-    acc[1] = _mm256_fmadd_ps(p1, scale, acc[1]);
+    acc[0] = _mm256_fmadd_ps(p0, scale[0], acc[0]);
+    acc[1] = _mm256_fmadd_ps(p1, scale[1], acc[1]);
 }
 
 INLINE void dec16_bf16(const uint16_t *p, __m256 v[2]) {
@@ -177,14 +181,14 @@ INLINE void dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, fl
     }
 }
 
-/* Rule 4 for the blocks past the last full 64-column chunk, then the tree. */
+/* Rule 4 for the blocks past the last full 64-column chunk, then the tree and rule 5. */
 static float nibble_finish(const qmat *w, int r, int full, const float *x, const __m256 acc[2]) {
-    if (full == w->cols) return tree16(acc[0], acc[1]);
+    if (full == w->cols) return kernel_row_finish(w, r, tree16(acc[0], acc[1]));
     float a[16] __attribute__((aligned(32)));
     _mm256_store_ps(a, acc[0]);
     _mm256_store_ps(a + 8, acc[1]);
     kernel_nibble_blocks(w, r, full / 32, x, a);
-    return kernel_tree16(a);
+    return kernel_row_finish(w, r, kernel_tree16(a));
 }
 
 /* Nibble-format matvec (rule 4) of NR interleaved rows, x in kernel_nibble_permute_x order;
@@ -210,9 +214,10 @@ INLINE void nibble_dot_rows(const qmat *w, wformat f, int r, int NR, const float
         }
         #pragma GCC unroll 4
         for (int i = 0; i < NR; i++) {
-            __m256 v[8];
+            __m256 v[8], scale[2];
             dec64_nibbles(row[i] + c / 2, lo_bytes, hi_bytes, v);
-            nibble_chunk(v, x + c, nibble_scales(f, srow[i], c / 32), acc[i]);
+            nibble_scales(f, srow[i], c / 32, scale);
+            nibble_chunk(v, x + c, scale, acc[i]);
         }
     }
     for (int i = 0; i < NR; i++) y[i] = nibble_finish(w, r + i, full, x, acc[i]);
@@ -253,7 +258,8 @@ INLINE void nibble_rows_x(const float *wb, const qmat *w, wformat f, int r, cons
     #pragma GCC unroll 3
     for (int j = 0; j < NX; j++) acc[j][0] = acc[j][1] = _mm256_setzero_ps();
     for (int c = 0; c < full; c += 64) {
-        __m256 p[NIBBLE_XROWS][2], scale = nibble_scales(f, srow, c / 32);
+        __m256 p[NIBBLE_XROWS][2], scale[2];
+        nibble_scales(f, srow, c / 32, scale);
         #pragma GCC unroll 4
         for (int t = 0; t < 4; t++) {
             __m256 w0 = _mm256_load_ps(wb + c + 8 * t), w1 = _mm256_load_ps(wb + c + 32 + 8 * t);
@@ -267,8 +273,8 @@ INLINE void nibble_rows_x(const float *wb, const qmat *w, wformat f, int r, cons
         }
         #pragma GCC unroll 3
         for (int j = 0; j < NX; j++) {
-            acc[j][0] = _mm256_fmadd_ps(p[j][0], scale, acc[j][0]);
-            acc[j][1] = _mm256_fmadd_ps(p[j][1], scale, acc[j][1]);
+            acc[j][0] = _mm256_fmadd_ps(p[j][0], scale[0], acc[j][0]);
+            acc[j][1] = _mm256_fmadd_ps(p[j][1], scale[1], acc[j][1]);
         }
     }
     for (int j = 0; j < NX; j++) y[(size_t)j * ldy] = nibble_finish(w, r, full, x + (size_t)j * cols, acc[j]);

@@ -9,7 +9,7 @@
  * input rows: 24 accumulators, 10 loads per 24 FMAs, so the FMA ports and not the load ports
  * set the pace) over dequantized rows in column chunks that stay in L1. I8_ROW widens its codes
  * and takes the row scale on the result (rule 5).
- * The nibble formats (rule 4: FP4, I4_ROW, I4_G64) hold all 16 lanes in one zmm too: a 64-column
+ * The nibble formats (rule 4: FP4, NVFP4, I4_ROW, I4_G64) hold all 16 lanes in one zmm too: a 64-column
  * chunk decodes into four vectors, term t of every lane (kernel_nibble_permute_x width 16), by
  * one vpermps table lookup each, so a chunk is four FMAs of partials and one FMA by the scale
  * vector. Batched calls decode each weight row once into that layout (codes and the chunk's
@@ -130,7 +130,9 @@ INLINE void decode_row(const qmat *w, wformat f, int r, float *out) {
 /* ---- nibble formats (rule 4) ---- */
 
 /* The format's 16 weight factors, indexed by code (kernel_fp4_lut or kernel_i4_lut). */
-INLINE __m512 nibble_table(wformat f) { return _mm512_loadu_ps(f == WF_FP4 ? kernel_fp4_lut : kernel_i4_lut); }
+INLINE __m512 nibble_table(wformat f) {
+    return _mm512_loadu_ps(kernel_nibble_is_e2m1(f) ? kernel_fp4_lut : kernel_i4_lut);
+}
 
 /* 32 bytes = the 64 codes of blocks b, b + 1 -> z[t] = term t of lanes 0..15. Lane L's four
  * columns are the 16-bit word 8 * ((L / 4) % 2) + 4 * (L / 8) + L % 4 of the chunk: one vpermw
@@ -148,20 +150,27 @@ INLINE void dec64_nibbles(const uint8_t *p, __m512 table, __m512 z[4]) {
 }
 
 /* Rule 4's scale factor per lane for blocks b (lanes with (L / 4) % 2 == 0) and b + 1; b is
- * even, so I4_G64's two blocks share a group and I4_ROW has one scale. */
+ * even, so I4_G64's two blocks share a group and I4_ROW has one scale. NVFP4 has one per half
+ * block: lane L takes sub-block 2 * (b + (L / 4) % 2) + L / 8. */
 INLINE __m512 nibble_scales(wformat f, const void *srow, int b) {
-    return _mm512_mask_blend_ps(0xf0f0, _mm512_set1_ps(kernel_nibble_scale(f, srow, b)),
-                                _mm512_set1_ps(kernel_nibble_scale(f, srow, b + 1)));
+    if (f == WF_NVFP4) {
+        const __m512i lane = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 1, 1, 1, 1, 3, 3, 3, 3);
+        __m128 s = _mm_setr_ps(kernel_nibble_scale(f, srow, b, 0), kernel_nibble_scale(f, srow, b, 1),
+                               kernel_nibble_scale(f, srow, b + 1, 0), kernel_nibble_scale(f, srow, b + 1, 1));
+        return _mm512_permutexvar_ps(lane, _mm512_castps128_ps512(s));
+    }
+    return _mm512_mask_blend_ps(0xf0f0, _mm512_set1_ps(kernel_nibble_scale(f, srow, b, 0)),
+                                _mm512_set1_ps(kernel_nibble_scale(f, srow, b + 1, 0)));
 }
 
 /* Rule 4 for the blocks past the last full chunk (in column order, as kernel_nibble_permute_x
- * leaves them), then the tree. */
+ * leaves them), then the tree and rule 5. */
 static float nibble_finish(const qmat *w, int r, int full, const float *x, __m512 acc) {
-    if (full == w->cols) return tree16(acc);
+    if (full == w->cols) return kernel_row_finish(w, r, tree16(acc));
     float a[16] __attribute__((aligned(64)));
     _mm512_store_ps(a, acc);
     kernel_nibble_blocks(w, r, full / 32, x, a);
-    return kernel_tree16(a);
+    return kernel_row_finish(w, r, kernel_tree16(a));
 }
 
 /* NR interleaved rows x NX inputs, decoding in registers (as dot_rows; x in the width-16

@@ -10,8 +10,9 @@
  *       scale * x[c]; putting the scale on the input saves a multiply per weight, and the
  *       scaled input is shared by the 128 rows of a scale block. Scale * 2^8 is exact for E8M0
  *       and F32 scales alike, so an arbitrary F32 scale costs only that one input rounding.
- *     - FP4: twice the E2M1 value (an integer in -12..12, exact, unscaled) and x[c]; the
- *       block's scale / 2 multiplies partial sums instead (rule 4).
+ *     - FP4, NVFP4: twice the E2M1 value (an integer in -12..12, exact, unscaled) and x[c];
+ *       the block's scale / 2 multiplies partial sums instead (rule 4), and NVFP4's per-matrix
+ *       global scale the finished sum (rule 5).
  *     - I4_ROW, I4_G64: the code value nibble - 8 (exact, unscaled) and x[c]; the row's or
  *       group's f32 scale multiplies partial sums (rule 4).
  *     - I8_ROW: the int8 code (exact, unscaled) and x[c]; the row's f32 scale multiplies the
@@ -25,11 +26,16 @@
  *     other three in order; it is added as acc[l] = fma(p, s_b, acc[l]) to lane
  *     l = 8 * (g / 4) + 4 * (b % 2) + g % 4, where s_b is the block's scale factor
  *     (kernel_nibble_scale): FP4 its E8M0 scale / 2, I4_G64 the scale of its 64-column group
- *     (b / 2), I4_ROW the row's scale. FP4's scale is a power of two, so this equals scaling
- *     each weight (barring over/underflow); an f32 scale rounds once per partial. All three
- *     decode with a constant table and take the scale per block, in one SIMD implementation.
+ *     (b / 2), I4_ROW the row's scale, NVFP4 the E4M3 scale / 2 of the 16 columns the group
+ *     lies in (sub-block 2b + g / 4, so lanes 0..7 take the first half of a block, 8..15 the
+ *     second). FP4's scale is a power of two, so this equals scaling each weight (barring
+ *     over/underflow); an f32 or E4M3 scale rounds once per partial. All four decode with a
+ *     constant table and take the scale per block, in one SIMD implementation.
  *  5. I8_ROW follows rules 2 and 3 on the int8 codes; the tree's result is then multiplied once
  *     by the row's f32 scale (kernel_row_finish): one multiply per output, not per weight.
+ *     NVFP4's tree result is then divided by its global scale (compressed-tensors
+ *     `weight_global_scale`, whose dequantization divides) or multiplied by it (ModelOpt
+ *     `weight_scale_2`, which multiplies): one operation per output.
  * Consequently a result depends only on the row's weights, x and cols: never on batching,
  * position in a batch, thread count or which path computed it. (The AVX-512 path is held to
  * the same order; it is compiled but could not be run on the machine it was written on.)
@@ -73,11 +79,14 @@ extern uint8_t kernel_nibble_bf16_lo[2][16], kernel_nibble_bf16_hi[2][16];
 /* E8M0 byte -> scale * 2^8 (FP8, applied to the input) and scale / 2 (FP4): rule 1's factors. */
 extern float kernel_fp8_scale_lut[256];
 extern float kernel_fp4_scale_lut[256];
+/* E4M3 byte -> its value / 2: NVFP4's rule-4 factor (exact; before the global scale). */
+extern float kernel_nvfp4_scale_lut[256];
 
 /* Scale factor of FP8 weight (r, c) in rule 1: its block's scale * 2^8 (E8M0 or F32 grid). */
 float kernel_fp8_scale(const qmat *w, int r, int c);
 size_t kernel_nibble_row_bytes(const qmat *w);   /* ceil(cols / 2): FP4, I4_ROW, I4_G64 */
-size_t kernel_scale_row_len(const qmat *w);      /* scales per scale row (FP8: per 128 rows; I4_G64: groups) */
+size_t kernel_scale_row_len(const qmat *w);      /* scales per scale row (FP8: per 128 rows; I4_G64: groups;
+                                                  * NVFP4: 16-column sub-blocks) */
 
 /* Weight factor (r, c) of rule 1 (unscaled for the scaled formats); 0 for c >= cols (the zero
  * padding). */
@@ -114,9 +123,15 @@ float *kernel_scratch(size_t n);
     KERNEL_FORMAT_CASE(WF_FP4, nibble_call)             \
     KERNEL_FORMAT_CASE(WF_I4_ROW, nibble_call)          \
     KERNEL_FORMAT_CASE(WF_I4_G64, nibble_call)          \
+    KERNEL_FORMAT_CASE(WF_NVFP4, nibble_call)           \
     }
 
-static inline int kernel_is_nibbles(wformat f) { return f == WF_FP4 || f == WF_I4_ROW || f == WF_I4_G64; }
+static inline int kernel_is_nibbles(wformat f) {
+    return f == WF_FP4 || f == WF_I4_ROW || f == WF_I4_G64 || f == WF_NVFP4;
+}
+
+/* The nibble formats whose codes are E2M1 (kernel_fp4_lut), not integers. */
+static inline int kernel_nibble_is_e2m1(wformat f) { return f == WF_FP4 || f == WF_NVFP4; }
 
 /* Byte offset of column c within a row (nibble formats: c even). */
 static inline size_t kernel_col_bytes(wformat f, int c) {
@@ -130,21 +145,26 @@ static inline const uint8_t *kernel_row_ptr(const qmat *w, int r) {
 }
 
 /* The scales row r of a nibble format reads, for kernel_nibble_scale: FP4 its E8M0 bytes,
- * I4_G64 its group scales, I4_ROW its one scale. */
+ * NVFP4 its E4M3 bytes, I4_G64 its group scales, I4_ROW its one scale. */
 static inline const void *kernel_nibble_scale_row(const qmat *w, int r) {
-    if (w->fmt == WF_FP4) return w->scale + (size_t)r * kernel_scale_row_len(w);
+    if (kernel_nibble_is_e2m1(w->fmt)) return w->scale + (size_t)r * kernel_scale_row_len(w);
     if (w->fmt == WF_I4_G64) return w->scale_f32 + (size_t)r * kernel_scale_row_len(w);
     return w->scale_f32 + r;
 }
 
-/* Rule 4's scale factor s_b of block b, from kernel_nibble_scale_row. */
-static inline float kernel_nibble_scale(wformat f, const void *srow, int b) {
+/* Rule 4's scale factor of block b's groups in half `half` (groups 4 * half .. 4 * half + 3),
+ * from kernel_nibble_scale_row; only NVFP4 has a scale per half. The caller reads NVFP4's
+ * second half only where the row has those columns. */
+static inline float kernel_nibble_scale(wformat f, const void *srow, int b, int half) {
     if (f == WF_FP4) return kernel_fp4_scale_lut[((const uint8_t *)srow)[b]];
+    if (f == WF_NVFP4) return kernel_nvfp4_scale_lut[((const uint8_t *)srow)[2 * b + half]];
     return ((const float *)srow)[f == WF_I4_G64 ? b / 2 : 0];
 }
 
-/* Rule 5: I8_ROW's sum times its row scale; other formats' sums unchanged. */
+/* Rule 5: I8_ROW's sum times its row scale, NVFP4's sum divided or multiplied by its global
+ * scale; other formats' sums unchanged. */
 static inline float kernel_row_finish(const qmat *w, int r, float sum) {
+    if (w->fmt == WF_NVFP4) return w->global_divides ? sum / w->global_scale : sum * w->global_scale;
     return w->fmt == WF_I8_ROW ? sum * w->scale_f32[r] : sum;
 }
 

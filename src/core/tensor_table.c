@@ -106,7 +106,8 @@ static double mat_flops(tt_role role, const qmat *q) {
 /* One tensor `name` of row s into *dst (expert e, -1 if not routed). 1 if an optional row is absent. */
 static int load_one(tt_table *w, const tt_spec *s, const tt_group *g, tt_role role, const char *name, int e,
                     void *dst, size_t *rb, double *rf) {
-    const st_tensor *t = st_find(w->f, name);
+    int matrices = s->kind == TT_MAT || s->kind == TT_STACK;
+    const st_tensor *t = matrices ? weights_tensor(w->f, name) : st_find(w->f, name);
     if (!t && s->flags & TT_OPTIONAL) return 1;
     if (!t) return tt_fail(w, "missing tensor %s", name);
     int64_t want[TT_MAX_DIMS];
@@ -125,18 +126,25 @@ static int load_one(tt_table *w, const tt_spec *s, const tt_group *g, tt_role ro
         account(w, &en, q->rows, rb, rf);
         return 0;
     }
-    if (check(w, t, s, want)) return -1;
+    int nvfp4 = s->kind == TT_STACK && t->type == DT_U8;
+    if (!nvfp4 && check(w, t, s, want)) return -1;
     if (s->kind == TT_STACK) {
         int64_t count = want[0];
         qmat *qs = own(w, xcalloc((size_t)count, sizeof *qs));
         size_t stride = t->nbytes / (size_t)count;
+        if (nvfp4 && weights_nvfp4_stack(w->f, t, (int)count, (int)want[1], (int)want[2], qs, &w->count, w->err,
+                                         w->errlen)) {
+            w->failed = 1;
+            return -1;
+        }
         for (int64_t i = 0; i < count; i++) {
-            qs[i] = (qmat){.fmt = t->type == DT_BF16 ? WF_BF16 : WF_F32, .rows = (int)want[1], .cols = (int)want[2],
-                           .data = (const unsigned char *)t->data + (size_t)i * stride};
+            if (!nvfp4)
+                qs[i] = (qmat){.fmt = t->type == DT_BF16 ? WF_BF16 : WF_F32, .rows = (int)want[1],
+                               .cols = (int)want[2], .data = (const unsigned char *)t->data + (size_t)i * stride};
             tt_entry se = en;
             se.mat = &qs[i];
             se.expert = role == TT_ROUTED ? (int)i : -1;
-            se.bytes = stride;
+            se.bytes = qmat_bytes(&qs[i]);
             se.flops = mat_flops(role, &qs[i]);
             record(w, &se);
             account(w, &se, 1, rb, rf);

@@ -18,7 +18,9 @@
  *            (group.variant 1; NULL: same as name[0]). A TT_ROUTED TT_MAT row's name holds one %d,
  *            the expert index: it stands for group.experts tensors.
  *   kind     TT_MAT   a weight matrix [d0, d1] in any format the kernels run (weights.h) -> qmat
- *            TT_STACK BF16/F32 [d0, d1, d2]: d0 matrices [d1, d2] in one tensor -> qmat[d0]
+ *            TT_STACK BF16/F32 [d0, d1, d2]: d0 matrices [d1, d2] in one tensor -> qmat[d0], or
+ *                     packed NVFP4 (weights_nvfp4_stack)
+ *            Both matrix kinds also take the tensor as `<name>_packed` (weights.h).
  *            TT_F32   BF16/F32 of the shape, copied once to owned f32 -> float *
  *            TT_COPY  exactly `type`, copied once (aligned) -> void *
  *            TT_VIEW  exactly `type`, used in place -> const void *

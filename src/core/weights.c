@@ -26,20 +26,34 @@ static int ends_with(const char *s, size_t n, const char *suffix) {
     return n > k && !memcmp(s + n - k, suffix, k);
 }
 
-/* `<stem>.weight_scale` for `<stem>.weight_packed`, else `<name>_scale_inv`, else `<stem>.scale`;
- * NULL if none exists. */
+const st_tensor *weights_tensor(const st_file *f, const char *name) {
+    const st_tensor *t = st_find(f, name);
+    char packed[NAME_MAX_LEN];
+    if (t || snprintf(packed, sizeof packed, "%s_packed", name) >= (int)sizeof packed) return t;
+    return st_find(f, packed);
+}
+
+/* The name without a trailing "_packed": what the scale tensors' names start from. */
+static int base_len(const char *name) {
+    size_t n = strlen(name);
+    return (int)(ends_with(name, n, "_packed") ? n - strlen("_packed") : n);
+}
+
+/* `<base>_scale` for `<base>_packed`, else `<name>_scale_inv`, else `<stem>.scale`, else
+ * `<name>_scale` (ModelOpt's `.weight_scale`); NULL if none exists. */
 static const st_tensor *find_scale(const st_file *f, const char *name, char *sname) {
-    size_t n = strlen(name), packed = strlen("_packed");
-    if (ends_with(name, n, ".weight_packed")) {
-        snprintf(sname, NAME_MAX_LEN, "%.*s_scale", (int)(n - packed), name);
+    size_t n = strlen(name);
+    if (ends_with(name, n, "_packed")) {
+        snprintf(sname, NAME_MAX_LEN, "%.*s_scale", base_len(name), name);
         return st_find(f, sname);
     }
     snprintf(sname, NAME_MAX_LEN, "%s_scale_inv", name);
     const st_tensor *s = st_find(f, sname);
     if (s) return s;
-    size_t suffix = strlen(".weight");
-    if (ends_with(name, n, ".weight")) n -= suffix;
-    snprintf(sname, NAME_MAX_LEN, "%.*s.scale", (int)n, name);
+    size_t stem = ends_with(name, n, ".weight") ? n - strlen(".weight") : n;
+    snprintf(sname, NAME_MAX_LEN, "%.*s.scale", (int)stem, name);
+    if ((s = st_find(f, sname))) return s;
+    snprintf(sname, NAME_MAX_LEN, "%s_scale", name);
     return st_find(f, sname);
 }
 
@@ -76,16 +90,102 @@ static int get_fp8(const st_file *f, const st_tensor *t, qmat *out, int *count, 
     return 0;
 }
 
-/* Packed E2M1 [rows, cols/2] (I8 officially, U8 accepted) with E8M0 scales [rows, cols/32]
- * (F8_E8M0, or U8 holding the same UE8M0 bytes as compressed-tensors MXFP4 stores them). */
-static int get_fp4(const st_tensor *t, const st_tensor *s, qmat *out, int *count, char *err, size_t errlen) {
+/* NVFP4's global scale of `name` (its packed tensor): `<base>_global_scale` (compressed-tensors:
+ * the weights are divided by it) or `<base>_scale_2` (ModelOpt: multiplied by it), F32 with n
+ * values ([n], or [] / [1] for one matrix); each finite and > 0. Fills out[i].global_*. */
+static int get_global(const st_file *f, const char *name, int n, qmat *out, int *count, char *err, size_t errlen) {
+    char gname[NAME_MAX_LEN], mname[NAME_MAX_LEN], have[96];
+    snprintf(gname, sizeof gname, "%.*s_global_scale", base_len(name), name);
+    snprintf(mname, sizeof mname, "%.*s_scale_2", base_len(name), name);
+    const st_tensor *g = st_find(f, gname);
+    int divides = g != NULL;
+    if (!g && !(g = st_find(f, mname)))
+        return errf(err, errlen, "tensor %s has E4M3 block scales (NVFP4) but its global scale %s / %s is missing",
+                    name, gname, mname);
+    if (g->type != DT_F32 || g->nbytes != (size_t)n * sizeof(float) || g->ndim > 1)
+        return errf(err, errlen, "tensor %s in %s: expected F32 [%d] (the NVFP4 global scale), found %s", g->name,
+                    g->file, n, found(g, have, sizeof have));
+    for (int i = 0; i < n; i++) {
+        float v;
+        memcpy(&v, (const char *)g->data + (size_t)i * sizeof v, sizeof v);
+        if (!(v > 0.0f && v < 0x1p100f && (divides || v > 0x1p-100f)))
+            return errf(err, errlen, "tensor %s in %s: global scale %g at %d is not finite and positive", g->name,
+                        g->file, v, i);
+        out[i].global_scale = v;
+        out[i].global_divides = divides;
+    }
+    *count += 1;
+    return 0;
+}
+
+/* E4M3 block scales [n, rows, cols/16] (n = 0: [rows, cols/16]) without NaN codes. */
+static int check_e4m3_scales(const st_tensor *s, int n, const qmat *m, char *err, size_t errlen) {
+    char have[96], want[64];
+    int ok = s->type == DT_F8_E4M3 && (n ? s->ndim == 3 && s->shape[0] == n && s->shape[1] == m->rows &&
+                                               s->shape[2] == m->cols / 16
+                                         : shape_is(s, m->rows, m->cols / 16));
+    if (n) snprintf(want, sizeof want, "[%d,%d,%d]", n, m->rows, m->cols / 16);
+    else snprintf(want, sizeof want, "[%d,%d]", m->rows, m->cols / 16);
+    if (!ok)
+        return errf(err, errlen, "tensor %s in %s: expected F8_E4M3 %s (NVFP4 scales, one per 16 inputs), found %s",
+                    s->name, s->file, want, found(s, have, sizeof have));
+    for (size_t i = 0; i < s->nbytes; i++)
+        if ((((const uint8_t *)s->data)[i] & 0x7f) == 0x7f)
+            return errf(err, errlen, "tensor %s in %s: scale %zu is an E4M3 NaN", s->name, s->file, i);
+    return 0;
+}
+
+/* Packed E2M1 [rows, cols/2] with E4M3 scales [rows, cols/16] and a global scale (NVFP4). */
+static int get_nvfp4(const st_file *f, const st_tensor *t, const st_tensor *s, qmat *out, int *count, char *err,
+                     size_t errlen) {
     char have[96];
+    if (out->cols % 16 || !shape_is(t, out->rows, out->cols / 2))
+        return errf(err, errlen, "tensor %s in %s: expected packed NVFP4 [%d,%d] (16 | cols), found %s", t->name,
+                    t->file, out->rows, out->cols / 2, found(t, have, sizeof have));
+    if (check_e4m3_scales(s, 0, out, err, errlen) || get_global(f, t->name, 1, out, count, err, errlen)) return -1;
+    out->fmt = WF_NVFP4;
+    out->scale = s->data;
+    *count += 1;
+    return 0;
+}
+
+int weights_nvfp4_stack(const st_file *f, const st_tensor *t, int n, int rows, int cols, qmat *out, int *count,
+                        char *err, size_t errlen) {
+    char sname[NAME_MAX_LEN], have[96];
+    snprintf(sname, sizeof sname, "%.*s_scale", base_len(t->name), t->name);
+    const st_tensor *s = st_find(f, sname);
+    qmat m = {.fmt = WF_NVFP4, .rows = rows, .cols = cols};
+    if (t->type != DT_U8 || cols % 16 || t->ndim != 3 || t->shape[0] != n || t->shape[1] != rows ||
+        t->shape[2] != cols / 2)
+        return errf(err, errlen, "tensor %s in %s: expected BF16 or F32 [%d,%d,%d], or packed NVFP4 U8 [%d,%d,%d] "
+                    "(16 | cols), found %s", t->name, t->file, n, rows, cols, n, rows, cols / 2,
+                    found(t, have, sizeof have));
+    if (!s) return errf(err, errlen, "tensor %s is packed NVFP4 but its block scales %s are missing", t->name, sname);
+    if (check_e4m3_scales(s, n, &m, err, errlen)) return -1;
+    for (int i = 0; i < n; i++) {
+        out[i] = m;
+        out[i].data = (const uint8_t *)t->data + (size_t)i * qmat_data_bytes(&m);
+        out[i].scale = (const uint8_t *)s->data + (size_t)i * qmat_scale_bytes(&m);
+    }
+    if (get_global(f, t->name, n, out, count, err, errlen)) return -1;
+    *count += 2;
+    return 0;
+}
+
+/* Packed E2M1 [rows, cols/2] (I8 officially, U8 accepted) with E8M0 scales [rows, cols/32]
+ * (F8_E8M0, or U8 holding the same UE8M0 bytes as compressed-tensors MXFP4 stores them), or
+ * with E4M3 scales: NVFP4. */
+static int get_fp4(const st_file *f, const st_tensor *t, const st_tensor *s, qmat *out, int *count, char *err,
+                   size_t errlen) {
+    char have[96];
+    if (s->type == DT_F8_E4M3) return get_nvfp4(f, t, s, out, count, err, errlen);
     if (out->cols % 32 || !shape_is(t, out->rows, out->cols / 2))
         return errf(err, errlen, "tensor %s in %s: expected packed FP4 [%d,%d] (32 | cols), found %s", t->name,
                     t->file, out->rows, out->cols / 2, found(t, have, sizeof have));
     if ((s->type != DT_F8_E8M0 && s->type != DT_U8) || !shape_is(s, out->rows, out->cols / 32))
-        return errf(err, errlen, "tensor %s in %s: expected F8_E8M0 [%d,%d], found %s", s->name, s->file, out->rows,
-                    out->cols / 32, found(s, have, sizeof have));
+        return errf(err, errlen, "tensor %s in %s: expected F8_E8M0 [%d,%d] (MXFP4) or F8_E4M3 [%d,%d] (NVFP4), "
+                    "found %s", s->name, s->file, out->rows, out->cols / 32, out->rows, out->cols / 16,
+                    found(s, have, sizeof have));
     out->fmt = WF_FP4;
     out->scale = s->data;
     *count += 1;
@@ -116,8 +216,9 @@ static int get_container(const st_tensor *t, const st_tensor *s, qmat *out, int 
 int weights_matrix(const st_file *f, const char *name, int rows, int cols, qmat *out, int *count, char *err,
                    size_t errlen) {
     *out = (qmat){.rows = rows, .cols = cols};
-    const st_tensor *t = st_find(f, name);
+    const st_tensor *t = weights_tensor(f, name);
     if (!t) return errf(err, errlen, "missing tensor %s", name);
+    name = t->name;
     out->data = t->data;
     char sname[NAME_MAX_LEN], have[96];
     int rc;
@@ -127,7 +228,7 @@ int weights_matrix(const st_file *f, const char *name, int rows, int cols, qmat 
         if (!qs && !s)
             return errf(err, errlen, "tensor %s in %s is %s but its scales are missing (%s.qs for an int "
                         "container, %s for packed FP4)", name, t->file, dtype_name(t->type), name, sname);
-        rc = qs ? get_container(t, qs, out, count, err, errlen) : get_fp4(t, s, out, count, err, errlen);
+        rc = qs ? get_container(t, qs, out, count, err, errlen) : get_fp4(f, t, s, out, count, err, errlen);
     } else if (!shape_is(t, rows, cols)) {
         return errf(err, errlen, "tensor %s in %s: expected [%d,%d], found %s", name, t->file, rows, cols,
                     found(t, have, sizeof have));
@@ -138,7 +239,7 @@ int weights_matrix(const st_file *f, const char *name, int rows, int cols, qmat 
         rc = get_fp8(f, t, out, count, err, errlen);
     } else {
         return errf(err, errlen, "tensor %s in %s: expected a weight format (BF16, F32, F8_E4M3 + scales, packed "
-                    "FP4, or U8 with .qs scales), found %s", name, t->file, found(t, have, sizeof have));
+                    "MXFP4 / NVFP4, or U8 with .qs scales), found %s", name, t->file, found(t, have, sizeof have));
     }
     if (rc) return -1;
     *count += 1;

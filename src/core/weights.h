@@ -10,6 +10,13 @@
  *   I8/U8 [rows, cols/2] + `<stem>.scale` F8_E8M0 [rows, cols/32]   packed FP4 (E2M1); for a
  *                                    `<stem>.weight_packed` the scales are `<stem>.weight_scale`
  *                                    (compressed-tensors MXFP4), F8_E8M0 or U8
+ *   U8 [rows, cols/2] + `<base>_scale` F8_E4M3 [rows, cols/16]   NVFP4 (E2M1, E4M3 per 16 inputs),
+ *                                    with `<base>_global_scale` F32 (compressed-tensors
+ *                                    nvfp4-pack-quantized: W = code * scale / global) or
+ *                                    `<base>_scale_2` F32 (ModelOpt: W = code * scale * scale_2);
+ *                                    <base> is the name without "_packed"
+ * A tensor `<name>` that is absent may be stored as `<name>_packed` (compressed-tensors' name for
+ * the packed codes): every BF16 row of a family's table thereby accepts that layout.
  *   U8 + `<name>.qs` F32              colibri int8 / int4 per row / int4-g64 (told by byte counts)
  *
  * INVARIANTS
@@ -25,8 +32,16 @@
 #include "kernels.h"
 #include "safetensors.h"
 
-/* Matrix [rows, cols] from tensor `name`: 0 and *out, or -1 with err. */
+/* Tensor `name`, else `<name>_packed`; NULL if neither exists. */
+const st_tensor *weights_tensor(const st_file *f, const char *name);
+
+/* Matrix [rows, cols] from tensor `name` (or `<name>_packed`): 0 and *out, or -1 with err. */
 int weights_matrix(const st_file *f, const char *name, int rows, int cols, qmat *out, int *count, char *err,
                    size_t errlen);
+
+/* n matrices [rows, cols] stacked in one packed NVFP4 tensor t (U8 [n, rows, cols/2]) with
+ * `<base>_scale` F8_E4M3 [n, rows, cols/16] and a global scale per matrix ([n]): out[n]. */
+int weights_nvfp4_stack(const st_file *f, const st_tensor *t, int n, int rows, int cols, qmat *out, int *count,
+                        char *err, size_t errlen);
 
 #endif

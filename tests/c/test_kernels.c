@@ -34,7 +34,7 @@ typedef struct {
 static float rnd_scale(void) { return (0.25f + (float)(rnd() % 100000) * 3.1e-5f) * 1.0000001f; }
 
 static test_matrix make(wformat fmt, int rows, int cols, int f32_scales) {
-    test_matrix m = {{fmt, rows, cols, NULL, NULL, NULL}, NULL, NULL, NULL};
+    test_matrix m = {{fmt, rows, cols, NULL, NULL, NULL, 0, 0}, NULL, NULL, NULL};
     size_t n = (size_t)rows * cols, scales = 0, bytes = 0;
     switch (fmt) {
     case WF_F32: bytes = n * 4; break;
@@ -44,6 +44,7 @@ static test_matrix make(wformat fmt, int rows, int cols, int f32_scales) {
     case WF_I8_ROW: bytes = n; scales = (size_t)rows; break;
     case WF_I4_ROW: bytes = (size_t)rows * ((cols + 1) / 2); scales = (size_t)rows; break;
     case WF_I4_G64: bytes = (size_t)rows * ((cols + 1) / 2); scales = (size_t)rows * ((cols + 63) / 64); break;
+    case WF_NVFP4: bytes = (size_t)rows * ((cols + 1) / 2); scales = (size_t)rows * ((cols + 15) / 16); break;
     }
     m.data = malloc(bytes);
     for (size_t i = 0; i < n && fmt == WF_F32; i++) ((float *)m.data)[i] = rnd_float();
@@ -53,7 +54,12 @@ static test_matrix make(wformat fmt, int rows, int cols, int f32_scales) {
         m.data[i] = (b & 0x7f) == 0x7f ? 0x7e : b;       /* NaN codes are not weights */
     }
     for (size_t i = 0; i < bytes && fmt >= WF_FP4; i++) m.data[i] = (uint8_t)rnd();
-    if (scales && (f32_scales || fmt >= WF_I8_ROW)) {
+    if (fmt == WF_NVFP4) {     /* E4M3 scales 2^-7 .. 15 (no NaN), a full-mantissa global either way */
+        m.scale = malloc(scales);
+        for (size_t i = 0; i < scales; i++) m.scale[i] = (uint8_t)(0x08 + rnd() % 0x50);
+        m.w.global_scale = f32_scales ? 448.0f * 6.0f / (3.0f + rnd_scale()) : rnd_scale();
+        m.w.global_divides = f32_scales;
+    } else if (scales && (f32_scales || fmt == WF_I8_ROW || fmt == WF_I4_ROW || fmt == WF_I4_G64)) {
         m.fscale = malloc(scales * sizeof(float));
         for (size_t i = 0; i < scales; i++) m.fscale[i] = rnd_scale();
     } else if (scales) {
@@ -87,6 +93,10 @@ static double ref_weight(const qmat *w, int r, int c) {
     case WF_I8_ROW: return (double)((const int8_t *)w->data)[(size_t)r * w->cols + c] * w->scale_f32[r];
     case WF_I4_ROW: return (double)(nibble(w, r, c) - 8) * w->scale_f32[r];
     case WF_I4_G64: return (double)(nibble(w, r, c) - 8) * w->scale_f32[r * ((w->cols + 63) / 64) + c / 64];
+    case WF_NVFP4: {
+        double v = (double)e2m1_to_f32((uint8_t)nibble(w, r, c)) * e4m3_to_f32(w->scale[r * ((w->cols + 15) / 16) + c / 16]);
+        return w->global_divides ? v / w->global_scale : v * w->global_scale;
+    }
     }
     return 0;
 }
@@ -163,7 +173,7 @@ static void check_format(wformat fmt, int rows, int cols, int f32_scales) {
     float *x = malloc(sizeof(float) * (size_t)cols * NX);
     for (size_t i = 0; i < (size_t)cols * NX; i++) x[i] = rnd_float();
     char what[80];
-    const char *scales = f32_scales && fmt == WF_FP8 ? "/f32-scales" : "";
+    const char *scales = f32_scales && fmt == WF_FP8 ? "/f32-scales" : fmt == WF_NVFP4 && f32_scales ? "/divides" : "";
     float *simd = malloc(sizeof(float) * rows * NX), *scalar = malloc(sizeof(float) * rows * NX);
 
     snprintf(what, sizeof what, "%s%s %dx%d %s", wformat_name(fmt), scales, rows, cols, kernels_simd_name());
@@ -184,7 +194,7 @@ static void check_reduction_order(void) {
     for (int c = 0; c < C; c++) { w[c] = 1.0f; x[c] = 0.0f; }
     x[0] = 1e8f; x[16] = 1.0f; x[32] = -1e8f;    /* all lane 0: ((0 + 1e8) + 1) - 1e8 = 0 in f32 */
     x[1] = 1.0f;                                 /* lane 1 */
-    qmat m = {WF_F32, 1, C, w, NULL, NULL};
+    qmat m = {WF_F32, 1, C, w, NULL, NULL, 0, 0};
     float y;
     for (int s = 0; s < 2; s++) {
         kernels_force_scalar(s);
@@ -205,11 +215,37 @@ static void check_fp4_rule4(void) {
     x[0] = 33554432.0f; x[1] = 1.0f; x[2] = -33554432.0f;  /* group 0 of block 0 */
     x[16] = 0.25f;                                         /* group 4 of block 0: 0.25 */
     x[33] = 0.5f;                                          /* group 0 of block 1: 0.5 * 4 = 2 */
-    qmat m = {WF_FP4, 1, C, codes, scales, NULL};
+    qmat m = {WF_FP4, 1, C, codes, scales, NULL, 0, 0};
     for (int s = 0; s < 2; s++) {
         kernels_force_scalar(s);
         qmat_vec(&m, x, &y);
         CHECK(y == 2.25f, "%s: FP4 rule 4 gives %.9g, want 2.25", kernels_simd_name(), y);
+    }
+    kernels_force_scalar(0);
+}
+
+/* NVFP4: each 16 columns take their own E4M3 scale (1, 2, 4, 0.5 for columns 0-15, 16-31,
+ * 32-47, 48-63), so a scale per 32 (MXFP4's) or a swapped half would show; then the global
+ * scale divides (compressed-tensors) or multiplies (ModelOpt) the sum. Low nibble = even
+ * column: column 2's code is 0 and x[2] is large. */
+static void check_nvfp4_rules(void) {
+    enum { C = 64 };
+    uint8_t codes[C / 2], scales[C / 16] = {0x38, 0x40, 0x48, 0x30};
+    float x[C] = {0}, y;
+    memset(codes, 0x22, sizeof codes);                     /* every code 2: E2M1 1.0 */
+    codes[1] = 0x20;                                       /* column 2: code 0 */
+    x[0] = 1.0f; x[2] = 1e6f; x[16] = 1.0f; x[33] = 1.0f; x[50] = 1.0f;
+    for (int divides = 0; divides < 2; divides++) {
+        qmat m = {WF_NVFP4, 1, C, codes, scales, NULL, divides ? 2.0f : 3.0f, divides};
+        float want = divides ? 3.75f : 22.5f, row[C];
+        for (int s = 0; s < 2; s++) {
+            kernels_force_scalar(s);
+            qmat_vec(&m, x, &y);
+            CHECK(y == want, "%s: NVFP4 (divides %d) gives %.9g, want %.9g", kernels_simd_name(), divides, y, want);
+            qmat_row(&m, 0, row);
+            CHECK(row[2] == 0.0f && row[16] == (divides ? 1.0f : 6.0f) && row[50] == (divides ? 0.25f : 1.5f),
+                  "%s: NVFP4 qmat_row gives %g %g %g", kernels_simd_name(), row[2], row[16], row[50]);
+        }
     }
     kernels_force_scalar(0);
 }
@@ -230,8 +266,8 @@ static void check_int_rules(void) {
     i4[0] = 0x99;                                          /* columns 0 and 1: value 1 */
     i4[1] = 0x98;                                          /* column 2: 0, column 3: 1 */
     i4[32] = 0x89;                                         /* column 64: 1 */
-    qmat m8 = {WF_I8_ROW, 1, C, i8, NULL, &row_scale}, m4 = {WF_I4_ROW, 1, C, i4, NULL, &row_scale};
-    qmat mg = {WF_I4_G64, 1, C, i4, NULL, group_scales};
+    qmat m8 = {WF_I8_ROW, 1, C, i8, NULL, &row_scale, 0, 0}, m4 = {WF_I4_ROW, 1, C, i4, NULL, &row_scale, 0, 0};
+    qmat mg = {WF_I4_G64, 1, C, i4, NULL, group_scales, 0, 0};
     for (int s = 0; s < 2; s++) {
         kernels_force_scalar(s);
         memset(x, 0, sizeof x);
@@ -331,6 +367,7 @@ int main(void) {
     check_pool_claims();
     check_reduction_order();
     check_fp4_rule4();
+    check_nvfp4_rules();
     check_int_rules();
     static const struct { wformat fmt; int rows, cols, f32_scales; } cases[] = {
         {WF_F32, 37, 45, 0},     {WF_F32, 20, 256, 0},    {WF_BF16, 29, 77, 0},    {WF_BF16, 16, 512, 0},
@@ -341,6 +378,8 @@ int main(void) {
         {WF_I8_ROW, 5, 16, 0},   {WF_I4_ROW, 29, 77, 0},  {WF_I4_ROW, 16, 512, 0}, {WF_I4_ROW, 9, 33, 0},
         {WF_I4_G64, 41, 96, 0},  {WF_I4_G64, 33, 64, 0},  {WF_I4_G64, 9, 40, 0},   {WF_I4_G64, 130, 512, 0},
         {WF_I4_G64, 7, 130, 0},  {WF_I4_G64, 11, 200, 0}, {WF_I4_G64, 6, 4096, 0},
+        {WF_NVFP4, 41, 96, 0},   {WF_NVFP4, 33, 80, 1},   {WF_NVFP4, 9, 48, 0},    {WF_NVFP4, 5, 16, 1},
+        {WF_NVFP4, 130, 512, 1}, {WF_NVFP4, 7, 64, 0},    {WF_NVFP4, 11, 112, 1},  {WF_NVFP4, 6, 4096, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         check_format(cases[i].fmt, cases[i].rows, cases[i].cols, cases[i].f32_scales);

@@ -225,3 +225,114 @@ def test_rewind_needs_the_conv_state(tiny):
     d = json.loads(r.stdout)
     assert d["snapshot_bitwise"] == 1 and d["snapshot"] == 0.0
     assert d["rows_only"] > 1.0, f"rows-only truncation off by only {d['rows_only']} nats: test would be blind"
+
+
+# ---- NVFP4 (the release format of the main model) ---------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_nvfp4():
+    """hf layout, compressed-tensors names: the weights divided by weight_global_scale."""
+    return generated("inkling-tiny-nvfp4-1234", nvfp4=True)
+
+
+@pytest.fixture(scope="module")
+def tiny_nvfp4_raw():
+    """raw layout, ModelOpt names: the weights multiplied by weight_scale_2."""
+    return generated("inkling-tiny-nvfp4-raw-1234", layout="raw", nvfp4=True)
+
+
+@pytest.fixture(scope="module", params=["hf", "raw"])
+def nvfp4_model(request, tiny_nvfp4, tiny_nvfp4_raw):
+    return tiny_nvfp4 if request.param == "hf" else tiny_nvfp4_raw
+
+
+@pytest.mark.parametrize("name", ["short", "long"])
+def test_nvfp4_matches_reference(cairn, nvfp4_model, name):
+    ids = PROMPTS[name]
+    got, _ = echo(cairn, nvfp4_model, ids)
+    assert_agrees(got, ref.log_softmax(ref.forward(*ref.load(nvfp4_model), ids)))
+
+
+def test_nvfp4_is_read_as_nvfp4(cairn, tiny, tiny_nvfp4, tiny_nvfp4_raw):
+    """The quantized checkpoints stream about half the BF16 bytes per token (4.5 bits per projection
+    weight; the embedding row, head and router stay BF16), and their answers differ from the BF16
+    model's by far more than the agreement tolerance: the reference agreement above is not the
+    BF16 weights passing through."""
+    def decode_bytes(model):
+        r = subprocess.run([cairn, "run", "-m", model, "--weights-report", "0"], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)["decode_bytes"]
+    bf16 = decode_bytes(tiny)
+    for model in (tiny_nvfp4, tiny_nvfp4_raw):
+        assert decode_bytes(model) < 0.6 * bf16
+    ids = PROMPTS["long"]
+    lp_bf16 = ref.log_softmax(ref.forward(*ref.load(tiny), ids))
+    lp_nv = ref.log_softmax(ref.forward(*ref.load(tiny_nvfp4), ids))
+    assert np.abs(lp_nv - lp_bf16).max() > 0.05, "NVFP4 rounding changed nothing: the test would be blind"
+
+
+@pytest.mark.parametrize("numerics", ["exact", "qat"])
+def test_nvfp4_prompt_split_is_bit_exact(cairn, tiny_nvfp4, numerics):
+    """NVFP4 batched products (prefill) give the bytes of matrix x vector (decode)."""
+    ids = PROMPTS["long"]
+    _, whole = echo(cairn, tiny_nvfp4, ids, numerics)
+    for chunks in ("1", "7,1,2"):
+        _, split = echo(cairn, tiny_nvfp4, ids, numerics, ["--prefill-chunks", chunks])
+        assert split == whole, f"--prefill-chunks {chunks} changed the output"
+
+
+Q_HF = "model.language_model.layers.1.self_attn.q_proj.weight"
+EXPERTS_HF = "model.language_model.layers.2.mlp.experts.gate_up_proj"
+Q_RAW = "model.llm.layers.1.attn.wq_du.weight"
+EXPERTS_RAW = "model.llm.layers.2.mlp.experts.w13_weight"
+
+
+def halve_rows(t):
+    dt, shape, raw = t
+    return dt, [shape[0] // 2] + shape[1:], raw[: len(raw) // 2]
+
+
+def as_f32(t):
+    dt, shape, raw = t
+    return "F32", shape, np.frombuffer(raw, dtype=np.uint8).astype(np.float32).tobytes()
+
+
+def as_bf16(t):
+    dt, shape, raw = t
+    return "BF16", [1], raw[2:4]
+
+
+def nan_first(t):
+    dt, shape, raw = t
+    return dt, shape, b"\x7f" + raw[1:]
+
+
+def zero_scale(t):
+    dt, shape, raw = t
+    return dt, shape, bytes(len(raw))
+
+
+@pytest.mark.parametrize("layout,name,change,expect", [
+    ("hf", Q_HF + "_scale", halve_rows, "expected F8_E4M3 [32,4] (NVFP4 scales, one per 16 inputs), found F8_E4M3 [16,4]"),
+    ("hf", Q_HF + "_scale", as_f32, "expected F8_E8M0 [32,2] (MXFP4) or F8_E4M3 [32,4] (NVFP4), found F32 [32,4]"),
+    ("hf", Q_HF + "_scale", nan_first, "E4M3 NaN"),
+    ("hf", Q_HF + "_global_scale", zero_scale, "not finite and positive"),
+    ("hf", Q_HF + "_global_scale", None, "global scale"),
+    ("hf", EXPERTS_HF + "_scale", halve_rows, "expected F8_E4M3 [8,64,4]"),
+    ("hf", EXPERTS_HF + "_global_scale", halve_rows, "expected F32 [8]"),
+    ("raw", Q_RAW + "_scale", halve_rows, "F8_E4M3 [32,4]"),
+    ("raw", Q_RAW + "_scale_2", as_bf16, "expected F32 [1] (the NVFP4 global scale), found BF16 [1]"),
+    ("raw", EXPERTS_RAW + "_scale", as_f32, "expected F8_E4M3 [8,64,4]"),
+])
+def test_nvfp4_bad_scale_is_refused_by_name(cairn, tiny_nvfp4, tiny_nvfp4_raw, tmp_path, layout, name, change,
+                                            expect):
+    import st
+    src = tiny_nvfp4 if layout == "hf" else tiny_nvfp4_raw
+    tensors = st.read_file(os.path.join(src, "model.safetensors"))
+    if change is None:
+        del tensors[name]
+    else:
+        tensors[name] = change(tensors[name])
+    copy_checkpoint(src, tmp_path, tensors)
+    r = subprocess.run([cairn, "run", "-m", str(tmp_path), "--validate-only"], capture_output=True, text=True)
+    assert r.returncode != 0 and name in r.stderr and expect in r.stderr, r.stderr

@@ -206,3 +206,22 @@ def fp4_dequantize(packed, scale):
     v = np.where(codes & 8, -mag, mag)
     s = 2.0 ** (scale.astype(np.float64) - 127)
     return v * np.repeat(s, 32, axis=1)
+
+
+def nvfp4_quantize_weight(w, divides):
+    """[out,in] float -> NVFP4 (packed U8 [out,in/2] low nibble = even column, E4M3 scale bytes
+    [out,in/16], global scale f32). The global maps the matrix amax onto E4M3 max x E2M1 max:
+    divides=True is compressed-tensors' weight_global_scale (448 * 6 / amax; W = code * scale /
+    global), False ModelOpt's weight_scale_2 (amax / (448 * 6); W = code * scale * scale_2)."""
+    w = np.asarray(w, dtype=np.float64)
+    out_f, in_f = w.shape
+    amax = max(float(np.abs(w).max()), 1e-30)
+    g = np.float32(448.0 * 6.0 / amax if divides else amax / (448.0 * 6.0))
+    per = 1.0 / float(g) if divides else float(g)        # what one scale unit is worth
+    blocks = w.reshape(out_f, in_f // 16, 16)
+    s_val, _ = round_to_grid(np.abs(blocks).max(axis=2) / 6.0 / per, E4M3_GRID)
+    step = (s_val * per)[..., None]
+    v, idx = round_to_grid(np.divide(blocks, step, out=np.zeros_like(blocks), where=step > 0), E2M1_GRID)
+    code = (idx.astype(np.uint8) | np.where(np.signbit(v) & (v != 0), 8, 0).astype(np.uint8)).reshape(out_f, in_f)
+    packed = (code[:, 0::2] | (code[:, 1::2] << 4)).astype(np.uint8)
+    return packed, e4m3_encode(s_val), g

@@ -15,6 +15,13 @@ Layouts (the same weights either way, so tests can compare them):
         [g0, u0, g1, u1, ...], gate.bias for the score correction, model.llm.unembed for lm_head,
         model.audio.encoder / model.audio.final_norm for the audio embedding.
 
+NVFP4 (nvfp4=True, `make_tiny.py inkling OUT --nvfp4`): every projection of the decoder layers
+(attention q/k/v/r/o, the dense MLP, routed and shared experts) as NVFP4 — E2M1 codes, one E4M3
+scale per 16 inputs, one f32 global scale per matrix (per expert in a stack); the embedding, head,
+router and audio embedding stay BF16. The hf layout writes compressed-tensors' names
+(`<w>_packed`, `<w>_scale`, `<w>_global_scale`, which the weights are divided by), the raw layout
+ModelOpt's (`<w>` U8, `<w>_scale`, `<w>_scale_2`, multiplied), so both conventions are exercised.
+
 Sizes:
   tiny  — every code path in a few hundred KB: 6 layers (default pattern: 0-4 sliding, 5 global),
           sliding window 6 (so prompts of ~20 tokens wrap the ring), relative-logit extent 12 on the
@@ -214,26 +221,66 @@ def raw_tensors(w):
     return out
 
 
-def encode(tensors):
-    """BF16 everywhere except the F32 convolutions, router score bias and scale scalars; one
-    tensor at a time, so only the encoded bytes stay in memory."""
+# The decoder-layer projections (hf and raw names) that an NVFP4 checkpoint quantizes.
+NVFP4_MATRICES = ("_proj.weight", "experts.gate_up_proj", "experts.down_proj", "shared_experts.gate_proj",
+                  "shared_experts.up_proj", "shared_experts.down_proj", "attn.wq_du.weight", "attn.wk_dv.weight",
+                  "attn.wv_dv.weight", "attn.wr_du.weight", "attn.wo_ud.weight", "mlp.w13_dn.weight",
+                  "mlp.w2_md.weight", "experts.w13_weight", "experts.w2_weight", "shared_w13_weight",
+                  "shared_w2_weight")
+
+
+def nvfp4_tensors(name, v, divides):
+    """One matrix [R, C] or stack [E, R, C] as NVFP4 tensors: compressed-tensors names (divides) or
+    ModelOpt names."""
+    stack = v.reshape((-1,) + v.shape[-2:])
+    parts = [st.nvfp4_quantize_weight(m, divides) for m in stack]
+    packed = np.stack([p for p, _, _ in parts]).reshape(v.shape[:-1] + (v.shape[-1] // 2,))
+    scale = np.stack([s for _, s, _ in parts]).reshape(v.shape[:-1] + (v.shape[-1] // 16,))
+    g = np.array([g for _, _, g in parts], dtype=np.float32)
+    return {name + "_packed" if divides else name: packed,
+            name + "_scale": ("F8_E4M3", list(scale.shape), scale.tobytes()),
+            name + ("_global_scale" if divides else "_scale_2"): g if v.ndim == 3 else ("F32", [], g.tobytes())}
+
+
+def encode(tensors, nvfp4=None):
+    """BF16 everywhere except the F32 convolutions, router score bias and scale scalars, and with
+    nvfp4 ("ct" or "modelopt") the decoder projections as NVFP4; one tensor at a time, so only the
+    encoded bytes stay in memory."""
     out = {}
     for name, v in tensors:
         if "sconv" in name or name.endswith(("global_scale", "e_score_correction_bias", "gate.bias")):
             out[name] = v.astype(np.float32)
+        elif nvfp4 and ".layers." in name and name.endswith(NVFP4_MATRICES):
+            out.update(nvfp4_tensors(name, v, nvfp4 == "ct"))
         else:
             out[name] = ("BF16", list(v.shape), st.bf16_bytes(v))
     return out
 
 
-def make(outdir, size="tiny", seed=1234, layout="hf"):
+def quantization_config(layout):
+    """What an NVFP4 checkpoint's config.json says of itself (compressed-tensors for the hf
+    layout, ModelOpt for the raw one; cairn reads the tensors, not this)."""
+    if layout == "hf":
+        return {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized",
+                "ignore": ["lm_head", "re:.*mlp.gate$"],
+                "config_groups": {"group_0": {"format": "nvfp4-pack-quantized", "targets": ["Linear"],
+                                              "weights": {"num_bits": 4, "type": "float", "strategy": "tensor_group",
+                                                          "group_size": 16, "symmetric": True}}}}
+    return {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16,
+            "exclude_modules": ["model.llm.unembed", "*mlp.gate"]}
+
+
+def make(outdir, size="tiny", seed=1234, layout="hf", nvfp4=False):
     if layout not in ("hf", "raw"):
         raise ValueError(f"layout {layout!r}: hf or raw")
     c = config_for(size)
+    if nvfp4:
+        c["quantization_config"] = quantization_config(layout)
     w = canonical_weights(c, seed)
     tensors = ((hf_name(k), v) for k, v in w) if layout == "hf" else raw_tensors(dict(w)).items()
     os.makedirs(outdir, exist_ok=True)
-    st.write_file(os.path.join(outdir, "model.safetensors"), encode(tensors), {"format": "pt"})
+    quant = ("ct" if layout == "hf" else "modelopt") if nvfp4 else None
+    st.write_file(os.path.join(outdir, "model.safetensors"), encode(tensors, quant), {"format": "pt"})
     t = c["text_config"]
     base = special_base(t)
     # the tokenizer covers the unpadded vocabulary only: rows past it are lm_head/embedding padding

@@ -10,7 +10,8 @@ prints {"validated": N, "decode_bytes": B, "token_flops": {"POS": F, ...}} like
 Rules, from the official layouts (per family below):
   - every tensor the engine looks up is counted once in `validated` (block scales included);
     tensors a release ships but no implementation reads are left out (`ignored`);
-  - bytes are a tensor's stored bytes; a quantized matrix's scale tensor counts with it;
+  - bytes are a tensor's stored bytes; a quantized matrix's scale tensor counts with it, except
+    NVFP4's per-matrix global scale (`_global_scale`, `_scale_2`), a constant read once at load;
   - a decode step reads every dense / shared-expert tensor whole, one row of a lookup table
     (embedding, hash routing table), of each layer's routed experts num_experts_per_tok out of
     num_experts (the layer's routed bytes * k // E), nothing of validated-only tensors (MTP, audio);
@@ -41,10 +42,15 @@ def headers(d):
     return out
 
 
+# NVFP4's global scales: one number per matrix, held by value, not streamed per token.
+GLOBAL_SCALES = ("_global_scale", "_scale_2")
+
+
 def companion_of(name, h):
-    """The matrix a scale tensor belongs to, or None when `name` is not a scale tensor."""
-    for suffix, base in (("_scale_inv", ""), (".weight_scale", ".weight_packed"), (".scale", ".weight"),
-                         (".qs", "")):
+    """The matrix a scale tensor belongs to, or None when `name` is not a scale tensor. Packed
+    codes are `<w>_packed` (compressed-tensors) or `<w>` itself (ModelOpt, DeepSeek)."""
+    for suffix, base in (("_scale_inv", ""), ("_scale_2", ""), ("_global_scale", "_packed"), ("_scale", "_packed"),
+                         ("_scale", ""), (".scale", ".weight"), (".qs", "")):
         if name.endswith(suffix) and name[: -len(suffix)] + base in h:
             return name[: -len(suffix)] + base
     return None
@@ -64,6 +70,11 @@ def matrix_dims(name, h, scales):
 # classify(name, shape, cfg, h) -> (role, layer): role "dense" | "routed" | "lookup" | "idle" |
 # "ignored"; matmul(name, shape) says whether a 2-D (or stacked 3-D) tensor is a product a token
 # runs; experts(cfg) -> (E, k); extra_flops(cfg, h, pos).
+
+
+def rows(h, name):
+    """Rows of matrix `name`, stored as is or as compressed-tensors' `<name>_packed`."""
+    return h[name if name in h else name + "_packed"][1][0]
 
 
 def layer_of(pattern, name):
@@ -201,8 +212,8 @@ class Inkling:
         f = 0.0
         for i in range(c["num_hidden_layers"]):
             p = f"model.llm.layers.{i}.attn." if raw else f"model.language_model.layers.{i}.self_attn."
-            kvd = h[p + ("wk_dv.weight" if raw else "k_proj.weight")][1][0]
-            heads = h[p + ("wr_du.weight" if raw else "r_proj.weight")][1][0] // d_rel
+            kvd = rows(h, p + ("wk_dv.weight" if raw else "k_proj.weight"))
+            heads = rows(h, p + ("wr_du.weight" if raw else "r_proj.weight")) // d_rel
             head_dim = h[p + "q_norm.weight"][1][0]
             extent = h[p + "rel_logits_proj.proj"][1][1]
             keys = min(pos + 1, window) if self.sliding(c, i) else pos + 1
@@ -235,11 +246,11 @@ def count(family, d, positions):
         if role == "ignored":
             continue
         validated += 1 + len(scales.get(name, []))
-        nbytes += sum(h[s][2] for s in scales.get(name, []))
+        nbytes += sum(h[s][2] for s in scales.get(name, []) if not s.endswith(GLOBAL_SCALES))
         mm = 0.0
         if fam.matmul(name, shape) and role in ("dense", "routed"):
-            if len(shape) == 3:
-                mm = 2.0 * shape[0] * shape[1] * shape[2]
+            if len(shape) == 3:   # a stack; packed codes hold two columns per byte
+                mm = 2.0 * shape[0] * shape[1] * shape[2] * (2 if dt == "U8" and name in scales else 1)
             else:
                 rows, cols = matrix_dims(name, h, scales.get(name, []))
                 mm = 2.0 * rows * cols

@@ -3,7 +3,8 @@
 (modeling_inkling.py, configuration_inkling.py), independent of the C engine: whole-sequence
 attention with dense masks and dense relative-position bias matrices, convolutions as explicit
 zero-padded sums, experts evaluated per token. Loads the HF layout and the released raw layout
-(renamed tensors, gate/up rows interleaved), both mapped to the HF text-model names.
+(renamed tensors, gate/up rows interleaved), both mapped to the HF text-model names, with NVFP4
+matrices decoded to float64 here (nvfp4_decode: its own tables, not the generator's).
 
 usage: inkling.py MODEL_DIR --ids 1,2,3 [--top 5] [--dmel FILE]
 prints one JSON line per position: {"pos": i, "top": [[id, logprob], ...]} (next-token log-probs).
@@ -74,10 +75,58 @@ def canonical(name, v, out):
             out[n] = v
 
 
+E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+
+
+def e4m3_value(b):
+    """E4M3 (fn) bytes -> float64: 4 exponent bits (bias 7), 3 mantissa bits, subnormal at exponent 0."""
+    b = b.astype(np.int64)
+    e, m = (b >> 3) & 15, b & 7
+    mag = np.where(e == 0, m / 8.0 * 2.0 ** -6, (1 + m / 8.0) * 2.0 ** (e - 7))
+    if np.any((b & 0x7F) == 0x7F):
+        raise ValueError("E4M3 NaN in an NVFP4 scale")
+    return np.where(b & 0x80, -mag, mag)
+
+
+def nvfp4_decode(tensors, name):
+    """The NVFP4 matrix (or stack) whose codes are tensor `name` (U8 [..., R, C/2], low nibble =
+    even column): code value * E4M3 scale of its 16 columns, divided by `<base>_global_scale`
+    (compressed-tensors) or multiplied by `<base>_scale_2` (ModelOpt), as float64."""
+    base = name[: -len("_packed")] if name.endswith("_packed") else name
+    _, shape, raw = tensors[name]
+    p = np.frombuffer(raw, dtype=np.uint8).reshape(shape)
+    codes = np.stack([p & 15, p >> 4], axis=-1).reshape(shape[:-1] + [2 * shape[-1]])
+    _, sshape, sraw = tensors[base + "_scale"]
+    scale = e4m3_value(np.frombuffer(sraw, dtype=np.uint8).reshape(sshape))
+    w = E2M1[codes] * np.repeat(scale, 16, axis=-1)
+    divides = base + "_global_scale" in tensors
+    _, _, graw = tensors[base + ("_global_scale" if divides else "_scale_2")]
+    g = np.frombuffer(graw, dtype=np.float32).astype(np.float64).reshape((-1,) + (1,) * (w.ndim - 1))
+    return base, w / g if divides else w * g
+
+
+def nvfp4_parts(tensors):
+    """Names of NVFP4 codes tensors, and of the scale tensors they consume."""
+    codes = {n for n, (dt, _, _) in tensors.items() if dt == "U8" and
+             (n[: -len("_packed")] if n.endswith("_packed") else n) + "_scale" in tensors}
+    used = set()
+    for n in codes:
+        b = n[: -len("_packed")] if n.endswith("_packed") else n
+        used |= {b + "_scale", b + "_global_scale", b + "_scale_2"}
+    return codes, used
+
+
 def load(model_dir):
     cfg = json.load(open(os.path.join(model_dir, "config.json")))
     w = {}
-    for name, (dt, shape, data) in st.read_dir(model_dir).items():
+    tensors = st.read_dir(model_dir)
+    codes, scales = nvfp4_parts(tensors)
+    for name, (dt, shape, data) in tensors.items():
+        if name in scales:
+            continue
+        if name in codes:
+            canonical(*nvfp4_decode(tensors, name), w)
+            continue
         if dt == "BF16":
             v = st.bf16_decode(data, shape).astype(np.float64)
         elif dt == "F32":

@@ -127,24 +127,33 @@ def test_glm_expected_names(sparse_glm):
 @pytest.mark.parametrize("family", ["inkling", "inkling-hf"])
 def test_inkling_layouts_are_real_and_sparse(family):
     """Inkling at full size (no published index here: totals follow from the config): 66 layers, 5
-    sliding for each global, stacked [E, 2I, D] experts, and the MTP block the loader ignores (its
-    160 tensors are the difference to the validated count)."""
+    sliding for each global, stacked [E, 2I, D] experts, the MTP block the loader ignores (its
+    160 tensors are the difference to the validated count), and the decoder projections in NVFP4
+    (codes, E4M3 scales, a global per matrix: 3 tensors where BF16 had 1; 4.5 bits a weight)."""
     d = sparse_model(family)
     wm = inventory(d)["weight_map"]
     raw = family == "inkling"
-    assert len(wm) == (1552 if raw else 1618) and inventory(d)["metadata"]["total_size"] == 1961217240212
+    assert len(wm) == (2740 if raw else 2938)
+    assert inventory(d)["metadata"]["total_size"] == (562875221468 if raw else 562875221996)
     assert sum(k.startswith("model.mtp.") for k in wm) == 160
     names = ["model.llm.layers.65.mlp.experts.w13_weight", "model.llm.layers.4.attn.rel_logits_proj.proj",
              "model.llm.unembed.weight", "model.audio.encoder.weight"] if raw else \
-        ["model.language_model.layers.65.mlp.experts.gate_up_proj", "lm_head.weight",
+        ["model.language_model.layers.65.mlp.experts.gate_up_proj_packed", "lm_head.weight",
          "model.language_model.layers.5.self_attn.k_sconv.conv1d.weight",
          "model.audio_tower.embed_audio_tokens.embed_audio_tokens.weight"]
     for name in names:
         assert name in wm, name
     shapes = {k: v["shape"] for h in read_headers(d).values() for k, v in h.items() if k != "__metadata__"}
+    dtypes = {k: v["dtype"] for h in read_headers(d).values() for k, v in h.items() if k != "__metadata__"}
     lm = "model.llm.layers" if raw else "model.language_model.layers"
-    att = "attn.wk_dv" if raw else "self_attn.k_proj"
-    assert shapes[f"{lm}.4.{att}.weight"] == [16 * 128, 6144] and shapes[f"{lm}.5.{att}.weight"] == [8 * 128, 6144]
+    att = "attn.wk_dv.weight" if raw else "self_attn.k_proj.weight"
+    codes = "" if raw else "_packed"
+    assert shapes[f"{lm}.4.{att}{codes}"] == [16 * 128, 3072] and shapes[f"{lm}.5.{att}{codes}"] == [8 * 128, 3072]
+    assert dtypes[f"{lm}.4.{att}{codes}"] == "U8" and dtypes[f"{lm}.4.{att}_scale"] == "F8_E4M3"
+    assert shapes[f"{lm}.4.{att}_scale"] == [16 * 128, 384]
+    experts = f"{lm}.65.mlp.experts." + ("w13_weight" if raw else "gate_up_proj")
+    assert shapes[experts + codes] == [256, 6144, 3072] and shapes[experts + "_scale"] == [256, 6144, 384]
+    assert shapes[experts + ("_scale_2" if raw else "_global_scale")] == [256]
     on_disk = sum(os.stat(os.path.join(d, s)).st_blocks * 512 for s in read_headers(d))
     assert on_disk < 200 << 20
 
@@ -153,9 +162,10 @@ def test_inkling_sparse_rejects_wrong_shape(cairn, tmp_path):
     """A transposed fused gate/up (same bytes) in the released layout is named by the loader."""
     name = "model.llm.layers.3.mlp.experts.w13_weight"
     dst = corrupt_copy(sparse_model("inkling"), str(tmp_path / "bad"), name, lambda h: h.replace(
-        f'"{name}":{{"dtype":"BF16","shape":[256,6144,6144]', f'"{name}":{{"dtype":"BF16","shape":[6144,256,6144]'))
+        f'"{name}":{{"dtype":"U8","shape":[256,6144,3072]', f'"{name}":{{"dtype":"U8","shape":[6144,256,3072]'))
     r = run_cairn(cairn, "-m", dst, "--validate-only")
-    assert r.returncode != 0 and name in r.stderr and "[256,6144,6144]" in r.stderr, r.stderr[-2000:]
+    assert r.returncode != 0 and name in r.stderr and "packed NVFP4 U8 [256,6144,3072]" in r.stderr, r.stderr[-2000:]
+    assert "found U8 [6144,256,3072]" in r.stderr
 
 
 def run_cairn(cairn, *args):
@@ -200,7 +210,7 @@ def test_dsv4_sparse_runs_one_token(cairn, sparse_dsv4):
 # Kimi K3: every tensor but layer 0's attention-site residual mixer, which the release ships unused.
 # Inkling: every tensor but the 160 of the MTP block (ignored, as HF does).
 @pytest.mark.parametrize("family,count", [("deepseek_v4", 69187), ("glm", 59870), ("kimi_k3", 497050),
-                                          ("inkling", 1392), ("inkling-hf", 1458)])
+                                          ("inkling", 2580), ("inkling-hf", 2778)])
 def test_sparse_validate_only(cairn, family, count):
     d = sparse_model(family)
     r = run_cairn(cairn, "-m", d, "--validate-only")

@@ -1,7 +1,8 @@
 """make_sparse.py FAMILY OUT — a checkpoint with the real config, tensor names, dtypes and shapes,
 written as sparse files: each shard gets its real JSON header and is then extended to its full
 size without writing data, so a 160 GB (DeepSeek-V4-Flash) or 1.5 TB (GLM-5) checkpoint costs a
-few MB of disk. Every weight reads as zero. The loader, the tensor validation of each family and
+few MB of disk. Every weight reads as zero, except where an inventory row carries its bytes (a
+4th element: NVFP4's global scales, which a loader rightly refuses as 0). The loader, the tensor validation of each family and
 the memory behaviour of mmap can then be tested at full scale on an ordinary machine.
 
 FAMILY is deepseek_v4 (DeepSeek-V4-Flash), glm (GLM-5, glm_moe_dsa, BF16 official layout), kimi_k3
@@ -281,8 +282,15 @@ def glm_inventory(c):
 #  - dense_mlp_idx: the HF default 0 (every layer MoE); 66 MoE layers + MTP give ~973B parameters,
 #    the published "975B".
 #  - log_scaling_n_floor: the HF default None (off); the released value is not known here.
-#  - dtypes: the release is NVFP4 for the main model (not a format cairn reads); this writes the
-#    unquantized BF16 form, with the score-correction bias in F32.
+#  - dtypes: the release is NVFP4 for the main model. Every projection of the 66 decoder layers
+#    (attention q/k/v/r/o, routed and shared experts; a dense MLP if dense_mlp_idx > 0) is written
+#    as NVFP4: E2M1 codes U8 [..., in/2], E4M3 scales [..., in/16] per 16 inputs, an F32 global per
+#    matrix (per expert in a stack). The exact names of the release's NVFP4 tensors are not known
+#    here: the raw layout takes ModelOpt's (`<w>` U8, `<w>_scale`, `<w>_scale_2`), which are the
+#    names vLLM's fused-MoE NVFP4 loader gives `w13_weight` / `w2_weight`, and the hf layout
+#    compressed-tensors' nvfp4-pack-quantized (`<w>_packed`, `<w>_scale`, `<w>_global_scale`). The
+#    embedding, lm_head/unembed, router, norms, convolutions, relative-logit banks, the audio
+#    embedding and the MTP block stay BF16 (F32 score-correction bias).
 #  - the MTP block (model.mtp.layers.0..7, 20 tensors each, local_layer_ids [0,2,4,5,6,7]) is
 #    written with the names a vLLM port lists; cairn, like HF, ignores model.mtp.*.
 #  - audio tensor names in the raw layout (model.audio.encoder / final_norm) follow colibri.
@@ -376,6 +384,40 @@ def inkling_inventory(config, raw=True):
 
 def inkling_hf_inventory(config):
     return inkling_inventory(config, raw=False)
+
+
+# The projections an NVFP4 release quantizes (raw and hf names), inside model.llm / language_model layers.
+NVFP4_MATRICES = ("_proj.weight", "experts.gate_up_proj", "experts.down_proj", "shared_experts.gate_proj",
+                  "shared_experts.up_proj", "shared_experts.down_proj", "attn.wq_du.weight", "attn.wk_dv.weight",
+                  "attn.wv_dv.weight", "attn.wr_du.weight", "attn.wo_ud.weight", "mlp.w13_dn.weight",
+                  "mlp.w2_md.weight", "experts.w13_weight", "experts.w2_weight", "shared_w13_weight",
+                  "shared_w2_weight")
+ONE_F32 = struct.pack("<f", 1.0)
+
+
+def nvfp4_inventory(tensors, divides):
+    """The BF16 projections of the decoder layers as NVFP4 tensors (compressed-tensors names when
+    divides, else ModelOpt's); global scales hold 1.0."""
+    out = []
+    for name, dt, shape in tensors:
+        if dt != "BF16" or ".layers." not in name or name.startswith("model.mtp.") or not name.endswith(NVFP4_MATRICES):
+            out.append((name, dt, shape))
+            continue
+        lead, cols = shape[:-1], shape[-1]
+        n = shape[0] if len(shape) == 3 else 1
+        out += [(name + ("_packed" if divides else ""), "U8", lead + [cols // 2]),
+                (name + "_scale", "F8_E4M3", lead + [cols // 16]),
+                (name + ("_global_scale" if divides else "_scale_2"), "F32", [n] if len(shape) == 3 else [],
+                 ONE_F32 * n)]
+    return out
+
+
+def inkling_nvfp4_inventory(config):
+    return nvfp4_inventory(inkling_inventory(config), divides=False)
+
+
+def inkling_hf_nvfp4_inventory(config):
+    return nvfp4_inventory(inkling_hf_inventory(config), divides=True)
 
 
 
@@ -490,8 +532,8 @@ FAMILIES = {
     "deepseek_v4": (DSV4_CONFIG, dsv4_inventory, DSV4_TENSORS, DSV4_TOTAL_SIZE),
     "glm": (GLM_CONFIG, glm_inventory, GLM_TENSORS, GLM_TOTAL_SIZE),
     "kimi_k3": (K3_CONFIG, k3_inventory, None, None),
-    "inkling": (INKLING_CONFIG, inkling_inventory, None, None),
-    "inkling-hf": (INKLING_CONFIG, inkling_hf_inventory, None, None),
+    "inkling": (INKLING_CONFIG, inkling_nvfp4_inventory, None, None),
+    "inkling-hf": (INKLING_CONFIG, inkling_hf_nvfp4_inventory, None, None),
 }
 
 # ---- writing ---------------------------------------------------------------------------------
@@ -508,7 +550,7 @@ def check_inventory(family, tensors, want_count, want_total):
     names = [t[0] for t in tensors]
     if len(set(names)) != len(names):
         sys.exit(f"{family}: duplicate tensor names in the inventory")
-    total = sum(nbytes(dt, shape) for _, dt, shape in tensors)
+    total = sum(nbytes(t[1], t[2]) for t in tensors)
     if want_count is not None and (len(tensors) != want_count or total != want_total):
         sys.exit(f"{family}: inventory has {len(tensors)} tensors / {total} bytes, "
                  f"published {want_count} / {want_total}")
@@ -535,9 +577,13 @@ def write_sparse_shard(path, tensors):
     starts aligned to its element size."""
     order = sorted(tensors, key=lambda t: (-DTYPE_SIZE[t[1]], t[0]))
     header, off = {"__metadata__": {"format": "pt"}}, 0
-    for name, dt, shape in order:
+    filled = []
+    for t in order:
+        name, dt, shape = t[:3]
         n = nbytes(dt, shape)
         header[name] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + n]}
+        if len(t) > 3:
+            filled.append((off, t[3]))
         off += n
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)
@@ -545,6 +591,9 @@ def write_sparse_shard(path, tensors):
         f.write(struct.pack("<Q", len(blob)))
         f.write(blob)
         f.truncate(8 + len(blob) + off)
+        for at, data in filled:
+            f.seek(8 + len(blob) + at)
+            f.write(data)
 
 
 def write_checkpoint(family, outdir, shard_bytes):

@@ -118,7 +118,9 @@ static int get_global(const st_file *f, const char *name, int n, qmat *out, int 
     return 0;
 }
 
-/* E4M3 block scales [n, rows, cols/16] (n = 0: [rows, cols/16]) without NaN codes. */
+/* E4M3 block scales [n, rows, cols/16] (n = 0: [rows, cols/16]). Their bytes are not read here:
+ * they are a ninth of an NVFP4 checkpoint, and scanning them would fault in that much of the
+ * mapping before the first token (see weights.h). */
 static int check_e4m3_scales(const st_tensor *s, int n, const qmat *m, char *err, size_t errlen) {
     char have[96], want[64];
     int ok = s->type == DT_F8_E4M3 && (n ? s->ndim == 3 && s->shape[0] == n && s->shape[1] == m->rows &&
@@ -129,9 +131,6 @@ static int check_e4m3_scales(const st_tensor *s, int n, const qmat *m, char *err
     if (!ok)
         return errf(err, errlen, "tensor %s in %s: expected F8_E4M3 %s (NVFP4 scales, one per 16 inputs), found %s",
                     s->name, s->file, want, found(s, have, sizeof have));
-    for (size_t i = 0; i < s->nbytes; i++)
-        if ((((const uint8_t *)s->data)[i] & 0x7f) == 0x7f)
-            return errf(err, errlen, "tensor %s in %s: scale %zu is an E4M3 NaN", s->name, s->file, i);
     return 0;
 }
 

@@ -21,7 +21,10 @@
  *
  * INVARIANTS
  *  - Matrices are views into the mapping, never copied. F32 scales are checked finite and in
- *    range at load: a bad one would poison every output of its matrix.
+ *    range at load: a bad one would poison every output of its matrix. NVFP4's E4M3 block
+ *    scales are a ninth of the checkpoint and are not scanned (that would read them all at
+ *    start-up); an E4M3 NaN code (0x7f / 0xff, which no quantizer writes) makes its row's
+ *    outputs NaN. Its global scales are checked finite and positive.
  *  - Errors name the tensor and its file. *count grows by the tensors checked (weight + scales).
  */
 #ifndef CAIRN_WEIGHTS_H

@@ -135,3 +135,16 @@ def test_bench_compares_mmap_and_cache(cairn, tiny_dsv4):
     assert out["mmap"]["hit_rate"] == 0 and out["mmap"]["expert_bytes_read_per_token"] == 0
     assert out["expert_cache"]["expert_bytes_read_per_token"] > 0       # a two-expert budget must read
     assert out["disk_read_gbs"] > 0
+
+
+@pytest.mark.parametrize("layout", ["hf", "raw"])
+def test_nvfp4_experts_cached_bit_identical(cairn, layout):
+    """NVFP4 stacks (codes and E4M3 scales in two tensors, the global scale held by value) read
+    through an evicting cache give the mapped bytes."""
+    from test_inkling_ref import generated
+    model = generated(f"inkling-tiny-nvfp4{'-raw' if layout == 'raw' else ''}-1234", layout=layout, nvfp4=True)
+    mapped = generate(cairn, model)
+    cached = generate(cairn, model, "--expert-cache-mb", mb(2 * largest_expert(cairn, model)))
+    assert cached.stdout == mapped.stdout
+    s = stats(cached.stderr)
+    assert s["evictions"] > 0 and s["read_errors"] == 0

@@ -67,7 +67,8 @@ static int pick_free(slots *s, const char *prompt, size_t n) {
         if (t->busy) continue;
         size_t lcp = common_prefix(t->record, t->len, prompt, n);
         if (t->len > 0 && lcp == t->len && t->len > best_extend) { extend = i; best_extend = t->len; }
-        if (t->len > 0 && lcp * 2 >= t->len && lcp > best_partial) { partial = i; best_partial = lcp; }
+        int regenerate = lcp == n && n > 0;  /* the prompt again: a prefix of what the slot holds */
+        if (t->len > 0 && (lcp * 2 >= t->len || regenerate) && lcp > best_partial) { partial = i; best_partial = lcp; }
         if (t->len == 0 && empty < 0) empty = i;
         if (lru < 0 || t->last_used < s->slot[lru].last_used) lru = i;
     }

@@ -8,8 +8,9 @@
  * ROUTING (slots_acquire): an explicit pin waits for its slot. Otherwise, among FREE slots:
  *   1. a slot whose record is a prefix of the prompt (the same conversation, one turn on),
  *      longest record first;
- *   2. a slot sharing a prefix with the prompt covering at least half of its record
- *      (regenerate, edit of the last message);
+ *   2. a slot sharing a prefix with the prompt covering at least half of its record (edit of
+ *      the last message), or holding the whole prompt as a prefix (regenerate: the same prompt
+ *      again, however long the reply it replaces);
  *   3. a slot that holds nothing;
  *   4. the least recently used slot.
  * A request never waits for a busy slot while another is free unless it is pinned.

@@ -32,6 +32,9 @@ static void test_routing(void) {
     }
     /* Regenerate (same prompt again) prefers the slot sharing most of its record. */
     CHECK(acquire(s, "<bos>SYS B<u>yo", -1) == b, "regenerate went elsewhere");
+    /* ... also when the reply it replaces is longer than the prompt (less than half of the record). */
+    release(s, b, "<bos>SYS B<u>yo<a>a reply far longer than the prompt that asked for it");
+    CHECK(acquire(s, "<bos>SYS B<u>yo", -1) == b, "regenerate after a long reply went elsewhere");
     release(s, b, "<bos>SYS B<u>yo<a>other reply");
     /* A third conversation evicts the least recently used slot (A's). */
     CHECK(acquire(s, "<bos>SYS C<u>new", -1) == a, "LRU eviction picked the wrong slot");

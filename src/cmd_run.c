@@ -231,7 +231,7 @@ static int render_ids(const model *m, const cJSON *messages, prompt *pr, char *e
     const chat_template *t = model_template(m, err, errlen);
     if (!t) return -1;
     if (!m->tok) return errf(err, errlen, "the model has no usable tokenizer.json (use --prompt-ids)");
-    chat_opts co = {0, NULL, NULL};
+    chat_opts co = {0};
     chat_prompt p = {0};
     int rc = t->render(messages, NULL, &co, &p, err, errlen);
     if (!rc) rc = chat_prompt_encode(m->tok, &p, &pr->ids, &pr->n, err, errlen);
@@ -535,7 +535,7 @@ static int turn_tail(const model *m, chat_conv *c, prompt *out, char *err, size_
     cJSON *last = cJSON_GetArrayItem(c->msgs, cJSON_GetArraySize(c->msgs) - 2);
     cJSON *real = cJSON_DetachItemFromObject(last, "content");
     cJSON_AddStringToObject(last, "content", c->placeholder);
-    chat_opts co = {0, NULL, NULL};
+    chat_opts co = {0};
     chat_prompt p = {0};
     int rc = m->ops->chat->render(c->msgs, NULL, &co, &p, err, errlen);
     cJSON_DeleteItemFromObject(last, "content");

@@ -109,3 +109,24 @@ def test_conflicts_and_bad_fields_never_reach_the_engine(server):
         st, reply, g = chat(server, **body)
         assert st == 400 and g is None, (body, st, reply)
         assert reply["error"]["param"] == param, (body, reply)
+
+
+def test_response_format_reaches_the_template(server, family_model):
+    """response_format is handed to the template as well as to the grammar: Kimi K3's encoder
+    writes it as a one-time system option before the generation cue (encoding_k3.py's
+    response-format message); the other families' templates have no such rendering, so their
+    prompt is the same with or without it."""
+    def prompt(**rf):
+        st, _, _ = chat(server, **rf)
+        assert st == 200
+        return [f for f in server.fake_frames() if f["cmd"] == "SUBMIT"][-1]["prompt"]
+    plain = prompt()
+    obj = prompt(response_format={"type": "json_object"})
+    sch = prompt(response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": SCHEMA}})
+    if family_model.name != "kimi_k3":
+        assert obj == plain and sch == plain
+        return
+    assert "response_format" not in plain
+    assert 'type="response-format"' in obj and "The system is invoked with `response_format=json_object`." in obj
+    assert obj.index("hi") < obj.index("response-format") < obj.rindex('role="assistant"')
+    assert '```json\n{"properties":{"n":{"type":"integer"}},"required":["n"],"type":"object"}\n```' in sch

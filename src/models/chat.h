@@ -34,6 +34,8 @@ typedef struct {
     int thinking;                 /* 1 = thinking mode generation cue */
     const char *effort;           /* reasoning effort or NULL */
     const char *tool_choice;      /* "auto", "none", "required", or a function name to force; NULL = auto */
+    const cJSON *response_format; /* the request's response_format (OpenAI chat), NULL when none; templates
+                                   * that render it (Kimi K3) read type json_object / json_schema */
 } chat_opts;
 
 typedef struct {

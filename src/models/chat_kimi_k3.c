@@ -29,9 +29,16 @@
  *
  * Choices where the sources are silent, stated: `developer` renders as system; JSON is written
  * without ASCII escaping; a tool_choice naming one function renders the `required` option (the
- * encoder has no named form; the grammar, k3_tools, forces the function). response_format's
- * option message is not rendered: chat_opts does not carry it (the grammar still constrains the
- * reply). Efforts other than low / high / max are refused as the encoder refuses them.
+ * encoder has no named form; the grammar, k3_tools, forces the function). Efforts other than
+ * low / high / max are refused as the encoder refuses them.
+ *   response_format (after the tool-choice option; the grammar still constrains the reply):
+ *   <|open|>message role="system" type="response-format"<|sep|>The system is invoked with
+ *       `response_format=json_object`.\nYour response must be raw JSON data without markdown code
+ *       blocks (```json) or any additional formatting.<|close|>message<|sep|><|end_of_msg|>
+ *   json_schema: `response_format=json_schema` and the same sentence, then "\nThe JSON data must
+ *       match the following schema:\n```json\n{schema}\n```", the schema key-sorted compact JSON
+ *       taken as the encoder's extract_response_schema does: json_schema.schema, else
+ *       json_schema.json_schema, else json_schema itself (null when absent); type text: nothing.
  *
  * Only the format's literals are written trusted; content, reasoning, tool results, the tools
  * JSON, tool and argument names and argument values are request data, written untrusted (chat.h). */
@@ -131,6 +138,31 @@ static void render_tool_choice(chat_prompt *p, const char *choice) {
     open_message(p, "system", "tool-choice");
     T(none ? "The system is invoked with `tool_choice=none`.\nYou MUST NOT call any tools in the next message."
            : "The system is invoked with `tool_choice=required`.\nYou MUST call tools in the next message.");
+    end_message(p);
+}
+
+/* The one-time response_format option after tool_choice (see the top of the file). */
+static void render_response_format(chat_prompt *p, const cJSON *rf) {
+    const cJSON *type = cJSON_IsObject(rf) ? cJSON_GetObjectItemCaseSensitive(rf, "type") : rf;
+    const char *t = cJSON_IsString(type) ? type->valuestring : "";
+    int object = !strcmp(t, "json_object");
+    if (!object && strcmp(t, "json_schema")) return;
+    open_message(p, "system", "response-format");
+    T(object ? "The system is invoked with `response_format=json_object`.\n"
+             : "The system is invoked with `response_format=json_schema`.\n");
+    T("Your response must be raw JSON data without markdown code blocks (```json) or any additional formatting.");
+    if (!object) {
+        const cJSON *js = cJSON_GetObjectItemCaseSensitive(rf, "json_schema"), *schema = NULL;
+        if (cJSON_IsObject(js)) {
+            schema = cJSON_GetObjectItemCaseSensitive(js, "schema");
+            if (!schema) schema = cJSON_GetObjectItemCaseSensitive(js, "json_schema");
+            if (!schema) schema = js;
+        }
+        T("\nThe JSON data must match the following schema:\n```json\n");
+        if (schema) untrusted_compact(p, schema, 1);
+        else T("null");
+        T("\n```");
+    }
     end_message(p);
 }
 
@@ -263,6 +295,7 @@ static int k3_render(const cJSON *messages, const cJSON *tools, const chat_opts 
     for (int i = 0; i < n; i++)
         if (render_message(p, messages, i, thinking, err, errlen)) return -1;
     render_tool_choice(p, o ? o->tool_choice : NULL);
+    render_response_format(p, o ? o->response_format : NULL);
     open_message(p, "assistant", NULL);
     T(thinking ? OPEN "think" SEP : OPEN "response" SEP);
     return 0;

@@ -333,6 +333,8 @@ static int parse_chat(serve_ctx *sc, const cJSON *body, oa_call *k, http_err *e)
     chat_opts o = {0};
     int parallel = 1;
     if (parse_tool_choice(body, tools, &o, e) || parse_thinking(body, &o, e)) return -1;
+    const cJSON *rf = cJSON_GetObjectItemCaseSensitive(body, "response_format");
+    o.response_format = cJSON_IsObject(rf) ? rf : NULL;     /* validated with the grammar (constrain.c) */
     if (param_bool(body, "parallel_tool_calls", &parallel, e)) return -1;
     sbuf media = {0};
     cJSON *msgs = openai_normalize_messages(cJSON_GetObjectItemCaseSensitive(body, "messages"),

@@ -105,6 +105,58 @@ static void test_tool_choice(void) {
     free(p);
 }
 
+/* response_format is a one-time option message after tool_choice's, as encoding_k3.py renders
+ * it: json_object a fixed text, json_schema the same plus the schema (key-sorted compact JSON, no
+ * ASCII escaping) found where extract_response_schema looks; text and no response_format
+ * render nothing. */
+static char *render_rf(const char *rf_json, const char *tool_choice) {
+    char err[256] = "";
+    cJSON *rf = cJSON_Parse(rf_json);
+    chat_opts o = {.tool_choice = tool_choice, .response_format = rf};
+    char *p = chat_render_json(&kimi_k3_chat, "[{\"role\":\"user\",\"content\":\"hi\"}]",
+                               "[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]", o, err, sizeof err);
+    CHECK(p, "render failed: %s", err);
+    cJSON_Delete(rf);
+    return p;
+}
+
+#define RF_HEAD "<|open|>message role=\"system\" type=\"response-format\"<|sep|>The system is invoked with `response_format="
+#define RF_RAW "`.\nYour response must be raw JSON data without markdown code blocks (```json) or any additional formatting."
+#define RF_SCHEMA(s) RF_HEAD "json_schema" RF_RAW "\nThe JSON data must match the following schema:\n```json\n" s \
+    "\n```<|close|>message<|sep|><|end_of_msg|>" CUE
+#define CUE "<|open|>message role=\"assistant\"<|sep|><|open|>response<|sep|>"
+
+static int ends_with_str(const char *p, const char *tail) {
+    return p && strlen(p) >= strlen(tail) && !strcmp(p + strlen(p) - strlen(tail), tail);
+}
+
+static void test_response_format(void) {
+    char *p = render_rf("{\"type\":\"json_object\"}", "required");
+    const char *obj = "You MUST call tools in the next message.<|close|>message<|sep|><|end_of_msg|>" RF_HEAD
+                      "json_object" RF_RAW "<|close|>message<|sep|><|end_of_msg|>" CUE;
+    CHECK(ends_with_str(p, obj), "json_object after tool_choice: got %s", show(p));
+    free(p);
+    static const char *const cases[][2] = {
+        {"{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"out\",\"schema\":{\"type\":\"object\",\"properties\":"
+         "{\"b\":{\"type\":\"string\",\"description\":\"caf\u00e9\"},\"a\":{\"type\":\"number\"}}}}}",
+         RF_SCHEMA("{\"properties\":{\"a\":{\"type\":\"number\"},\"b\":{\"description\":\"caf\xc3\xa9\",\"type\":\"string\"}},"
+                   "\"type\":\"object\"}")},
+        {"{\"type\":\"json_schema\",\"json_schema\":{\"json_schema\":{\"type\":\"object\"}}}", RF_SCHEMA("{\"type\":\"object\"}")},
+        {"{\"type\":\"json_schema\",\"json_schema\":{\"type\":\"object\",\"b\":1,\"a\":2}}",
+         RF_SCHEMA("{\"a\":2,\"b\":1,\"type\":\"object\"}")},
+        {"{\"type\":\"json_schema\"}", RF_SCHEMA("null")},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        p = render_rf(cases[i][0], NULL);
+        CHECK(ends_with_str(p, cases[i][1]), "case %zu: got %s", i, show(p));
+        free(p);
+    }
+    p = render_rf("{\"type\":\"text\"}", NULL);
+    CHECK(p && !strstr(p, "response-format") && ends_with_str(p, "hi<|close|>message<|sep|><|end_of_msg|>" CUE),
+          "text: got %s", show(p));
+    free(p);
+}
+
 static void test_render_errors(void) {
     char err[256] = "";
     char *p = render("[{\"role\":\"user\",\"content\":\"x\"}]", NULL, 1, "medium", NULL, err);
@@ -203,6 +255,7 @@ int main(void) {
     test_render_history();
     test_render_tools();
     test_tool_choice();
+    test_response_format();
     test_render_errors();
     test_parse();
     test_prefix_stability();

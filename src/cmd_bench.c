@@ -29,7 +29,7 @@ static void bench_usage(FILE *f) {
             "\n"
             "kernels: measures the read bandwidth of this machine (stream-like sum over >= 1 GiB on all\n"
             "  threads, 4x the last-level cache), then for each weight layout (f32, bf16, fp8 with E8M0 and with F32 block\n"
-            "  scales, fp4, and the int8-per-row, int4-per-row and int4-g64 containers) the\n"
+            "  scales, fp4 (MXFP4), nvfp4, and the int8-per-row, int4-per-row and int4-g64 containers) the\n"
             "  matrix-vector throughput in weight bytes/s and as a fraction of that bandwidth, and\n"
             "  batched (n=8, n=32 input rows) GFLOP/s.\n"
             "  --json   print one JSON object instead of a table\n"

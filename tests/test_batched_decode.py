@@ -47,3 +47,36 @@ def test_concurrent_slots_match_running_alone(cairn, family_model):
     assert t2.reuse == len(prompts[0]) + len(reps[0].fed())
     alone2 = cold(cairn, model, ids=turn2, max_tokens=5, args=("--ctx", str(CTX)))
     assert (t2.ids, t2.lps) == (alone2.ids, alone2.lps)
+
+
+STEP = re.compile(r"step: (\d+) slots decoded in one forward call, weight bytes streamed: dense (\d+) routed (\d+)")
+
+
+def test_batched_step_reads_the_weights_once(cairn, family_model):
+    """A decode step of four conversations streams exactly the dense weight bytes (every checkpoint
+    matrix but the routed experts, counted by the kernels: kernels_streamed) of a one-conversation
+    step, not four times them: projections, head and every other weight are read once per pass.
+    Routed experts are counted apart (four tokens choose more of them). A step that ran the
+    sequences one by one, or any weight product left per sequence, reads more and fails here."""
+    model = family_model.model
+    hi = family_model.ordinary_hi
+    prompts = [[20 + (11 * i + 5 * k) % (hi - 20) for k in range(6 + i)] for i in range(4)]
+    e = Engine(cairn, model, "--ctx", str(CTX), "--slots", "4", "--kv-share", "0", env={"CAIRN_STEP_LOG": "1"})
+    try:
+        alone = e.generate(prompts[0], 8, slot=0)
+        frames = []
+        e.send = frames.append
+        for i, p in enumerate(prompts):
+            e.submit("w%d" % i, ids=p, max_tokens=6, slot=i)
+        del e.send
+        e.send(b"".join(frames))
+        reps = [e.collect("w%d" % i) for i in range(4)]
+    finally:
+        e.close()
+    assert alone.error is None and all(r.error is None for r in reps)
+    steps = [tuple(map(int, m)) for m in STEP.findall(e.read_stderr())]
+    one = {dense for k, dense, _ in steps if k == 1}
+    four = [(dense, routed) for k, dense, routed in steps if k == 4]
+    assert one and four, f"no one- and four-slot steps: {steps}"
+    assert len(one) == 1 and min(one) > 0, f"a one-slot step's dense bytes vary: {sorted(one)}"
+    assert all(dense == min(one) for dense, _ in four), f"four-slot steps read {four}, one-slot {sorted(one)}"

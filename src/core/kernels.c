@@ -315,9 +315,19 @@ static void mul_task(void *ctx, int i) {
     job_rows(job, lo, MIN(lo + MUL_ROWS_PER_TASK, job->r1));
 }
 
+static atomic_ullong streamed_dense, streamed_routed;
+
+void kernels_streamed(unsigned long long *dense, unsigned long long *routed) {
+    *dense = atomic_load(&streamed_dense);
+    *routed = atomic_load(&streamed_routed);
+}
+
 void qmat_mul_rows(const qmat *w, int r0, int r1, const float *x, int n, float *y) {
     static atomic_ullong calls;
     if (r1 <= r0 || n <= 0) return;
+    if (w->source != QM_SCRATCH)
+        atomic_fetch_add(w->source == QM_ROUTED ? &streamed_routed : &streamed_dense,
+                         qmat_bytes(w) / (size_t)w->rows * (size_t)(r1 - r0));
     mul_job job = {active_path(), w, r0, r1, n, x, y, atomic_fetch_add(&calls, 1) + 1};
     if (n == 1) pool_run((r1 - r0 + VEC_ROWS_PER_TASK - 1) / VEC_ROWS_PER_TASK, vec_task, &job);
     else pool_run((r1 - r0 + MUL_ROWS_PER_TASK - 1) / MUL_ROWS_PER_TASK, mul_task, &job);

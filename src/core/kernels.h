@@ -36,6 +36,11 @@
 
 typedef enum { WF_F32, WF_BF16, WF_FP8, WF_FP4, WF_I8_ROW, WF_I4_ROW, WF_I4_G64, WF_NVFP4 } wformat;
 
+/* What a matrix is, for kernels_streamed: a view of state or activations (0: cached rows that
+ * attention multiplies through the kernels), or a checkpoint weight, dense or a routed expert's
+ * (the tensor table marks its matrices). */
+typedef enum { QM_SCRATCH, QM_DENSE, QM_ROUTED } qmat_source;
+
 typedef struct {
     wformat fmt;
     int rows, cols;
@@ -45,6 +50,7 @@ typedef struct {
                                  * formats' row or group scales; else NULL */
     float global_scale;         /* NVFP4: the per-matrix scale (finite, > 0), held by value */
     int global_divides;         /* NVFP4: 1 = the weights are divided by it, 0 = multiplied */
+    qmat_source source;
 } qmat;
 
 const char *wformat_name(wformat f);
@@ -62,6 +68,13 @@ void qmat_mul_rows(const qmat *w, int r0, int r1, const float *x, int n, float *
 
 /* Dequantize row r of W into out[cols] (embedding lookups, tests). */
 void qmat_row(const qmat *w, int r, float *out);
+
+/* Checkpoint weight bytes the matrix products (qmat_vec / qmat_mul / qmat_mul_rows) have read
+ * since the start, QM_DENSE and QM_ROUTED apart: one call reads its rows once, whatever its batch
+ * size n, so a forward pass that batches k sequences adds to `dense` what one sequence's pass
+ * adds (routed experts depend on what the tokens choose). qmat_row and QM_SCRATCH views are not
+ * counted. */
+void kernels_streamed(unsigned long long *dense, unsigned long long *routed);
 
 void kernels_force_scalar(int on);
 const char *kernels_simd_name(void);                 /* "avx512", "avx2" or "scalar" */

@@ -119,6 +119,7 @@ static int load_one(tt_table *w, const tt_spec *s, const tt_group *g, tt_role ro
             w->failed = 1;
             return -1;
         }
+        q->source = role == TT_ROUTED ? QM_ROUTED : QM_DENSE;
         en.mat = q;
         en.bytes = qmat_bytes(q);
         en.flops = mat_flops(role, q);
@@ -141,6 +142,7 @@ static int load_one(tt_table *w, const tt_spec *s, const tt_group *g, tt_role ro
             if (!nvfp4)
                 qs[i] = (qmat){.fmt = t->type == DT_BF16 ? WF_BF16 : WF_F32, .rows = (int)want[1],
                                .cols = (int)want[2], .data = (const unsigned char *)t->data + (size_t)i * stride};
+            qs[i].source = role == TT_ROUTED ? QM_ROUTED : QM_DENSE;
             tt_entry se = en;
             se.mat = &qs[i];
             se.expert = role == TT_ROUTED ? (int)i : -1;

@@ -105,13 +105,13 @@ static void run_block(const dsv4_model *d, const dsv4_layer *L, int li, dsv4_seq
     hc_post(d, s, n);
 }
 
-/* Final hidden state of pass row t into y[dim]: HC head collapse (no Sinkhorn), final norm. */
-static void head_state(const dsv4_model *d, const dsv4_seq *s, int t, float *y) {
+/* Final hidden state of pass row t into y[dim]: HC head collapse (no Sinkhorn) with the row's
+ * hc_head.fn product `mix`, final norm. */
+static void head_state(const dsv4_model *d, const dsv4_seq *s, int t, const float *mix, float *y) {
     const dsv4_config *c = &d->c;
     int width = c->hc * c->dim;
     const float *h = s->h + (size_t)t * width;
-    float mix[DSV4_MAX_HC], pre[DSV4_MAX_HC];
-    qmat_vec(&d->hc_head.fn, h, mix);
+    float pre[DSV4_MAX_HC];
     float r = rsqrt_mean_square(h, width, c->eps);
     for (int i = 0; i < c->hc; i++)
         pre[i] = sigmoidf(mix[i] * r * d->hc_head.scale[0] + d->hc_head.base[i]) + (float)c->hc_eps;
@@ -131,15 +131,18 @@ static void forward_pass(const dsv4_model *d, dsv4_seq *s, int n) {
     for (int l = 0; l < c->n_layers; l++) run_block(d, &d->layers[l], l, s, n);
 }
 
-/* Logits of a finished pass whose row t is token j[t] of segment g[t]: the final states of the
- * rows that need logits go into s->x (free once the pass is done) and through the FP32 head
- * DSV4_HEAD_ROWS at a time, so a batched decode step reads the head once for all its sequences. */
+/* Logits of a finished pass whose row t is token j[t] of segment g[t]: the HC head mix of every
+ * row in one product, then the final states of the rows that need logits go into s->x (free once
+ * the pass is done) and through the FP32 head DSV4_HEAD_ROWS at a time, so a batched decode step
+ * reads hc_head and the head once for all its sequences. */
 static void pass_logits(const dsv4_model *d, dsv4_seq *s, const fwd_seg *const *g, const int *j, int n) {
     int vocab = d->c.vocab, k = 0, row_tok[DSV4_CHUNK];
     const fwd_seg *row_seg[DSV4_CHUNK];
+    float mix[DSV4_CHUNK * DSV4_MAX_HC];
+    qmat_mul(&d->hc_head.fn, s->h, n, mix);
     for (int t = 0; t < n; t++)
         if (g[t]->all_logits || (g[t]->logits && j[t] == g[t]->n - 1)) {
-            head_state(d, s, t, s->x + (size_t)k * d->c.dim);
+            head_state(d, s, t, mix + (size_t)t * d->c.hc, s->x + (size_t)k * d->c.dim);
             row_seg[k] = g[t];
             row_tok[k++] = j[t];
         }

@@ -30,7 +30,7 @@ typedef struct {
     float *q, *kv, *raw, *kp, *vp, *r, *work;        /* attention */
     float *logits, *gam, *xin, *eout, *ex, *g1, *act, *fused, *choice;   /* MLP */
     int *idx;
-    float *head_hn;
+    float *head_hn, *head_out;                       /* [n][D], [n][unpadded] */
 } ink_bufs;
 
 static float *floats(arena *a, size_t n) { return arena_take(a, n, sizeof(float)); }
@@ -56,7 +56,7 @@ static void chunk_layout(arena *a, const ink_model *g, int n, int end, ink_bufs 
     b->idx = arena_take(a, (size_t)n * g->top_k, sizeof(int));
     b->xin = floats(a, nd), b->eout = floats(a, nd), b->ex = floats(a, n * ks * g->dim), b->g1 = floats(a, (size_t)n);
     b->act = floats(a, n * imax), b->fused = floats(a, n * 2 * imax), b->choice = floats(a, (size_t)g->n_experts);
-    b->head_hn = floats(a, (size_t)g->dim);
+    b->head_hn = floats(a, nd), b->head_out = floats(a, (size_t)n * g->unpadded);
 }
 
 size_t inkling_scratch_bytes(const model *m, int ctx) {
@@ -345,16 +345,21 @@ static void add_residual(const model *m, float *x, const float *delta, size_t le
     act_round(m, x, len);
 }
 
-/* lm_head(RMSNorm(x) / logits_mup_width_multiplier) of one row, only the unpadded rows. (With
- * all_logits a segment's rows go through one at a time: the kernel's result for a row does not
- * depend on the batch, and echo is not a hot path.) */
-static void head_logits(const model *m, const float *x, float *out, ink_bufs *b) {
+/* lm_head(RMSNorm(x) / logits_mup_width_multiplier), only the unpadded rows, of the rows that
+ * want logits (every row a segment asked all of, and each segment's last row), in one product:
+ * the head is read once per pass, and the kernel's result for a row does not depend on the batch. */
+static void head_logits(const model *m, const ink_rows *rw, const float *x, ink_bufs *b) {
     const ink_model *g = m->priv;
-    float *hn = b->head_hn;
-    norm_rows(m, hn, x, g->final_norm, 1, g->dim, g->eps);
-    for (int k = 0; k < g->dim; k++) hn[k] /= g->logit_div;
-    act_round(m, hn, (size_t)g->dim);
-    qmat_mul_rows(&g->head, 0, g->unpadded, hn, 1, out);
+    size_t d = (size_t)g->dim, v = (size_t)g->unpadded;
+    int cnt = 0;
+    for (int i = 0; i < rw->n; i++)
+        if (rw->all[i] || rw->last[i]) norm_rows(m, b->head_hn + (size_t)cnt++ * d, x + i * d, g->final_norm, 1, g->dim, g->eps);
+    if (!cnt) return;
+    for (size_t k = 0; k < (size_t)cnt * d; k++) b->head_hn[k] /= g->logit_div;
+    act_round(m, b->head_hn, (size_t)cnt * d);
+    qmat_mul_rows(&g->head, 0, g->unpadded, b->head_hn, cnt, b->head_out);
+    for (int i = 0, k = 0; i < rw->n; i++)
+        if (rw->all[i] || rw->last[i]) memcpy(rw->all[i] ? rw->all[i] : rw->last[i], b->head_out + (size_t)k++ * v, v * sizeof(float));
 }
 
 /* One pass over at most INK_CHUNK rows (from one or more sequences); all its scratch is given
@@ -378,11 +383,7 @@ static void forward_rows(const model *m, const ink_rows *rw, arena *sc) {
         conv_rows(m, rw, li, CONV_MLP, l->conv_mlp, g->dim, branch, (size_t)g->dim, delta);
         add_residual(m, x, delta, len);
     }
-    /* logits: every row a segment asked all of, and each segment's last row */
-    for (int i = 0; i < rw->n; i++) {
-        float *out = rw->all[i] ? rw->all[i] : rw->last[i];
-        if (out) head_logits(m, x + (size_t)i * g->dim, out, &b);
-    }
+    head_logits(m, rw, x, &b);
     arena_release(sc, start);
 }
 

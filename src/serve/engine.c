@@ -8,7 +8,9 @@
  * alone (model.h). stdin is polled with a zero-timeout select between steps, so CANCEL, STOP and
  * new SUBMITs are seen during long prefills and decodes. With nothing active it blocks on
  * stdin. EOF lets in-flight requests finish, then exits 0. CAIRN_STEP_LOG=1 logs on stderr each
- * decode step that batched several slots.
+ * decode step: how many slots its one forward call decoded and the weight bytes that call
+ * streamed (kernels_streamed: dense, and routed experts), so a test can see the weights read
+ * once per pass.
  *
  * Frames go to stdout, one fflush per frame; logs go to stderr. A request's reply is ACCEPT,
  * DATA*, DONE, or a single ERROR. A failure after a slot's state started changing taints that
@@ -26,6 +28,7 @@
 
 #include "../cli.h"
 #include "../core/grammar.h"
+#include "../core/kernels.h"
 #include "../core/sampler.h"
 #include "../core/threads.h"
 #include "../core/tokmask.h"
@@ -228,8 +231,15 @@ static void decode_step(engine *e, request **rs, int k) {
         ids[i] = rs[i]->token;
         logits[i] = e->step_logits + (size_t)i * v;
     }
-    if (e->log_steps && k > 1) fprintf(stderr, "step: %d slots decoded in one forward call\n", k);
-    if (seq_feed_step(seqs, ids, k, logits, err, sizeof err)) {
+    unsigned long long dense0, routed0, dense1, routed1;
+    kernels_streamed(&dense0, &routed0);
+    int rc = seq_feed_step(seqs, ids, k, logits, err, sizeof err);
+    kernels_streamed(&dense1, &routed1);
+    { FILE *tf = getenv("K3INK_TRACE2") ? fopen(getenv("K3INK_TRACE2"), "a") : NULL; if (tf) { fprintf(tf, "STEP %d\n", k); fclose(tf);} }
+    if (e->log_steps)
+        fprintf(stderr, "step: %d slots decoded in one forward call, weight bytes streamed: dense %llu routed %llu\n",
+                k, dense1 - dense0, routed1 - routed0);
+    if (rc) {
         for (int i = 0; i < k; i++) fail(e, rs[i], "ENGINE_ERROR", err);
         return;
     }

@@ -34,7 +34,7 @@ typedef struct {
 static float rnd_scale(void) { return (0.25f + (float)(rnd() % 100000) * 3.1e-5f) * 1.0000001f; }
 
 static test_matrix make(wformat fmt, int rows, int cols, int f32_scales) {
-    test_matrix m = {{fmt, rows, cols, NULL, NULL, NULL, 0, 0}, NULL, NULL, NULL};
+    test_matrix m = {{fmt, rows, cols, NULL, NULL, NULL, 0, 0, QM_SCRATCH}, NULL, NULL, NULL};
     size_t n = (size_t)rows * cols, scales = 0, bytes = 0;
     switch (fmt) {
     case WF_F32: bytes = n * 4; break;
@@ -194,7 +194,7 @@ static void check_reduction_order(void) {
     for (int c = 0; c < C; c++) { w[c] = 1.0f; x[c] = 0.0f; }
     x[0] = 1e8f; x[16] = 1.0f; x[32] = -1e8f;    /* all lane 0: ((0 + 1e8) + 1) - 1e8 = 0 in f32 */
     x[1] = 1.0f;                                 /* lane 1 */
-    qmat m = {WF_F32, 1, C, w, NULL, NULL, 0, 0};
+    qmat m = {WF_F32, 1, C, w, NULL, NULL, 0, 0, QM_SCRATCH};
     float y;
     for (int s = 0; s < 2; s++) {
         kernels_force_scalar(s);
@@ -215,7 +215,7 @@ static void check_fp4_rule4(void) {
     x[0] = 33554432.0f; x[1] = 1.0f; x[2] = -33554432.0f;  /* group 0 of block 0 */
     x[16] = 0.25f;                                         /* group 4 of block 0: 0.25 */
     x[33] = 0.5f;                                          /* group 0 of block 1: 0.5 * 4 = 2 */
-    qmat m = {WF_FP4, 1, C, codes, scales, NULL, 0, 0};
+    qmat m = {WF_FP4, 1, C, codes, scales, NULL, 0, 0, QM_SCRATCH};
     for (int s = 0; s < 2; s++) {
         kernels_force_scalar(s);
         qmat_vec(&m, x, &y);
@@ -236,7 +236,7 @@ static void check_nvfp4_rules(void) {
     codes[1] = 0x20;                                       /* column 2: code 0 */
     x[0] = 1.0f; x[2] = 1e6f; x[16] = 1.0f; x[33] = 1.0f; x[50] = 1.0f;
     for (int divides = 0; divides < 2; divides++) {
-        qmat m = {WF_NVFP4, 1, C, codes, scales, NULL, divides ? 2.0f : 3.0f, divides};
+        qmat m = {WF_NVFP4, 1, C, codes, scales, NULL, divides ? 2.0f : 3.0f, divides, QM_SCRATCH};
         float want = divides ? 3.75f : 22.5f, row[C];
         for (int s = 0; s < 2; s++) {
             kernels_force_scalar(s);
@@ -266,8 +266,8 @@ static void check_int_rules(void) {
     i4[0] = 0x99;                                          /* columns 0 and 1: value 1 */
     i4[1] = 0x98;                                          /* column 2: 0, column 3: 1 */
     i4[32] = 0x89;                                         /* column 64: 1 */
-    qmat m8 = {WF_I8_ROW, 1, C, i8, NULL, &row_scale, 0, 0}, m4 = {WF_I4_ROW, 1, C, i4, NULL, &row_scale, 0, 0};
-    qmat mg = {WF_I4_G64, 1, C, i4, NULL, group_scales, 0, 0};
+    qmat m8 = {WF_I8_ROW, 1, C, i8, NULL, &row_scale, 0, 0, QM_SCRATCH}, m4 = {WF_I4_ROW, 1, C, i4, NULL, &row_scale, 0, 0, QM_SCRATCH};
+    qmat mg = {WF_I4_G64, 1, C, i4, NULL, group_scales, 0, 0, QM_SCRATCH};
     for (int s = 0; s < 2; s++) {
         kernels_force_scalar(s);
         memset(x, 0, sizeof x);

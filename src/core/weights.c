@@ -39,8 +39,9 @@ static int base_len(const char *name) {
     return (int)(ends_with(name, n, "_packed") ? n - strlen("_packed") : n);
 }
 
-/* `<base>_scale` for `<base>_packed`, else `<name>_scale_inv`, else `<stem>.scale`, else
- * `<name>_scale` (ModelOpt's `.weight_scale`); NULL if none exists. */
+/* `<base>_scale` for `<base>_packed`, else `<name>_scale_inv`, else `<name>_scale` (ModelOpt's
+ * `.weight_scale`), else `<stem>.scale`; NULL if none exists (sname then holds the last name
+ * tried, which the errors quote). */
 static const st_tensor *find_scale(const st_file *f, const char *name, char *sname) {
     size_t n = strlen(name);
     if (ends_with(name, n, "_packed")) {
@@ -50,10 +51,10 @@ static const st_tensor *find_scale(const st_file *f, const char *name, char *sna
     snprintf(sname, NAME_MAX_LEN, "%s_scale_inv", name);
     const st_tensor *s = st_find(f, sname);
     if (s) return s;
+    snprintf(sname, NAME_MAX_LEN, "%s_scale", name);
+    if ((s = st_find(f, sname))) return s;
     size_t stem = ends_with(name, n, ".weight") ? n - strlen(".weight") : n;
     snprintf(sname, NAME_MAX_LEN, "%.*s.scale", (int)stem, name);
-    if ((s = st_find(f, sname))) return s;
-    snprintf(sname, NAME_MAX_LEN, "%s_scale", name);
     return st_find(f, sname);
 }
 

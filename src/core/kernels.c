@@ -250,7 +250,7 @@ static int force_scalar;
 
 static const kernel_path *active_path(void) {
     if (force_scalar) return &kernel_path_scalar;
-#if defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
     return &kernel_path_avx512;
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
     return &kernel_path_avx2;

@@ -1,4 +1,4 @@
-/* kernels_avx512.c — the AVX-512F path of the canonical reduction order (kernels_path.h).
+/* kernels_avx512.c — the AVX-512 (F + BW) path of the canonical reduction order (kernels_path.h).
  *
  * One zmm holds all 16 canonical lanes of an output, so a group of 16 columns is one FMA and
  * the tree starts by adding the two 256-bit halves (lanes i and i+8), exactly as the other paths
@@ -16,7 +16,7 @@
  * scale vector) and run a NIB_R x NIB_X register tile of (weight row, input row) pairs over the
  * whole row: MoE experts see a handful of tokens each, and every one of them reuses the decoded
  * tile instead of decoding the weights again. */
-#if defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 
 #include <immintrin.h>
 #include <string.h>
@@ -133,15 +133,18 @@ INLINE void decode_row(const qmat *w, wformat f, int r, float *out) {
 INLINE __m512 nibble_table(wformat f) { return _mm512_loadu_ps(f == WF_FP4 ? kernel_fp4_lut : kernel_i4_lut); }
 
 /* 32 bytes = the 64 codes of blocks b, b + 1 -> z[t] = term t of lanes 0..15. Lane L's four
- * columns are the 16-bit word 8 * ((L / 4) % 2) + 4 * (L / 8) + L % 4 of the chunk: widening
- * the 16 words to dwords and swapping the middle two 128-bit quarters puts that word in lane L,
- * and term t is its nibble t. */
+ * columns are the 16-bit word 8 * ((L / 4) % 2) + 4 * (L / 8) + L % 4 of the chunk: one vpermw
+ * puts that word in the low half of dword lane L (the high half is don't-care), and term t is
+ * its nibble t. vpermps reads only the low four bits of each index, so shifting the word right
+ * by 4t selects nibble t without masking: decoding costs the port that runs shuffles (the
+ * bottleneck of the FP4 matvec) one vpermw and four vpermps per chunk, nothing else. */
 INLINE void dec64_nibbles(const uint8_t *p, __m512 table, __m512 z[4]) {
-    __m512i u = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
-    u = _mm512_shuffle_i32x4(u, u, _MM_SHUFFLE(3, 1, 2, 0));
-    const __m512i nibble = _mm512_set1_epi32(15);
-    #pragma GCC unroll 4
-    for (int t = 0; t < 4; t++) z[t] = _mm512_permutexvar_ps(_mm512_and_si512(_mm512_srli_epi32(u, 4 * t), nibble), table);
+    const __m512i words = _mm512_set_epi16(0, 15, 0, 14, 0, 13, 0, 12, 0, 7, 0, 6, 0, 5, 0, 4,
+                                           0, 11, 0, 10, 0, 9, 0, 8, 0, 3, 0, 2, 0, 1, 0, 0);
+    __m512i u = _mm512_permutexvar_epi16(words, _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p)));
+    z[0] = _mm512_permutexvar_ps(u, table);
+    #pragma GCC unroll 3
+    for (int t = 1; t < 4; t++) z[t] = _mm512_permutexvar_ps(_mm512_srli_epi32(u, 4 * t), table);
 }
 
 /* Rule 4's scale factor per lane for blocks b (lanes with (L / 4) % 2 == 0) and b + 1; b is

@@ -53,7 +53,7 @@ typedef struct {
 
 extern const kernel_path kernel_path_scalar;
 extern const kernel_path kernel_path_avx2;     /* defined only when compiled with AVX2+FMA+F16C */
-extern const kernel_path kernel_path_avx512;   /* defined only when compiled with AVX-512F (+ AVX2) */
+extern const kernel_path kernel_path_avx512;   /* defined only when compiled with AVX-512F + BW (+ AVX2) */
 
 /* 256-entry table: E4M3 byte read as an f16 bit pattern ((b&0x7f)<<7 | (b&0x80)<<8), i.e. the
  * E4M3 value times 2^-8 (the NaN codes read as +-480 * 2^-8; checkpoints do not contain them). */

@@ -18,7 +18,7 @@ typedef struct {
     uint64_t seed;
 } sampler_params;
 
-typedef struct {
+typedef struct sampler {
     sampler_params p;
     uint64_t rng;
     int vocab;
@@ -29,6 +29,15 @@ typedef struct {
 void sampler_init(sampler *s, const sampler_params *p, int vocab);
 void sampler_free(sampler *s);
 int sampler_pick(sampler *s, const float *logits);
+/* Greedy's choice: the argmax over finite logits, ties to the lower id (0 if none is finite). */
+int sampler_argmax(const float *logits, int n);
+/* The distribution sampler_pick draws from, normalised into probs[vocab]: greedy is one-hot at
+ * the argmax; otherwise the tempered weights of the ids top-k/top-p/min-p keep. No rng use. */
+void sampler_dist(sampler *s, const float *logits, float *probs);
+/* One draw from weights[vocab] (>= 0, any positive sum; id order, as sampler_pick walks) and one
+ * uniform in [0, 1), both from the sampler's rng: speculative sampling's accept/resample steps. */
+int sampler_draw(sampler *s, const float *weights);
+double sampler_uniform(sampler *s);
 
 /* log-softmax of logits into out[vocab] (f64 accumulation); used for logprobs. */
 void log_softmax(const float *logits, int n, float *out);

@@ -236,22 +236,20 @@ static int load_layer(glm_model *g, const st_file *f, glm_layer *l, int i, char 
     return load_swiglu(g, f, &l->gate, &l->up, &l->down, g->inter, name, err, errlen);
 }
 
-/* The MTP layer (index n_layers) is optional in a checkpoint; when present it must be well formed.
- * It is validated only: plain generation never runs it (no speculative decoding yet). */
+/* The MTP layer (index n_layers) is optional in a checkpoint; when present it must be well formed
+ * (it runs only for speculative decoding, glm.h). */
 static int load_mtp(glm_model *g, const st_file *f, const cJSON *c, char *err, size_t errlen) {
     char name[NAME_MAX_LEN];
     int n_mtp;
-    qmat eh;
-    float *norm;
     if (config_int_or(c, "num_nextn_predict_layers", 0, &n_mtp, err, errlen)) return -1;
     if (n_mtp < 1 || !st_find(f, tname(name, "model.layers.%d.eh_proj.weight", g->n_layers))) return 0;
     g->mtp.sparse = 1;
     g->mtp.full_indexer = st_find(f, tname(name, "model.layers.%d.self_attn.indexer.wq_b.weight", g->n_layers)) != NULL;
     if (load_layer(g, f, &g->mtp, g->n_layers, err, errlen) ||
-        MAT(&eh, g->dim, 2 * g->dim, "model.layers.%d.eh_proj.weight", g->n_layers) ||
-        VEC(norm, g->dim, "model.layers.%d.enorm.weight", g->n_layers) ||
-        VEC(norm, g->dim, "model.layers.%d.hnorm.weight", g->n_layers) ||
-        VEC(norm, g->dim, "model.layers.%d.shared_head.norm.weight", g->n_layers))
+        MAT(&g->eh_proj, g->dim, 2 * g->dim, "model.layers.%d.eh_proj.weight", g->n_layers) ||
+        VEC(g->enorm, g->dim, "model.layers.%d.enorm.weight", g->n_layers) ||
+        VEC(g->hnorm, g->dim, "model.layers.%d.hnorm.weight", g->n_layers) ||
+        VEC(g->mtp_norm, g->dim, "model.layers.%d.shared_head.norm.weight", g->n_layers))
         return -1;
     g->has_mtp = 1;
     return 0;
@@ -293,6 +291,7 @@ static int glm_load(model *m, char *err, size_t errlen) {
         return -1;
     m->vocab_size = g->vocab;
     m->n_validated = g->n_validated;
+    m->draft_layers = g->has_mtp;
     return 0;
 }
 
@@ -302,18 +301,28 @@ static void *glm_seq_new(model *m, state *st, int ctx, arena *scratch, char *err
     glm_model *g = m->priv;
     glm_seq *s = xcalloc(1, sizeof *s);
     s->scratch = scratch;
-    s->kv = xcalloc((size_t)g->n_layers, sizeof *s->kv);
-    s->ik = xcalloc((size_t)g->n_layers, sizeof *s->ik);
+    int mtp = m->spec_mtp && g->has_mtp;
+    s->kv = xcalloc((size_t)g->n_layers + 1, sizeof *s->kv);
+    s->ik = xcalloc((size_t)g->n_layers + 1, sizeof *s->ik);
     s->cap = ctx;
     char name[48];
-    for (int i = 0; i < g->n_layers; i++) {
+    size_t kv_row = (size_t)(g->kv_lora + g->rope) * sizeof(float), ik_row = (size_t)g->idx_dim * sizeof(float);
+    for (int i = 0; i < g->n_layers + mtp; i++) {
+        const glm_layer *l = i < g->n_layers ? &g->layers[i] : &g->mtp;
+        int first = i < g->n_layers ? 0 : 1;      /* the MTP layer's row p + 1 is position p */
         snprintf(name, sizeof name, "L%d.kv", i);
-        s->kv[i] = state_add_part(st, PART_ROWS, name, (size_t)(g->kv_lora + g->rope) * sizeof(float), ctx, 1, 0);
-        if (!s->kv[i]) goto oom;
-        if (!g->has_indexer || !g->layers[i].full_indexer) continue;
+        unsigned char *rows = state_add_part(st, PART_ROWS, name, kv_row, ctx, 1, 0);
+        if (!rows) goto oom;
+        s->kv[i] = (float *)(rows + first * kv_row);
+        if (!g->has_indexer || !l->full_indexer) continue;
         snprintf(name, sizeof name, "L%d.ik", i);
-        s->ik[i] = state_add_part(st, PART_ROWS, name, (size_t)g->idx_dim * sizeof(float), ctx, 1, 0);
-        if (!s->ik[i]) goto oom;
+        if (!(rows = state_add_part(st, PART_ROWS, name, ik_row, ctx, 1, 0))) goto oom;
+        s->ik[i] = (float *)(rows + first * ik_row);
+    }
+    if (mtp) {
+        snprintf(name, sizeof name, "mtp.h");
+        if (!(s->hfin = state_add_part(st, PART_ROWS, name, (size_t)g->dim * sizeof(float), ctx, 1, 0))) goto oom;
+        s->draft_h = xcalloc((size_t)g->dim, sizeof(float));
     }
     return s;
 oom:
@@ -329,6 +338,7 @@ static void glm_seq_free(model *m, void *fam_seq) {
     if (!s) return;
     free(s->kv);
     free(s->ik);
+    free(s->draft_h);
     free(s);
 }
 
@@ -393,6 +403,7 @@ const family_ops glm_ops = {
     .seq_new = glm_seq_new,
     .seq_free = glm_seq_free,
     .forward = glm_forward,
+    .draft = glm_draft,
     .decode_bytes = glm_decode_bytes,
     .token_flops = glm_token_flops,
 };

@@ -226,14 +226,20 @@ static int spec_choose(sampler *smp, const float *row, int vocab, const float *q
     return sampler_draw(smp, left > 0 ? resid : p);
 }
 
+int seq_draft(seq *s, int id, int step, float *logits, char *err, size_t errlen) {
+    model *m = s->m;
+    if (!m->ops->draft || !m->draft_layers || !m->spec_mtp)
+        return errf(err, errlen, "speculative decoding: this model was not opened with an MTP layer to draft with");
+    if (s->st.len < 1) return errf(err, errlen, "speculative decoding: the sequence holds no token to draft from");
+    if (m->ops->draft(m, s->fam, s->st.len, id, step, logits, err, errlen)) return -1;
+    return check_finite(logits, 1, m->vocab_size, s->st.len + step + 1, err, errlen);
+}
+
 int seq_spec_step(seq *s, int next, int k, sampler *smp, int *out, int *n_out, int *pending, float *logits,
                   int *accepted, char *err, size_t errlen) {
     model *m = s->m;
     int vocab = m->vocab_size, L = s->st.len, greedy = !smp || smp->p.temperature <= 0;
-    if (!m->ops->draft || !m->draft_layers || !m->spec_mtp)
-        return errf(err, errlen, "speculative decoding: this model was not opened with an MTP layer to draft with");
     if (k < 1 || k > SPEC_MAX_DRAFT) return errf(err, errlen, "speculative decoding: draft length %d outside [1, %d]", k, SPEC_MAX_DRAFT);
-    if (L < 1) return errf(err, errlen, "speculative decoding: the sequence holds no token to draft from");
     if (L + k + 1 > s->st.cap) k = MAX(0, s->st.cap - L - 1);     /* the last positions: fewer drafts */
     if (check_ids(s, &next, 1, err, errlen)) return -1;
     int ids[SPEC_MAX_DRAFT + 1];
@@ -243,9 +249,7 @@ int seq_spec_step(seq *s, int next, int k, sampler *smp, int *out, int *n_out, i
     float *p = greedy ? NULL : xmalloc(sizeof(float) * 2 * (size_t)vocab), *resid = p ? p + vocab : NULL;
     int rc = 0;
     for (int j = 0; j < k && !rc; j++) {      /* drafts write only rows past the record */
-        rc = m->ops->draft(m, s->fam, L, ids[j], j, verify, err, errlen);
-        if (!rc && check_finite(verify, 1, vocab, L + j + 1, err, errlen)) rc = -1;
-        if (rc) break;
+        if ((rc = seq_draft(s, ids[j], j, verify, err, errlen))) break;
         if (greedy) ids[j + 1] = sampler_argmax(verify, vocab);
         else {
             sampler_dist(smp, verify, q + (size_t)j * vocab);

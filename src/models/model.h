@@ -207,6 +207,9 @@ int seq_feed_step(seq **seqs, const int *ids, int k, float **logits, char *err, 
  * or NULL) the verify row it was chosen from; *accepted the drafts kept (n_out - 1). -1 with err
  * (state tainted when the failure came after it started changing). */
 #define SPEC_MAX_DRAFT 8
+/* One MTP draft step on s (ops->draft at pos = st.len): the draft logits of position st.len + 1 +
+ * step, id being the token at st.len + step. Changes no row of the record. */
+int seq_draft(seq *s, int id, int step, float *logits, char *err, size_t errlen);
 struct sampler;   /* core/sampler.h */
 int seq_spec_step(seq *s, int next, int k, struct sampler *smp, int *out, int *n_out, int *pending, float *logits,
                   int *accepted, char *err, size_t errlen);

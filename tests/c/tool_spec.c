@@ -11,7 +11,12 @@
  *   "state_equal": 1 when every state part, rows [0, len), is byte-identical to a cold sequence
  *                (same parts: MTP rows kept) fed the record's ids in one call,
  *   "logits_equal": 1 when the last verify row equals the cold sequence's last logits bitwise.
- * With TEMPERATURE 0 "plain" and "spec" must be identical; sampled runs are compared run to run. */
+ * With TEMPERATURE 0 "plain" and "spec" must be identical; sampled runs are compared run to run.
+ *
+ * tool_spec MODEL draft IDS   (--numerics exact)
+ * prints one line per MTP position p = 0 .. n-2, {"pos": p, "top": [[id, logprob] x 5]}: the draft
+ * log-probs of token p + 2 from the state of ids[0..p] and the token ids[p + 1] (seq_draft). */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,8 +53,47 @@ static void die(const char *what, const char *err) {
     exit(1);
 }
 
+static void log_softmax_top5(const float *logits, int n, int pos) {
+    double mx = logits[0], sum = 0;
+    for (int i = 1; i < n; i++) mx = logits[i] > mx ? logits[i] : mx;
+    for (int i = 0; i < n; i++) sum += exp((double)logits[i] - mx);
+    int best[5];
+    for (int j = 0; j < 5; j++) {
+        best[j] = -1;
+        for (int i = 0; i < n; i++) {
+            int taken = 0;
+            for (int q = 0; q < j; q++) taken |= best[q] == i;
+            if (!taken && (best[j] < 0 || logits[i] > logits[best[j]])) best[j] = i;
+        }
+    }
+    printf("{\"pos\": %d, \"top\": [", pos);
+    for (int j = 0; j < 5; j++) printf("%s[%d, %.6f]", j ? ", " : "", best[j], logits[best[j]] - mx - log(sum));
+    printf("]}\n");
+}
+
+static int draft_logits(const char *dir, const char *ids_arg) {
+    char err[512] = "";
+    int ids[256], n = parse_ids(ids_arg, ids, 256);
+    model *m = model_open(dir, NUMERICS_EXACT, 0, err, sizeof err);
+    if (!m) die("open", err);
+    m->spec_mtp = 1;
+    float *logits = xmalloc(sizeof(float) * (size_t)m->vocab_size);
+    seq *s = seq_new(m, n + 2, err, sizeof err);
+    if (!s) die("seq", err);
+    for (int p = 0; p + 1 < n; p++) {
+        if (seq_feed(s, &ids[p], 1, NULL, err, sizeof err) || seq_draft(s, ids[p + 1], 0, logits, err, sizeof err))
+            die("draft", err);
+        log_softmax_top5(logits, m->vocab_size, p);
+    }
+    seq_free(s);
+    model_close(m);
+    free(logits);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     char err[512] = "";
+    if (argc == 4 && !strcmp(argv[2], "draft")) return draft_logits(argv[1], argv[3]);
     if (argc != 7) return fprintf(stderr, "usage: tool_spec MODEL TEMPERATURE SEED K N IDS\n"), 2;
     sampler_params sp = {(float)atof(argv[2]), 1.0f, 0, 0.0f, strtoull(argv[3], NULL, 10)};
     int k = atoi(argv[4]), n = atoi(argv[5]), prompt[256];

@@ -6,7 +6,9 @@ through tests/c/tool_spec on the tiny checkpoint:
   - sampled speculative output is deterministic per seed, and the acceptance path fires (high
     temperature makes draft and target distributions overlap, so drafts are kept);
   - after speculative decoding the record is exactly the emitted tokens and every state part is
-    byte-identical to a cold sequence fed the same ids, whatever was drafted and rejected."""
+    byte-identical to a cold sequence fed the same ids, whatever was drafted and rejected;
+  - `cairn run --spec mtp --draft K` prints exactly what plain greedy decoding prints, and refuses
+    a checkpoint without an MTP layer it can draft with."""
 import json
 import os
 import subprocess
@@ -77,3 +79,26 @@ def test_accepted_drafts_keep_the_state_exact(tiny_glm, k):
     assert out["accepted"] > 0, "no draft was ever kept: the acceptance path did not run"
     assert out["accepted"] < out["drafted"] or out["steps"] > 1
     assert_exact_state(out, 24)
+
+
+def run(cairn, model, *extra):
+    return subprocess.run([cairn, "run", "-m", model, "--prompt-ids", ",".join(map(str, SHORT)), "-n", "24",
+                           "--temperature", "0", "--format", "jsonl", "--top-logprobs", "3", "--ignore-eos", *extra],
+                          capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("k", ["1", "4"])
+def test_run_spec_greedy_prints_what_plain_prints(cairn, tiny_glm, k):
+    plain, fast = run(cairn, tiny_glm), run(cairn, tiny_glm, "--spec", "mtp", "--draft", k)
+    assert plain.returncode == 0 and fast.returncode == 0, plain.stderr + fast.stderr
+    assert len(plain.stdout.splitlines()) == 24
+    assert fast.stdout == plain.stdout
+
+
+def test_run_spec_refusals(cairn, tiny_glm, tiny_kimi_k3):
+    r = run(cairn, tiny_kimi_k3, "--spec", "mtp")
+    assert r.returncode == 1 and "no MTP layer" in r.stderr
+    r = run(cairn, tiny_glm, "--draft", "2")
+    assert r.returncode == 2 and "--draft needs --spec mtp" in r.stderr
+    r = run(cairn, tiny_glm, "--spec", "eagle")
+    assert r.returncode == 2 and "--spec" in r.stderr

@@ -235,7 +235,7 @@ int seq_draft(seq *s, int id, int step, float *logits, char *err, size_t errlen)
     return check_finite(logits, 1, m->vocab_size, s->st.len + step + 1, err, errlen);
 }
 
-int seq_spec_step(seq *s, int next, int k, sampler *smp, int *out, int *n_out, int *pending, float *logits,
+int seq_spec_step(seq *s, int next, int k, sampler *smp, int *out, int *n_out, int *pending, float *rows,
                   int *accepted, char *err, size_t errlen) {
     model *m = s->m;
     int vocab = m->vocab_size, L = s->st.len, greedy = !smp || smp->p.temperature <= 0;
@@ -282,7 +282,7 @@ int seq_spec_step(seq *s, int next, int k, sampler *smp, int *out, int *n_out, i
         *n_out = kept + 1;
         *pending = chosen;
         *accepted = kept;
-        if (logits) memcpy(logits, verify + (size_t)kept * vocab, sizeof(float) * (size_t)vocab);
+        if (rows) memcpy(rows, verify, sizeof(float) * (size_t)(kept + 1) * vocab);
     }
     free(verify);
     free(q);

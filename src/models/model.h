@@ -203,15 +203,16 @@ int seq_feed_step(seq **seqs, const int *ids, int k, float **logits, char *err, 
  *     next token from norm(max(0, p - q)); with every draft kept it comes from p of the last row.
  *     p and q are the sampler's filtered distributions (sampler_dist); deterministic per seed.
  * out[0..*n_out) gets the tokens that entered the record (next, then the kept drafts, k + 1 at
- * most); *pending the token chosen for the position after them (not fed); logits (vocab floats,
- * or NULL) the verify row it was chosen from; *accepted the drafts kept (n_out - 1). -1 with err
+ * most); *pending the token chosen for the position after them (not fed); rows ([k + 1][vocab],
+ * or NULL) the verify rows 0..n_out-1: row i is the distribution out[i + 1] (for the last row,
+ * *pending) was chosen from; *accepted the drafts kept (n_out - 1). -1 with err
  * (state tainted when the failure came after it started changing). */
 #define SPEC_MAX_DRAFT 8
 /* One MTP draft step on s (ops->draft at pos = st.len): the draft logits of position st.len + 1 +
  * step, id being the token at st.len + step. Changes no row of the record. */
 int seq_draft(seq *s, int id, int step, float *logits, char *err, size_t errlen);
 struct sampler;   /* core/sampler.h */
-int seq_spec_step(seq *s, int next, int k, struct sampler *smp, int *out, int *n_out, int *pending, float *logits,
+int seq_spec_step(seq *s, int next, int k, struct sampler *smp, int *out, int *n_out, int *pending, float *rows,
                   int *accepted, char *err, size_t errlen);
 
 /* seq_feed behind the reuse layer's feed callback (state/reuse.h), so state/ never calls up. */

@@ -102,6 +102,7 @@ int main(int argc, char **argv) {
     if (!m) die("open", err);
     int V = m->vocab_size, *plain = xmalloc(sizeof(int) * (size_t)n), *spec = xmalloc(sizeof(int) * (size_t)(n + SPEC_MAX_DRAFT + 1));
     float *logits = xmalloc(sizeof(float) * (size_t)V), *cold_logits = xmalloc(sizeof(float) * (size_t)V);
+    float *rows = xmalloc(sizeof(float) * (size_t)(SPEC_MAX_DRAFT + 1) * V);
     sampler smp;
 
     seq *a = seq_new(m, ctx, err, sizeof err);
@@ -126,8 +127,9 @@ int main(int argc, char **argv) {
             pending = sampler_pick(&smp, logits);
             continue;
         }
-        if (seq_spec_step(b, pending, want, &smp, out, &n_out, &pending, logits, &kept, err, sizeof err))
+        if (seq_spec_step(b, pending, want, &smp, out, &n_out, &pending, rows, &kept, err, sizeof err))
             die("spec step", err);
+        memcpy(logits, rows + (size_t)(n_out - 1) * V, sizeof(float) * (size_t)V);
         memcpy(spec + got, out, sizeof(int) * (size_t)n_out);
         got += n_out;
         steps++;
@@ -158,5 +160,6 @@ int main(int argc, char **argv) {
     free(spec);
     free(logits);
     free(cold_logits);
+    free(rows);
     return 0;
 }

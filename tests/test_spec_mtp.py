@@ -8,13 +8,19 @@ through tests/c/tool_spec on the tiny checkpoint:
   - after speculative decoding the record is exactly the emitted tokens and every state part is
     byte-identical to a cold sequence fed the same ids, whatever was drafted and rejected;
   - `cairn run --spec mtp --draft K` prints exactly what plain greedy decoding prints, and refuses
-    a checkpoint without an MTP layer it can draft with."""
+    a checkpoint without an MTP layer it can draft with;
+  - `cairn engine --spec mtp --draft K` says draft=K in CAPS, and every reply (greedy: ids, text,
+    logprobs; sampled at a seed; two turns on one slot, so the second reuses the state speculative
+    steps left) is what an engine without speculation sends; a sampled reply is the same at the same
+    seed run to run."""
 import json
+import re
 import os
 import subprocess
 import sys
 
 import pytest
+from engine_client import Engine
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools", "ref"))
@@ -102,3 +108,40 @@ def test_run_spec_refusals(cairn, tiny_glm, tiny_kimi_k3):
     assert r.returncode == 2 and "--draft needs --spec mtp" in r.stderr
     r = run(cairn, tiny_glm, "--spec", "eagle")
     assert r.returncode == 2 and "--spec" in r.stderr
+
+
+def engine_turns(cairn, model, *args, log=None):
+    """Three requests: greedy with logprobs, sampled at a seed, and a second greedy turn on slot 0
+    extending the first one's record (ids, text, logprobs and DONE counts of each)."""
+    e = Engine(cairn, model, "--ctx", "256", "--slots", "2", *args, env={"CAIRN_STEP_LOG": "1"})
+    try:
+        a = e.generate(SHORT, 16, slot=0)
+        b = e.generate(LONG, 12, slot=1, temperature=0.9, extra=" seed=11")
+        c = e.generate(SHORT + a.fed() + [31, 32, 33], 10, slot=0)
+        hot = e.generate(LONG[:20], 13, slot=1, temperature=50, extra=" seed=5")     # drafts get kept
+        after = e.generate(LONG[:20] + [40, 41], 9, slot=1)
+    finally:
+        e.close()
+    assert hot.completion == 13, "kept drafts ran past max_tokens"
+    if log is not None:
+        log.extend((int(k), int(n)) for k, n in re.findall(r"spec: slot \d+ kept (\d+) of (\d+) drafts", e.read_stderr()))
+    return e.caps, [(r.ids, r.text, r.lps, r.done[3], r.done[7:10]) for r in (a, b, c, hot, after)]
+
+
+def test_engine_spec_replies_equal_plain(cairn, tiny_glm):
+    caps, plain = engine_turns(cairn, tiny_glm)
+    steps = []
+    spec_caps, spec = engine_turns(cairn, tiny_glm, "--spec", "mtp", "--draft", "3", log=steps)
+    _, again = engine_turns(cairn, tiny_glm, "--spec", "mtp", "--draft", "3")
+    assert " draft=0" in caps and " draft=3" in spec_caps, (caps, spec_caps)
+    assert plain[0][0] and len(plain[0][0]) == 16
+    assert [spec[i] for i in (0, 2, 4)] == [plain[i] for i in (0, 2, 4)], "greedy replies differ with speculation"
+    assert again == spec, "sampled speculative decoding is not deterministic per seed"
+    assert steps and all(n >= 1 for _, n in steps), "the engine took no speculative step"
+    assert any(k > 0 for k, _ in steps), "no draft was ever kept: the acceptance path did not run"
+
+
+def test_engine_spec_refuses_a_model_without_mtp(cairn, tiny_kimi_k3):
+    r = subprocess.run([cairn, "engine", "-m", tiny_kimi_k3, "--spec", "mtp"], capture_output=True, text=True,
+                       stdin=subprocess.DEVNULL)
+    assert r.returncode == 1 and "no MTP layer" in r.stderr

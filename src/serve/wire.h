@@ -114,6 +114,7 @@ typedef struct {
     int truncate;                 /* the state rewinds to any prefix */
     int checkpoints;              /* a checkpoint store is configured */
     int grammar;                  /* SUBMIT may carry a grammar in its extension payload */
+    int draft;                    /* MTP speculative decoding: drafts per step (0 = off) */
 } wire_caps;
 size_t wire_fmt_caps(char *out, const wire_caps *c);
 

@@ -244,7 +244,7 @@ static void scalar_rows_vec(const qmat *w, int r0, int r1, const float *x, float
     scalar_rows_mul(w, r0, r1, x, 1, y, r1 - r0);
 }
 
-const kernel_path kernel_path_scalar = {"scalar", scalar_rows_vec, scalar_rows_mul, 0};
+const kernel_path kernel_path_scalar = {"scalar", scalar_rows_vec, scalar_rows_mul, 0, weight_row};
 
 static int force_scalar;
 
@@ -312,15 +312,19 @@ void qmat_mul(const qmat *w, const float *x, int n, float *y) { qmat_mul_rows(w,
 void qmat_vec(const qmat *w, const float *x, float *y) { qmat_mul_rows(w, 0, w->rows, x, 1, y); }
 
 /* Dequantization: the weight factors times the scale that rules 1, 4 or 5 apply elsewhere, one
- * f32 product (exact for power-of-two scales). */
+ * f32 product (exact for power-of-two scales). The factors of a rule-2 row come from the path's
+ * decoder (the MLA families dequantize kv_b_proj rows every forward call), the scale once per
+ * block. */
 void qmat_row(const qmat *w, int r, float *out) {
-    weight_row(w, r, out);
-    if (w->fmt == WF_FP8)
-        for (int c = 0; c < w->cols; c++) out[c] *= kernel_fp8_scale(w, r, c);
+    const kernel_path *path = active_path();
+    if (path->row_factors && !kernel_is_nibbles(w->fmt)) path->row_factors(w, r, out);
+    else weight_row(w, r, out);
+    int block = w->fmt == WF_FP8 ? 128 : kernel_is_nibbles(w->fmt) ? 32 : 0;
+    const void *srow = kernel_is_nibbles(w->fmt) ? kernel_nibble_scale_row(w, r) : NULL;
     if (w->fmt == WF_I8_ROW)
         for (int c = 0; c < w->cols; c++) out[c] *= w->scale_f32[r];
-    if (kernel_is_nibbles(w->fmt)) {
-        const void *srow = kernel_nibble_scale_row(w, r);
-        for (int c = 0; c < w->cols; c++) out[c] *= kernel_nibble_scale(w->fmt, srow, c / 32);
+    for (int c0 = 0; block && c0 < w->cols; c0 += block) {
+        float scale = w->fmt == WF_FP8 ? kernel_fp8_scale(w, r, c0) : kernel_nibble_scale(w->fmt, srow, c0 / 32);
+        for (int c = c0; c < MIN(c0 + block, w->cols); c++) out[c] *= scale;
     }
 }

@@ -390,6 +390,6 @@ static void avx2_rows_mul(const qmat *w, int r0, int r1, const float *x, int n, 
     }
 }
 
-const kernel_path kernel_path_avx2 = {"avx2", avx2_rows_vec, avx2_rows_mul, 8};
+const kernel_path kernel_path_avx2 = {"avx2", avx2_rows_vec, avx2_rows_mul, 8, NULL};
 
 #endif

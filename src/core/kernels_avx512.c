@@ -409,6 +409,15 @@ static void avx512_rows_mul(const qmat *w, int r0, int r1, const float *x, int n
     }
 }
 
-const kernel_path kernel_path_avx512 = {"avx512", avx512_rows_vec, avx512_rows_mul, 16};
+/* Rule-2 weight factors of one row in column order (qmat_row). */
+static void avx512_row_factors(const qmat *w, int r, float *out) {
+    const int full = w->cols / 16 * 16;       /* decode_row pads its tail: out holds cols floats */
+    const uint8_t *row = kernel_row_ptr(w, r);
+    KERNEL_FOR_EACH_FORMAT(w->fmt, for (int c = 0; c < full; c += 16) _mm512_storeu_ps(out + c, decode_step(F, row, c)),
+                           (void)0)
+    for (int c = full; c < w->cols; c++) out[c] = kernel_weight(w, r, c);
+}
+
+const kernel_path kernel_path_avx512 = {"avx512", avx512_rows_vec, avx512_rows_mul, 16, avx512_row_factors};
 
 #endif

@@ -49,6 +49,9 @@ typedef struct {
     /* Vector width (8 or 16 lanes) whose kernel_nibble_permute_x order nibble-format input rows
      * must arrive in (the SIMD decode order), or 0 for column order. */
     int nibble_width;
+    /* out[c] = rule 1's weight factor (r, c) for c < cols (kernel_weight, unscaled), for the
+     * rule-2 formats; NULL: kernel_weight per element. qmat_row applies the scales. */
+    void (*row_factors)(const qmat *w, int r, float *out);
 } kernel_path;
 
 extern const kernel_path kernel_path_scalar;

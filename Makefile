@@ -21,15 +21,33 @@ TEST_SRC := $(sort $(wildcard tests/c/test_*.c tests/c/tool_*.c))
 TEST_BIN := $(TEST_SRC:tests/c/%.c=$(BUILD)/tests/%)
 PYTHON   := /usr/bin/python3
 
+# QUIET=1 (make run) prints one short line per file instead of each compiler command.
+ifdef QUIET
+SAY = @printf '  %-4s %s\n'
+Q   = @
+else
+SAY = @:
+Q   =
+endif
+NPROC := $(shell nproc 2>/dev/null || echo 2)
+
 .PHONY: all deps test test-c run bench asan clean deepseek-v4-tiny-check fuzz fuzz-build soak
 all: $(BUILD)/cairn $(TEST_BIN)
 
-$(BUILD)/cairn: $(OBJ)
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+# Plain `make` checks the C libraries first, so a missing one is named with the command that
+# installs it instead of failing on a missing header. (Stamp per build dir, rechecked after clean.)
+$(BUILD)/.deps-ok:
+	@scripts/deps.sh --build
+	@mkdir -p $(BUILD) && touch $@
 
-$(BUILD)/obj/%.o: src/%.c
+$(BUILD)/cairn: $(OBJ)
+	$(SAY) LD $@
+	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/obj/%.o: src/%.c | $(BUILD)/.deps-ok
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -MMD -MP -c -o $@ $<
+	$(SAY) CC $<
+	$(Q)$(CC) $(CFLAGS) -MMD -MP -c -o $@ $<
 
 $(BUILD)/tests/%: tests/c/%.c $(LIB_OBJ)
 	@mkdir -p $(dir $@)
@@ -45,16 +63,19 @@ WEBUI_FILES  := /index.html=webui/index.html /app.js=webui/app.js /style.css=web
                 /vendor/purify.es.mjs=webui/node_modules/dompurify/dist/purify.es.mjs
 
 webui/node_modules/.installed: webui/package.json webui/package-lock.json
-	cd webui && npm ci --no-audit --no-fund --loglevel=error >/dev/null
+	$(SAY) NPM webui
+	$(Q)cd webui && npm ci --no-audit --no-fund --loglevel=error >/dev/null
 	@touch $@
 
 $(WEBUI_GEN): tools/embed_webui.py webui/index.html webui/app.js webui/style.css webui/node_modules/.installed
 	@mkdir -p $(dir $@)
-	$(PYTHON) tools/embed_webui.py $@ $(WEBUI_FILES)
+	$(SAY) GEN $@
+	$(Q)$(PYTHON) tools/embed_webui.py $@ $(WEBUI_FILES)
 
 $(BUILD)/obj/gen/webui_assets.o: $(WEBUI_GEN)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Isrc -c -o $@ $<
+	$(SAY) CC $<
+	$(Q)$(CC) $(CFLAGS) -Isrc -c -o $@ $<
 
 deps:
 	@scripts/deps.sh
@@ -88,7 +109,9 @@ fuzz: deps fuzz-build
 asan:
 	@$(MAKE) --no-print-directory BUILD=build/asan OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer" all
 
-run: deps all
+# Only the binary, in parallel and quietly: the demo needs no test programs.
+run: deps
+	@$(MAKE) --no-print-directory -j$(NPROC) QUIET=1 $(BUILD)/cairn
 	@scripts/demo.sh
 
 # Not in CI: 500 connections of mixed load + 200 slow-loris ones for SOAK_SECONDS, then leak checks.

@@ -1,9 +1,21 @@
 #!/bin/sh
 # Installs the Debian packages cairn needs (as root), or prints the exact command and stops.
+# --build: only check what compiling needs (plain `make`), and print the command, never install.
 set -e
 # clang + libclang-rt-14-dev: the libFuzzer targets (make fuzz-build, run by make test).
 # chromium: the chat page's browser tests (driven by puppeteer-core, tests/node/webui.test.mjs).
 PKGS="build-essential libcjson-dev libpcre2-dev libmicrohttpd-dev python3-numpy python3-pytest nodejs npm clang libclang-rt-14-dev chromium"
+if [ "$1" = "--build" ]; then
+    missing=""
+    for p in build-essential libcjson-dev libpcre2-dev libmicrohttpd-dev; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+    done
+    [ -z "$missing" ] && exit 0
+    echo "cairn: the build needs Debian packages that are missing. Run:" >&2
+    echo "  sudo apt-get install -y$missing" >&2
+    echo "(or 'make test' / 'make run' as root, which install everything they need)" >&2
+    exit 1
+fi
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

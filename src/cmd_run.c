@@ -117,7 +117,7 @@ static int parse_flags(int argc, char **argv, run_opts *o) {
     memset(o, 0, sizeof *o);
     o->n_gen = 256;
     o->snapshot_at = -1;
-    o->sp = (sampler_params){1.0f, 1.0f, 0, 0.0f, 0};
+    o->sp = (sampler_params){.temperature = 1.0f, .top_p = 1.0f};
     int spec = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -314,11 +314,36 @@ static void echo_positions(runner *r, const float *all, int pos0, int n) {
     fflush(stdout);
 }
 
+/* Generated text to stdout. On a terminal, control characters other than newline and tab (C0,
+ * DEL, C1) are shown as their Unicode control pictures / U+FFFD instead of being sent raw: a
+ * random or hostile model must not move the cursor, clear the screen or retitle the window.
+ * Piped output stays byte-exact. */
+static void put_text(const char *p, size_t n) {
+    static int tty = -1;
+    if (tty < 0) tty = isatty(1);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)p[i];
+        if (!tty || c == '\n' || c == '\t' || (c >= 0x20 && c != 0x7f && !(c == 0xc2 && i + 1 < n &&
+                                                                          (unsigned char)p[i + 1] >= 0x80 &&
+                                                                          (unsigned char)p[i + 1] <= 0x9f))) {
+            fputc(c, stdout);
+        } else if (c == 0xc2) {
+            fputs("\xef\xbf\xbd", stdout);
+            i++;
+        } else {
+            unsigned pic = c == 0x7f ? 0x2421 : 0x2400 + c;
+            fputc(0xe0 | (pic >> 12), stdout);
+            fputc(0x80 | ((pic >> 6) & 0x3f), stdout);
+            fputc(0x80 | (pic & 0x3f), stdout);
+        }
+    }
+}
+
 static void emit_token(runner *r, tok_stream *ts, int id) {
     char buf[256];
     size_t nb = r->m->tok ? tok_stream_put(ts, id, buf, sizeof buf) : 0;
     if (!r->o->jsonl) {
-        fwrite(buf, 1, nb, stdout);
+        put_text(buf, nb);
         fflush(stdout);
         return;
     }
@@ -483,7 +508,7 @@ static int generate(runner *r, prompt *reply, int *eos, char *err, size_t errlen
     }
     if (r->m->tok && !r->o->jsonl) {
         char buf[64];
-        fwrite(buf, 1, tok_stream_finish(&ts, buf, sizeof buf), stdout);
+        put_text(buf, tok_stream_finish(&ts, buf, sizeof buf));
     }
     if (!r->o->jsonl) printf("\n");
     fflush(stdout);

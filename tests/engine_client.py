@@ -23,6 +23,7 @@ class Reply:
         self.rid = rid
         self.accept = None      # prompt_tokens from ACCEPT
         self.ids = []           # greedy ids (top-1 of each logprobs DATA frame)
+        self.toks = []          # sampled ids (tok= of each DATA frame, with tokids=1)
         self.text = b""
         self.lps = []           # chosen-token logprob per DATA frame with logprobs
         self.done = None        # DONE fields
@@ -139,6 +140,9 @@ class Engine:
             rep.accept = int(f[2])
         elif f[0] == "DATA":
             rep.text += data
+            if f[-1].startswith("tok="):
+                rep.toks.append(int(f[-1][4:]))
+                f = f[:-1]
             if len(f) > 5:
                 k = int(f[4])
                 pairs = [(int(f[5 + 2 * j]), float(f[6 + 2 * j])) for j in range(k)]

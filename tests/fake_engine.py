@@ -69,6 +69,13 @@ def take_frame():
     if nl < 0:
         return None
     f = buf[:nl].decode(errors="replace").split()
+    if f and f[0] == "BIAS" and len(f) > 2:
+        need = nl + 1 + int(f[2]) + 1
+        if len(buf) < need:
+            return None
+        payload = buf[nl + 1:nl + 1 + int(f[2])]
+        buf = buf[need:]
+        return f, payload, b""
     if f and f[0] == "SUBMIT":
         size = int(f[3])
         ext = int(f[7]) if len(f) > 7 and "=" not in f[7] else 0
@@ -161,6 +168,8 @@ def main():
                 continue
             if f[0] == "SUBMIT":
                 submit(f, payload, extension)
+            elif f[0] == "BIAS":
+                log(cmd="BIAS", id=f[1], payload=payload.decode())
             elif f[0] in ("STOP", "CANCEL") and len(f) > 1:
                 log(cmd=f[0], id=f[1])
                 r = active.get(f[1])

@@ -8,6 +8,7 @@ the tiny model of every family (fixture family_model)."""
 import http.client
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -155,7 +156,7 @@ def test_bad_input_gets_400_with_error_shapes(servers, tiny_dsv4):
     st, _, b = s.json("POST", "/v1/chat/completions", {"messages": "hello"})
     assert_openai_error(b, 400, st)
     assert b["error"]["param"] == "messages"
-    st, _, b = s.json("POST", "/v1/chat/completions", chat_body("x", n=2))
+    st, _, b = s.json("POST", "/v1/chat/completions", chat_body("x", n=9))
     assert_openai_error(b, 400, st)
     st, _, b = s.json("POST", "/v1/chat/completions", chat_body("x", max_tokens=-1))
     assert_openai_error(b, 400, st)
@@ -167,7 +168,7 @@ def test_bad_input_gets_400_with_error_shapes(servers, tiny_dsv4):
     st, _, b = s.json("POST", "/v1/completions", {"prompt": [1, -5], "max_tokens": 2})
     assert_openai_error(b, 400, st)
     assert b["error"]["param"] == "prompt"
-    st, _, b = s.json("POST", "/v1/completions", {"prompt": "x", "echo": True})
+    st, _, b = s.json("POST", "/v1/completions", {"prompt": "x", "echo": True, "logprobs": 1})
     assert_openai_error(b, 400, st)
     st, _, b = s.json("GET", "/v1/nothing-here")
     assert_openai_error(b, 404, st)
@@ -391,7 +392,10 @@ def test_graceful_sigterm_finishes_in_flight(servers, tiny_dsv4):
 
 
 def test_autocannon_load_no_errors_no_leaks_reuse_exact(servers, family_model, tmp_path):
-    s = servers(family_model.model, ["--slots", "2", "--max-queue", "4", "--max-tokens", "4"])
+    warm_kv, cold_kv = tmp_path / "warm-kv", tmp_path / "cold-kv"
+    warm_kv.mkdir()
+    cold_kv.mkdir()
+    s = servers(family_model.model, ["--slots", "2", "--max-queue", "4", "--max-tokens", "4", "--kv-dir", str(warm_kv)])
     body = json.dumps(chat_body("load test", max_tokens=4))
     r = subprocess.run(["node", os.path.join(NODE_MODULES, "autocannon", "autocannon.js"), "-a", "200", "-c", "8",
                         "-m", "POST", "-H", "content-type=application/json", "-b", body, "-t", "60", "-j",
@@ -404,7 +408,8 @@ def test_autocannon_load_no_errors_no_leaks_reuse_exact(servers, family_model, t
     assert sum(codes.values()) == 200 and set(codes) <= {"200", "429"} and codes.get("200", 0) > 0, codes
     h = s.health()
     assert h["slots"]["busy"] == 0 and h["slots"]["waiting"] == 0, h
-    # Reuse is still exact afterwards: a two-turn conversation reuses and matches a cold server.
+    # Reuse is still exact afterwards: a two-turn conversation reuses and matches a cold engine fed
+    # the same ids (a fresh server given only the warm one's reply ids).
     convo = [{"role": "user", "content": "after the load, tell me something"}]
     st, _, a = s.json("POST", "/v1/chat/completions", {"messages": convo, "max_tokens": 6, "temperature": 0})
     assert st == 200
@@ -412,7 +417,8 @@ def test_autocannon_load_no_errors_no_leaks_reuse_exact(servers, family_model, t
               {"role": "user", "content": "and more"}]
     st, _, warm = s.json("POST", "/v1/chat/completions", {"messages": convo, "max_tokens": 6, "temperature": 0})
     assert st == 200 and warm["usage"]["prompt_tokens_details"]["cached_tokens"] > 0, warm
-    cold_server = servers(family_model.model, ["--slots", "1", "--max-tokens", "4"])
+    shutil.copy(warm_kv / "reply_ids", cold_kv / "reply_ids")
+    cold_server = servers(family_model.model, ["--slots", "1", "--max-tokens", "4", "--kv-dir", str(cold_kv)])
     st, _, cold = cold_server.json("POST", "/v1/chat/completions", {"messages": convo, "max_tokens": 6, "temperature": 0})
     assert cold["usage"]["prompt_tokens_details"]["cached_tokens"] == 0, cold
     assert warm["choices"][0]["message"]["content"] == cold["choices"][0]["message"]["content"]
@@ -548,7 +554,7 @@ def test_cors_default_origins_on_every_reply_and_preflight(servers, tiny_dsv4):
     assert st == 204 and b == b"", (st, b)
     assert_cors(h, ui)
     h = lower_keys(h)
-    assert {m.strip() for m in h["access-control-allow-methods"].split(",")} == {"GET", "POST", "OPTIONS"}, h
+    assert {m.strip() for m in h["access-control-allow-methods"].split(",")} == {"GET", "POST", "DELETE", "OPTIONS"}, h  # DELETE: /v1/responses/{id}
     assert h["access-control-allow-headers"] == "authorization,content-type,x-stainless-os", h
     assert int(h["access-control-max-age"]) > 0, h
     st, h, _ = s.request("OPTIONS", "/v1/messages", headers={"Origin": "http://127.0.0.1:8000"})

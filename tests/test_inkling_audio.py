@@ -9,6 +9,7 @@ import base64
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import wave
@@ -54,7 +55,7 @@ def tiny():
 
 @pytest.fixture
 def server(tiny, tmp_path):
-    s = Server(tiny, str(tmp_path), ["--slots", "1", "--numerics", "exact"])
+    s = Server(tiny, str(tmp_path), ["--slots", "1", "--numerics", "exact", "--kv-dir", str(tmp_path / "kv")])
     yield s
     s.stop()
 
@@ -110,7 +111,11 @@ def test_turn_after_audio_is_exact_and_reuses_nothing_past_it(server, tiny, tmp_
     out = subprocess.run([ENCODE, tiny, str(tmp_path / "c.json")], capture_output=True, text=True, check=True)
     ids = json.loads(out.stdout)[0]["ids"]
     assert cached <= ids.index(968 + 2), f"reused {cached} tokens past the audio"
-    cold = Server(tiny, str(tmp_path), ["--slots", "1", "--numerics", "exact"])
+    # the cold server knows the remembered reply ids (not the engine state), so it feeds the same
+    # ids: turn 2 is what a cold engine fed them answers
+    (tmp_path / "cold").mkdir()
+    shutil.copy(tmp_path / "kv" / "reply_ids", tmp_path / "cold" / "reply_ids")
+    cold = Server(tiny, str(tmp_path), ["--slots", "1", "--numerics", "exact", "--kv-dir", str(tmp_path / "cold")])
     try:
         st, _, c2 = chat(cold, turn2)
     finally:

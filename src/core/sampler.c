@@ -39,15 +39,53 @@ void sampler_init(sampler *s, const sampler_params *p, int vocab) {
     s->rng = p->seed ^ 0x9E3779B97F4A7C15ULL;
     if (s->rng == 0) s->rng = 0x9E3779B97F4A7C15ULL;
     s->vocab = vocab;
-    s->probs = xmalloc(sizeof(float) * (size_t)(vocab > 0 ? vocab : 1));
-    s->order = xmalloc(sizeof(int) * (size_t)(vocab > 0 ? vocab : 1));
+    size_t n = (size_t)(vocab > 0 ? vocab : 1);
+    s->probs = xmalloc(sizeof(float) * n);
+    s->order = xmalloc(sizeof(int) * n);
+    int rep = p->repetition_penalty > 0 && p->repetition_penalty != 1;
+    s->adjusted = rep || p->presence_penalty || p->frequency_penalty ? xmalloc(sizeof(float) * n) : NULL;
+    s->bias = NULL;
+    s->count = p->presence_penalty || p->frequency_penalty ? xcalloc(n, sizeof(int)) : NULL;
+    s->seen = rep ? xcalloc(n, 1) : NULL;
 }
 
 void sampler_free(sampler *s) {
     free(s->probs);
     free(s->order);
-    s->probs = NULL;
-    s->order = NULL;
+    free(s->adjusted);
+    free(s->bias);
+    free(s->count);
+    free(s->seen);
+    memset(s, 0, sizeof *s);
+}
+
+void sampler_bias(sampler *s, const int *ids, const float *bias, int n) {
+    if (!s->bias) s->bias = xcalloc((size_t)(s->vocab > 0 ? s->vocab : 1), sizeof(float));
+    if (!s->adjusted) s->adjusted = xmalloc(sizeof(float) * (size_t)(s->vocab > 0 ? s->vocab : 1));
+    for (int j = 0; j < n; j++)
+        if (ids[j] >= 0 && ids[j] < s->vocab) s->bias[ids[j]] += bias[j];
+}
+
+void sampler_note(sampler *s, const int *ids, int n, int output) {
+    for (int j = 0; j < n; j++) {
+        if (ids[j] < 0 || ids[j] >= s->vocab) continue;
+        if (s->seen) s->seen[ids[j]] = 1;
+        if (s->count && output) s->count[ids[j]]++;
+    }
+}
+
+/* The logits with bias and penalties applied (sampler.h), or the logits themselves when none is on. */
+static const float *adjust(sampler *s, const float *logits) {
+    if (!s->adjusted) return logits;
+    float rep = s->p.repetition_penalty, pres = s->p.presence_penalty, freq = s->p.frequency_penalty;
+    for (int i = 0; i < s->vocab; i++) {
+        float l = logits[i];
+        if (s->bias) l += s->bias[i];
+        if (s->seen && s->seen[i]) l = l > 0 ? l / rep : l * rep;
+        if (s->count && s->count[i]) l -= pres + freq * (float)s->count[i];
+        s->adjusted[i] = l;
+    }
+    return s->adjusted;
 }
 
 int sampler_argmax(const float *logits, int n) {
@@ -143,8 +181,9 @@ static cut filter_cut(sampler *s, double sum) {
     return c;
 }
 
-int sampler_pick(sampler *s, const float *logits) {
+int sampler_pick(sampler *s, const float *raw) {
     if (s->vocab <= 0) return 0;
+    const float *logits = adjust(s, raw);
     int best = sampler_argmax(logits, s->vocab);
     if (s->p.temperature <= 0 || !isfinite(logits[best])) return best;
     double sum = tempered_weights(s, logits, logits[best]);
@@ -162,8 +201,9 @@ int sampler_pick(sampler *s, const float *logits) {
     return last;
 }
 
-void sampler_dist(sampler *s, const float *logits, float *probs) {
+void sampler_dist(sampler *s, const float *raw, float *probs) {
     if (s->vocab <= 0) return;
+    const float *logits = adjust(s, raw);
     int best = sampler_argmax(logits, s->vocab);
     memset(probs, 0, sizeof(float) * (size_t)s->vocab);
     if (s->p.temperature <= 0 || !isfinite(logits[best])) {

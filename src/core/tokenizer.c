@@ -1049,6 +1049,9 @@ int tok_is_special(const tokenizer *t, int id) {
 
 size_t tok_max_token_bytes(const tokenizer *t) { return t->max_token_bytes; }
 
+int tok_added_count(const tokenizer *t) { return t->nadded; }
+const char *tok_added_text(const tokenizer *t, int i) { return i >= 0 && i < t->nadded ? t->added[i].content : NULL; }
+
 /* ---- decoding ------------------------------------------------------------------------------ */
 
 void tok_stream_init(tok_stream *s, const tokenizer *t) {

@@ -44,6 +44,9 @@ int tok_encode_untrusted(const tokenizer *t, const char *text, size_t n, const t
 int tok_id(const tokenizer *t, const char *token);          /* exact vocab/added token lookup, -1 if absent */
 const char *tok_piece(const tokenizer *t, int id);          /* raw vocab string (byte-level alphabet) */
 int tok_is_special(const tokenizer *t, int id);
+/* The added tokens (special or not) as they appear in text, i in [0, tok_added_count). */
+int tok_added_count(const tokenizer *t);
+const char *tok_added_text(const tokenizer *t, int i);
 size_t tok_max_token_bytes(const tokenizer *t);             /* longest decoded token, in bytes */
 
 /* Streaming decoder: feed ids one at a time, get the bytes they add. Bytes are produced as soon

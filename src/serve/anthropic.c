@@ -238,7 +238,6 @@ static int parse_request(serve_ctx *sc, const cJSON *body, am_call *k, http_err 
     if (!cJSON_IsObject(body)) return bad(e, NULL, "the body must be a JSON object");
     if (param_model(sc, body, e) || param_max_tokens(sc, body, budget, 1, &k->call.rq, e)) return -1;
     if (param_sampling(body, 1.0, &k->call.rq, e) || param_stops(body, "stop_sequences", &k->call.rq, e)) return -1;
-    if (cJSON_GetObjectItemCaseSensitive(body, "top_k")) return bad(e, "top_k", "'top_k' is not supported");
     if (param_bool(body, "stream", &k->stream, e)) return -1;
     const char *user = NULL;
     const cJSON *meta = cJSON_GetObjectItemCaseSensitive(body, "metadata");
@@ -273,9 +272,11 @@ static const char *stop_reason(const turn *t, int ncalls) {
     return "end_turn";
 }
 
+/* The same input numbers at message_start and at the end: the engine reports its reuse when it
+ * accepts the request (ACCEPT), before the prefill. */
 static cJSON *usage_json(const turn *t, int final) {
     cJSON *u = cJSON_CreateObject();
-    int reused = final ? t->reused : 0;
+    int reused = t->reused;
     cJSON_AddNumberToObject(u, "input_tokens", t->prompt_tokens - reused);
     cJSON_AddNumberToObject(u, "output_tokens", final ? t->completion_tokens : 0);
     cJSON_AddNumberToObject(u, "cache_read_input_tokens", reused);
@@ -325,7 +326,7 @@ static cJSON *message_json(am_call *k, int final) {
         cJSON_AddStringToObject(b, "signature", "cairn-local");
         cJSON_AddItemToArray(content, b);
     }
-    if ((cr.content && *cr.content) || !ncalls) {
+    if ((cr.content && *cr.content) || (!ncalls && !(cr.reasoning && *cr.reasoning))) {   /* as the stream has it */
         cJSON *b = cJSON_CreateObject();
         cJSON_AddStringToObject(b, "type", "text");
         cJSON_AddStringToObject(b, "text", cr.content ? cr.content : "");
@@ -379,6 +380,7 @@ static void block_text(am_call *k, sbuf *out, int kind, const char *text) {
         block_stop(k, out);
         cJSON *b = typed(field);
         cJSON_AddStringToObject(b, field, "");
+        if (kind == BLOCK_THINKING) cJSON_AddStringToObject(b, "signature", "");
         block_start(k, out, b);
         k->block = kind;
     }
@@ -468,6 +470,28 @@ static enum MHD_Result fail(struct MHD_Connection *c, am_call *k, const http_err
     return r;
 }
 
+enum MHD_Result anthropic_count_tokens(serve_ctx *sc, struct MHD_Connection *c, const cJSON *body, req_info *ri) {
+    am_call *k = xcalloc(1, sizeof *k);
+    k->sc = sc;
+    k->call.ri = ri;
+    req_info_ref(ri);
+    http_err e = {0};
+    cJSON *probe = cJSON_Duplicate(body, 1);
+    if (cJSON_IsObject(probe) && !cJSON_GetObjectItemCaseSensitive(probe, "max_tokens"))
+        cJSON_AddNumberToObject(probe, "max_tokens", 1);   /* count_tokens takes no budget */
+    int rc = parse_request(sc, probe, k, &e);
+    cJSON_Delete(probe);
+    if (rc) return fail(c, k, &e);
+    long n = turn_count_tokens(sc, &k->call.rq, &e);
+    if (n < 0) return fail(c, k, &e);
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddNumberToObject(r, "input_tokens", (double)n);
+    ri->status = 200;
+    ri->prompt_tokens = (int)n;
+    call_free(k);
+    return http_send_json(c, 200, r);
+}
+
 enum MHD_Result anthropic_messages(serve_ctx *sc, struct MHD_Connection *c, const cJSON *body, req_info *ri) {
     am_call *k = xcalloc(1, sizeof *k);
     k->sc = sc;
@@ -482,14 +506,7 @@ enum MHD_Result anthropic_messages(serve_ctx *sc, struct MHD_Connection *c, cons
         k->call.last_write = now_seconds();
         return http_send_stream(c, stream_pump, stream_done, k);
     }
-    if (turn_run(&k->call.t) == TURN_GONE) {
-        http_err_set(&e, 499, "client_closed", NULL, NULL, "client closed the connection");
-        return fail(c, k, &e);
-    }
-    if (k->call.t.status == GEN_ERROR) {
-        turn_error(&k->call.t, &e);
-        return fail(c, k, &e);
-    }
+    if (turn_complete(&k->call.t, &e)) return fail(c, k, &e);
     ri->status = 200;
     enum MHD_Result r = http_send_json(c, 200, message_json(k, 1));
     call_free(k);

@@ -17,6 +17,9 @@
 #include "turn.h"
 
 enum MHD_Result anthropic_messages(serve_ctx *sc, struct MHD_Connection *c, const cJSON *body, req_info *ri);
+/* POST /v1/messages/count_tokens: {"input_tokens": the prompt's tokens as the engine would get them}. */
+enum MHD_Result anthropic_count_tokens(serve_ctx *sc, struct MHD_Connection *c, const cJSON *body, req_info *ri);
+
 
 /* The engine request a /v1/messages body maps to, without running it; as openai_request. */
 int anthropic_request(serve_ctx *sc, const cJSON *body, turn_req *rq, http_err *e);

@@ -81,6 +81,10 @@ typedef struct {
     int eof;
     int log_prefix;
     char image_id[WIRE_ID_MAX];   /* an IMAGE announced for this id: its SUBMIT is refused */
+    char bias_id[WIRE_ID_MAX];    /* a BIAS announced for this id, for its SUBMIT */
+    int *bias_ids, nbias;         /* nbias < 0: the BIAS was bad and its SUBMIT is refused */
+    float *bias_vals;
+    char bias_error[160];
 } engine;
 
 /* ---- output ----------------------------------------------------------------------------- */
@@ -126,7 +130,7 @@ static void request_free(engine *e, request *r) {
 static void finish(engine *e, request *r, int length_limited) {
     char tail[64], h[WIRE_HEADER_MAX];
     size_t n = e->m->tok ? tok_stream_finish(&r->ts, tail, sizeof tail) : 0;
-    if (n) put_frame(h, wire_fmt_data(h, r->id, n, 0, 0, NULL, NULL), tail, n);
+    if (n) put_frame(h, wire_fmt_data(h, r->id, n, 0, 0, NULL, NULL, -1), tail, n);
     double dt = r->generated > 1 ? now_seconds() - r->t_first : 0;
     double tok_s = dt > 0 ? (r->generated - 1) / dt : 0;
     save_slot(e, r->slot);
@@ -143,17 +147,19 @@ static void fail(engine *e, request *r, const char *code, const char *detail) {
     request_free(e, r);
 }
 
+/* One DATA frame per token when logprobs or token ids are asked for (even with no bytes yet),
+ * otherwise only when the token released bytes. */
 static void emit_token(engine *e, request *r, int t) {
     char text[4096], h[WIRE_HEADER_MAX];
     size_t n = e->m->tok ? tok_stream_put(&r->ts, t, text, sizeof text) : 0;
-    int k = r->sub.logprobs;
+    int k = r->sub.logprobs, tok = r->sub.tokids ? t : -1;
     if (k > 0) {
         log_softmax(e->logits, e->m->vocab_size, e->logprobs);
         top_logprobs(e->logprobs, e->m->vocab_size, k, e->top_ids);
         for (int i = 0; i < k; i++) e->top_lps[i] = e->logprobs[e->top_ids[i]];
-        put_frame(h, wire_fmt_data(h, r->id, n, k, e->logprobs[t], e->top_ids, e->top_lps), text, n);
-    } else if (n) {
-        put_frame(h, wire_fmt_data(h, r->id, n, 0, 0, NULL, NULL), text, n);
+        put_frame(h, wire_fmt_data(h, r->id, n, k, e->logprobs[t], e->top_ids, e->top_lps, tok), text, n);
+    } else if (n || tok >= 0) {
+        put_frame(h, wire_fmt_data(h, r->id, n, 0, 0, NULL, NULL, tok), text, n);
     }
 }
 
@@ -173,6 +179,7 @@ static int take_token(engine *e, request *r, int t) {
     if (model_is_eos(e->m, t)) return finish(e, r, 0), 1;
     if (r->g && tokmask_feed(&r->km, t))
         return fail(e, r, "ENGINE_ERROR", "sampled a token the grammar mask had excluded"), 1;
+    sampler_note(&r->smp, &t, 1, 1);
     emit_token(e, r, t);
     r->token = t;
     r->generated++;
@@ -192,9 +199,10 @@ static void sample_next(engine *e, request *r) {
 }
 
 /* Drafts this request may take in a speculative step: none with a grammar (a draft would have to
- * follow the mask too) or when fewer than two tokens remain. */
+ * follow the mask too), with logit bias or penalties (the adjusted distribution of each verify row
+ * depends on the drafts before it), or when fewer than two tokens remain. */
 static int spec_drafts(const engine *e, const request *r) {
-    return r->g ? 0 : (int)MIN(e->o.draft, r->sub.max_tokens - r->generated - 1);
+    return r->g || r->smp.adjusted ? 0 : (int)MIN(e->o.draft, r->sub.max_tokens - r->generated - 1);
 }
 
 /* One speculative step of r: feeds r->token and the kept drafts, takes each kept draft and then
@@ -388,8 +396,13 @@ static void start_request(engine *e, request *r, int sys_end, int media_from) {
     if (e->log_prefix)
         fprintf(stderr, "prefix: slot %d reused %d/%d (%s)\n", r->slot, rr.reused, r->n, reuse_kind_name(rr.kind));
     reuse_prefill_init(&r->pf, seq_feeder(sq), e->cs, r->slot, r->prompt, r->n, sys_end, e->m->markers.all, e->m->markers.n_all);
-    sampler_params sp = {.temperature = r->sub.temperature, .top_p = r->sub.top_p, .seed = r->sub.seed};
+    const wire_submit *w = &r->sub;
+    sampler_params sp = {.temperature = w->temperature, .top_p = w->top_p, .seed = w->seed, .top_k = w->top_k,
+                         .min_p = w->min_p, .repetition_penalty = w->repetition, .presence_penalty = w->presence,
+                         .frequency_penalty = w->frequency};
     sampler_init(&r->smp, &sp, e->m->vocab_size);
+    sampler_note(&r->smp, r->prompt, r->n, 0);
+    if (e->bias_id[0] && !strcmp(e->bias_id, r->id)) sampler_bias(&r->smp, e->bias_ids, e->bias_vals, e->nbias);
     if (e->m->tok) tok_stream_init(&r->ts, e->m->tok);
     r->prefilling = 1;
     e->active[r->slot] = r;
@@ -425,6 +438,7 @@ static void on_submit(engine *e, const wire_frame *f) {
         e->image_id[0] = 0;
         return put_error(f->id, "BAD_REQUEST", "this model takes no images");
     }
+    if (e->bias_id[0] && !strcmp(e->bias_id, f->id) && e->nbias < 0) return put_error(f->id, "BAD_REQUEST", e->bias_error);
     if (f->sub.untrusted_bytes && f->sub.ids)
         return put_error(f->id, "BAD_REQUEST", "untrusted spans apply to text prompts, not ids=1");
     if (f->payload_len == 0) return put_error(f->id, "EMPTY_PROMPT", NULL);
@@ -446,9 +460,51 @@ static void on_submit(engine *e, const wire_frame *f) {
     }
     int media_from = attach_media(e, f, r, err, sizeof err);
     if (media_from < 0) return reject(r, "BAD_REQUEST", err);
-    char h[WIRE_HEADER_MAX];
-    put_frame(h, wire_fmt_accept(h, r->id, r->n), NULL, 0);
     start_request(e, r, sys_end, media_from);
+    char h[WIRE_HEADER_MAX];
+    put_frame(h, wire_fmt_accept(h, r->id, r->n, r->reused), NULL, 0);
+}
+
+/* SLOT: llama.cpp-style slot files, DIR/slots/NAME/ in persist.h's layout (as slot 0 there).
+ * The slot must be idle; a restore or erase replaces what the slot held, and is persisted. */
+static void on_slot(engine *e, const wire_frame *f) {
+    char err[512], dir[4096], h[WIRE_HEADER_MAX];
+    if (!e->o.kv_dir) return put_error(f->id, "BAD_REQUEST", "slot files live under --kv-dir, which this engine has not");
+    if (f->slot >= e->o.slots) return put_error(f->id, "BAD_REQUEST", "no such slot");
+    if (e->active[f->slot]) return put_error(f->id, "SLOT_BUSY", NULL);
+    if (!wire_slot_name_ok(f->payload, f->payload_len))
+        return put_error(f->id, "BAD_REQUEST", "a slot file name is 1..63 of A-Z a-z 0-9 . _ - (not starting with .)");
+    snprintf(dir, sizeof dir, "%s/slots", e->o.kv_dir);
+    mkdir(dir, 0755);
+    snprintf(dir, sizeof dir, "%s/slots/%.*s", e->o.kv_dir, (int)f->payload_len, f->payload);
+    state *st = &e->seqs[f->slot]->st;
+    int n = st->len;
+    if (f->action == WIRE_SLOT_SAVE) {
+        if (!state_usable(st) || n == 0) return put_error(f->id, "BAD_REQUEST", "the slot holds nothing to save");
+        mkdir(dir, 0755);
+        if (persist_save(dir, 0, st, e->m->fingerprint, err, sizeof err)) return put_error(f->id, "BAD_REQUEST", err);
+    } else if (f->action == WIRE_SLOT_RESTORE) {
+        char rows[4200];
+        snprintf(rows, sizeof rows, "%s/slot-0.cairnkv", dir);
+        if (access(rows, R_OK)) return put_error(f->id, "BAD_REQUEST", "no slot file of that name");
+        state_reset(st);          /* a file that then fails its checks leaves the slot empty */
+        int rc = persist_load(dir, 0, st, e->m->fingerprint, err, sizeof err);
+        save_slot(e, f->slot);
+        if (rc <= 0) return put_error(f->id, "BAD_REQUEST", rc == 0 ? "no slot file of that name" : err);
+        n = st->len;
+    } else {
+        state_reset(st);
+        save_slot(e, f->slot);
+    }
+    wire_done d = {.completion = n, .rss_gb = rss_gb(), .prompt_tokens = n};
+    put_frame(h, wire_fmt_done(h, f->id, &d), NULL, 0);
+}
+
+/* A BIAS frame: kept for the SUBMIT with its id, which comes next (a bad one refuses that SUBMIT,
+ * so the request has one ERROR and never runs without the bias it asked for). */
+static void on_bias(engine *e, const wire_frame *f) {
+    e->nbias = wire_parse_bias(f->payload, f->payload_len, e->m->vocab_size, e->bias_ids, e->bias_vals, e->bias_error);
+    snprintf(e->bias_id, sizeof e->bias_id, "%s", f->id);
 }
 
 static void on_cancel(engine *e, const char *id) {
@@ -463,7 +519,10 @@ static void on_cancel(engine *e, const char *id) {
 
 static void on_frame(engine *e, const wire_frame *f) {
     switch (f->kind) {
-    case WIRE_SUBMIT: return on_submit(e, f);
+    case WIRE_SUBMIT:
+        on_submit(e, f);
+        e->bias_id[0] = 0;        /* a BIAS belongs to the SUBMIT right after it only */
+        return;
     case WIRE_CANCEL: return on_cancel(e, f->id);
     case WIRE_STOP: {
         request *r = find_active(e, f->id);
@@ -472,6 +531,8 @@ static void on_frame(engine *e, const wire_frame *f) {
         return;
     }
     case WIRE_IMAGE: snprintf(e->image_id, sizeof e->image_id, "%s", f->id); return;
+    case WIRE_BIAS: return on_bias(e, f);
+    case WIRE_SLOT: return on_slot(e, f);
     case WIRE_ERROR: return put_error(f->id, f->code, f->detail);
     default: return;
     }
@@ -587,7 +648,9 @@ static void load_slots(engine *e) {
 
 static int engine_open(engine *e, char *err, size_t errlen) {
     if (e->o.threads) pool_set_threads(e->o.threads);
-    if (!(e->m = model_open(e->o.model_dir, e->o.num, 0, err, errlen))) return -1;
+    /* the load progress bar goes to stderr (a terminal, or CAIRN_PROGRESS=1): under cairn serve it
+     * is the banner's first line, before the engine is ready */
+    if (!(e->m = model_open(e->o.model_dir, e->o.num, 1, err, errlen))) return -1;
     int ctx = e->o.ctx ? e->o.ctx : MIN(4096, e->m->max_ctx);
     if (ctx > e->m->max_ctx) return errf(err, errlen, "--ctx %d exceeds the model's max_position_embeddings %d", ctx, e->m->max_ctx);
     if (e->o.draft && !(e->m->draft_layers && e->m->ops->draft))
@@ -608,6 +671,8 @@ static int engine_open(engine *e, char *err, size_t errlen) {
     if (e->o.draft) e->spec_rows = xmalloc((size_t)(e->o.draft + 1) * v * sizeof *e->spec_rows);
     e->stepping = xcalloc((size_t)e->o.slots, sizeof *e->stepping);
     e->top_ids = xmalloc(WIRE_LOGPROBS_MAX * sizeof *e->top_ids);
+    e->bias_ids = xmalloc(WIRE_BIAS_ENTRIES * sizeof *e->bias_ids);
+    e->bias_vals = xmalloc(WIRE_BIAS_ENTRIES * sizeof *e->bias_vals);
     e->top_lps = xmalloc(WIRE_LOGPROBS_MAX * sizeof *e->top_lps);
     if (e->m->tok) e->vocab = tokvocab_new(e->m->tok, v, e->m->eos_ids, e->m->n_eos);
     /* the saved states hold conversations: only the engine's user may read them */
@@ -636,6 +701,8 @@ static void engine_close(engine *e) {
     free(e->spec_rows);
     free(e->stepping);
     free(e->top_ids);
+    free(e->bias_ids);
+    free(e->bias_vals);
     free(e->top_lps);
     tokvocab_free(e->vocab);
     wire_reader_free(&e->rd);
@@ -660,6 +727,7 @@ int cmd_engine(int argc, char **argv) {
     wire_caps caps = {.slots = e.o.slots, .ctx = e.seqs[0]->st.cap, .logprobs = WIRE_LOGPROBS_MAX, .ids = 1,
                       .truncate = e.m->ops->truncates, .checkpoints = e.cs != NULL,
                       .grammar = e.vocab != NULL, .draft = (int)e.o.draft};
+    snprintf(caps.numerics, sizeof caps.numerics, "%s", e.o.num == NUMERICS_EXACT ? "exact" : "qat");
     snprintf(caps.family, sizeof caps.family, "%s", e.m->ops->name);
     char h[WIRE_HEADER_MAX];
     fputs(WIRE_READY, stdout);

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "../core/util.h"
+#include "wire.h"
 
 #define ENG_LINE_MAX 8192        /* longest header line we accept from the engine */
 #define ENG_PAYLOAD_MAX 65536    /* protocol.md §1.4: the server enforces 0 <= n <= 65536 */
@@ -62,6 +63,8 @@ struct eng {
     unsigned long long next_id;
     gen **live;                   /* in-flight generations, each holding one reference */
     int nlive, live_cap;
+    wire_caps caps;               /* the engine's last CAPS line */
+    int has_caps;
 };
 
 typedef struct {
@@ -159,6 +162,12 @@ static int spawn(eng *e) {
         sigemptyset(&none);
         sigprocmask(SIG_SETMASK, &none, NULL);
         signal(SIGPIPE, SIG_DFL);
+        /* The gateway owns the engine's lifetime: Ctrl-C (SIGINT to the terminal's process group)
+         * or systemd's stop signal reaches the engine too, and it must not die with replies in
+         * flight. The gateway drains them, then closes the engine's stdin (the graceful stop), and
+         * SIGKILLs it only if it does not exit. Ignored dispositions survive exec. */
+        signal(SIGINT, SIG_IGN);
+        signal(SIGTERM, SIG_IGN);
         execv(e->cfg.exe, e->cfg.argv);
         fprintf(stderr, "cairn serve: cannot run engine %s: %s\n", e->cfg.exe, strerror(errno));
         _exit(127);
@@ -227,6 +236,7 @@ static void gen_append(gen *g, const char *bytes, size_t n, const wire_out *o) {
     memset(t, 0, sizeof *t);
     t->off = g->data_len;
     t->len = n;
+    t->tok = o->tok;
     memcpy(g->data + g->data_len, bytes, n);
     g->data_len += n;
     g->data[g->data_len] = 0;
@@ -267,7 +277,13 @@ static int handle_frame(eng *e, reader *r) {
         char nl;
         if (reader_bytes(r, r->payload, (size_t)o.payload) || reader_bytes(r, &nl, 1) || nl != '\n') return -1;
     }
-    if (o.kind == WIRE_OUT_DATA) {
+    if (o.kind == WIRE_OUT_CAPS) {
+        pthread_mutex_lock(&e->mu);
+        e->caps = o.caps;
+        e->has_caps = 1;
+        pthread_mutex_unlock(&e->mu);
+        if (e->cfg.on_caps) e->cfg.on_caps(e->cfg.user);
+    } else if (o.kind == WIRE_OUT_DATA) {
         gen *g = take_live(e, o.id, 0);
         if (g) gen_append(g, r->payload, (size_t)o.payload, &o);
     } else if (o.kind == WIRE_OUT_ACCEPT) {
@@ -276,6 +292,7 @@ static int handle_frame(eng *e, reader *r) {
             pthread_mutex_lock(&g->mu);
             g->accepted = 1;
             if (o.prompt_tokens >= 0) g->prompt_tokens = o.prompt_tokens;
+            if (o.reused >= 0) g->reuse = o.reused;   /* DONE repeats it */
             pthread_cond_broadcast(&g->cv);
             pthread_mutex_unlock(&g->mu);
         }
@@ -287,7 +304,7 @@ static int handle_frame(eng *e, reader *r) {
         if (g) gen_finish(g, GEN_ERROR, o.error);
         else fprintf(stderr, "cairn serve: engine error for unknown request %s: %s\n", o.id, o.error);
     }
-    return 0;    /* STAT, CAPS, telemetry and unknown kinds are ignored */
+    return 0;    /* STAT, telemetry and unknown kinds are ignored */
 }
 
 static void fail_all_live(eng *e, const char *why) {
@@ -426,6 +443,14 @@ void eng_stop(eng *e, double grace) {
     free(e);
 }
 
+int eng_caps(eng *e, wire_caps *out) {
+    pthread_mutex_lock(&e->mu);
+    int has = e->has_caps;
+    if (has) *out = e->caps;
+    pthread_mutex_unlock(&e->mu);
+    return has ? 0 : -1;
+}
+
 int eng_ready(eng *e) {
     pthread_mutex_lock(&e->mu);
     int r = e->ready;
@@ -470,15 +495,15 @@ static int wait_ready(eng *e, double seconds) {
     return e->ready && !e->stopping;
 }
 
-int eng_submit(eng *e, gen *g, const wire_submit *s, const char *payload, size_t n, const char *ext, size_t ext_n,
-               double wait_ready_s, char *err, size_t errlen) {
+/* Register g as in flight on slot with a fresh id, once the engine runs. */
+static int live_add(eng *e, gen *g, int slot, double wait_ready_s, char *err, size_t errlen) {
     pthread_mutex_lock(&e->mu);
     if (!wait_ready(e, wait_ready_s)) {
         pthread_mutex_unlock(&e->mu);
         return errf(err, errlen, e->stopping ? "server is shutting down" : "engine is not running (restarting)");
     }
     snprintf(g->id, sizeof g->id, "%llu", e->next_id++);
-    g->slot = s->slot;
+    g->slot = slot;
     if (e->nlive == e->live_cap) {
         e->live_cap = e->live_cap ? e->live_cap * 2 : 16;
         e->live = xrealloc(e->live, sizeof(gen *) * e->live_cap);
@@ -486,21 +511,48 @@ int eng_submit(eng *e, gen *g, const wire_submit *s, const char *payload, size_t
     gen_ref(g);
     e->live[e->nlive++] = g;
     pthread_mutex_unlock(&e->mu);
+    return 0;
+}
 
-    char head[WIRE_HEADER_MAX];
-    size_t hl = wire_fmt_submit(head, g->id, s, n, ext_n);
-    pthread_mutex_lock(&e->wmu);
-    int bad = e->in_fd < 0 || hl >= sizeof head || write_all(e->in_fd, head, hl) ||
-              write_all(e->in_fd, payload, n) || (ext_n && write_all(e->in_fd, ext, ext_n)) ||
-              write_all(e->in_fd, "\n", 1);
-    pthread_mutex_unlock(&e->wmu);
+/* After writing g's frames: on a failed write g leaves the live set again (unless the
+ * dispatcher already failed it, and so ran on_finish). */
+static int written(eng *e, gen *g, int bad, char *err, size_t errlen) {
     if (!bad) return 0;
     pthread_mutex_lock(&e->mu);
     int mine = live_remove(e, g);
     pthread_mutex_unlock(&e->mu);
-    if (!mine) return 0;          /* the dispatcher already failed it: on_finish has run */
+    if (!mine) return 0;
     gen_unref(g);
     return errf(err, errlen, "cannot write to the engine (it is restarting)");
+}
+
+int eng_submit(eng *e, gen *g, const wire_submit *s, const wire_bias *bias, const char *payload, size_t n,
+               const char *ext, size_t ext_n, double wait_ready_s, char *err, size_t errlen) {
+    if (live_add(e, g, s->slot, wait_ready_s, err, errlen)) return -1;
+    sbuf head = {0};
+    if (bias) wire_fmt_bias(&head, g->id, bias);
+    char sh[WIRE_HEADER_MAX];
+    size_t hl = wire_fmt_submit(sh, g->id, s, n, ext_n);
+    int bad = hl >= sizeof sh;
+    if (!bad) sbuf_put(&head, sh, hl);
+    pthread_mutex_lock(&e->wmu);
+    bad = bad || e->in_fd < 0 || write_all(e->in_fd, head.p, head.len) || write_all(e->in_fd, payload, n) ||
+          (ext_n && write_all(e->in_fd, ext, ext_n)) || write_all(e->in_fd, "\n", 1);
+    pthread_mutex_unlock(&e->wmu);
+    sbuf_free(&head);
+    return written(e, g, bad, err, errlen);
+}
+
+int eng_slot(eng *e, gen *g, int slot, wire_slot_action action, const char *name, double wait_ready_s, char *err,
+             size_t errlen) {
+    if (live_add(e, g, slot, wait_ready_s, err, errlen)) return -1;
+    char head[WIRE_HEADER_MAX];
+    size_t n = strlen(name), hl = wire_fmt_slot(head, g->id, action, slot, n);
+    pthread_mutex_lock(&e->wmu);
+    int bad = e->in_fd < 0 || write_all(e->in_fd, head, hl) || write_all(e->in_fd, name, n) ||
+              write_all(e->in_fd, "\n", 1);
+    pthread_mutex_unlock(&e->wmu);
+    return written(e, g, bad, err, errlen);
 }
 
 static void send_control(eng *e, gen *g, wire_kind verb, int *flag) {

@@ -11,6 +11,8 @@
  *    "engine exited"), and the on_finish callback runs exactly once for it, from the dispatcher,
  *    AFTER the engine has acknowledged (or died). Whoever owns the slot releases it there, so a
  *    slot is never reused while the engine may still be writing into it.
+ *  - The child ignores SIGINT and SIGTERM (a terminal's Ctrl-C and systemd signal the whole
+ *    group): only the gateway ends it, by closing its stdin after the replies in flight are done.
  *  - Frames are read as the spec says: a DONE with >= 7 fields (missing trailing fields = 0),
  *    unknown frame kinds ignored, CAPS before STAT accepted, payload frames always consumed.
  */
@@ -28,6 +30,7 @@
 /* One generated token as a DATA frame delivers it. */
 typedef struct {
     size_t off, len;              /* its bytes in gen.data */
+    int tok;                      /* the sampled token id (tok= field), -1 when the frame has none */
     int has_lp;                   /* the frame carried logprobs */
     float lp;                     /* logprob of the sampled token */
     int k;
@@ -53,7 +56,7 @@ struct gen {
     int ntoks, toks_cap;
     gen_status status;
     int finished;                 /* status is final AND on_finish has run */
-    /* DONE fields */
+    /* DONE fields (reuse already from ACCEPT when the engine sends it there) */
     int completion_tokens, length_limited, reuse;
     double tok_s;
     double prefill_s;             /* engine time prefilling prompt_tokens - reuse tokens; 0 = not sent */
@@ -75,6 +78,7 @@ typedef struct {
     double ready_timeout;         /* seconds to wait for READY at each start */
     void (*on_restart)(void *user); /* called from the dispatcher after the engine died (state lost) */
     void (*on_start_failed)(void *user); /* the first start never reached READY: nothing is retried */
+    void (*on_caps)(void *user);  /* the engine announced its capabilities (CAPS), at each start */
     void *user;
 } eng_config;
 
@@ -86,16 +90,22 @@ eng *eng_start(const eng_config *cfg, char *err, size_t errlen);
 void eng_stop(eng *e, double grace);
 
 int eng_ready(eng *e);
+/* The engine's last CAPS line: 0 and *out, or -1 before the engine announced one. */
+int eng_caps(eng *e, wire_caps *out);
 int eng_restarts(eng *e);
 int eng_start_failed(eng *e);
 pid_t eng_pid(eng *e);
 
 /* Send SUBMIT for g (id is assigned here) with the fields and keys of s (wire.h
- * wire_fmt_submit): n prompt bytes, then ext_n extension bytes. Waits up to wait_ready seconds
- * for a running engine. On failure returns -1 with err, and g is NOT registered (on_finish will
- * not run). */
-int eng_submit(eng *e, gen *g, const wire_submit *s, const char *payload, size_t n, const char *ext, size_t ext_n,
-               double wait_ready, char *err, size_t errlen);
+ * wire_fmt_submit): n prompt bytes, then ext_n extension bytes; bias (or NULL) goes first as a
+ * BIAS frame for the same id. Waits up to wait_ready seconds for a running engine. On failure
+ * returns -1 with err, and g is NOT registered (on_finish will not run). */
+int eng_submit(eng *e, gen *g, const wire_submit *s, const wire_bias *bias, const char *payload, size_t n,
+               const char *ext, size_t ext_n, double wait_ready, char *err, size_t errlen);
+/* Send SLOT action for an idle slot (wire.h) as g: it ends DONE (completion_tokens = the
+ * positions saved, restored or erased) or ERROR, like a generation. */
+int eng_slot(eng *e, gen *g, int slot, wire_slot_action action, const char *name, double wait_ready, char *err,
+             size_t errlen);
 /* Send CANCEL / STOP for g once (no-op if already sent or finished). */
 void eng_cancel(eng *e, gen *g);
 void eng_stop_gen(eng *e, gen *g);

@@ -22,17 +22,22 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "../cli.h"
 #include "../core/util.h"
 #include "anthropic.h"
 #include "http.h"
+#include "info.h"
+#include "responses.h"
+#include "slot_api.h"
 #include "openai.h"
 #include "turn.h"
 #include "webui.h"
 
 #define MAX_ALLOWED_HOSTS 8
+#define MAX_ALIASES 8
 #define MAX_CORS_ORIGINS 16
 #define MAX_ENGINE_ARGS 32
 
@@ -45,7 +50,11 @@ typedef struct {
     int n_allowed;
     const char *cors_origins[MAX_CORS_ORIGINS];   /* none given: http.c's default list */
     int n_cors;
+    const char *aliases[MAX_ALIASES];
+    int n_aliases;
     int loopback, allow_insecure, no_webui;
+    int reply_ids;                /* --reply-ids on|off */
+    const char *kv_dir;           /* also passed to the engine; the gateway keeps reply ids there */
     char *engine_args[MAX_ENGINE_ARGS];   /* flags passed through to `cairn engine` */
     int n_engine_args;
 } serve_opts;
@@ -55,6 +64,7 @@ typedef struct {
     serve_ctx sc;
     int inflight;                 /* requests begun and not yet completed (atomic) */
     char *model_dir_copy;         /* basename() may modify its argument */
+    int port;                     /* the bound port */
 } server;
 
 /* Per-request state across libmicrohttpd's calls of the access handler. */
@@ -63,6 +73,7 @@ typedef struct {
     size_t too_large;             /* bytes of an oversized body dropped so far */
     req_info *ri;
     const char *endpoint;         /* label for the log and /metrics */
+    char id[48];                  /* request id: reply headers, error bodies, the log line */
     char method[8];
     char path[96];
 } req_ctx;
@@ -79,6 +90,7 @@ static void usage(FILE *f) {
             "  --api-key KEY            require `Authorization: Bearer KEY` or `x-api-key: KEY`\n"
             "                           (also from CAIRN_API_KEY)\n"
             "  --model-id ID            model id clients must name (default: the directory's name)\n"
+            "  --alias NAME             another name clients may use for the model; repeatable\n"
             "  --max-tokens N           cap on generated tokens per request (default 1024)\n"
             "  --max-queue N            requests that may wait for a slot before 429 (default 8)\n"
             "  --queue-timeout S        seconds a request may wait for a slot (default 300)\n"
@@ -95,6 +107,9 @@ static void usage(FILE *f) {
             "                           http://127.0.0.1:8000, http://localhost:5173, http://127.0.0.1:5173,\n"
             "                           tauri://localhost, http://tauri.localhost, https://tauri.localhost\n"
             "  --grace S                on SIGTERM, wait this long for requests in flight (default 30)\n"
+            "  --reply-ids on|off       remember the exact ids of every generated reply and feed them back\n"
+            "                           when the reply returns in a conversation's history, instead of\n"
+            "                           re-tokenizing its text (default on; kept under --kv-dir)\n"
             "  --engine PATH            engine binary (default: this cairn)\n"
             "  --allow-insecure-bind    allow a non-loopback bind without --api-key\n"
             "  --no-webui               do not serve the chat page at / (the API alone)\n"
@@ -129,7 +144,7 @@ static int parse_flags(int argc, char **argv, serve_opts *o) {
                                               "--spec", "--draft"};
     *o = (serve_opts){.host = "127.0.0.1", .port = 8080, .slots = 2, .max_tokens = 1024, .max_queue = 8,
                       .max_conn = 64, .max_conn_ip = 16, .read_timeout = 30, .max_header = 32768,
-                      .max_body = 4 << 20, .queue_timeout = 300, .keepalive = 10, .grace = 30};
+                      .max_body = 4 << 20, .queue_timeout = 300, .keepalive = 10, .grace = 30, .reply_ids = 1};
     o->api_key = getenv("CAIRN_API_KEY");
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -161,7 +176,14 @@ static int parse_flags(int argc, char **argv, serve_opts *o) {
             if (o->n_allowed == MAX_ALLOWED_HOSTS) { fprintf(stderr, "cairn serve: too many --allowed-host\n"); return -1; }
             o->allowed_hosts[o->n_allowed++] = v;
         } else if (!strcmp(a, "--cors-origin")) rc = add_cors_origin(o, v);
-        else {
+        else if (!strcmp(a, "--alias")) {
+            if (o->n_aliases == MAX_ALIASES) { fprintf(stderr, "cairn serve: at most %d --alias\n", MAX_ALIASES); return -1; }
+            o->aliases[o->n_aliases++] = v;
+        }
+        else if (!strcmp(a, "--reply-ids")) {
+            if (strcmp(v, "on") && strcmp(v, "off")) { fprintf(stderr, "cairn serve: --reply-ids takes on or off\n"); return -1; }
+            o->reply_ids = !strcmp(v, "on");
+        } else {
             size_t k = 0;
             while (k < sizeof passthrough / sizeof passthrough[0] && strcmp(a, passthrough[k])) k++;
             if (k == sizeof passthrough / sizeof passthrough[0]) {
@@ -169,6 +191,7 @@ static int parse_flags(int argc, char **argv, serve_opts *o) {
                 return -1;
             }
             if (o->n_engine_args + 2 > MAX_ENGINE_ARGS) return -1;
+            if (!strcmp(a, "--kv-dir")) o->kv_dir = v;
             o->engine_args[o->n_engine_args++] = (char *)a;
             o->engine_args[o->n_engine_args++] = (char *)v;
         }
@@ -238,8 +261,9 @@ static int own_origin(const serve_opts *o, struct MHD_Connection *c, const char 
     return host && !strncmp(origin, "http://", 7) && !strcasecmp(origin + 7, host);
 }
 
-static api_flavor flavor_of(const char *path) {
-    return !strcmp(path, "/v1/messages") ? API_ANTHROPIC : API_OPENAI;
+static api_flavor flavor_of(struct MHD_Connection *c, const char *path) {
+    if (!strncmp(path, "/v1/messages", 12)) return API_ANTHROPIC;
+    return MHD_lookup_connection_value(c, MHD_HEADER_KIND, "anthropic-version") ? API_ANTHROPIC : API_OPENAI;
 }
 
 static enum MHD_Result reject(struct MHD_Connection *c, req_ctx *rc, int status, const char *type, const char *code,
@@ -247,7 +271,7 @@ static enum MHD_Result reject(struct MHD_Connection *c, req_ctx *rc, int status,
     http_err e;
     http_err_set(&e, status, type, code, NULL, "%s", msg);
     rc->ri->status = status;
-    return http_send_error(c, flavor_of(rc->path), &e);
+    return http_send_error(c, flavor_of(c, rc->path), &e);
 }
 
 /* ---- endpoints ----------------------------------------------------------------------------- */
@@ -290,6 +314,8 @@ static enum MHD_Result metrics_page(server *s, struct MHD_Connection *c, req_ctx
 
 static enum MHD_Result generate(server *s, struct MHD_Connection *c, req_ctx *rc) {
     if (rc->too_large) return reject(c, rc, 413, "invalid_request_error", "body_too_large", "request body too large");
+    int slot_op = !strncmp(rc->path, "/slots/", 7);
+    if (slot_op && !rc->body.len) return slot_action(&s->sc, c, rc->path + 7, NULL, rc->ri);   /* erase has none */
     if (!rc->body.len) return reject(c, rc, 400, "invalid_request_error", "invalid_json", "request body is empty");
     const char *end = NULL;
     cJSON *body = cJSON_ParseWithLengthOpts(rc->body.p, rc->body.len, &end, 0);
@@ -302,35 +328,54 @@ static enum MHD_Result generate(server *s, struct MHD_Connection *c, req_ctx *rc
     enum MHD_Result r;
     if (!strcmp(rc->path, "/v1/chat/completions")) r = openai_chat(&s->sc, c, body, rc->ri);
     else if (!strcmp(rc->path, "/v1/completions")) r = openai_completions(&s->sc, c, body, rc->ri);
+    else if (!strcmp(rc->path, "/v1/messages/count_tokens")) r = anthropic_count_tokens(&s->sc, c, body, rc->ri);
+    else if (!strcmp(rc->path, "/v1/responses")) r = responses_create(&s->sc, c, body, rc->ri);
+    else if (slot_op) r = slot_action(&s->sc, c, rc->path + 7, body, rc->ri);
+    else if (!strcmp(rc->path, "/tokenize")) r = info_tokenize(&s->sc, c, body, rc->ri);
+    else if (!strcmp(rc->path, "/detokenize")) r = info_detokenize(&s->sc, c, body, rc->ri);
     else r = anthropic_messages(&s->sc, c, body, rc->ri);
     cJSON_Delete(body);
     return r;
 }
 
-static const char *const post_paths[] = {"/v1/chat/completions", "/v1/completions", "/v1/messages"};
+static const char *const post_paths[] = {"/v1/chat/completions", "/v1/completions", "/v1/messages",
+                                         "/v1/messages/count_tokens", "/v1/responses", "/tokenize", "/detokenize"};
 
 static enum MHD_Result route(server *s, struct MHD_Connection *c, req_ctx *rc) {
     int get = !strcmp(rc->method, "GET"), post = !strcmp(rc->method, "POST");
     for (size_t i = 0; i < sizeof post_paths / sizeof post_paths[0]; i++)
         if (!strcmp(rc->path, post_paths[i]))
             return post ? generate(s, c, rc) : reject(c, rc, 405, "invalid_request_error", "method_not_allowed", "use POST");
+    if (!strncmp(rc->path, "/slots/", 7))
+        return post ? generate(s, c, rc) : reject(c, rc, 405, "invalid_request_error", "method_not_allowed", "use POST");
+    wire_caps caps;
+    int up = eng_caps(s->sc.engine, &caps) == 0;
+    if (!strcmp(rc->path, "/slots") && get) return slot_list(&s->sc, c, up ? &caps : NULL, rc->ri);
     if (!strcmp(rc->path, "/health") && get) return health(s, c, rc);
     if (!strcmp(rc->path, "/metrics") && get) return metrics_page(s, c, rc);
+    /* An Anthropic client (it sends anthropic-version) gets the Anthropic model-list shape. */
+    api_flavor f = flavor_of(c, rc->path);
     if (!strcmp(rc->path, "/v1/models") && get) {
         rc->ri->status = 200;
-        return openai_models(&s->sc, c, NULL);
+        return info_models(&s->sc, c, NULL, f);
     }
     if (!strncmp(rc->path, "/v1/models/", 11) && get) {
-        enum MHD_Result r = openai_models(&s->sc, c, rc->path + 11);
-        rc->ri->status = strcmp(rc->path + 11, s->sc.model_id) ? 404 : 200;
-        return r;
+        rc->ri->status = info_model_known(&s->sc, rc->path + 11) ? 200 : 404;
+        return info_models(&s->sc, c, rc->path + 11, f);
+    }
+    if (!strncmp(rc->path, "/v1/responses/", 14) && rc->path[14] && (get || !strcmp(rc->method, "DELETE")))
+        return responses_by_id(&s->sc, c, rc->path + 14, !get, rc->ri);
+    if (!strcmp(rc->path, "/props") && get) {
+        rc->ri->status = 200;
+        return info_props(&s->sc, c, up ? &caps : NULL);
     }
     return reject(c, rc, 404, "invalid_request_error", "not_found", "no such endpoint");
 }
 
 static const char *endpoint_label(const char *path) {
-    static const char *const known[] = {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/models",
-                                        "/health", "/metrics"};
+    static const char *const known[] = {"/v1/chat/completions", "/v1/completions", "/v1/messages/count_tokens",
+                                        "/v1/messages", "/v1/models", "/v1/responses", "/health", "/metrics", "/props",
+                                        "/tokenize", "/detokenize", "/slots"};
     for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
         if (!strncmp(path, known[i], strlen(known[i]))) return known[i];
     return "other";
@@ -346,6 +391,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         snprintf(rc->method, sizeof rc->method, "%s", method);
         snprintf(rc->path, sizeof rc->path, "%s", url);
         rc->endpoint = !s->o->no_webui && webui_find(rc->path) ? "/" : endpoint_label(rc->path);
+        turn_make_id(rc->id, sizeof rc->id, "req_");
+        http_request_id_set(rc->id);
         *con_cls = rc;
         __atomic_add_fetch(&s->inflight, 1, __ATOMIC_SEQ_CST);
         /* An announced oversized body is refused before reading it. */
@@ -367,6 +414,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *upload_size = 0;
         return MHD_YES;
     }
+    http_request_id_set(rc->id);
     /* Answered after the (bounded) body was read, so the client sees the status rather than a
      * connection reset in the middle of its upload. */
     if (!host_allowed(s->o, c))
@@ -406,9 +454,9 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     req_info *ri = rc->ri;
     int status = ri->status ? ri->status : 499;
     if (why != MHD_REQUEST_TERMINATED_COMPLETED_OK && status == 200) status = 499;   /* client left mid-reply */
-    fprintf(stderr, "cairn serve: %s %s %d %.1fms prompt=%d cached=%d completion=%d slot=%d %.1ftok/s\n", rc->method,
-            rc->path, status, (now_seconds() - ri->t0) * 1e3, ri->prompt_tokens, ri->cached_tokens,
-            ri->completion_tokens, ri->slot, ri->tok_s);
+    fprintf(stderr, "cairn serve: %s %s %d %.1fms prompt=%d cached=%d completion=%d slot=%d %.1ftok/s id=%s\n",
+            rc->method, rc->path, status, (now_seconds() - ri->t0) * 1e3, ri->prompt_tokens, ri->cached_tokens,
+            ri->completion_tokens, ri->slot, ri->tok_s, rc->id);
     metrics_request(s->sc.mx, rc->endpoint, status);
     req_info_unref(ri);
     sbuf_free(&rc->body);
@@ -443,7 +491,47 @@ static int listen_on(const char *host, long port, int *bound_port, char *err, si
     return fd;
 }
 
-static void forget_records(void *user) { slots_forget_all(((serve_ctx *)user)->sl); }
+/* Reply ids belong to the tokenizer that produced them: a file under --kv-dir written with
+ * another tokenizer.json is not trusted. */
+static uint64_t tokenizer_hash(const char *path) {
+    size_t n = 0;
+    char err[256];
+    char *p = read_file(path, &n, err, sizeof err);
+    uint64_t h = p ? fnv64(FNV64_INIT, p, n) : 0;
+    free(p);
+    return h;
+}
+
+/* Every added token (official tokenizers mark some role markers non-special, so not only the
+ * special ones), longest first so a marker is removed before one it contains. */
+static int longer_first(const void *a, const void *b) {
+    size_t x = strlen(*(char *const *)a), y = strlen(*(char *const *)b);
+    return (x < y) - (x > y);
+}
+
+static void collect_specials(serve_ctx *sc) {
+    int n = tok_added_count(sc->tok);
+    sc->specials = xcalloc((size_t)(n ? n : 1), sizeof *sc->specials);
+    for (int i = 0; i < n; i++)
+        if (*tok_added_text(sc->tok, i)) sc->specials[sc->nspecials++] = xstrdup(tok_added_text(sc->tok, i));
+    qsort(sc->specials, (size_t)sc->nspecials, sizeof *sc->specials, longer_first);
+}
+
+static void forget_records(void *user) { slots_forget_all(((server *)user)->sc.sl); }
+
+/* The start-up banner, once the engine says what it runs (and again after a restart). */
+static void banner(void *user) {
+    server *s = user;
+    wire_caps caps;
+    if (eng_caps(s->sc.engine, &caps)) return;
+    fprintf(stderr,
+            "cairn serve: ready at http://%s:%d\n"
+            "  model     %s (%s)\n"
+            "  context   %d tokens per slot, %d slots\n"
+            "  numerics  %s; reply ids %s%s%s\n",
+            s->o->host, s->port, s->sc.model_id, s->sc.family, caps.ctx, caps.slots, caps.numerics,
+            s->sc.replies ? "on" : "off", s->o->kv_dir ? ", kv-dir " : "", s->o->kv_dir ? s->o->kv_dir : "");
+}
 
 /* The engine could not start at all: stop the server the same way a SIGTERM would. */
 static void engine_start_failed(void *user) {
@@ -513,6 +601,10 @@ static void teardown(server *s, struct MHD_Daemon *d, char **eargv, int lfd) {
     if (sc->sl) slots_free(sc->sl);
     if (sc->mx) metrics_free(sc->mx);
     if (sc->tok) tok_free(sc->tok);
+    replies_close(sc->replies);
+    responses_free(sc->responses);
+    for (int i = 0; i < sc->nspecials; i++) free(sc->specials[i]);
+    free(sc->specials);
     free(s->model_dir_copy);
 }
 
@@ -530,6 +622,9 @@ int cmd_serve(int argc, char **argv) {
     sc->family = fam->name;
     s.model_dir_copy = xstrdup(o.model_dir);
     sc->model_id = o.model_id ? o.model_id : basename(s.model_dir_copy);
+    sc->model_dir = o.model_dir;
+    sc->aliases = o.aliases;
+    sc->naliases = o.n_aliases;
     sc->tpl = fam->chat;
     sc->nslots = (int)o.slots;
     sc->max_tokens = (int)o.max_tokens;
@@ -540,6 +635,15 @@ int cmd_serve(int argc, char **argv) {
     sc->tok = access(tok_path, R_OK) == 0 ? tok_load(tok_path, err, sizeof err) : NULL;
     if (!sc->tpl)
         fprintf(stderr, "cairn serve: family %s has no chat template: only /v1/completions works\n", sc->family);
+    /* the reply-id file lives beside the engine's slot files: the directory exists before either
+     * opens it (mode 0700, as the engine makes it: both hold conversations) */
+    if (o.kv_dir && mkdir(o.kv_dir, 0700) && errno != EEXIST) {
+        errf(err, sizeof err, "--kv-dir %s: %s", o.kv_dir, strerror(errno));
+        goto fail;
+    }
+    if (o.reply_ids && sc->tok) sc->replies = replies_open(o.kv_dir, tokenizer_hash(tok_path));
+    if (sc->tok) collect_specials(sc);
+    sc->responses = responses_new();
 
     /* Signals are taken by sigwait below; every thread inherits the blocked mask. */
     sigset_t sigs;
@@ -554,8 +658,9 @@ int cmd_serve(int argc, char **argv) {
     sc->mx = metrics_new();
     if ((lfd = listen_on(o.host, o.port, &port, err, sizeof err)) < 0) goto fail;
     eargv = engine_argv(&o, o.engine_exe ? o.engine_exe : "/proc/self/exe");
+    s.port = port;
     eng_config ec = {.exe = eargv[0], .argv = eargv, .ready_timeout = 600, .on_restart = forget_records,
-                     .on_start_failed = engine_start_failed, .user = sc};
+                     .on_start_failed = engine_start_failed, .on_caps = banner, .user = &s};
     if (!(sc->engine = eng_start(&ec, err, sizeof err))) goto fail;
     if (!(d = start_http(&s, lfd))) {
         snprintf(err, sizeof err, "cannot start the HTTP server on %s:%d", o.host, port);

@@ -25,6 +25,10 @@ int http_err_set(http_err *e, int status, const char *type, const char *code, co
     return -1;
 }
 
+static __thread char request_id[48];
+
+void http_request_id_set(const char *id) { snprintf(request_id, sizeof request_id, "%s", id); }
+
 char *http_err_body(const http_err *e, api_flavor f) {
     cJSON *root = cJSON_CreateObject(), *err = cJSON_CreateObject();
     if (f == API_ANTHROPIC) {
@@ -45,6 +49,7 @@ char *http_err_body(const http_err *e, api_flavor f) {
         else cJSON_AddNullToObject(err, "code");
     }
     cJSON_AddItemToObject(root, "error", err);
+    if (f == API_ANTHROPIC && request_id[0]) cJSON_AddStringToObject(root, "request_id", request_id);
     char *s = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
     return s;
@@ -90,12 +95,16 @@ static void cors_headers(struct MHD_Connection *c, struct MHD_Response *r) {
     const char *allow = cors_allow_value(origin);
     if (!allow) return;
     MHD_add_response_header(r, "Access-Control-Allow-Origin", allow);
-    MHD_add_response_header(r, "Access-Control-Expose-Headers", "x-request-id, Retry-After");
+    MHD_add_response_header(r, "Access-Control-Expose-Headers", "x-request-id, request-id, Retry-After");
 }
 
 /* Queue r with the CORS headers this request earns, and drop our reference to it. */
 static enum MHD_Result queue(struct MHD_Connection *c, int status, struct MHD_Response *r) {
     cors_headers(c, r);
+    if (request_id[0]) {
+        MHD_add_response_header(r, "x-request-id", request_id);
+        MHD_add_response_header(r, "request-id", request_id);
+    }
     enum MHD_Result ok = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
     return ok;
@@ -126,7 +135,7 @@ enum MHD_Result http_send_preflight(struct MHD_Connection *c) {
     const char *wanted = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Access-Control-Request-Headers");
     const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
     if (origin && cors_allow_value(origin)) {
-        MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+        MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS");
         MHD_add_response_header(r, "Access-Control-Allow-Headers",
                                 wanted && header_list_ok(wanted) ? wanted : CORS_FIXED_HEADERS);
         MHD_add_response_header(r, "Access-Control-Max-Age", "600");

@@ -15,6 +15,10 @@
  *    requests get none (a reply to any Origin still says `Vary: Origin`), so a
  *    browser page from elsewhere cannot read the reply. The allow-list is set once before the
  *    daemon starts and only read afterwards, so connection threads share it without a lock.
+ *  - Every reply carries the request's id as `x-request-id` (OpenAI) and `request-id`
+ *    (Anthropic), and an Anthropic error body carries it as `request_id`. The id is the
+ *    connection thread's (http_request_id_set): the daemon runs one thread per connection, and a
+ *    request's handler, its reply and its stream all run in that thread.
  */
 #ifndef CAIRN_HTTP_H
 #define CAIRN_HTTP_H
@@ -51,6 +55,10 @@ enum MHD_Result http_send_error(struct MHD_Connection *c, api_flavor f, const ht
  * list of name, value pairs added to the reply. */
 enum MHD_Result http_send_static(struct MHD_Connection *c, const char *ctype, const void *data, size_t len,
                                  const char *const *headers);
+
+/* The id of the request this connection thread is answering ("req_<hex>"), for the reply
+ * headers and error bodies; set once per request before its handler runs. */
+void http_request_id_set(const char *id);
 
 /* 1 if the peer closed its side (a zero-byte peek) or the socket failed. */
 int http_client_gone(struct MHD_Connection *c);

@@ -11,16 +11,28 @@
 #include "params.h"
 #include "sse.h"
 
-/* One OpenAI request in flight; owned by the handler, or by the stream once streaming. */
+#define OA_PROMPTS_MAX 16        /* prompts in one batched completions request */
+#define OA_N_MAX 8                /* choices per prompt (n) */
+
+/* One OpenAI request in flight; owned by the handler, or by the stream once streaming. A request
+ * with n > 1 or a batch of prompts has one choice per (prompt, n): they run one after another on
+ * the same engine, choice i with seed + i % n, and the response lists them by index. */
 typedef struct {
     serve_ctx *sc;
     int chat;                     /* chat.completion vs text_completion */
     int stream, include_usage;
     int top_n;                    /* completions: alternatives per token in logprobs */
-    api_call call;
+    int echo;                     /* completions: the prompt leads each choice's text */
+    api_call call;                /* the choice running now */
+    int n;                        /* choices per prompt */
+    int choice, nchoices;         /* current index, total */
+    turn_req *queued;             /* the requests of choices choice+1.. (nchoices - 1 slots) */
+    cJSON *choices;               /* non-streaming: the finished choices */
+    int prompt_tokens, completion_tokens, cached;   /* usage over every choice */
     char id[48];
     long created;
-    int role_sent;
+    struct MHD_Connection *conn;  /* for starting the next choice */
+    int role_sent;                /* the current choice's first chunk went out */
     int lp_sent;                  /* scored tokens whose logprobs were sent */
     size_t lp_offset;             /* completions: text offset of the next one */
 } oa_call;
@@ -185,6 +197,14 @@ int openai_render(serve_ctx *sc, const cJSON *messages, const cJSON *tools, cons
     rq->prefix_bytes = sc->tpl->system_prefix_bytes ? sc->tpl->system_prefix_bytes(rq->prompt, rq->prompt_len) : 0;
     rq->chat = 1;
     rq->thinking = o->thinking;
+    if (!sc->replies || !sc->tok) return 0;
+    sbuf ids = {0};
+    int rc = replies_splice(sc->replies, sc->tok, sc->tpl, o, messages, rq->prompt, rq->prompt_len, rq->untrusted,
+                            rq->nuntrusted, rq->prefix_bytes, &ids, &rq->ids_prefix, err, sizeof err);
+    if (rc < 0)
+        return http_err_set(e, 400, "invalid_request_error", "invalid_value", "messages", "cannot tokenize the chat: %s", err);
+    rq->ids_len = ids.len;
+    rq->ids = rc > 0 ? sbuf_take(&ids) : NULL;
     return 0;
 }
 
@@ -270,18 +290,29 @@ static int parse_stream(const cJSON *body, oa_call *k, http_err *e) {
 static int parse_common(serve_ctx *sc, const cJSON *body, oa_call *k, http_err *e) {
     if (!cJSON_IsObject(body)) return http_err_set(e, 400, "invalid_request_error", "invalid_json", NULL, "the body must be a JSON object");
     if (param_model(sc, body, e)) return -1;
-    long n;
-    int present;
-    if (param_int(body, "n", 1, 1, &n, &present, e)) return -1;
-    double pen;
-    if (param_num(body, "frequency_penalty", 0, 0, &pen, &present, e)) return -1;
-    if (param_num(body, "presence_penalty", 0, 0, &pen, &present, e)) return -1;
+    long n = 1;
+    if (param_int(body, "n", 1, OA_N_MAX, &n, NULL, e)) return -1;
+    k->n = (int)n;
+    if (param_penalties(body, sc->tok ? tok_vocab_size(sc->tok) : 1 << 30, &k->call.rq, e)) return -1;
     const char *user = NULL;
     if (param_str(body, "user", &user, e)) return -1;
     if (param_slot(sc, body, user, &k->call.rq, e)) return -1;
     if (param_sampling(body, 2.0, &k->call.rq, e)) return -1;
     if (param_stops(body, "stop", &k->call.rq, e)) return -1;
     return parse_stream(body, k, e);
+}
+
+/* Every choice's request: one per (prompt, n), in the order of their indexes, choice i of a
+ * prompt with seed + i. prompts[0..np) are consumed; the first becomes k->call.rq. */
+static void plan_choices(oa_call *k, turn_req *prompts, int np) {
+    k->nchoices = np * k->n;
+    k->queued = xcalloc((size_t)k->nchoices, sizeof *k->queued);
+    for (int c = 1; c < k->nchoices; c++) {
+        turn_req_copy(&k->queued[c - 1], &prompts[c / k->n]);
+        k->queued[c - 1].seed += (unsigned long long)(c % k->n);
+    }
+    k->call.rq = prompts[0];
+    for (int i = 1; i < np; i++) turn_req_free(&prompts[i]);
 }
 
 static int parse_chat(serve_ctx *sc, const cJSON *body, oa_call *k, http_err *e) {
@@ -312,14 +343,14 @@ static int parse_chat(serve_ctx *sc, const cJSON *body, oa_call *k, http_err *e)
     k->call.rq.media = sbuf_take(&media);
     constrain_opts c = {.response_format = 1, .tools = tools, .tool_choice = o.tool_choice, .parallel = parallel,
                         .thinking = o.thinking};
-    return rc ? -1 : constrain_request(sc, body, &c, &k->call.rq, e);
+    if (rc || constrain_request(sc, body, &c, &k->call.rq, e)) return -1;
+    turn_req one = k->call.rq;
+    plan_choices(k, &one, 1);
+    return 0;
 }
 
-/* A completions prompt: a string, a list of token ids, or a one-element list of either. */
+/* One completions prompt: a string or a list of token ids. */
 static int parse_prompt(serve_ctx *sc, const cJSON *p, turn_req *rq, http_err *e) {
-    if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 &&
-        (cJSON_IsString(cJSON_GetArrayItem(p, 0)) || cJSON_IsArray(cJSON_GetArrayItem(p, 0))))
-        p = cJSON_GetArrayItem(p, 0);
     if (cJSON_IsString(p)) {
         if (!*p->valuestring) return http_err_set(e, 400, "invalid_request_error", "invalid_value", "prompt", "'prompt' is empty");
         rq->prompt = xstrdup(p->valuestring);
@@ -328,10 +359,7 @@ static int parse_prompt(serve_ctx *sc, const cJSON *p, turn_req *rq, http_err *e
     }
     if (!cJSON_IsArray(p) || cJSON_GetArraySize(p) == 0)
         return http_err_set(e, 400, "invalid_request_error", "invalid_value", "prompt",
-                            "'prompt' must be a string or a non-empty list of token ids");
-    if (cJSON_IsString(p->child) || cJSON_IsArray(p->child))
-        return http_err_set(e, 400, "invalid_request_error", "invalid_value", "prompt",
-                            "batched prompts are not supported: send one prompt per request");
+                            "'prompt' must be a string, a non-empty list of token ids, or a list of those");
     int vocab = sc->tok ? tok_vocab_size(sc->tok) : 1 << 30;
     sbuf b = {0};
     const cJSON *id;
@@ -353,9 +381,7 @@ static int parse_prompt(serve_ctx *sc, const cJSON *p, turn_req *rq, http_err *e
 static int parse_completion(serve_ctx *sc, const cJSON *body, oa_call *k, http_err *e) {
     static const char *const budget[] = {"max_tokens", NULL};
     if (parse_common(sc, body, k, e) || param_max_tokens(sc, body, budget, 0, &k->call.rq, e)) return -1;
-    int echo = 0;
-    if (param_bool(body, "echo", &echo, e)) return -1;
-    if (echo) return http_err_set(e, 400, "invalid_request_error", "invalid_value", "echo", "'echo' is not supported");
+    if (param_bool(body, "echo", &k->echo, e)) return -1;
     const char *suffix = NULL;
     if (param_str(body, "suffix", &suffix, e)) return -1;
     if (suffix && *suffix) return http_err_set(e, 400, "invalid_request_error", "invalid_value", "suffix", "'suffix' is not supported");
@@ -363,33 +389,84 @@ static int parse_completion(serve_ctx *sc, const cJSON *body, oa_call *k, http_e
     int has_lp = 0;
     if (param_int(body, "best_of", 1, 1, &best_of, NULL, e)) return -1;
     if (param_int(body, "logprobs", 0, ENG_TOPK_MAX, &lp, &has_lp, e)) return -1;
+    if (k->echo && has_lp)
+        return http_err_set(e, 400, "invalid_request_error", "invalid_value", "echo",
+                            "'echo' with 'logprobs' needs the prompt's logprobs, which the engine does not score");
     k->call.rq.logprobs = has_lp;
     k->call.rq.top_logprobs = (int)lp;
     k->top_n = (int)lp;
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(body, "prompt");
     if (!p) return http_err_set(e, 400, "invalid_request_error", "invalid_value", "prompt", "'prompt' is required");
-    if (parse_prompt(sc, p, &k->call.rq, e)) return -1;
     constrain_opts c = {.response_format = 1};
-    return constrain_request(sc, body, &c, &k->call.rq, e);
+    if (constrain_request(sc, body, &c, &k->call.rq, e)) return -1;
+    /* A list whose members are strings or lists is a batch (one prompt each). */
+    int batch = cJSON_IsArray(p) && (cJSON_IsString(p->child) || cJSON_IsArray(p->child));
+    int np = batch ? cJSON_GetArraySize(p) : 1;
+    if (np > OA_PROMPTS_MAX)
+        return http_err_set(e, 400, "invalid_request_error", "invalid_value", "prompt",
+                            "at most %d prompts in one request", OA_PROMPTS_MAX);
+    turn_req *prompts = xcalloc((size_t)np, sizeof *prompts);
+    for (int i = 0; i < np; i++) {
+        turn_req_copy(&prompts[i], &k->call.rq);
+        if (parse_prompt(sc, batch ? cJSON_GetArrayItem(p, i) : p, &prompts[i], e)) {
+            for (int j = 0; j <= i; j++) turn_req_free(&prompts[j]);
+            free(prompts);
+            return -1;
+        }
+    }
+    turn_req_free(&k->call.rq);
+    plan_choices(k, prompts, np);
+    free(prompts);
+    return 0;
 }
 
 /* ---- responses ----------------------------------------------------------------------------- */
 
-static cJSON *usage_json(const turn *t) {
+static cJSON *usage_json(const oa_call *k) {
     cJSON *u = cJSON_CreateObject();
-    cJSON_AddNumberToObject(u, "prompt_tokens", t->prompt_tokens);
-    cJSON_AddNumberToObject(u, "completion_tokens", t->completion_tokens);
-    cJSON_AddNumberToObject(u, "total_tokens", t->prompt_tokens + t->completion_tokens);
+    cJSON_AddNumberToObject(u, "prompt_tokens", k->prompt_tokens);
+    cJSON_AddNumberToObject(u, "completion_tokens", k->completion_tokens);
+    cJSON_AddNumberToObject(u, "total_tokens", k->prompt_tokens + k->completion_tokens);
     cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
-    cJSON_AddNumberToObject(d, "cached_tokens", t->reused);
+    cJSON_AddNumberToObject(d, "cached_tokens", k->cached);
     return u;
+}
+
+/* The finished choice counts: its completion, and its prompt once per prompt (the first of its n
+ * choices, which is also the one whose reuse the prompt's cached tokens are). */
+static void account(oa_call *k) {
+    const turn *t = &k->call.t;
+    if (k->choice % k->n == 0) {
+        k->prompt_tokens += t->prompt_tokens;
+        k->cached += t->reused;
+    }
+    k->completion_tokens += t->completion_tokens;
+}
+
+/* completions echo: the prompt as text (token-id prompts decoded). */
+static char *echo_text(const oa_call *k) {
+    const turn_req *rq = &k->call.rq;
+    if (!rq->prompt_is_ids) return xstrdup(rq->prompt);
+    int n = 0, *ids = xmalloc(sizeof(int) * (rq->prompt_len / 2 + 1));
+    for (const char *p = rq->prompt; *p;) {
+        char *end;
+        ids[n++] = (int)strtol(p, &end, 10);
+        p = *end ? end + 1 : end;
+    }
+    size_t len = 0;
+    char *raw = k->sc->tok ? tok_decode(k->sc->tok, ids, n, &len) : NULL;
+    char *clean = utf8_clean(raw ? raw : "", raw ? len : 0, NULL);
+    free(raw);
+    free(ids);
+    return clean;
 }
 
 /* usage, and beside it llama.cpp's `timings` from the engine's own clocks: prompt_n tokens were
  * prefilled in prompt_ms (cache_n came from the state), decoding ran at predicted_per_second.
  * The chat page's per-message line reads it; clients that do not know the field ignore it. */
-static void add_usage(cJSON *r, const turn *t) {
-    cJSON_AddItemToObject(r, "usage", usage_json(t));
+static void add_usage(cJSON *r, const oa_call *k) {
+    const turn *t = &k->call.t;     /* with several choices: the last one's clocks */
+    cJSON_AddItemToObject(r, "usage", usage_json(k));
     cJSON *tm = cJSON_AddObjectToObject(r, "timings");
     int prefilled = t->prompt_tokens - t->reused;
     cJSON_AddNumberToObject(tm, "cache_n", t->reused);
@@ -426,6 +503,29 @@ static char *token_string(const turn *t, const scored_token *st) {
     return utf8_clean(t->raw.p + st->off, st->len, NULL);
 }
 
+static cJSON *raw_bytes_json(const char *p, size_t n) {
+    cJSON *a = cJSON_CreateArray();
+    for (size_t i = 0; i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber((unsigned char)p[i]));
+    return a;
+}
+
+/* A token's own bytes (not the U+FFFD its text shows when they are not UTF-8 alone): from the
+ * tokenizer when the frame named the id, else the bytes the frames delivered for it. */
+static cJSON *token_bytes_json(const turn *t, int id, const char *fallback, size_t n) {
+    size_t len = 0;
+    char *raw = id >= 0 && t->sc->tok && id < tok_vocab_size(t->sc->tok) ? tok_decode(t->sc->tok, &id, 1, &len) : NULL;
+    cJSON *a = raw ? raw_bytes_json(raw, len) : raw_bytes_json(fallback, n);
+    free(raw);
+    return a;
+}
+
+/* Characters (code points) of UTF-8 text: OpenAI's text_offset counts characters, not bytes. */
+static size_t utf8_chars(const char *s) {
+    size_t n = 0;
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) n += (*p & 0xC0) != 0x80;
+    return n;
+}
+
 static int by_logprob_desc(const void *a, const void *b) {
     float x = ((const float *)a)[1], y = ((const float *)b)[1];
     return (x < y) - (x > y);
@@ -438,12 +538,6 @@ static int sorted_top(const eng_token *k, float pairs[][2], int limit) {
     return MIN(k->k, limit);
 }
 
-static cJSON *bytes_json(const char *s) {
-    cJSON *a = cJSON_CreateArray();
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) cJSON_AddItemToArray(a, cJSON_CreateNumber(*p));
-    return a;
-}
-
 /* Chat logprobs {content:[...]} of scored tokens [from, to). */
 static cJSON *chat_logprobs(const turn *t, const scored_token *toks, int from, int to) {
     cJSON *lp = cJSON_CreateObject(), *content = cJSON_AddArrayToObject(lp, "content");
@@ -453,7 +547,7 @@ static cJSON *chat_logprobs(const turn *t, const scored_token *toks, int from, i
         char *s = token_string(t, &toks[i]);
         cJSON_AddStringToObject(e, "token", s);
         cJSON_AddNumberToObject(e, "logprob", k->has_lp ? k->lp : 0);
-        cJSON_AddItemToObject(e, "bytes", bytes_json(s));
+        cJSON_AddItemToObject(e, "bytes", token_bytes_json(t, k->tok, t->raw.p + toks[i].off, toks[i].len));
         free(s);
         cJSON *top = cJSON_AddArrayToObject(e, "top_logprobs");
         float pairs[ENG_TOPK_MAX][2];
@@ -463,12 +557,13 @@ static cJSON *chat_logprobs(const turn *t, const scored_token *toks, int from, i
             char *a = turn_token_text(t, (int)pairs[j][0]);
             cJSON_AddStringToObject(alt, "token", a);
             cJSON_AddNumberToObject(alt, "logprob", pairs[j][1]);
-            cJSON_AddItemToObject(alt, "bytes", bytes_json(a));
+            cJSON_AddItemToObject(alt, "bytes", token_bytes_json(t, (int)pairs[j][0], a, strlen(a)));
             free(a);
             cJSON_AddItemToArray(top, alt);
         }
         cJSON_AddItemToArray(content, e);
     }
+    cJSON_AddNullToObject(lp, "refusal");
     return lp;
 }
 
@@ -485,7 +580,7 @@ static cJSON *completion_logprobs(const turn *t, const scored_token *toks, int f
         cJSON_AddItemToArray(tokens, cJSON_CreateString(s));
         cJSON_AddItemToArray(lps, cJSON_CreateNumber(k->has_lp ? k->lp : 0));
         cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)*offset));
-        *offset += strlen(s);
+        *offset += utf8_chars(s);
         free(s);
         cJSON *top = cJSON_CreateObject();
         float pairs[ENG_TOPK_MAX][2];
@@ -528,39 +623,64 @@ static cJSON *envelope(const oa_call *k) {
     return r;
 }
 
-static cJSON *chat_response(oa_call *k) {
+static cJSON *chat_choice(oa_call *k) {
     chat_reply cr;
     turn_parse(&k->call.t, &cr);
     int ncalls = cr.tool_calls ? cJSON_GetArraySize(cr.tool_calls) : 0;
-    cJSON *r = envelope(k), *choices = cJSON_AddArrayToObject(r, "choices"), *ch = cJSON_CreateObject();
-    cJSON_AddNumberToObject(ch, "index", 0);
+    cJSON *ch = cJSON_CreateObject();
+    cJSON_AddNumberToObject(ch, "index", k->choice);
     cJSON *msg = cJSON_AddObjectToObject(ch, "message");
     cJSON_AddStringToObject(msg, "role", "assistant");
     if (ncalls && !(cr.content && *cr.content)) cJSON_AddNullToObject(msg, "content");
     else cJSON_AddStringToObject(msg, "content", cr.content ? cr.content : "");
+    cJSON_AddNullToObject(msg, "refusal");
     if (cr.reasoning && *cr.reasoning) cJSON_AddStringToObject(msg, "reasoning_content", cr.reasoning);
     if (ncalls) cJSON_AddItemToObject(msg, "tool_calls", cJSON_Duplicate(cr.tool_calls, 1));
     cJSON *lp = logprobs_since(k, 0);
     if (lp) cJSON_AddItemToObject(ch, "logprobs", lp);
     else cJSON_AddNullToObject(ch, "logprobs");
     cJSON_AddStringToObject(ch, "finish_reason", turn_finish_reason(&k->call.t, ncalls > 0));
-    cJSON_AddItemToArray(choices, ch);
-    add_usage(r, &k->call.t);
     chat_reply_free(&cr);
-    return r;
+    return ch;
 }
 
-static cJSON *completion_response(oa_call *k) {
-    cJSON *r = envelope(k), *choices = cJSON_AddArrayToObject(r, "choices"), *ch = cJSON_CreateObject();
-    cJSON_AddNumberToObject(ch, "index", 0);
-    cJSON_AddStringToObject(ch, "text", k->call.t.out.text);
+static cJSON *completion_choice(oa_call *k) {
+    cJSON *ch = cJSON_CreateObject();
+    cJSON_AddNumberToObject(ch, "index", k->choice);
+    if (k->echo) {
+        char *echo = echo_text(k);
+        sbuf b = {0};
+        sbuf_puts(&b, echo);
+        sbuf_puts(&b, k->call.t.out.text);
+        cJSON_AddStringToObject(ch, "text", b.p);
+        sbuf_free(&b);
+        free(echo);
+    } else {
+        cJSON_AddStringToObject(ch, "text", k->call.t.out.text);
+    }
     cJSON *lp = logprobs_since(k, 0);
     if (lp) cJSON_AddItemToObject(ch, "logprobs", lp);
     else cJSON_AddNullToObject(ch, "logprobs");
     cJSON_AddStringToObject(ch, "finish_reason", turn_finish_reason(&k->call.t, 0));
-    cJSON_AddItemToArray(choices, ch);
-    add_usage(r, &k->call.t);
-    return r;
+    return ch;
+}
+
+/* The finished choice is counted; the next one (if any) begins. 1 = it began, 0 = that was the
+ * last, -1 = it could not begin (e says why). */
+static int next_choice(oa_call *k, struct MHD_Connection *c, http_err *e) {
+    account(k);
+    if (k->choice + 1 >= k->nchoices) return 0;
+    turn_end(&k->call.t);
+    turn_req_free(&k->call.rq);
+    sse_sent_free(&k->call.sent);
+    memset(&k->call.sent, 0, sizeof k->call.sent);
+    k->call.rq = k->queued[k->choice];
+    memset(&k->queued[k->choice], 0, sizeof k->queued[k->choice]);
+    k->choice++;
+    k->role_sent = 0;
+    k->lp_sent = 0;
+    k->lp_offset = 0;
+    return turn_begin(&k->call.t, k->sc, &k->call.rq, c, now_seconds(), e) ? -1 : 1;
 }
 
 /* ---- streaming ----------------------------------------------------------------------------- */
@@ -568,44 +688,44 @@ static cJSON *completion_response(oa_call *k) {
 /* A chunk with one choice; `delta` (chat) or `text` (completions) is consumed. */
 static cJSON *chunk(const oa_call *k, cJSON *delta, const char *text, const char *finish) {
     cJSON *r = envelope(k), *choices = cJSON_AddArrayToObject(r, "choices"), *ch = cJSON_CreateObject();
-    cJSON_AddNumberToObject(ch, "index", 0);
+    cJSON_AddNumberToObject(ch, "index", k->choice);
     if (k->chat) cJSON_AddItemToObject(ch, "delta", delta ? delta : cJSON_CreateObject());
     else cJSON_AddStringToObject(ch, "text", text ? text : "");
     cJSON_AddNullToObject(ch, "logprobs");
     if (finish) cJSON_AddStringToObject(ch, "finish_reason", finish);
     else cJSON_AddNullToObject(ch, "finish_reason");
     cJSON_AddItemToArray(choices, ch);
-    if (k->include_usage) cJSON_AddNullToObject(r, "usage");
+    if (k->include_usage && k->chat) cJSON_AddNullToObject(r, "usage");   /* completions chunks have none */
     return r;
 }
 
-/* A chunk carrying only the logprobs of tokens generated since the last one. */
-static void emit_logprobs(oa_call *k, sbuf *out, int final) {
-    cJSON *lp = logprobs_since(k, !final);
-    if (!lp) return;
-    cJSON *c = chunk(k, NULL, NULL, NULL);
-    cJSON_ReplaceItemInObjectCaseSensitive(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(c, "choices"), 0),
-                                           "logprobs", lp);
-    sse_data(out, c);
-}
-
-static void emit_text(oa_call *k, sbuf *out, const char *reasoning, const char *content) {
+/* The new reasoning and content as chunks, the logprobs of the tokens scored since the last
+ * chunk riding on the last of them. Tokens whose text is still held back (an incomplete
+ * character, a possible marker or stop string) keep their logprobs for the chunk that brings
+ * the text; only at the end can logprobs come in a chunk of their own. */
+static void emit_text(oa_call *k, sbuf *out, const char *reasoning, const char *content, int final) {
+    cJSON *chunks[2];
+    int n = 0;
     if (!k->chat) {
-        if (*content) sse_data(out, chunk(k, NULL, content, NULL));
-        return;
+        if (*content) chunks[n++] = chunk(k, NULL, content, NULL);
+    } else {
+        const char *keys[2] = {"reasoning_content", "content"}, *texts[2] = {reasoning, content};
+        for (int i = 0; i < 2; i++) {
+            if (!*texts[i]) continue;
+            cJSON *d = cJSON_CreateObject();
+            cJSON_AddStringToObject(d, keys[i], texts[i]);
+            chunks[n++] = chunk(k, d, NULL, NULL);
+        }
     }
-    if (*reasoning) {
-        cJSON *d = cJSON_CreateObject();
-        cJSON_AddStringToObject(d, "reasoning_content", reasoning);
-        sse_data(out, chunk(k, d, NULL, NULL));
-    }
-    if (*content) {
-        cJSON *d = cJSON_CreateObject();
-        cJSON_AddStringToObject(d, "content", content);
-        sse_data(out, chunk(k, d, NULL, NULL));
-    }
+    cJSON *lp = n || final ? logprobs_since(k, !final) : NULL;
+    if (lp && n == 0) chunks[n++] = chunk(k, NULL, NULL, NULL);
+    if (lp)
+        cJSON_ReplaceItemInObjectCaseSensitive(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(chunks[n - 1], "choices"), 0),
+                                               "logprobs", lp);
+    for (int i = 0; i < n; i++) sse_data(out, chunks[i]);
 }
 
+/* The end of the current choice: its tool calls and finish reason. */
 static void emit_end(oa_call *k, sbuf *out, const chat_reply *cr) {
     int ncalls = cr->tool_calls ? cJSON_GetArraySize(cr->tool_calls) : 0;
     if (ncalls) {
@@ -616,10 +736,14 @@ static void emit_end(oa_call *k, sbuf *out, const chat_reply *cr) {
         sse_data(out, chunk(k, d, NULL, NULL));
     }
     sse_data(out, chunk(k, NULL, NULL, turn_finish_reason(&k->call.t, ncalls > 0)));
+}
+
+/* After the last choice: the usage chunk (when asked for) and [DONE]. */
+static void emit_last(oa_call *k, sbuf *out) {
     if (k->include_usage) {
         cJSON *r = envelope(k);
         cJSON_AddArrayToObject(r, "choices");
-        add_usage(r, &k->call.t);
+        add_usage(r, k);
         sse_data(out, r);
     }
     sbuf_puts(out, "data: [DONE]\n\n");
@@ -627,21 +751,35 @@ static void emit_end(oa_call *k, sbuf *out, const chat_reply *cr) {
 
 static void call_free(oa_call *k) {
     api_call_end(&k->call);
+    for (int i = k->choice; i + 1 < k->nchoices; i++) turn_req_free(&k->queued[i]);
+    free(k->queued);
+    cJSON_Delete(k->choices);
     free(k);
 }
 
 static void stream_done(void *ctx) { call_free(ctx); }
 
-static int stream_pump(void *ctx, sbuf *out) {
-    oa_call *k = ctx;
-    if (!k->role_sent && k->chat) {
+/* A choice's first chunk: the assistant role (chat), or the echoed prompt (completions). */
+static void emit_start(oa_call *k, sbuf *out) {
+    if (k->chat) {
         cJSON *d = cJSON_CreateObject();
         cJSON_AddStringToObject(d, "role", "assistant");
         cJSON_AddStringToObject(d, "content", "");
         sse_data(out, chunk(k, d, NULL, NULL));
-        k->role_sent = 1;
-        k->call.last_write = now_seconds();
-        return STREAM_MORE;
+    } else if (k->echo) {
+        char *echo = echo_text(k);
+        sse_data(out, chunk(k, NULL, echo, NULL));
+        free(echo);
+    }
+    k->role_sent = 1;
+    k->call.last_write = now_seconds();
+}
+
+static int stream_pump(void *ctx, sbuf *out) {
+    oa_call *k = ctx;
+    if (!k->role_sent) {
+        emit_start(k, out);
+        if (out->len) return STREAM_MORE;
     }
     int r = sse_wait(&k->call.t, &k->call.last_write, out, ": keep-alive\n\n");
     if (r == TURN_GONE) return STREAM_ABORT;
@@ -652,17 +790,26 @@ static int stream_pump(void *ctx, sbuf *out) {
     char *reasoning, *content;
     chat_reply cr;
     sse_deltas(&k->call.t, &k->call.sent, &reasoning, &content, &cr);
-    emit_text(k, out, reasoning, content);
-    emit_logprobs(k, out, r == TURN_DONE);
+    emit_text(k, out, reasoning, content, r == TURN_DONE);
     if (*reasoning || *content) k->call.last_write = now_seconds();
     free(reasoning);
     free(content);
+    int more = 0;
     if (r == TURN_DONE) {
         emit_end(k, out, &cr);
         turn_summarize(&k->call.t, k->call.ri);
+        http_err e = {0};
+        more = next_choice(k, k->conn, &e);
+        if (more < 0) {
+            char *body = http_err_body(&e, API_OPENAI);
+            sbuf_printf(out, "data: %s\n\n", body);
+            free(body);
+        } else if (more == 0) {
+            emit_last(k, out);
+        }
     }
     chat_reply_free(&cr);
-    return r == TURN_DONE ? STREAM_END : STREAM_MORE;
+    return r == TURN_DONE && more <= 0 ? STREAM_END : STREAM_MORE;
 }
 
 /* ---- handlers ------------------------------------------------------------------------------ */
@@ -676,6 +823,7 @@ static enum MHD_Result fail(struct MHD_Connection *c, oa_call *k, const http_err
 
 static enum MHD_Result run(oa_call *k, struct MHD_Connection *c) {
     http_err e = {0};
+    k->conn = c;
     if (turn_begin(&k->call.t, k->sc, &k->call.rq, c, k->call.ri->t0, &e)) return fail(c, k, &e);
     turn_make_id(k->id, sizeof k->id, k->chat ? "chatcmpl-" : "cmpl-");
     k->created = (long)time(NULL);
@@ -684,16 +832,17 @@ static enum MHD_Result run(oa_call *k, struct MHD_Connection *c) {
         k->call.last_write = now_seconds();
         return http_send_stream(c, stream_pump, stream_done, k);
     }
-    if (turn_run(&k->call.t) == TURN_GONE) {
-        http_err_set(&e, 499, "client_closed", NULL, NULL, "client closed the connection");
-        return fail(c, k, &e);
-    }
-    if (k->call.t.status == GEN_ERROR) {
-        turn_error(&k->call.t, &e);
-        return fail(c, k, &e);
+    k->choices = cJSON_CreateArray();
+    for (int more = 1; more > 0;) {
+        if (turn_complete(&k->call.t, &e)) return fail(c, k, &e);
+        cJSON_AddItemToArray(k->choices, k->chat ? chat_choice(k) : completion_choice(k));
+        if ((more = next_choice(k, c, &e)) < 0) return fail(c, k, &e);
     }
     k->call.ri->status = 200;
-    cJSON *body = k->chat ? chat_response(k) : completion_response(k);
+    cJSON *body = envelope(k);
+    cJSON_AddItemToObject(body, "choices", k->choices);
+    k->choices = NULL;
+    add_usage(body, k);
     enum MHD_Result r = http_send_json(c, 200, body);
     call_free(k);
     return r;
@@ -722,33 +871,11 @@ enum MHD_Result openai_completions(serve_ctx *sc, struct MHD_Connection *c, cons
     return run(k, c);
 }
 
-static cJSON *model_json(const serve_ctx *sc) {
-    cJSON *m = cJSON_CreateObject();
-    cJSON_AddStringToObject(m, "id", sc->model_id);
-    cJSON_AddStringToObject(m, "object", "model");
-    cJSON_AddNumberToObject(m, "created", 0);
-    cJSON_AddStringToObject(m, "owned_by", "cairn");
-    return m;
-}
-
-enum MHD_Result openai_models(serve_ctx *sc, struct MHD_Connection *c, const char *id) {
-    if (id) {
-        if (strcmp(id, sc->model_id)) {
-            http_err e;
-            http_err_set(&e, 404, "invalid_request_error", "model_not_found", "model", "The model '%s' does not exist", id);
-            return http_send_error(c, API_OPENAI, &e);
-        }
-        return http_send_json(c, 200, model_json(sc));
-    }
-    cJSON *r = cJSON_CreateObject();
-    cJSON_AddStringToObject(r, "object", "list");
-    cJSON_AddItemToArray(cJSON_AddArrayToObject(r, "data"), model_json(sc));
-    return http_send_json(c, 200, r);
-}
-
 int openai_request(serve_ctx *sc, int chat, const cJSON *body, turn_req *rq, http_err *e) {
     oa_call k = {.sc = sc, .chat = chat};
     int rc = chat ? parse_chat(sc, body, &k, e) : parse_completion(sc, body, &k, e);
     *rq = k.call.rq;
+    for (int i = 0; i + 1 < k.nchoices; i++) turn_req_free(&k.queued[i]);   /* the first choice's only */
+    free(k.queued);
     return rc;
 }

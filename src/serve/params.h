@@ -18,7 +18,10 @@ int param_num(const cJSON *o, const char *key, double lo, double hi, double *out
 int param_bool(const cJSON *o, const char *key, int *out, http_err *e);
 int param_str(const cJSON *o, const char *key, const char **out, http_err *e);
 
-/* body.model must be absent, empty, or the served model id (else 404 model_not_found). */
+/* Every field of body must be one of known[] (NULL-ended), else a 400 naming the first other
+ * one, "'F' is not supported <where>". */
+int param_only_fields(const cJSON *body, const char *const *known, const char *where, http_err *e);
+/* body.model must be absent, empty, the served model id or an alias (else 404 model_not_found). */
 int param_model(const serve_ctx *sc, const cJSON *body, http_err *e);
 /* Stop strings: one string or a list of 1..TURN_MAX_STOPS non-empty strings. */
 int param_stops(const cJSON *body, const char *key, turn_req *rq, http_err *e);
@@ -26,8 +29,12 @@ int param_stops(const cJSON *body, const char *key, turn_req *rq, http_err *e);
  * `required` makes its absence a 400. */
 int param_max_tokens(const serve_ctx *sc, const cJSON *body, const char *const *keys, int required, turn_req *rq,
                      http_err *e);
-/* temperature [0,2] (default 1), top_p (0,1] (default 1), seed. */
+/* temperature [0, max] (default 1), top_p (0,1] (default 1), top_k (0 = off), seed (a random
+ * one when absent). */
 int param_sampling(const cJSON *body, double max_temperature, turn_req *rq, http_err *e);
+/* OpenAI's presence_penalty and frequency_penalty [-2, 2], logit_bias {token id: [-100, 100]}, and
+ * the min_p [0, 1] and repetition_penalty (> 0, 1 = off) extensions vLLM and llama.cpp accept. */
+int param_penalties(const cJSON *body, int vocab, turn_req *rq, http_err *e);
 /* Slot pinning: cache_slot (0..slots-1) wins, else a non-empty user string hashes to a slot. */
 int param_slot(const serve_ctx *sc, const cJSON *body, const char *user, turn_req *rq, http_err *e);
 

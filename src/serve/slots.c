@@ -213,3 +213,18 @@ size_t slots_record_len(slots *s, int i) {
     pthread_mutex_unlock(&s->mu);
     return n;
 }
+
+char *slots_record(slots *s, int i, size_t *n) {
+    pthread_mutex_lock(&s->mu);
+    char *r = NULL;
+    *n = 0;
+    if (i >= 0 && i < s->n && s->slot[i].len) {
+        r = malloc(s->slot[i].len);     /* no memory = released as unknown, like slots_release */
+        if (r) {
+            memcpy(r, s->slot[i].record, s->slot[i].len);
+            *n = s->slot[i].len;
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    return r;
+}

@@ -51,5 +51,7 @@ typedef struct {
 void slots_get_stats(slots *s, slots_stats *st);
 /* Bytes of record held by slot i (for /health). */
 size_t slots_record_len(slots *s, int i);
+/* A heap copy of slot i's record (NULL, *n = 0 when it has none), e.g. to release it unchanged. */
+char *slots_record(slots *s, int i, size_t *n);
 
 #endif

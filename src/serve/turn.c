@@ -11,10 +11,34 @@
 void turn_req_free(turn_req *rq) {
     free(rq->prompt);
     free(rq->grammar);
+    free(rq->ids);
+    free(rq->bias.ids);
+    free(rq->bias.vals);
     free(rq->untrusted);
     free(rq->media);
     for (int i = 0; i < rq->nstops; i++) free(rq->stops[i]);
     memset(rq, 0, sizeof *rq);
+}
+
+/* n bytes of p and a NUL after them (NULL stays NULL). */
+static void *dup_bytes(const void *p, size_t n) {
+    if (!p) return NULL;
+    char *d = xmalloc(n + 1);
+    memcpy(d, p, n);
+    d[n] = 0;
+    return d;
+}
+
+void turn_req_copy(turn_req *dst, const turn_req *src) {
+    *dst = *src;
+    dst->prompt = dup_bytes(src->prompt, src->prompt_len);
+    dst->ids = dup_bytes(src->ids, src->ids_len);
+    dst->grammar = dup_bytes(src->grammar, src->grammar_len);
+    dst->media = dup_bytes(src->media, src->media_len);
+    dst->bias.ids = dup_bytes(src->bias.ids, sizeof *src->bias.ids * (size_t)src->bias.n);
+    dst->bias.vals = dup_bytes(src->bias.vals, sizeof *src->bias.vals * (size_t)src->bias.n);
+    dst->untrusted = dup_bytes(src->untrusted, sizeof *src->untrusted * (size_t)src->nuntrusted);
+    for (int i = 0; i < src->nstops; i++) dst->stops[i] = xstrdup(src->stops[i]);
 }
 
 /* What on_finish needs after the HTTP side may already be gone. */
@@ -49,14 +73,22 @@ static void on_finish(gen *g, void *user) {
 
 static int conn_gone(void *conn) { return conn && http_client_gone(conn); }
 
-/* The request as SUBMIT fields and keys (wire.h wire_fmt_submit writes the header). */
-static wire_submit submit_fields(const turn_req *rq, int slot, size_t span_bytes) {
+static int remembers(const turn *t) { return t->sc->replies && t->sc->tok && t->sc->tpl && t->rq->chat; }
+
+/* The request as SUBMIT fields and keys (wire.h wire_fmt_submit writes the header). span_bytes:
+ * the untrusted span table's (text prompts only; spliced ids were encoded here). */
+static wire_submit submit_fields(const turn *t, int slot, size_t span_bytes) {
+    const turn_req *rq = t->rq;
+    int prefix = rq->ids ? (rq->ids_prefix ? (int)rq->ids_prefix : -1)
+                         : (rq->prefix_bytes && !rq->prompt_is_ids ? (int)rq->prefix_bytes : -1);
     return (wire_submit){
         .slot = slot, .max_tokens = rq->max_tokens, .temperature = (float)rq->temperature, .top_p = (float)rq->top_p,
-        .prefix_bytes = rq->prefix_bytes && !rq->prompt_is_ids ? (int)rq->prefix_bytes : -1,
-        .logprobs = rq->logprobs ? MAX(1, rq->top_logprobs) : 0, .ids = rq->prompt_is_ids,
-        .seed = rq->has_seed ? rq->seed : 0, .untrusted_bytes = span_bytes, .grammar_bytes = rq->grammar_len,
-        .has_grammar_bytes = rq->grammar != NULL};
+        .prefix_bytes = prefix, .logprobs = rq->logprobs ? MAX(1, rq->top_logprobs) : 0,
+        .ids = rq->prompt_is_ids || rq->ids != NULL,
+        .tokids = remembers(t) || rq->logprobs,      /* ids: for replies, and a logprob's raw bytes */
+        .seed = rq->seed, .has_seed = 1, .top_k = rq->top_k, .min_p = (float)rq->min_p,
+        .repetition = (float)rq->repetition, .presence = (float)rq->presence, .frequency = (float)rq->frequency,
+        .untrusted_bytes = span_bytes, .grammar_bytes = rq->grammar_len, .has_grammar_bytes = rq->grammar != NULL};
 }
 
 static int admit(turn *t, http_err *e) {
@@ -100,13 +132,15 @@ int turn_begin(turn *t, serve_ctx *sc, turn_req *rq, struct MHD_Connection *conn
 
     char err[200];
     sbuf ext = {0};
-    wire_fmt_spans(&ext, rq->untrusted, rq->nuntrusted);
-    wire_submit ws = submit_fields(rq, slot, ext.len);
+    if (!rq->ids) wire_fmt_spans(&ext, rq->untrusted, rq->nuntrusted);
+    wire_submit ws = submit_fields(t, slot, ext.len);
     /* after the span table: the grammar, then a media family's frames */
     if (rq->grammar) sbuf_put(&ext, rq->grammar, rq->grammar_len);
     if (rq->media_len) sbuf_put(&ext, rq->media, rq->media_len);
-    int bad = eng_submit(sc->engine, t->g, &ws, rq->prompt, rq->prompt_len, ext.p, ext.len, sc->queue_timeout, err,
-                         sizeof err);
+    const char *payload = rq->ids ? rq->ids : rq->prompt;
+    size_t payload_len = rq->ids ? rq->ids_len : rq->prompt_len;
+    int bad = eng_submit(sc->engine, t->g, &ws, rq->bias.n ? &rq->bias : NULL, payload, payload_len, ext.p, ext.len,
+                         sc->queue_timeout, err, sizeof err);
     sbuf_free(&ext);
     if (bad) {
         slots_release(sc->sl, slot, NULL, 0);
@@ -128,6 +162,7 @@ int turn_begin(turn *t, serve_ctx *sc, turn_req *rq, struct MHD_Connection *conn
     }
     int failed = g->finished && g->status == GEN_ERROR;
     if (!t->prompt_tokens) t->prompt_tokens = g->prompt_tokens;
+    t->reused = g->reuse;
     pthread_mutex_unlock(&g->mu);
     if (failed) {
         turn_wait(t, 0);
@@ -156,6 +191,13 @@ static int absorb(turn *t) {
     for (; t->ntoks_seen < g->ntoks; t->ntoks_seen++) {
         eng_token *k = &g->toks[t->ntoks_seen];
         if (t->rq->logprobs) keep_token(t, k, g->data + k->off);
+        if (k->tok >= 0) {
+            if (t->nids == t->ids_cap) {
+                t->ids_cap = t->ids_cap ? 2 * t->ids_cap : 64;
+                t->ids = xrealloc(t->ids, sizeof *t->ids * (size_t)t->ids_cap);
+            }
+            t->ids[t->nids++] = k->tok;
+        }
         if (reply_feed(&t->out, g->data + k->off, k->len)) {
             pthread_mutex_unlock(&g->mu);
             eng_stop_gen(t->sc->engine, g);
@@ -182,6 +224,81 @@ static void capture_end(turn *t) {
     reply_finish(&t->out);
 }
 
+/* Does the text the client saw start with the cleaned decode of ids[0..k)? (The client sees
+ * invalid UTF-8 as U+FFFD.) *len gets that text's length. */
+static int covers(const turn *t, int k, size_t *len) {
+    size_t n = 0;
+    char *raw = tok_decode(t->sc->tok, t->ids, k, &n);
+    char *clean = raw ? utf8_clean(raw, n, len) : NULL;
+    int ok = clean && *len <= t->out.len && !memcmp(clean, t->out.text, *len);
+    free(raw);
+    free(clean);
+    return ok;
+}
+
+/* The assistant message as the client was given it (and sends it back in a history). */
+static cJSON *reply_message(const chat_reply *cr) {
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "role", "assistant");
+    cJSON_AddStringToObject(m, "content", cr->content ? cr->content : "");
+    if (cr->reasoning && *cr->reasoning) cJSON_AddStringToObject(m, "reasoning_content", cr->reasoning);
+    if (cr->tool_calls && cJSON_GetArraySize(cr->tool_calls))
+        cJSON_AddItemToObject(m, "tool_calls", cJSON_Duplicate(cr->tool_calls, 1));
+    return m;
+}
+
+/* How many of the last ids spell the start of what the template writes after the reply (an
+ * end-of-message marker the model wrote itself): those the history gets from the template. */
+static int template_wrote(const tokenizer *tok, const int *ids, int n, const char *after) {
+    int drop = 0;
+    for (int j = 1; j <= n; j++) {
+        size_t len = 0;
+        char *text = tok_decode(tok, ids + n - j, j, &len);
+        int starts = text && len && !strncmp(after, text, len);
+        free(text);
+        if (!starts) break;
+        drop = j;
+    }
+    return drop;
+}
+
+/* Keep the reply's exact ids for when it comes back in the history, under the text the
+ * template renders for it: all of them when they make the whole text the client saw; after a
+ * stop string, the longest run whose text the client saw, then the canonical ids of the rest of
+ * that text. Nothing when the engine sent no ids or the reply was in thinking mode. */
+static void remember_reply(turn *t) {
+    serve_ctx *sc = t->sc;
+    if (!remembers(t) || t->rq->thinking || t->status != GEN_DONE || t->nids == 0 || t->nids != t->completion_tokens)
+        return;
+    size_t len = 0;
+    int k = t->nids;
+    if (t->out.stopped)
+        while (k > 0 && !covers(t, k, &len)) k--;
+    else if (!covers(t, k, &len) || len != t->out.len)
+        return;
+    int cap = k + (int)(t->out.len - len) + 16;
+    int *ids = xmalloc(sizeof(int) * (size_t)cap);
+    memcpy(ids, t->ids, sizeof(int) * (size_t)k);
+    char err[128];
+    tok_span whole = {0, t->out.len - len};   /* client-visible text: encoded as plain text, as the template marks it */
+    int rest = len < t->out.len ? tok_encode_untrusted(sc->tok, t->out.text + len, whole.len, &whole, 1, ids + k, cap - k,
+                                                       err, sizeof err)
+                                : 0;
+    chat_reply cr;
+    turn_parse(t, &cr);
+    cJSON *msg = reply_message(&cr);
+    chat_opts o = {0};
+    size_t n = 0;
+    char *after = NULL, *text = rest >= 0 && k + rest <= cap ? replies_rendered(sc->tpl, msg, &o, &n, &after) : NULL;
+    int kept = text ? k + rest - template_wrote(sc->tok, ids, k + rest, after) : 0;
+    if (kept > 0) replies_put(sc->replies, text, n, ids, kept);
+    free(after);
+    free(text);
+    cJSON_Delete(msg);
+    chat_reply_free(&cr);
+    free(ids);
+}
+
 int turn_wait(turn *t, double wait) {
     gen *g = t->g;
     double deadline = now_seconds() + wait;
@@ -190,8 +307,10 @@ int turn_wait(turn *t, double wait) {
     for (;;) {
         grew |= absorb(t);
         if (g->finished) {
+            int first = t->status < 0;
             capture_end(t);
             pthread_mutex_unlock(&g->mu);
+            if (first) remember_reply(t);
             return TURN_DONE;
         }
         if (grew) break;
@@ -220,6 +339,16 @@ int turn_run(turn *t) {
     }
 }
 
+int turn_complete(turn *t, http_err *e) {
+    if (turn_run(t) == TURN_GONE)
+        return http_err_set(e, 499, "client_closed", NULL, NULL, "client closed the connection");
+    if (t->status == GEN_ERROR) {
+        turn_error(t, e);
+        return -1;
+    }
+    return 0;
+}
+
 void turn_end(turn *t) {
     if (t->g) {
         if (t->status < 0) eng_cancel(t->sc->engine, t->g);
@@ -229,7 +358,26 @@ void turn_end(turn *t) {
     reply_free(&t->out);
     free(t->toks);
     t->toks = NULL;
+    free(t->ids);
+    t->ids = NULL;
     sbuf_free(&t->raw);
+}
+
+long turn_count_tokens(const serve_ctx *sc, const turn_req *rq, http_err *e) {
+    if (rq->ids || rq->prompt_is_ids) {
+        const char *p = rq->ids ? rq->ids : rq->prompt;
+        long n = *p != 0;
+        for (; *p; p++) n += *p == ' ';
+        return n;
+    }
+    if (!sc->tok)
+        return http_err_set(e, 400, "invalid_request_error", "unsupported_model", NULL,
+                            "this model has no usable tokenizer.json: tokens cannot be counted");
+    char err[128];
+    int n = tok_encode_untrusted(sc->tok, rq->prompt, rq->prompt_len, rq->untrusted, rq->nuntrusted, NULL, 0, err,
+                                 sizeof err);
+    if (n < 0) return http_err_set(e, 400, "invalid_request_error", "invalid_value", "messages", "cannot tokenize: %s", err);
+    return n;
 }
 
 void turn_error(const turn *t, http_err *e) {
@@ -254,11 +402,24 @@ void turn_error(const turn *t, http_err *e) {
     }
 }
 
+/* Remove every spelling of an added token from s in place: a model may emit role markers or
+ * other control tokens inside its answer, and they are the template's, not text for a client. */
+static void strip_specials(const serve_ctx *sc, char *s) {
+    if (!s) return;
+    for (int i = 0; i < sc->nspecials; i++) {
+        size_t n = strlen(sc->specials[i]);
+        char *at;
+        while ((at = strstr(s, sc->specials[i]))) memmove(at, at + n, strlen(at + n) + 1);
+    }
+}
+
 void turn_parse(const turn *t, chat_reply *cr) {
     memset(cr, 0, sizeof *cr);
     const chat_template *tpl = t->sc->tpl;
     if (t->rq->chat && tpl && tpl->parse) {
         tpl->parse(t->out.text, t->out.stable, t->rq->thinking, cr);
+        strip_specials(t->sc, cr->content);
+        strip_specials(t->sc, cr->reasoning);
         return;
     }
     cr->content = xmalloc(t->out.stable + 1);

@@ -8,6 +8,8 @@
  *    DONE or ERROR for this request (or died); the slot then records the prompt + generated
  *    text so the next turn of the conversation is routed back to it.
  *  - cached tokens reported anywhere = the engine's reuse count from DONE, nothing else.
+ *  - A chat turn that finished normally leaves its reply's exact ids in sc->replies (when on),
+ *    cut to the text the client saw.
  *  - turn_end() on an unfinished turn sends CANCEL exactly once and never blocks the caller.
  */
 #ifndef CAIRN_TURN_H
@@ -20,6 +22,7 @@
 #include "engine_proc.h"
 #include "http.h"
 #include "metrics.h"
+#include "replies.h"
 #include "reply.h"
 #include "slots.h"
 
@@ -30,9 +33,16 @@ typedef struct {
     metrics *mx;
     int nslots;
     const char *model_id;
+    const char *const *aliases;   /* --alias: more names clients may use for the model */
+    int naliases;
+    const char *model_dir;
     const char *family;           /* the model's family name (its descriptor, models/model.h) */
     const chat_template *tpl;     /* NULL: the family has no chat template (completions only) */
     tokenizer *tok;               /* to spell logprob alternatives; NULL = "<token_id:N>" */
+    replies *replies;             /* exact ids of generated replies (--reply-ids on), or NULL */
+    struct responses *responses;  /* stored /v1/responses (responses.h) */
+    char **specials;              /* the text of every added token (never shown as chat content) */
+    int nspecials;
     int max_tokens;               /* server cap on generated tokens per request */
     double queue_timeout;         /* seconds a request may wait for a slot */
     double keepalive;             /* seconds of silence before an SSE keep-alive */
@@ -50,10 +60,15 @@ typedef struct {
     size_t media_len;             /* sent after the span table in the extension payload */
     int prompt_is_ids;
     size_t prefix_bytes;          /* end of the system prompt (checkpoint hint), 0 = none */
+    char *ids;                    /* the prompt as ids with remembered replies spliced in (sent */
+    size_t ids_len, ids_prefix;   /* instead of the text; prompt still routes), NULL = none */
     int max_tokens;
     double temperature, top_p;
-    int has_seed;
-    unsigned long long seed;
+    unsigned long long seed;      /* the request's, or drawn at random when it has none */
+    int top_k;                    /* 0 = off */
+    double min_p, repetition;     /* 0 = off */
+    double presence, frequency;   /* 0 = off */
+    wire_bias bias;               /* logit bias (owned arrays), n = 0 = none */
     int logprobs;                 /* 1 = report logprobs of the sampled tokens */
     int top_logprobs;             /* alternatives per token (0..32) */
     char *stops[TURN_MAX_STOPS];
@@ -66,6 +81,8 @@ typedef struct {
 } turn_req;
 
 void turn_req_free(turn_req *rq);
+/* A deep copy of src (for one more choice of the same request). */
+void turn_req_copy(turn_req *dst, const turn_req *src);
 
 typedef struct {
     serve_ctx *sc;
@@ -76,6 +93,8 @@ typedef struct {
     int ntoks_seen;               /* DATA frames already fed into out */
     eng_token *toks;              /* with logprobs: a copy of those frames, offsets into raw, */
     int ntoks, toks_cap;          /* owned by the turn so a stream can read them without locks */
+    int *ids;                     /* the sampled ids the frames named (tok=), for sc->replies */
+    int nids, ids_cap;
     sbuf raw;
     double t0, t_first;
     int status;                   /* gen_status once finished, else -1 */
@@ -94,14 +113,22 @@ enum { TURN_IDLE = 0, TURN_PROGRESS = 1, TURN_DONE = 2, TURN_GONE = -1 };
 int turn_wait(turn *t, double wait);
 /* Block until the turn is finished (or the client left: TURN_GONE). */
 int turn_run(turn *t);
+/* turn_run for a reply answered at once: 0 when the engine finished it, else -1 and e (499 the
+ * client left, or the engine's error). */
+int turn_complete(turn *t, http_err *e);
 /* Release the turn: CANCEL if unfinished, drop references. */
 void turn_end(turn *t);
+
+/* Tokens the prompt of rq has as it would be sent (spliced ids, or the text tokenized), without
+ * running it; -1 + e when it cannot be counted. */
+long turn_count_tokens(const serve_ctx *sc, const turn_req *rq, http_err *e);
 
 /* The error a finished-with-ERROR turn maps to. */
 void turn_error(const turn *t, http_err *e);
 
-/* The reply split by the chat template (reasoning / content / tool calls) over out.text[0..stable).
- * Without a template everything is content. */
+/* The reply split by the chat template (reasoning / content / tool calls) over out.text[0..stable),
+ * with no special token's text left in reasoning or content. Without a template (a completion)
+ * everything is content, as generated. */
 void turn_parse(const turn *t, chat_reply *cr);
 
 /* OpenAI-style finish reason: "tool_calls" (has_tools), "length" or "stop". */

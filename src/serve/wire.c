@@ -116,13 +116,19 @@ static int parse_key(const fields *f, int i, wire_submit *s, wire_frame *fr) {
     const char *eq = memchr(f->s[i], '=', (size_t)f->len[i]);
     int klen = (int)(eq - f->s[i]);
     fields v = {.s = {eq + 1}, .len = {f->len[i] - klen - 1}, .n = 1};
-    char key[WIRE_EXT_MAX];
+    char key[48];                 /* longer keys are unknown ones, still distinct when cut */
     snprintf(key, sizeof key, "%.*s", klen, f->s[i]);
     int ok = 0;
     if (!strcmp(key, "logprobs")) ok = parse_int(&v, 0, 0, WIRE_LOGPROBS_MAX, &s->logprobs) == 0;
     else if (!strcmp(key, "ids")) ok = parse_int(&v, 0, 0, 1, &s->ids) == 0;
     else if (!strcmp(key, "pin")) ok = parse_int(&v, 0, 0, 1, &s->pin) == 0;
-    else if (!strcmp(key, "seed")) ok = parse_u64(&v, 0, UINT64_MAX, &s->seed) == 0;
+    else if (!strcmp(key, "tokids")) ok = parse_int(&v, 0, 0, 1, &s->tokids) == 0;
+    else if (!strcmp(key, "top_k")) ok = parse_int(&v, 0, 0, 1 << 30, &s->top_k) == 0;
+    else if (!strcmp(key, "min_p")) ok = parse_finite(&v, 0, &s->min_p) == 0 && s->min_p >= 0 && s->min_p <= 1;
+    else if (!strcmp(key, "rep")) ok = parse_finite(&v, 0, &s->repetition) == 0 && s->repetition > 0;
+    else if (!strcmp(key, "pres")) ok = parse_finite(&v, 0, &s->presence) == 0;
+    else if (!strcmp(key, "freq")) ok = parse_finite(&v, 0, &s->frequency) == 0;
+    else if (!strcmp(key, "seed")) ok = (s->has_seed = parse_u64(&v, 0, UINT64_MAX, &s->seed) == 0);
     else if (!strcmp(key, "untrusted")) ok = parse_size(&v, &s->untrusted_bytes) == 0;
     else if (!strcmp(key, "grammar")) ok = (s->has_grammar_bytes = parse_size(&v, &s->grammar_bytes) == 0);
     else ok = 1;                  /* unknown keys are ignored, like unknown frames */
@@ -160,7 +166,7 @@ static void parse_submit(const fields *f, wire_frame *fr, uint64_t bytes) {
         ext_len += f->len[i] + (i > f->positional);
         if (parse_key(f, i, s, fr)) return;
     }
-    if (ext_len >= WIRE_EXT_MAX) return fail(fr, "BAD_REQUEST", "%s longer than 127 bytes", "extension string");
+    if (ext_len >= WIRE_EXT_MAX) return fail(fr, "BAD_REQUEST", "%s longer than 255 bytes", "extension string");
     if (s->max_tokens == 0 && s->logprobs == 0) return fail(fr, "BAD_REQUEST", "%s must be >= 1 (0 only with logprobs)", "max_tokens");
     fr->kind = WIRE_SUBMIT;
 }
@@ -188,15 +194,23 @@ static void parse_header(const char *h, size_t n, wire_frame *fr, int64_t *paylo
     if (!header_printable(h, n)) return fail(fr, "BAD_REQUEST", "%s", "control or non-ASCII byte in header");
     split(h, n, &f);
     if (f.n == 0) { fr->kind = WIRE_IGNORED; return; }
-    int submit = field_is(&f, 0, "SUBMIT"), image = field_is(&f, 0, "IMAGE");
-    if (!submit && !image && !field_is(&f, 0, "STOP") && !field_is(&f, 0, "CANCEL")) { fr->kind = WIRE_IGNORED; return; }
+    int submit = field_is(&f, 0, "SUBMIT"), image = field_is(&f, 0, "IMAGE"), bias = field_is(&f, 0, "BIAS");
+    int slot = field_is(&f, 0, "SLOT");
+    if (!submit && !image && !bias && !slot && !field_is(&f, 0, "STOP") && !field_is(&f, 0, "CANCEL")) {
+        fr->kind = WIRE_IGNORED;
+        return;
+    }
     uint64_t bytes = 0, ext = 0;
     if (submit) *payload = submit_sizes(&f, &bytes, &ext);
     if (image && f.n >= 3 && !parse_u64(&f, 2, WIRE_IMAGE_MAX, &bytes)) *payload = (int64_t)bytes;
+    if (bias && f.n >= 3 && !parse_u64(&f, 2, WIRE_BIAS_MAX, &bytes)) *payload = (int64_t)bytes;
+    if (slot && f.n >= 5 && !parse_u64(&f, 4, WIRE_SLOT_NAME_MAX, &bytes)) *payload = (int64_t)bytes;
     if (take_id(&f, fr)) return fail(fr, "BAD_REQUEST", "%s missing or longer than 63 bytes", "id");
     if (f.positional > WIRE_FIELDS_MAX || f.dropped) return fail(fr, "BAD_REQUEST", "more than %s fields", "10 positional");
     if (submit && *payload < 0) return fail(fr, "BAD_REQUEST", "bad %s", "bytes or ext_bytes (limits 16 MiB / 1 MiB)");
     if (image && *payload < 0) return fail(fr, "BAD_REQUEST", "bad %s", "IMAGE bytes");
+    if (bias && *payload < 0) return fail(fr, "BAD_REQUEST", "bad %s", "BIAS bytes (limit 64 KiB)");
+    if (slot && *payload < 0) return fail(fr, "BAD_REQUEST", "%s needs id action slot bytes (a name < 64 bytes)", "SLOT");
     if (submit) {
         parse_submit(&f, fr, bytes);
         fr->payload_len = bytes;
@@ -207,6 +221,18 @@ static void parse_header(const char *h, size_t n, wire_frame *fr, int64_t *paylo
             fail(fr, "BAD_REQUEST", "%s larger than ext_bytes", "grammar");
     } else if (image) {
         parse_image(&f, fr);
+        fr->payload_len = bytes;
+    } else if (slot) {
+        static const char *const actions[] = {"save", "restore", "erase"};
+        fr->payload_len = bytes;
+        fr->kind = WIRE_ERROR;
+        for (int a = 0; a < 3; a++)
+            if (field_is(&f, 2, actions[a])) fr->action = (wire_slot_action)a, fr->kind = WIRE_SLOT;
+        if (fr->kind != WIRE_SLOT) fail(fr, "BAD_REQUEST", "%s action must be save, restore or erase", "SLOT");
+        else if (f.n != 5 || parse_int(&f, 3, 0, 1 << 20, &fr->slot)) fail(fr, "BAD_REQUEST", "bad %s", "SLOT slot");
+    } else if (bias) {
+        fr->kind = f.n == 3 ? WIRE_BIAS : WIRE_ERROR;
+        if (f.n != 3) fail(fr, "BAD_REQUEST", "%s needs id bytes", "BIAS");
         fr->payload_len = bytes;
     } else {
         fr->kind = field_is(&f, 0, "STOP") ? WIRE_STOP : WIRE_CANCEL;
@@ -301,6 +327,30 @@ int wire_reader_eof(wire_reader *r, wire_frame *f) {
     return 1;
 }
 
+int wire_parse_bias(const char *p, size_t n, int vocab, int *ids, float *bias, char *detail) {
+    int k = 0;
+    for (size_t i = 0; i < n;) {
+        if (p[i] == ' ') { i++; continue; }
+        char item[64];
+        size_t j = i;
+        while (j < n && p[j] != ' ') j++;
+        if (j - i >= sizeof item) return snprintf(detail, 160, "BIAS entry at byte %zu too long", i), -1;
+        memcpy(item, p + i, j - i);
+        item[j - i] = 0;
+        char *colon = strchr(item, ':'), *end;
+        long id = colon ? strtol(item, &end, 10) : -1;
+        if (!colon || end != colon || id < 0 || id >= vocab)
+            return snprintf(detail, 160, "BIAS entry '%s': want token_id:bias with id below %d", item, vocab), -1;
+        float b = strtof(colon + 1, &end);
+        if (*end || end == colon + 1 || !isfinite(b)) return snprintf(detail, 160, "BIAS entry '%s': bad bias", item), -1;
+        if (k == WIRE_BIAS_ENTRIES) return snprintf(detail, 160, "more than %d BIAS entries", WIRE_BIAS_ENTRIES), -1;
+        ids[k] = (int)id;
+        bias[k++] = b;
+        i = j;
+    }
+    return k;
+}
+
 /* ---- untrusted span table ------------------------------------------------------------------ */
 
 /* A decimal number at *p, then a single space before the next one or the end of the table. */
@@ -351,27 +401,23 @@ void wire_fmt_spans(sbuf *out, const tok_span *spans, int n) {
     for (int i = 0; i < n; i++) sbuf_printf(out, "%s%zu %zu", i ? " " : "", spans[i].start, spans[i].len);
 }
 
-/* ---- formatting ------------------------------------------------------------------------- */
-
-size_t wire_fmt_accept(char *out, const char *id, int prompt_tokens) {
-    return (size_t)snprintf(out, WIRE_HEADER_MAX, "ACCEPT %s %d\n", id, prompt_tokens);
-}
-
-size_t wire_fmt_data(char *out, const char *id, size_t n, int k, float lp, const int *top_ids, const float *top_lps) {
-    size_t w = (size_t)snprintf(out, WIRE_HEADER_MAX, "DATA %s %zu", id, n);
-    if (k > 0) {
-        w += (size_t)snprintf(out + w, WIRE_HEADER_MAX - w, " %.7g %d", lp, k);
-        for (int i = 0; i < k; i++) w += (size_t)snprintf(out + w, WIRE_HEADER_MAX - w, " %d %.7g", top_ids[i], top_lps[i]);
+int wire_slot_name_ok(const char *name, size_t n) {
+    if (n == 0 || n >= WIRE_SLOT_NAME_MAX || name[0] == '.') return 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = name[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+              c == '-'))
+            return 0;
     }
-    out[w++] = '\n';
-    return w;
+    return 1;
 }
 
-size_t wire_fmt_done(char *out, const char *id, const wire_done *d) {
-    return (size_t)snprintf(out, WIRE_HEADER_MAX, "DONE %s STAT %d %.3f %.1f %.2f %d %d %d %ld\n", id, d->completion,
-                            d->tok_s, d->hit_pct, d->rss_gb, d->prompt_tokens, d->length_limited ? 1 : 0, d->reused,
-                            d->prefill_us);
+size_t wire_fmt_slot(char *out, const char *id, wire_slot_action action, int slot, size_t n) {
+    static const char *const actions[] = {"save", "restore", "erase"};
+    return (size_t)snprintf(out, WIRE_HEADER_MAX, "SLOT %s %s %d %zu\n", id, actions[action], slot, n);
 }
+
+/* ---- formatting ------------------------------------------------------------------------- */
 
 /* The shortest decimal that strtof reads back as v, so a float field round-trips exactly. */
 static const char *float_str(char *buf, size_t cap, float v) {
@@ -380,6 +426,38 @@ static const char *float_str(char *buf, size_t cap, float v) {
         if (strtof(buf, NULL) == v) break;
     }
     return buf;
+}
+
+void wire_fmt_bias(sbuf *out, const char *id, const wire_bias *b) {
+    sbuf p = {0};
+    char v[32];
+    for (int i = 0; i < b->n; i++) sbuf_printf(&p, "%s%d:%s", i ? " " : "", b->ids[i], float_str(v, sizeof v, b->vals[i]));
+    sbuf_printf(out, "BIAS %s %zu\n", id, p.len);
+    if (p.len) sbuf_put(out, p.p, p.len);
+    sbuf_put(out, "\n", 1);
+    sbuf_free(&p);
+}
+
+size_t wire_fmt_accept(char *out, const char *id, int prompt_tokens, int reused) {
+    return (size_t)snprintf(out, WIRE_HEADER_MAX, "ACCEPT %s %d %d\n", id, prompt_tokens, reused);
+}
+
+size_t wire_fmt_data(char *out, const char *id, size_t n, int k, float lp, const int *top_ids, const float *top_lps,
+                     int tok) {
+    size_t w = (size_t)snprintf(out, WIRE_HEADER_MAX, "DATA %s %zu", id, n);
+    if (k > 0) {
+        w += (size_t)snprintf(out + w, WIRE_HEADER_MAX - w, " %.7g %d", lp, k);
+        for (int i = 0; i < k; i++) w += (size_t)snprintf(out + w, WIRE_HEADER_MAX - w, " %d %.7g", top_ids[i], top_lps[i]);
+    }
+    if (tok >= 0) w += (size_t)snprintf(out + w, WIRE_HEADER_MAX - w, " tok=%d", tok);
+    out[w++] = '\n';
+    return w;
+}
+
+size_t wire_fmt_done(char *out, const char *id, const wire_done *d) {
+    return (size_t)snprintf(out, WIRE_HEADER_MAX, "DONE %s STAT %d %.3f %.1f %.2f %d %d %d %ld\n", id, d->completion,
+                            d->tok_s, d->hit_pct, d->rss_gb, d->prompt_tokens, d->length_limited ? 1 : 0, d->reused,
+                            d->prefill_us);
 }
 
 size_t wire_fmt_submit(char *out, const char *id, const wire_submit *s, size_t prompt_len, size_t ext_len) {
@@ -391,7 +469,13 @@ size_t wire_fmt_submit(char *out, const char *id, const wire_submit *s, size_t p
     if (s->logprobs) k += (size_t)snprintf(keys + k, sizeof keys - k, " logprobs=%d", s->logprobs);
     if (s->ids) k += (size_t)snprintf(keys + k, sizeof keys - k, " ids=1");
     if (s->pin) k += (size_t)snprintf(keys + k, sizeof keys - k, " pin=1");
-    if (s->seed) k += (size_t)snprintf(keys + k, sizeof keys - k, " seed=%llu", (unsigned long long)s->seed);
+    if (s->tokids) k += (size_t)snprintf(keys + k, sizeof keys - k, " tokids=1");
+    if (s->has_seed) k += (size_t)snprintf(keys + k, sizeof keys - k, " seed=%llu", (unsigned long long)s->seed);
+    if (s->top_k) k += (size_t)snprintf(keys + k, sizeof keys - k, " top_k=%d", s->top_k);
+    if (s->min_p) k += (size_t)snprintf(keys + k, sizeof keys - k, " min_p=%s", float_str(t, sizeof t, s->min_p));
+    if (s->repetition) k += (size_t)snprintf(keys + k, sizeof keys - k, " rep=%s", float_str(t, sizeof t, s->repetition));
+    if (s->presence) k += (size_t)snprintf(keys + k, sizeof keys - k, " pres=%s", float_str(t, sizeof t, s->presence));
+    if (s->frequency) k += (size_t)snprintf(keys + k, sizeof keys - k, " freq=%s", float_str(t, sizeof t, s->frequency));
     if (s->untrusted_bytes) k += (size_t)snprintf(keys + k, sizeof keys - k, " untrusted=%zu", s->untrusted_bytes);
     if (s->has_grammar_bytes) k += (size_t)snprintf(keys + k, sizeof keys - k, " grammar=%zu", s->grammar_bytes);
     /* protocol.md §1.3: the 7th field (ext bytes) must be present whenever more follows */
@@ -407,10 +491,10 @@ size_t wire_fmt_control(char *out, wire_kind kind, const char *id) {
 
 size_t wire_fmt_caps(char *out, const wire_caps *c) {
     return (size_t)snprintf(out, WIRE_HEADER_MAX,
-                            "CAPS vision=%d slots=%d ctx=%d logprobs=%d ids=%d family=%s truncate=%d checkpoints=%d grammar=%d"
-                            " draft=%d\n",
+                            "CAPS vision=%d slots=%d ctx=%d logprobs=%d ids=%d family=%s truncate=%d checkpoints=%d "
+                            "grammar=%d numerics=%s draft=%d\n",
                             c->vision, c->slots, c->ctx, c->logprobs, c->ids, c->family, c->truncate, c->checkpoints,
-                            c->grammar, c->draft);
+                            c->grammar, c->numerics, c->draft);
 }
 
 /* ---- engine output ---------------------------------------------------------------------- */
@@ -430,8 +514,14 @@ static int parse_lp(const fields *f, int i, float *out) {
     return *end ? -1 : 0;
 }
 
+/* DATA id n [lp k [tid tlp]xk] [tok=ID]: the logprobs are positional, the token id a key. */
 static void parse_data_lp(const fields *f, wire_out *o) {
-    if (f->n < 5 || parse_lp(f, 3, &o->lp) || parse_int(f, 4, 0, WIRE_LOGPROBS_MAX, &o->k) || f->n < 5 + 2 * o->k)
+    if (f->positional < f->n && f->len[f->positional] > 4 && !memcmp(f->s[f->positional], "tok=", 4)) {
+        fields v = {.s = {f->s[f->positional] + 4}, .len = {f->len[f->positional] - 4}, .n = 1};
+        if (parse_int(&v, 0, 0, 1 << 30, &o->tok)) o->tok = -1;
+    }
+    if (f->positional < 5 || parse_lp(f, 3, &o->lp) || parse_int(f, 4, 0, WIRE_LOGPROBS_MAX, &o->k) ||
+        f->positional < 5 + 2 * o->k)
         return;
     for (int j = 0; j < o->k; j++)
         if (parse_int(f, 5 + 2 * j, 0, 1 << 30, &o->top_ids[j]) || parse_lp(f, 6 + 2 * j, &o->top_lps[j])) return;
@@ -468,6 +558,7 @@ static void parse_caps(const fields *f, wire_caps *c) {
                  : !strcmp(key, "grammar") ? &c->grammar : !strcmp(key, "draft") ? &c->draft : NULL;
         if (num) parse_int(&v, 0, 0, 1 << 30, num);
         else if (!strcmp(key, "family")) field_str(&v, 0, c->family, sizeof c->family);
+        else if (!strcmp(key, "numerics")) field_str(&v, 0, c->numerics, sizeof c->numerics);
     }
 }
 
@@ -475,7 +566,7 @@ int wire_parse_out(const char *line, size_t n, wire_out *o) {
     fields f;
     memset(o, 0, sizeof *o);
     o->payload = -1;
-    o->prompt_tokens = -1;
+    o->prompt_tokens = o->reused = o->tok = -1;
     split(line, n, &f);
     if (f.n == 0) return 0;
     if (f.n >= 2 && f.len[1] < WIRE_ID_MAX) field_str(&f, 1, o->id, sizeof o->id);
@@ -491,6 +582,7 @@ int wire_parse_out(const char *line, size_t n, wire_out *o) {
     } else if (field_is(&f, 0, "ACCEPT")) {
         o->kind = WIRE_OUT_ACCEPT;
         if (f.n < 3 || parse_int(&f, 2, 0, 1 << 30, &o->prompt_tokens)) o->prompt_tokens = -1;
+        if (f.n < 4 || parse_int(&f, 3, 0, 1 << 30, &o->reused)) o->reused = -1;
     } else if (field_is(&f, 0, "DONE")) {
         o->kind = WIRE_OUT_DONE;
         return parse_done(&f, o);

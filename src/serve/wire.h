@@ -10,6 +10,20 @@
  * "\n" (a "\r" before it is dropped); SUBMIT and IMAGE announce a payload of exactly that many
  * bytes followed by one "\n".
  *
+ * SLOT <id> save|restore|erase <slot> <bytes>\n<name>\n (a cairn extension, llama.cpp's slot
+ * files): save the idle slot's state under the name, load it back into the slot, or empty the
+ * slot. The name is 1..63 bytes of [A-Za-z0-9._-], not starting with '.'. Answered DONE (its
+ * completion field = the positions saved, restored or erased) or ERROR.
+ *
+ * BIAS <id> <bytes>\n<payload>\n (a cairn extension) comes right before the SUBMIT with the same
+ * id, like IMAGE: its payload is the request's logit bias as space-separated `token_id:bias`.
+ *
+ * SUBMIT KEYS beyond upstream's logprobs/ids/pin (cairn extensions): tokids=1 (every sampled token
+ * gets its own DATA frame ending in tok=<id>), seed=N (u64; without it the engine uses 0),
+ * top_k=N, min_p=F in [0, 1], rep=F > 0 (repetition penalty), pres=F and freq=F (presence and
+ * frequency penalties), untrusted=B and grammar=B (below). Engine answers: ACCEPT carries a third
+ * field, the prompt tokens reused; CAPS carries numerics=exact|qat besides the upstream keys.
+ *
  * UNTRUSTED SPANS (a cairn extension). `untrusted=B` on a SUBMIT says the first B bytes of its
  * extension payload are a span table: "START LEN" pairs of decimal byte offsets into the prompt,
  * all separated by single spaces, ascending and disjoint, LEN >= 1. The engine encodes those
@@ -39,14 +53,29 @@ enum {
     WIRE_HEADER_MAX = 4096,       /* bytes in a header line, "\n" excluded */
     WIRE_FIELDS_MAX = 10,         /* positional fields, the command word included */
     WIRE_ID_MAX = 64,             /* an id is shorter than this */
-    WIRE_EXT_MAX = 128,           /* joined key=value extension string is shorter than this */
+    WIRE_EXT_MAX = 256,           /* joined key=value extension string is shorter than this (upstream:
+                                   * 128; cairn's sampling, span and grammar keys need more) */
     WIRE_LOGPROBS_MAX = 32,
     WIRE_PROMPT_MAX = 16 << 20,   /* prompt payload bytes */
     WIRE_EXT_BYTES_MAX = 1 << 20, /* extension payload bytes (grammar, audio) */
-    WIRE_IMAGE_MAX = 64 << 20     /* IMAGE payload bytes */
+    WIRE_IMAGE_MAX = 64 << 20,    /* IMAGE payload bytes */
+    WIRE_BIAS_MAX = 1 << 16,      /* BIAS payload bytes */
+    WIRE_BIAS_ENTRIES = 4096      /* id:bias pairs in one BIAS frame */
 };
 
-typedef enum { WIRE_NONE, WIRE_IGNORED, WIRE_SUBMIT, WIRE_STOP, WIRE_CANCEL, WIRE_IMAGE, WIRE_ERROR } wire_kind;
+typedef enum {
+    WIRE_NONE, WIRE_IGNORED, WIRE_SUBMIT, WIRE_STOP, WIRE_CANCEL, WIRE_IMAGE, WIRE_BIAS, WIRE_SLOT, WIRE_ERROR
+} wire_kind;
+
+typedef enum { WIRE_SLOT_SAVE, WIRE_SLOT_RESTORE, WIRE_SLOT_ERASE } wire_slot_action;
+
+/* A request's logit bias: n (token id, bias) pairs, n <= WIRE_BIAS_ENTRIES. */
+typedef struct {
+    int n;
+    int *ids;
+    float *vals;
+} wire_bias;
+enum { WIRE_SLOT_NAME_MAX = 64 };
 
 typedef struct {
     int slot;
@@ -56,7 +85,13 @@ typedef struct {
     int logprobs;                 /* logprobs=k, 0 when absent */
     int ids;                      /* ids=1: payload is decimal token ids */
     int pin;                      /* pin=1 (accepted, no effect here) */
-    uint64_t seed;                /* seed=N, 0 when absent */
+    int tokids;                   /* tokids=1: every sampled token gets its own DATA frame with tok=<id> */
+    uint64_t seed;                /* seed=N; without the key the engine uses 0 */
+    int has_seed;                 /* the key was given (seed=0 is a seed like any other) */
+    int top_k;                    /* top_k=N, 0 = off */
+    float min_p;                  /* min_p=F, 0 = off */
+    float repetition;             /* rep=F (> 0), 0 = off */
+    float presence, frequency;    /* pres=F, freq=F, 0 = off */
     size_t untrusted_bytes;       /* untrusted=B: span table bytes at the start of ext, 0 = none */
     size_t grammar_bytes;         /* grammar=B: grammar bytes right after the span table; the rest of ext is
                                    * media (DMel audio). Without the key the rest is all grammar, or all
@@ -72,6 +107,8 @@ typedef struct {
     size_t payload_len;
     const char *ext;              /* SUBMIT extension payload */
     size_t ext_len;
+    wire_slot_action action;      /* SLOT */
+    int slot;                     /* SLOT */
     const char *code;             /* WIRE_ERROR: protocol error code, e.g. "BAD_REQUEST" */
     char detail[160];             /* WIRE_ERROR: what was wrong */
 } wire_frame;
@@ -90,6 +127,14 @@ int wire_reader_next(wire_reader *r, wire_frame *f);
 /* At end of input: 1 and a BAD_FRAME error if a frame was cut short, else 0. Clears the buffer. */
 int wire_reader_eof(wire_reader *r, wire_frame *f);
 
+/* 1 if name (n bytes) is a valid SLOT name. */
+int wire_slot_name_ok(const char *name, size_t n);
+/* "SLOT id action slot n\n" for a name of n bytes (the caller writes it and the closing "\n"). */
+size_t wire_fmt_slot(char *out, const char *id, wire_slot_action action, int slot, size_t n);
+
+/* A BIAS payload -> up to WIRE_BIAS_ENTRIES (id, bias) pairs (ids below vocab, finite biases).
+ * Returns the count, or -1 with what was wrong in detail[160]. */
+int wire_parse_bias(const char *p, size_t n, int vocab, int *ids, float *bias, char *detail);
 /* The span table of a SUBMIT (the first sub.untrusted_bytes of ext) checked against its prompt:
  * 0 and a heap array (NULL when empty), or -1 with err naming what is wrong. */
 int wire_parse_spans(const char *table, size_t n, size_t prompt_len, tok_span **spans, int *nspans, char *err,
@@ -99,11 +144,14 @@ void wire_fmt_spans(sbuf *out, const tok_span *spans, int n);
 
 /* Frame formatting. Each returns the bytes written (the buffer must hold WIRE_HEADER_MAX). */
 extern const char WIRE_READY[];   /* "\x01\x01READY\x01\x01\n" */
-
 /* SUBMIT header (the caller writes prompt_len prompt bytes, ext_len extension bytes, "\n"). The
  * shortest form the grammar allows: 6 fields; ext_bytes when anything follows; prefix_bytes when
- * >= 0; then the keys that are set (logprobs, ids, pin, seed when non-zero, untrusted). */
+ * >= 0; then the keys that are set (logprobs, ids, pin, tokids, seed when has_seed, top_k,
+ * min_p, rep, pres, freq, untrusted, grammar). */
 size_t wire_fmt_submit(char *out, const char *id, const wire_submit *s, size_t prompt_len, size_t ext_len);
+/* The whole BIAS frame for id (header, payload, "\n"), appended to out: what wire_parse_bias
+ * reads back, each bias in the shortest form that parses to the same float. */
+void wire_fmt_bias(sbuf *out, const char *id, const wire_bias *b);
 /* "STOP id\n" or "CANCEL id\n" (kind WIRE_STOP / WIRE_CANCEL). */
 size_t wire_fmt_control(char *out, wire_kind kind, const char *id);
 
@@ -114,6 +162,7 @@ typedef struct {
     int truncate;                 /* the state rewinds to any prefix */
     int checkpoints;              /* a checkpoint store is configured */
     int grammar;                  /* SUBMIT may carry a grammar in its extension payload */
+    char numerics[16];            /* "exact" or "qat" (--numerics) */
     int draft;                    /* MTP speculative decoding: drafts per step (0 = off) */
 } wire_caps;
 size_t wire_fmt_caps(char *out, const wire_caps *c);
@@ -129,10 +178,16 @@ typedef struct {
                                    * request's new tokens (prompt - reused); 0 when absent */
 } wire_done;
 size_t wire_fmt_done(char *out, const char *id, const wire_done *d);
-size_t wire_fmt_accept(char *out, const char *id, int prompt_tokens);
+/* "ACCEPT id prompt_tokens reused": the reuse count is decided before the prefill, so the
+ * gateway can report it from the first event on (the spec's ACCEPT has two fields; readers
+ * ignore the third). */
+size_t wire_fmt_accept(char *out, const char *id, int prompt_tokens, int reused);
 /* DATA header for n payload bytes; with logprobs k > 0, the chosen token's logprob and k
- * (id, logprob) pairs follow. The caller writes the payload and the closing "\n". */
-size_t wire_fmt_data(char *out, const char *id, size_t n, int k, float lp, const int *top_ids, const float *top_lps);
+ * (id, logprob) pairs follow; tok >= 0 (only for a tokids=1 request) appends " tok=<id>", the
+ * sampled token whose bytes these are (bytes a decoder held back from an earlier token may lead
+ * them). The caller writes the payload and the closing "\n". */
+size_t wire_fmt_data(char *out, const char *id, size_t n, int k, float lp, const int *top_ids, const float *top_lps,
+                     int tok);
 /* "ERROR id CODE[ detail]\n"; CR/LF in detail become spaces. */
 size_t wire_fmt_error(char *out, const char *id, const char *code, const char *detail);
 
@@ -148,6 +203,8 @@ typedef struct {
     char id[WIRE_ID_MAX];         /* "" when the frame has none */
     long payload;                 /* bytes + "\n" that follow the header (DATA, ECHO, TOOL), else -1 */
     int prompt_tokens;            /* ACCEPT; -1 when unusable */
+    int reused;                   /* ACCEPT's third field; -1 when absent */
+    int tok;                      /* DATA tok=<id>; -1 when absent */
     int has_lp;                   /* DATA with logprobs: lp, k and the (unsorted) table */
     float lp;
     int k;

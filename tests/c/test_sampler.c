@@ -169,8 +169,45 @@ static void test_logprobs(void) {
     CHECK(ids[3] == 5 && ids[4] == 3 && ids[6] == -1 && ids[7] == -1, "k > n: NaN skipped, rest -1");
 }
 
+/* Bias and penalties move the choice exactly as sampler.h defines them, and leave the caller's
+ * logits alone. */
+static void test_adjustments(void) {
+    float logits[4] = {2.0f, 1.5f, -1.0f, 0.5f}, copy[4];
+    memcpy(copy, logits, sizeof logits);
+    sampler s;
+    sampler_params p = {.temperature = 0, .top_p = 1};
+    sampler_init(&s, &p, 4);
+    int ids[2] = {3, 9};
+    float bias[2] = {1.75f, 100.0f};
+    sampler_bias(&s, ids, bias, 2);
+    CHECK(sampler_pick(&s, logits) == 3, "bias +1.75 on id 3 beats id 0 (2.25 > 2.0); id 9 ignored");
+    CHECK(!memcmp(logits, copy, sizeof logits), "caller's logits unchanged");
+    sampler_free(&s);
+
+    p.presence_penalty = 0.4f;
+    p.frequency_penalty = 0.1f;
+    sampler_init(&s, &p, 4);
+    int zero = 0;
+    sampler_note(&s, &zero, 1, 0);
+    CHECK(sampler_pick(&s, logits) == 0, "prompt tokens carry no presence/frequency penalty");
+    sampler_note(&s, &zero, 1, 1);
+    CHECK(sampler_pick(&s, logits) == 0, "one occurrence: 2.0 - 0.5 = 1.5 ties id 1, lower id wins");
+    sampler_note(&s, &zero, 1, 1);
+    CHECK(sampler_pick(&s, logits) == 1, "two occurrences: 2.0 - 0.6 < 1.5");
+    sampler_free(&s);
+
+    p = (sampler_params){.temperature = 0, .top_p = 1, .repetition_penalty = 1.5f};
+    float neg[3] = {-1.0f, -1.4f, -3.0f};
+    sampler_init(&s, &p, 3);
+    sampler_note(&s, &zero, 1, 0);
+    CHECK(sampler_pick(&s, logits) == 1, "positive logit divided: 2.0 / 1.5 < 1.5");
+    CHECK(sampler_pick(&s, neg) == 1, "negative logit multiplied: -1.5 < -1.4");
+    sampler_free(&s);
+}
+
 int main(void) {
     test_greedy();
+    test_adjustments();
     test_determinism();
     test_filters();
     test_large_vocab_nucleus();

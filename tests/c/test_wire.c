@@ -111,11 +111,21 @@ static void test_refusals(void) {
               fr.n && fr.f[0].code ? fr.f[0].code : "");
         CHECK(fr.n == 1, "case %zu: exactly one frame (got %d)", i, fr.n);
     }
-    /* an extension string of 128+ chars */
+    /* an extension string of 256+ chars (255 is allowed) */
     char big[512];
-    snprintf(big, sizeof big, "SUBMIT a 0 2 1 0 1 0 k1=%062d k2=%062d\nhi\n", 1, 2);
+    snprintf(big, sizeof big, "SUBMIT a 0 2 1 0 1 0 k1=%0125d k2=%0123d\nhi\n", 1, 2);
+    parse(big);
+    CHECK(fr.n == 1 && fr.f[0].kind == WIRE_SUBMIT, "a 255-byte extension string is taken");
+    snprintf(big, sizeof big, "SUBMIT a 0 2 1 0 1 0 k1=%0125d k2=%0124d\nhi\n", 1, 2);
     parse(big);
     CHECK(is_error(0, "a", "BAD_REQUEST") && fr.n == 1, "extension string limit");
+    const char *bad_keys[] = {"tokids=2", "top_k=-1", "min_p=1.5", "min_p=-0.1", "rep=0", "rep=nan", "pres=inf",
+                              "freq=x", "seed=-1"};
+    for (size_t i = 0; i < sizeof bad_keys / sizeof *bad_keys; i++) {
+        snprintf(big, sizeof big, "SUBMIT a 0 2 1 0 1 0 %s\nhi\n", bad_keys[i]);
+        parse(big);
+        CHECK(is_error(0, "a", "BAD_REQUEST") && fr.n == 1, "SUBMIT %s refused", bad_keys[i]);
+    }
 }
 
 static void test_sync_after_errors(void) {
@@ -191,18 +201,23 @@ static void test_format(void) {
     CHECK(n == strlen("DONE req-v4 STAT 3 1.250 50.0 1.25 7 1 5 1234\n") &&
               !memcmp(out, "DONE req-v4 STAT 3 1.250 50.0 1.25 7 1 5 1234\n", n),
           "DONE golden: %.*s", (int)n, out);
-    n = wire_fmt_accept(out, "x", 12);
-    CHECK(n == 12 && !memcmp(out, "ACCEPT x 12\n", n), "ACCEPT");
-    n = wire_fmt_data(out, "x", 4, 0, 0, NULL, NULL);
+    n = wire_fmt_accept(out, "x", 12, 5);
+    CHECK(n == 14 && !memcmp(out, "ACCEPT x 12 5\n", n), "ACCEPT with the reuse count");
+    n = wire_fmt_data(out, "x", 4, 0, 0, NULL, NULL, -1);
     CHECK(n == 9 && !memcmp(out, "DATA x 4\n", n), "DATA plain");
     int ids[2] = {17, 3};
     float lps[2] = {-0.5f, -1.25f};
-    n = wire_fmt_data(out, "x", 2, 2, -0.5f, ids, lps);
+    n = wire_fmt_data(out, "x", 2, 2, -0.5f, ids, lps, -1);
     const char *want = "DATA x 2 -0.5 2 17 -0.5 3 -1.25\n";
     CHECK(n == strlen(want) && !memcmp(out, want, n), "DATA logprobs: %.*s", (int)n, out);
     float nanv[1] = {NAN};
-    n = wire_fmt_data(out, "x", 0, 1, -INFINITY, ids, nanv);
+    n = wire_fmt_data(out, "x", 0, 1, -INFINITY, ids, nanv, -1);
     CHECK(n == strlen("DATA x 0 -inf 1 17 nan\n") && !memcmp(out, "DATA x 0 -inf 1 17 nan\n", n), "nan/inf: %.*s", (int)n, out);
+    n = wire_fmt_data(out, "x", 3, 1, -0.5f, ids, lps, 42);
+    want = "DATA x 3 -0.5 1 17 -0.5 tok=42\n";
+    CHECK(n == strlen(want) && !memcmp(out, want, n), "DATA tok after logprobs: %.*s", (int)n, out);
+    n = wire_fmt_data(out, "x", 0, 0, 0, NULL, NULL, 0);
+    CHECK(n == strlen("DATA x 0 tok=0\n") && !memcmp(out, "DATA x 0 tok=0\n", n), "DATA tok plain: %.*s", (int)n, out);
     n = wire_fmt_error(out, "y", "CONTEXT_EXCEEDED", "130 128");
     CHECK(n == strlen("ERROR y CONTEXT_EXCEEDED 130 128\n") && !memcmp(out, "ERROR y CONTEXT_EXCEEDED 130 128\n", n), "ERROR");
     n = wire_fmt_error(out, "y", "BAD_REQUEST", "two\nlines\r");
@@ -252,7 +267,10 @@ static wire_frame reread(const char *head, size_t hn, const char *payload, size_
 static int same_submit(const wire_submit *a, const wire_submit *b) {
     return a->slot == b->slot && a->max_tokens == b->max_tokens && a->temperature == b->temperature &&
            a->top_p == b->top_p && a->prefix_bytes == b->prefix_bytes && a->logprobs == b->logprobs &&
-           a->ids == b->ids && a->pin == b->pin && a->seed == b->seed && a->untrusted_bytes == b->untrusted_bytes;
+           a->ids == b->ids && a->pin == b->pin && a->seed == b->seed && a->has_seed == b->has_seed &&
+           a->tokids == b->tokids && a->top_k == b->top_k && a->min_p == b->min_p && a->repetition == b->repetition &&
+           a->presence == b->presence && a->frequency == b->frequency && a->untrusted_bytes == b->untrusted_bytes &&
+           a->grammar_bytes == b->grammar_bytes && a->has_grammar_bytes == b->has_grammar_bytes;
 }
 
 static void test_submit_round_trip(void) {
@@ -261,13 +279,22 @@ static void test_submit_round_trip(void) {
         {.slot = 0, .max_tokens = 8, .temperature = 0, .top_p = 1, .prefix_bytes = -1},
         {.slot = 3, .max_tokens = 100, .temperature = 0.7f, .top_p = 0.95f, .prefix_bytes = 2},
         {.slot = 1, .max_tokens = 0, .temperature = 1.3333333f, .top_p = 0.1f, .prefix_bytes = -1, .logprobs = 32,
-         .ids = 1, .pin = 1, .seed = 18446744073709551615ULL},
+         .ids = 1, .pin = 1, .seed = 18446744073709551615ULL, .has_seed = 1},
         {.slot = 2, .max_tokens = 5, .temperature = 1e-7f, .top_p = 0.33333334f, .prefix_bytes = 0, .logprobs = 1,
-         .untrusted_bytes = 3, .seed = 42},
+         .untrusted_bytes = 3, .seed = 42, .has_seed = 1},
+        /* seed 0 is a seed: it travels as seed=0 */
+        {.slot = 0, .max_tokens = 3, .temperature = 1, .top_p = 1, .prefix_bytes = -1, .seed = 0, .has_seed = 1},
+        /* every key at once, the longest values they take, with a grammar after the span table */
+        {.slot = 7, .max_tokens = 1 << 30, .temperature = 0.30000001f, .top_p = 0.90000004f, .prefix_bytes = 11,
+         .logprobs = 32, .ids = 1, .pin = 1, .tokids = 1, .seed = 18446744073709551615ULL, .has_seed = 1,
+         .top_k = 1 << 30, .min_p = 0.123456791f, .repetition = 1.17549435e-38f, .presence = -1.99999988f,
+         .frequency = 3.40282347e+38f, .untrusted_bytes = 3, .grammar_bytes = 2, .has_grammar_bytes = 1},
+        {.slot = 0, .max_tokens = 2, .temperature = 0, .top_p = 1, .prefix_bytes = -1, .tokids = 1, .top_k = 40,
+         .min_p = 0.05f, .repetition = 1.1f, .presence = 0.5f, .frequency = -0.25f},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         const char *body = "hello worldABCxyz";
-        size_t ext = cases[i].untrusted_bytes ? 6 : 0;
+        size_t ext = cases[i].untrusted_bytes || cases[i].has_grammar_bytes ? 6 : 0;
         size_t hn = wire_fmt_submit(h, "rt-1", &cases[i], 11, ext);
         wire_frame f = reread(h, hn, body, 11 + ext);
         CHECK(f.kind == WIRE_SUBMIT && !strcmp(f.id, "rt-1"), "submit %zu parses back (%.80s)", i, h);
@@ -278,6 +305,66 @@ static void test_submit_round_trip(void) {
     CHECK(!strncmp(h, "SUBMIT 7 0 5 8 0 1\n", hn), "the plain header is the classic 6 fields: %.*s", (int)hn, h);
     hn = wire_fmt_submit(h, "7", &cases[1], 5, 0);
     CHECK(!strncmp(h, "SUBMIT 7 3 5 100 0.7 0.95 0 2\n", hn), "floats in their shortest form: %.*s", (int)hn, h);
+    hn = wire_fmt_submit(h, "7", &cases[4], 5, 0);
+    CHECK(!strncmp(h, "SUBMIT 7 0 5 3 1 1 0 seed=0\n", hn), "seed=0 is written: %.*s", (int)hn, h);
+    hn = wire_fmt_submit(h, "7", &cases[6], 5, 0);
+    const char *want = "SUBMIT 7 0 5 2 0 1 0 tokids=1 top_k=40 min_p=0.05 rep=1.1 pres=0.5 freq=-0.25\n";
+    CHECK(hn == strlen(want) && !strncmp(h, want, hn), "sampling keys: %.*s", (int)hn, h);
+    wire_submit none = cases[0];
+    hn = wire_fmt_submit(h, "7", &none, 5, 0);
+    wire_frame f = reread(h, hn, "hello", 5);
+    CHECK(f.kind == WIRE_SUBMIT && !f.sub.has_seed && f.sub.seed == 0, "no seed key: has_seed stays 0");
+}
+
+/* BIAS: the frame the gateway writes parses back, and its payload reads back to the same pairs. */
+static void test_bias_round_trip(void) {
+    int ids[] = {0, 7, 123456, 5};
+    float vals[] = {-100, 0.1f, 100, -3.40282347e+38f};
+    wire_bias b = {4, ids, vals};
+    sbuf out = {0};
+    wire_fmt_bias(&out, "b-1", &b);
+    parse_all(out.p, out.len, 0, &fr);
+    CHECK(fr.n == 1 && fr.f[0].kind == WIRE_BIAS && !strcmp(fr.f[0].id, "b-1"), "BIAS parses back: %.*s",
+          (int)out.len, out.p);
+    int got_ids[WIRE_BIAS_ENTRIES];
+    float got[WIRE_BIAS_ENTRIES];
+    char detail[160] = "";
+    int n = fr.n == 1 ? wire_parse_bias(fr.f[0].payload, fr.f[0].payload_len, 200000, got_ids, got, detail) : -1;
+    int same = n == 4;
+    for (int i = 0; same && i < 4; i++) same = got_ids[i] == ids[i] && got[i] == vals[i];
+    CHECK(same, "BIAS pairs round-trip exactly (n=%d %s)", n, detail);
+    CHECK(wire_parse_bias(fr.f[0].payload, fr.f[0].payload_len, 1000, got_ids, got, detail) < 0 &&
+              strstr(detail, "below 1000"), "an id past the vocabulary is refused: %s", detail);
+    sbuf_free(&out);
+    wire_bias empty = {0, NULL, NULL};
+    wire_fmt_bias(&out, "b-2", &empty);
+    parse_all(out.p, out.len, 0, &fr);
+    CHECK(fr.n == 1 && fr.f[0].kind == WIRE_BIAS && fr.f[0].payload_len == 0 &&
+              wire_parse_bias(fr.f[0].payload, 0, 10, got_ids, got, detail) == 0, "an empty BIAS is no pairs");
+    sbuf_free(&out);
+    const char *bad[] = {"1", "x:1", "1:", "1:nan", "-1:2", "1:2:3"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        CHECK(wire_parse_bias(bad[i], strlen(bad[i]), 10, got_ids, got, detail) < 0, "BIAS entry [%s] refused", bad[i]);
+    parse("BIAS q\nSTOP z\n");
+    CHECK(fr.n == 2 && is_error(0, "q", "BAD_REQUEST") && fr.f[1].kind == WIRE_STOP, "BIAS without bytes");
+}
+
+/* SLOT: every action round-trips with its slot and name; bad names and actions are refused. */
+static void test_slot_round_trip(void) {
+    char h[WIRE_HEADER_MAX];
+    const wire_slot_action acts[] = {WIRE_SLOT_SAVE, WIRE_SLOT_RESTORE, WIRE_SLOT_ERASE};
+    for (int i = 0; i < 3; i++) {
+        const char *name = "conv-1.kv";
+        size_t hn = wire_fmt_slot(h, "s-9", acts[i], 3, strlen(name));
+        wire_frame f = reread(h, hn, name, strlen(name));
+        CHECK(f.kind == WIRE_SLOT && !strcmp(f.id, "s-9") && f.action == acts[i] && f.slot == 3 &&
+                  f.payload_len == strlen(name) && !memcmp(f.payload, name, strlen(name)),
+              "SLOT action %d round-trips (%.*s)", i, (int)hn, h);
+    }
+    parse("SLOT s flush 0 1\nx\nSTOP z\n");
+    CHECK(fr.n == 2 && is_error(0, "s", "BAD_REQUEST") && fr.f[1].kind == WIRE_STOP, "unknown SLOT action, payload skipped");
+    CHECK(wire_slot_name_ok("a.b_c-9", 7) && !wire_slot_name_ok(".hidden", 7) && !wire_slot_name_ok("a/b", 3) &&
+              !wire_slot_name_ok("", 0), "slot file names");
 }
 
 static void test_control_round_trip(void) {
@@ -299,21 +386,28 @@ static wire_out out_of(const char *h, size_t n) {
 
 static void test_engine_frames_round_trip(void) {
     char h[WIRE_HEADER_MAX];
-    wire_out o = out_of(h, wire_fmt_accept(h, "q1", 321));
-    CHECK(o.kind == WIRE_OUT_ACCEPT && !strcmp(o.id, "q1") && o.prompt_tokens == 321 && o.payload < 0, "ACCEPT");
+    wire_out o = out_of(h, wire_fmt_accept(h, "q1", 321, 300));
+    CHECK(o.kind == WIRE_OUT_ACCEPT && !strcmp(o.id, "q1") && o.prompt_tokens == 321 && o.reused == 300 &&
+          o.payload < 0, "ACCEPT with its reuse count");
+    const char spec_accept[] = "ACCEPT q1 12";
+    CHECK(wire_parse_out(spec_accept, strlen(spec_accept), &o) == 0 && o.prompt_tokens == 12 && o.reused == -1,
+          "the spec's two-field ACCEPT has no reuse count");
 
-    o = out_of(h, wire_fmt_data(h, "q1", 7, 0, 0, NULL, NULL));
-    CHECK(o.kind == WIRE_OUT_DATA && o.payload == 7 && !o.has_lp, "DATA without logprobs");
+    o = out_of(h, wire_fmt_data(h, "q1", 7, 0, 0, NULL, NULL, -1));
+    CHECK(o.kind == WIRE_OUT_DATA && o.payload == 7 && !o.has_lp && o.tok == -1, "DATA without logprobs");
+    o = out_of(h, wire_fmt_data(h, "q1", 0, 0, 0, NULL, NULL, 0));
+    CHECK(o.kind == WIRE_OUT_DATA && o.payload == 0 && !o.has_lp && o.tok == 0, "DATA tok=0 without bytes");
     int ids[WIRE_LOGPROBS_MAX];
     float lps[WIRE_LOGPROBS_MAX];
     for (int i = 0; i < WIRE_LOGPROBS_MAX; i++) ids[i] = 1000 + i, lps[i] = -0.125f * i;
     lps[3] = -INFINITY;
-    o = out_of(h, wire_fmt_data(h, "q1", 2, WIRE_LOGPROBS_MAX, -1.5f, ids, lps));
-    int same = o.kind == WIRE_OUT_DATA && o.has_lp && o.lp == -1.5f && o.k == WIRE_LOGPROBS_MAX && o.payload == 2;
+    o = out_of(h, wire_fmt_data(h, "q1", 2, WIRE_LOGPROBS_MAX, -1.5f, ids, lps, 99999));
+    int same = o.kind == WIRE_OUT_DATA && o.has_lp && o.lp == -1.5f && o.k == WIRE_LOGPROBS_MAX && o.payload == 2 &&
+               o.tok == 99999;
     for (int i = 0; same && i < WIRE_LOGPROBS_MAX; i++) same = o.top_ids[i] == ids[i] && o.top_lps[i] == lps[i];
-    CHECK(same, "DATA with %d logprob pairs round-trips (-inf included)", WIRE_LOGPROBS_MAX);
+    CHECK(same, "DATA with %d logprob pairs and tok= round-trips (-inf included)", WIRE_LOGPROBS_MAX);
     float nanv = NAN;
-    o = out_of(h, wire_fmt_data(h, "q1", 0, 1, NAN, ids, &nanv));
+    o = out_of(h, wire_fmt_data(h, "q1", 0, 1, NAN, ids, &nanv, -1));
     CHECK(o.has_lp && isnan(o.lp) && isnan(o.top_lps[0]), "nan logprobs are allowed");
 
     wire_done d = {17, 12.5, 33.3, 1.25, 40, 1, 39, 987654};
@@ -334,7 +428,7 @@ static void test_engine_frames_round_trip(void) {
     CHECK(o.kind == WIRE_OUT_ERROR && !strcmp(o.id, "q3") && !strcmp(o.error, "CONTEXT_EXCEEDED 300 128"), "ERROR");
 
     wire_caps c = {.vision = 0, .slots = 4, .ctx = 4096, .logprobs = 32, .ids = 1, .family = "fam-x", .truncate = 1,
-                   .checkpoints = 1, .grammar = 1, .draft = 3};
+                   .checkpoints = 1, .grammar = 1, .numerics = "qat", .draft = 3};
     o = out_of(h, wire_fmt_caps(h, &c));
     CHECK(o.kind == WIRE_OUT_CAPS && !memcmp(&o.caps, &c, sizeof c), "CAPS round-trips: %s", h);
     const char telemetry[] = "HWINFO 2 23 22 0 0 cpu";
@@ -353,6 +447,8 @@ int main(void) {
     test_format();
     test_untrusted_spans();
     test_submit_round_trip();
+    test_bias_round_trip();
+    test_slot_round_trip();
     test_control_round_trip();
     test_engine_frames_round_trip();
     return TEST_END();

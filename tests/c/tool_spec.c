@@ -95,7 +95,7 @@ int main(int argc, char **argv) {
     char err[512] = "";
     if (argc == 4 && !strcmp(argv[2], "draft")) return draft_logits(argv[1], argv[3]);
     if (argc != 7) return fprintf(stderr, "usage: tool_spec MODEL TEMPERATURE SEED K N IDS\n"), 2;
-    sampler_params sp = {(float)atof(argv[2]), 1.0f, 0, 0.0f, strtoull(argv[3], NULL, 10)};
+    sampler_params sp = {.temperature = (float)atof(argv[2]), .top_p = 1.0f, .seed = strtoull(argv[3], NULL, 10)};
     int k = atoi(argv[4]), n = atoi(argv[5]), prompt[256];
     int np = parse_ids(argv[6], prompt, 256), ctx = np + n + SPEC_MAX_DRAFT + 2;
     model *m = model_open(argv[1], NUMERICS_QAT, 0, err, sizeof err);

@@ -1,11 +1,15 @@
 // Five-turn chats through the official `openai` client, streaming and not, on the tiny model of
 // each family: cached_tokens is present on every turn, equal to the engine's own reuse count (its
-// CAIRN_PREFIX_LOG line) and from turn 2 what the family's reuse rule allows (followTurn), and
-// every reply equals what a cold server answers.
+// CAIRN_PREFIX_LOG line) and from turn 2 the previous turn's whole record (followTurn), and every
+// reply equals what a cold engine fed the same ids answers (a fresh server given only the warm
+// server's reply ids, README "Replies are reused too").
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
-import { startServer, MODEL_ID, FAMILY } from './serve_helper.mjs';
+import { copyFileSync, mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { startServer, MODEL_ID } from './serve_helper.mjs';
 
 const QUESTIONS = ['Hello, who are you?', 'What is 2+2?', 'Name a colour.', 'And a number?', 'Thanks, bye.'];
 const SYSTEM = { role: 'system', content: 'You are a terse assistant.' };
@@ -15,7 +19,8 @@ let warm;
 const warmReplies = [];          // turn -> reply text from the non-streaming run
 const warmFinish = [];
 
-before(async () => { warm = await startServer(['--slots', '2']); });
+const warmKv = mkdtempSync(join(tmpdir(), 'cairn-warm-kv-'));
+before(async () => { warm = await startServer(['--slots', '2', '--kv-dir', warmKv]); });
 after(async () => { await warm.stop(); });
 
 function client(server) {
@@ -23,22 +28,12 @@ function client(server) {
 }
 
 // The reuse of a turn that follows prev ({total: its prompt tokens, completion, finish}) in the
-// same slot. The record then holds prev's prompt and the fed reply (all of it after an EOS, all
-// but the unfed last token after max_tokens); the new prompt starts with prev's prompt (it ends
-// in special tokens, so it tokenizes the same) and then the re-rendered reply, whose tokens may
-// or may not be the ids the model generated — a client cannot see them. By src/state/reuse.h:
-// A state that truncates (descriptor `truncates`, rows only) keeps the common prefix, so somewhere
-// from prev's prompt to the whole record; one that cannot rewind keeps the whole record
-// (extension) or else the checkpoint its previous prefill took at n - 1 (no later checkpoint can
-// exist: none was taken past that prompt).
+// same slot: the record holds prev's prompt and the fed reply (all of it after an EOS, all but the
+// unfed last token after max_tokens), and the new prompt carries the reply as the ids the engine
+// generated (--reply-ids, on by default), so the whole record is reused on every family.
 function followTurn(reused, prev) {
   const record = prev.total + prev.completion - (prev.finish === 'length' ? 1 : 0);
-  if (FAMILY.truncates) {
-    assert.ok(reused >= prev.total && reused <= record, `reuse ${reused} outside [${prev.total}, ${record}]`);
-  } else {
-    assert.ok(reused === record || reused === prev.total - 1,
-      `reuse ${reused}: neither the record (${record}) nor the previous prompt's n - 1 (${prev.total - 1})`);
-  }
+  assert.equal(reused, record, `reuse ${reused} is not the previous turn's record (${record})`);
 }
 
 // The engine's reuse decision for the request just answered.
@@ -121,11 +116,13 @@ test('streaming chat over 5 turns gives the same replies and usage with cached_t
   }
 });
 
-test('every warm reply equals a cold server answering the same conversation', async () => {
+test('every warm reply equals a cold engine fed the same ids', async () => {
   const messages = [SYSTEM];
   for (let turn = 0; turn < QUESTIONS.length; turn++) {
     messages.push({ role: 'user', content: QUESTIONS[turn] });
-    const cold = await startServer(['--slots', '1']);
+    const coldKv = mkdtempSync(join(tmpdir(), 'cairn-cold-kv-'));
+    copyFileSync(join(warmKv, 'reply_ids'), join(coldKv, 'reply_ids'));
+    const cold = await startServer(['--slots', '1', '--kv-dir', coldKv]);
     try {
       const r = await client(cold).chat.completions.create({ ...PARAMS, messages });
       assert.equal(r.usage.prompt_tokens_details.cached_tokens, 0, 'a cold server cannot reuse');

@@ -53,8 +53,10 @@ test('a text prompt works and honours max_tokens', async () => {
 test('bad token ids and unsupported options are 400s the client surfaces', async () => {
   await assert.rejects(c.completions.create({ model: MODEL_ID, prompt: [1, 2, 1e9], max_tokens: 2 }),
     (e) => e.status === 400 && /token ids/.test(e.message));
-  await assert.rejects(c.completions.create({ model: MODEL_ID, prompt: 'x', max_tokens: 2, echo: true }),
-    (e) => e.status === 400);
+  await assert.rejects(c.completions.create({ model: MODEL_ID, prompt: 'x', max_tokens: 2, echo: true, logprobs: 1 }),
+    (e) => e.status === 400 && e.param === 'echo');
+  const echoed = await c.completions.create({ model: MODEL_ID, prompt: 'x', max_tokens: 2, echo: true });
+  assert.ok(echoed.choices[0].text.startsWith('x'));
   await assert.rejects(c.completions.create({ model: 'not-this-one', prompt: 'x', max_tokens: 2 }),
     (e) => e.status === 404);
 });

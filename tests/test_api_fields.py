@@ -1,0 +1,198 @@
+"""Sampling fields clients send are honoured or refused with a 400, never ignored (issue 13 §3).
+
+The engine applies logit bias and the repetition / presence / frequency penalties to a copy of
+the logits (src/core/sampler.h); these tests drive it over the line protocol with tokids=1, so
+the sampled ids are read back exactly, and check the gateway turns every API field into the
+frame field that carries it (on the scripted engine, which logs what it receives) or a 400."""
+import json
+
+import pytest
+
+from engine_client import Engine
+from test_http_robustness import Server
+
+
+
+def pair(family_model):
+    """Two ordinary ids, those of the pieces "a" and "b"."""
+    vocab = json.load(open(f"{family_model.model}/tokenizer.json"))["model"]["vocab"]
+    return vocab["a"], vocab["b"]
+
+
+def run(engine, rid, ids, extra, bias=None, max_tokens=12):
+    if bias:
+        payload = " ".join(f"{k}:{v}" for k, v in bias.items()).encode()
+        engine.send(f"BIAS {rid} {len(payload)}\n".encode() + payload + b"\n")
+    engine.submit(rid, ids=ids, max_tokens=max_tokens, logprobs=0, extra=" tokids=1" + extra)
+    rep = engine.collect(rid)
+    assert rep.error is None, rep.error
+    assert len(rep.toks) == rep.completion, (rep.toks, rep.done)
+    return rep.toks
+
+
+def test_engine_bias_and_penalties(cairn, family_model):
+    prompt = family_model.start + [family_model.user, 25, 26, 27, family_model.assistant]
+    BIAS_A, BIAS_B = pair(family_model)
+    e = Engine(cairn, family_model.model)
+    try:
+        assert set(run(e, "b1", prompt, "", {BIAS_A: 100})) == {BIAS_A}, "a +100 bias wins every step"
+        both = {BIAS_A: 100, BIAS_B: 100}
+        plain = run(e, "b2", prompt, "", both)
+        assert set(plain) <= {BIAS_A, BIAS_B}
+        repeats = any(x == y for x, y in zip(plain, plain[1:]))
+        assert repeats, f"without a penalty the greedy pair repeats somewhere: {plain} (nothing to show)"
+        # A frequency penalty of 10 per occurrence (12 tokens: at most 60 against the +100 bias):
+        # neither may get ahead of the other by two.
+        pen = run(e, "b3", prompt, " freq=10", both)
+        assert set(pen) <= {BIAS_A, BIAS_B}
+        for i in range(1, len(pen) + 1):
+            assert abs(pen[:i].count(BIAS_A) - pen[:i].count(BIAS_B)) <= 1, pen
+        # Presence: after both appeared once, the penalty is the same for both and raw logits decide.
+        pres = run(e, "b4", prompt, " pres=50", both)
+        assert sorted(pres[:2]) == sorted([BIAS_A, BIAS_B]), pres
+        # Repetition: the first choice of the pair, once it is in the prompt, is divided by 1000.
+        first = plain[0]
+        other = BIAS_B if first == BIAS_A else BIAS_A
+        seen = run(e, "b5", prompt, " rep=1000", both, max_tokens=1)
+        assert seen == [first], "neither id of the pair is in the prompt yet: no repetition penalty"
+        rep = run(e, "b6", prompt[:-1] + [first, family_model.assistant], " rep=1000", both, max_tokens=1)
+        assert rep == [other], (rep, first)
+        # A bad BIAS refuses its SUBMIT (one ERROR) instead of running without it.
+        payload = b"%d:abc" % BIAS_A
+        e.send(f"BIAS b7 {len(payload)}\n".encode() + payload + b"\n")
+        e.submit("b7", ids=prompt, max_tokens=2, logprobs=0)
+        r = e.collect("b7")
+        assert r.error and r.error.startswith("BAD_REQUEST") and "bias" in r.error, r.error
+        assert run(e, "b8", prompt, "", None, max_tokens=2), "the engine goes on"
+    finally:
+        e.close()
+
+
+def fake_server(tiny_dsv4, tmp_path):
+    return Server(tiny_dsv4, str(tmp_path), fake=True)
+
+
+def submits(srv):
+    return [f for f in srv.fake_frames() if f["cmd"] == "SUBMIT"]
+
+
+def test_gateway_sends_every_sampling_field(tiny_dsv4, tmp_path):
+    srv = fake_server(tiny_dsv4, tmp_path)
+    try:
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0.5,
+                "top_k": 7, "min_p": 0.125, "repetition_penalty": 1.25, "presence_penalty": -0.5,
+                "frequency_penalty": 1.5, "logit_bias": {"17": 5, "300": -100}, "seed": 99}
+        st, _, r = srv.json("POST", "/v1/chat/completions", body)
+        assert st == 200, r
+        head = submits(srv)[-1]["header"]
+        for key in ["top_k=7", "min_p=0.125", "rep=1.25", "pres=-0.5", "freq=1.5", "seed=99"]:
+            assert key in head, (key, head)
+        bias = [f for f in srv.fake_frames() if f["cmd"] == "BIAS"]
+        assert bias and bias[-1]["id"] == submits(srv)[-1]["id"], bias
+        pairs = sorted((int(k), float(v)) for k, v in (e.split(":") for e in bias[-1]["payload"].split()))
+        assert pairs == [(17, 5.0), (300, -100.0)], bias
+        # Anthropic top_k is honoured too.
+        st, _, r = srv.json("POST", "/v1/messages", {"messages": [{"role": "user", "content": "hi"}],
+                                                     "max_tokens": 3, "top_k": 3},
+                            {"anthropic-version": "2023-06-01"})
+        assert st == 200, r
+        assert "top_k=3" in submits(srv)[-1]["header"]
+        # Without a seed each request draws its own.
+        for _ in range(2):
+            st, _, r = srv.json("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                                                                 "max_tokens": 2})
+            assert st == 200
+        seeds = [[k for k in f["header"] if k.startswith("seed=")] for f in submits(srv)[-2:]]
+        assert seeds[0] and seeds[1] and seeds[0] != seeds[1], seeds
+    finally:
+        srv.stop()
+
+
+@pytest.mark.parametrize("field,value", [("presence_penalty", 2.5), ("frequency_penalty", -3),
+                                         ("repetition_penalty", 0), ("min_p", 1.5), ("top_k", -1),
+                                         ("logit_bias", {"abc": 1}), ("logit_bias", {"5": 101}),
+                                         ("logit_bias", {"99999999": 1}), ("logit_bias", [1, 2])])
+def test_bad_sampling_fields_are_400_naming_the_field(tiny_dsv4, tmp_path, field, value):
+    srv = fake_server(tiny_dsv4, tmp_path)
+    try:
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, field: value}
+        st, _, r = srv.json("POST", "/v1/chat/completions", body)
+        assert st == 400 and r["error"]["param"] == field, r
+        assert not submits(srv), "a refused request never reaches the engine"
+    finally:
+        srv.stop()
+
+
+def test_logit_bias_over_http_on_the_real_engine(family_model, tmp_path):
+    srv = Server(family_model.model, str(tmp_path))
+    try:
+        st, _, r = srv.json("POST", "/v1/completions", {"prompt": "Hello", "max_tokens": 5, "temperature": 0,
+                                                        "logit_bias": {str(pair(family_model)[0]): 100}})
+        assert st == 200, r
+        assert r["choices"][0]["text"] == "aaaaa", r
+    finally:
+        srv.stop()
+
+
+def stream_choices(srv, path, body):
+    """Texts per choice index from an OpenAI stream, and the usage chunk."""
+    from test_http_robustness import open_stream, stream_lines
+    sock, r = open_stream(srv.port, path, {**body, "stream": True, "stream_options": {"include_usage": True}})
+    texts, usage, order = {}, None, []
+    for line in stream_lines(r):
+        if not line.startswith("data: {"):
+            continue
+        ev = json.loads(line[6:])
+        usage = ev.get("usage") or usage
+        for ch in ev["choices"]:
+            i = ch["index"]
+            if not order or order[-1] != i:
+                order.append(i)
+            texts[i] = texts.get(i, "") + (ch["delta"].get("content") or "" if "delta" in ch else ch["text"])
+    sock.close()
+    return texts, usage, order
+
+
+def test_n_choices_batched_prompts_and_echo(family_model, tmp_path):
+    srv = Server(family_model.model, str(tmp_path), ["--slots", "1"])
+    try:
+        chat = {"messages": [{"role": "user", "content": "Pick a word."}], "max_tokens": 6, "temperature": 1, "seed": 5}
+        st, _, r = srv.json("POST", "/v1/chat/completions", {**chat, "n": 3})
+        assert st == 200, r
+        assert [c["index"] for c in r["choices"]] == [0, 1, 2]
+        singles = []
+        for i in range(3):
+            st, _, one = srv.json("POST", "/v1/chat/completions", {**chat, "seed": 5 + i})
+            singles.append(one)
+            assert r["choices"][i]["message"]["content"] == one["choices"][0]["message"]["content"], i
+        assert len({c["message"]["content"] for c in r["choices"]}) > 1, "choices with other seeds differ"
+        assert r["usage"]["prompt_tokens"] == singles[0]["usage"]["prompt_tokens"]
+        assert r["usage"]["completion_tokens"] == sum(s["usage"]["completion_tokens"] for s in singles)
+        texts, usage, order = stream_choices(srv, "/v1/chat/completions", {**chat, "n": 3})
+        assert order == [0, 1, 2] and [texts[i] for i in range(3)] == [c["message"]["content"] for c in r["choices"]]
+        assert usage["completion_tokens"] == r["usage"]["completion_tokens"]
+
+        comp = {"prompt": ["Once upon", [25, 26, 27]], "max_tokens": 5, "temperature": 1, "seed": 9, "n": 2}
+        st, _, b = srv.json("POST", "/v1/completions", comp)
+        assert st == 200, b
+        assert [c["index"] for c in b["choices"]] == [0, 1, 2, 3]
+        for i, c in enumerate(b["choices"]):
+            st, _, one = srv.json("POST", "/v1/completions", {**comp, "prompt": comp["prompt"][i // 2], "n": 1,
+                                                               "seed": 9 + i % 2})
+            assert c["text"] == one["choices"][0]["text"], i
+        texts, usage, order = stream_choices(srv, "/v1/completions", comp)
+        assert order == [0, 1, 2, 3] and [texts[i] for i in range(4)] == [c["text"] for c in b["choices"]]
+
+        st, _, e = srv.json("POST", "/v1/completions", {"prompt": "Echo me", "max_tokens": 4, "temperature": 0,
+                                                         "echo": True})
+        st0, _, plain = srv.json("POST", "/v1/completions", {"prompt": "Echo me", "max_tokens": 4, "temperature": 0})
+        assert e["choices"][0]["text"] == "Echo me" + plain["choices"][0]["text"]
+        texts, _, _ = stream_choices(srv, "/v1/completions", {"prompt": "Echo me", "max_tokens": 4, "temperature": 0,
+                                                               "echo": True})
+        assert texts[0] == e["choices"][0]["text"]
+        st, _, bad = srv.json("POST", "/v1/completions", {"prompt": "x", "echo": True, "logprobs": 1})
+        assert st == 400 and bad["error"]["param"] == "echo"
+        st, _, bad = srv.json("POST", "/v1/chat/completions", {**chat, "n": 9})
+        assert st == 400 and bad["error"]["param"] == "n"
+    finally:
+        srv.stop()

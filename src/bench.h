@@ -1,6 +1,7 @@
 /* bench.h — `cairn bench` parts. cmd_bench (src/cmd_bench.c) dispatches:
  *   cairn bench kernels          -> bench_kernels   (src/cmd_bench.c)
- *   cairn bench -m DIR [--json]  -> bench_model     (src/bench_model.c)
+ *   cairn bench -m DIR [--json]  -> bench_model     (src/bench_model.c; with --expert-cache-mb
+ *                                   bench_disk, src/bench_disk.c)
  *   cairn bench reuse -m DIR     -> bench_reuse     (src/bench_reuse.c)
  *   cairn bench concurrency -m DIR -> bench_concurrency (src/bench_concurrency.c)
  *   cairn bench grammar -m DIR   -> bench_grammar   (src/bench_grammar.c)
@@ -33,9 +34,13 @@ typedef struct {
     int json;
     long prompt, decode, threads;
     numerics num;
+    double expert_cache_mb;    /* --expert-cache-mb: 0 = the mapping */
 } bench_opts;
 int bench_parse(const char *cmd, int argc, char **argv, void (*usage)(FILE *), bench_opts *o);
 int bench_argmax(const float *x, int n);
+/* bench -m DIR --expert-cache-mb N: decode from disk through the mapping and the expert cache
+ * (src/bench_disk.c). */
+int bench_disk(const bench_opts *o);
 
 /* Stream-like read bandwidth in bytes/s over a buffer of at least `bytes` (bench_stream_bytes() for reports),
  * using the same thread pool as the kernels. */

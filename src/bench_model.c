@@ -25,6 +25,7 @@ typedef struct {
 static void usage(FILE *f) {
     fprintf(f,
             "usage: cairn bench -m DIR [--json] [--prompt N] [--decode N] [--threads N] [--numerics exact|qat]\n"
+            "                          [--expert-cache-mb N]\n"
             "\n"
             "Measures, in one run: the read bandwidth (bench_stream_bytes: >= 1 GiB, 4x the LLC), prefill of an N-token prompt\n"
             "(default 64) in tok/s and GFLOP/s, greedy decode of N tokens (default 16) in tok/s, and\n"
@@ -32,7 +33,12 @@ static void usage(FILE *f) {
             "Prefill GFLOP/s is also given as a fraction of the f32 FMA (and BF16 dot) peak measured here,\n"
             "and one 4-token forward call (a speculative verify step) as a multiple of one decode step.\n"
             "--json prints {prefill_tok_s, prefill_gflops, prefill_vs_fma_peak, decode_tok_s, bandwidth_gbs,\n"
-            "decode_efficiency, ...}.\n");
+            "decode_efficiency, ...}.\n"
+            "\n"
+            "With --expert-cache-mb N: decode from disk instead (run it in a memory cgroup smaller than the\n"
+            "checkpoint, as make bench does): the disk's read bandwidth, then for the mapping and for the\n"
+            "expert cache, each after dropping the checkpoint's cached pages: decode tok/s, bytes read from\n"
+            "storage per token, that rate as a fraction of the disk bandwidth, and the cache's hit rate.\n");
 }
 
 int bench_parse(const char *cmd, int argc, char **argv, void (*usage)(FILE *), bench_opts *o) {
@@ -46,6 +52,7 @@ int bench_parse(const char *cmd, int argc, char **argv, void (*usage)(FILE *), b
         else if (!strcmp(a, "--prompt")) { if (cli_int(cmd, a, v, 1, 1 << 20, &o->prompt)) return -1; }
         else if (!strcmp(a, "--decode")) { if (cli_int(cmd, a, v, 1, 1 << 20, &o->decode)) return -1; }
         else if (!strcmp(a, "--threads")) { if (cli_int(cmd, a, v, 1, 1024, &o->threads)) return -1; }
+        else if (!strcmp(a, "--expert-cache-mb")) { if (cli_expert_cache_mb(cmd, v, &o->expert_cache_mb)) return -1; }
         else if (!strcmp(a, "--numerics")) {
             int n = cli_numerics(v);
             if (n < 0) { fprintf(stderr, "cairn %s: bad value for --numerics: '%s'\n", cmd, v); return -1; }
@@ -96,7 +103,7 @@ static int measure(model *m, const bench_opts *o, const int *ids, int timed, ben
     double t3 = now_seconds();
     if (timed && !rc) {
         double flops = 0;
-        for (int p = 0; p < o->prompt; p++) flops += m->ops->token_flops(m, p);
+        for (int p = 0; p < o->prompt; p++) flops += model_token_flops(m, p);
         r->prefill_tok_s = o->prompt / (t1 - t0);
         r->prefill_gflops = flops / (t1 - t0) / 1e9;
         r->decode_tok_s = o->decode / (t2 - t1);
@@ -132,9 +139,10 @@ static void report(const bench_opts *o, const bench_result *r) {
 }
 
 int bench_model(int argc, char **argv) {
-    bench_opts o = {NULL, 0, 64, 16, 0, NUMERICS_QAT};
+    bench_opts o = {.prompt = 64, .decode = 16, .num = NUMERICS_QAT};
     if (bench_parse("bench", argc, argv, usage, &o)) return 2;
     if (o.threads) pool_set_threads((int)o.threads);
+    if (o.expert_cache_mb > 0) return bench_disk(&o);
     char err[512] = "";
     model *m = model_open(o.model_dir, o.num, 0, err, sizeof err);
     if (!m) { fprintf(stderr, "cairn bench: %s\n", err); return 1; }
@@ -145,7 +153,7 @@ int bench_model(int argc, char **argv) {
     }
     int *ids = bench_prompt((int)o.prompt, m->vocab_size, 0);
     bench_result r = {0};
-    r.decode_bytes = m->ops->decode_bytes(m);
+    r.decode_bytes = model_decode_bytes(m);
     int rc = measure(m, &o, ids, 0, &r, err, sizeof err);
     double bw = rc ? 0 : bench_read_bandwidth(bench_stream_bytes());
     if (!rc) rc = measure(m, &o, ids, 1, &r, err, sizeof err);

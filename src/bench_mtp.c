@@ -133,7 +133,7 @@ static void report(const bench_opts *o, int k, const mtp_result *r) {
 }
 
 int bench_mtp(int argc, char **argv) {
-    bench_opts o = {NULL, 0, 64, 32, 0, NUMERICS_QAT};
+    bench_opts o = {.prompt = 64, .decode = 32, .num = NUMERICS_QAT};
     long k = 2;
     char **rest = xmalloc(sizeof(char *) * (size_t)(argc + 1));
     int nrest = 0;
@@ -149,6 +149,10 @@ int bench_mtp(int argc, char **argv) {
     char err[512] = "";
     model *m = model_open(o.model_dir, o.num, 0, err, sizeof err);
     if (!m) { fprintf(stderr, "cairn bench mtp: %s\n", err); return 1; }
+    if (cli_expert_cache("bench mtp", m, o.expert_cache_mb, NULL)) {
+        model_close(m);
+        return 1;
+    }
     int ctx = (int)(o.prompt + o.decode + (k + 1) * (VERIFY_REPEATS + 1) + 2);
     if (!m->draft_layers || !m->ops->draft) {
         fprintf(stderr, "cairn bench mtp: %s has no MTP layer this engine can draft with\n", o.model_dir);

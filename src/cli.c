@@ -35,3 +35,17 @@ int cli_float(const char *sub, const char *flag, const char *s, double *out) {
     *out = v;
     return 0;
 }
+
+int cli_expert_cache(const char *sub, model *m, double mb, const char *usage_dir) {
+    char err[512];
+    if (mb == 0 || !model_expert_cache(m, mb, usage_dir, err, sizeof err)) return 0;
+    fprintf(stderr, "cairn %s: %s\n", sub, err);
+    return -1;
+}
+
+int cli_expert_cache_mb(const char *sub, const char *v, double *mb) {
+    if (cli_float(sub, "--expert-cache-mb", v, mb)) return -1;
+    if (*mb > 0 && *mb <= 1 << 30) return 0;
+    fprintf(stderr, "cairn %s: bad value for --expert-cache-mb: '%s' (expected MiB in (0, %d])\n", sub, v, 1 << 30);
+    return -1;
+}

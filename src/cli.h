@@ -17,5 +17,14 @@ int cli_numerics(const char *s);
 /* Parse a non-negative int / float flag value, printing "cairn SUB: bad value for --flag: X" on error. */
 int cli_int(const char *sub, const char *flag, const char *s, long lo, long hi, long *out);
 int cli_float(const char *sub, const char *flag, const char *s, double *out);
+/* `--expert-cache-mb N`, spelled the same by run, engine, serve and bench. */
+#define CLI_EXPERT_CACHE_HELP \
+    "  --expert-cache-mb N   read routed experts with pread into an N MiB LRU cache instead of the mapping\n" \
+    "                        (for checkpoints larger than RAM; see docs/scale.md)\n"
+/* The flag's value: MiB, fractions allowed, in (0, 2^30]; prints the error. */
+int cli_expert_cache_mb(const char *sub, const char *v, double *mb);
+/* mb > 0: switch m to the expert cache, usage counts kept in usage_dir (NULL: none); prints
+ * "cairn SUB: ..." and returns -1 when the budget or model refuses. mb == 0: nothing. */
+int cli_expert_cache(const char *sub, model *m, double mb, const char *usage_dir);
 
 #endif

@@ -28,13 +28,26 @@ static cJSON *describe(const family_ops *f) {
     else cJSON_AddNullToObject(t, "assistant");
     cJSON_AddItemToObject(t, "boundaries", string_list(f->turns.boundaries, FAMILY_MAX_TOKENS));
     cJSON_AddBoolToObject(o, "truncates", f->truncates);
+    const tool_example *x = f->chat ? f->chat->example : NULL;
+    if (!x) {
+        cJSON_AddNullToObject(o, "tool_example");
+        return o;
+    }
+    cJSON *e = cJSON_AddObjectToObject(o, "tool_example");
+    const struct { const char *key, *value; } fields[] = {{"reply", x->reply}, {"marker", x->marker},
+        {"result", x->result}, {"think_start", x->think_start}, {"think_end", x->think_end}};
+    for (size_t i = 0; i < sizeof fields / sizeof *fields; i++) {
+        if (fields[i].value) cJSON_AddStringToObject(e, fields[i].key, fields[i].value);
+        else cJSON_AddNullToObject(e, fields[i].key);
+    }
     return o;
 }
 
 int cmd_families(int argc, char **argv) {
     if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
         printf("usage: cairn families\nPrints every registered model family as a JSON array: name, aliases, "
-               "model_types,\nchat_template, turns {start, user, assistant, boundaries}, truncates.\n");
+               "model_types,\nchat_template, turns {start, user, assistant, boundaries}, truncates, tool_example\n"
+               "{reply, marker, result, think_start, think_end} (chat.h tool_example) or null.\n");
         return 0;
     }
     if (argc > 1) { fprintf(stderr, "cairn families: takes no arguments (got '%s')\n", argv[1]); return 2; }

@@ -30,7 +30,10 @@ typedef struct {
     int chat, raw, jsonl, ignore_eos, validate_only;
     long n_gen, top_logprobs, echo_logprobs, ctx, threads, snapshot_at;
     long draft;                /* --spec mtp: drafts per speculative step (0: no speculation) */
+    double expert_cache_mb;
     int *chunks, nchunks;      /* --prefill-chunks sizes (heap) */
+    int *report, nreport;      /* --weights-report positions (heap); report_on: the flag was given */
+    int report_on;
     numerics num;
     sampler_params sp;
 } run_opts;
@@ -90,21 +93,26 @@ static void usage(FILE *f) {
             "  --snapshot-at K        after K prompt tokens: snapshot, serialize, free the sequence,\n"
             "                         restore into a new one and continue\n"
             "  --validate-only        open the model, validate every tensor (incl. MTP) and exit\n"
+            "  --weights-report P,Q   open the model and print one JSON line: tensors validated, weight\n"
+            "                         bytes a decode step reads, what one MTP draft step over one token\n"
+            "                         reads and computes (draft_bytes, draft_flops; 0 without MTP\n"
+            "                         drafting), FLOPs of a token at positions P, Q, ...\n"
+            CLI_EXPERT_CACHE_HELP
             "\n"
             "At exit a stats line is printed on stderr (prompt, generated, rss_mb, state bytes, tok/s).\n");
 }
 
 /* ---- flags -------------------------------------------------------------------------------- */
 
-/* "a,b,c" of positive integers into a heap array. */
-static int parse_list(const char *flag, const char *s, int **out, int *n) {
+/* "a,b,c" of integers >= min (0 or 1) into a heap array. */
+static int parse_list(const char *flag, const char *s, int min, int **out, int *n) {
     *n = 0;
     *out = xrealloc(*out, sizeof(int) * (strlen(s) / 2 + 1));
     for (const char *p = s; *p;) {
         char *end;
         long v = strtol(p, &end, 10);
-        if (end == p || v < 1 || v > 1 << 30 || (*end && *end != ',')) {
-            fprintf(stderr, "cairn run: bad value for %s: '%s' (expected positive integers a,b,c)\n", flag, s);
+        if (end == p || v < min || v > 1 << 30 || (*end && *end != ',')) {
+            fprintf(stderr, "cairn run: bad value for %s: '%s' (expected integers >= %d: a,b,c)\n", flag, s, min);
             return -1;
         }
         (*out)[(*n)++] = (int)v;
@@ -139,13 +147,20 @@ static int parse_flags(int argc, char **argv, run_opts *o) {
         else if (!strcmp(a, "--echo-logprobs")) { if (cli_int("run", a, v, 1, 1000, &o->echo_logprobs)) return -1; }
         else if (!strcmp(a, "--ctx")) { if (cli_int("run", a, v, 1, 1 << 30, &o->ctx)) return -1; }
         else if (!strcmp(a, "--threads")) { if (cli_int("run", a, v, 1, 1024, &o->threads)) return -1; }
+        else if (!strcmp(a, "--expert-cache-mb")) {
+            if (cli_expert_cache_mb("run", v, &o->expert_cache_mb)) return -1;
+        }
         else if (!strcmp(a, "--snapshot-at")) { if (cli_int("run", a, v, 1, 1 << 30, &o->snapshot_at)) return -1; }
         else if (!strcmp(a, "--top-k")) { if (cli_int("run", a, v, 0, 1 << 30, &l)) return -1; o->sp.top_k = (int)l; }
         else if (!strcmp(a, "--seed")) { if (cli_int("run", a, v, 0, 0x7fffffffffffffffL, &l)) return -1; o->sp.seed = (uint64_t)l; }
         else if (!strcmp(a, "--temperature")) { if (cli_float("run", a, v, &d)) return -1; o->sp.temperature = (float)d; }
         else if (!strcmp(a, "--top-p")) { if (cli_float("run", a, v, &d) || d <= 0 || d > 1) goto bad; o->sp.top_p = (float)d; }
         else if (!strcmp(a, "--min-p")) { if (cli_float("run", a, v, &d) || d < 0 || d > 1) goto bad; o->sp.min_p = (float)d; }
-        else if (!strcmp(a, "--prefill-chunks")) { if (parse_list(a, v, &o->chunks, &o->nchunks)) return -1; }
+        else if (!strcmp(a, "--prefill-chunks")) { if (parse_list(a, v, 1, &o->chunks, &o->nchunks)) return -1; }
+        else if (!strcmp(a, "--weights-report")) {
+            if (parse_list(a, v, 0, &o->report, &o->nreport)) return -1;
+            o->report_on = 1;
+        }
         else if (!strcmp(a, "--spec")) { if (strcmp(v, "mtp")) goto bad; spec = 1; }
         else if (!strcmp(a, "--draft")) { if (cli_int("run", a, v, 1, SPEC_MAX_DRAFT, &o->draft)) return -1; }
         else if (!strcmp(a, "--format")) {
@@ -165,7 +180,7 @@ static int parse_flags(int argc, char **argv, run_opts *o) {
     if (!o->model_dir) { fprintf(stderr, "cairn run: -m DIR is required (see cairn run --help)\n"); return -1; }
     if (o->draft && !spec) { fprintf(stderr, "cairn run: --draft needs --spec mtp\n"); return -1; }
     if (spec && !o->draft) o->draft = 2;
-    if (!o->validate_only && !o->chat + !o->prompt + !o->prompt_ids != 2) {
+    if (!o->validate_only && !o->report_on && !o->chat + !o->prompt + !o->prompt_ids != 2) {
         fprintf(stderr, "cairn run: give exactly one of -p TEXT, --prompt-ids IDS or --chat\n");
         return -1;
     }
@@ -682,6 +697,11 @@ static void print_stats(const runner *r) {
             r->st.prompt, r->st.generated, rss_bytes() / 1048576.0, st ? state_bytes_per_token(st) : 0,
             st ? state_fixed_bytes(st) : 0, r->st.prefill_s > 0 ? r->st.prompt / r->st.prefill_s : 0,
             r->st.decode_s > 0 ? r->st.decode_steps / r->st.decode_s : 0);
+    if (experts_cached(r->m->experts)) {
+        char line[1024];
+        experts_stats_line(r->m->experts, line, sizeof line);
+        fprintf(stderr, "cairn: %s\n", line);
+    }
 }
 
 static int run_model(runner *r, prompt *prompts, int np, char *err, size_t errlen) {
@@ -708,6 +728,14 @@ static int load_prompts(const run_opts *o, const model *m, prompt **prompts, int
     return text_prompt(o, m, &(*prompts)[0], err, errlen);
 }
 
+/* The tensor table's accounting (core/tensor_table.h) as one JSON line, for checks from outside. */
+static void print_weights_report(const model *m, const int *pos, int n) {
+    printf("{\"validated\":%d,\"decode_bytes\":%zu,\"draft_bytes\":%zu,\"draft_flops\":%.17g,\"token_flops\":{",
+           m->n_validated, model_decode_bytes(m), tt_draft_bytes(&m->weights), tt_draft_flops(&m->weights));
+    for (int i = 0; i < n; i++) printf("%s\"%d\":%.17g", i ? "," : "", pos[i], model_token_flops(m, pos[i]));
+    printf("}}\n");
+}
+
 int cmd_run(int argc, char **argv) {
     run_opts o;
     if (parse_flags(argc, argv, &o)) return 2;
@@ -715,10 +743,18 @@ int cmd_run(int argc, char **argv) {
     char err[512] = "";
     model *m = model_open(o.model_dir, o.num, isatty(2), err, sizeof err);
     if (!m) { fprintf(stderr, "cairn run: %s\n", err); return 1; }
-    if (o.validate_only) {
-        printf("cairn: validated %d tensors\n", m->n_validated);
+    if (cli_expert_cache("run", m, o.expert_cache_mb, NULL)) {
         model_close(m);
         free(o.chunks);
+        free(o.report);
+        return 1;
+    }
+    if (o.validate_only || o.report_on) {
+        if (o.report_on) print_weights_report(m, o.report, o.nreport);
+        else printf("cairn: validated %d tensors\n", m->n_validated);
+        model_close(m);
+        free(o.chunks);
+        free(o.report);
         return 0;
     }
     if (o.draft && !(m->draft_layers && m->ops->draft)) {

@@ -5,12 +5,15 @@ by later runs (regenerated when the generator script is newer than the model).""
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PYTHON = "/usr/bin/python3"
 CAIRN = os.path.join(ROOT, "build", "cairn")
+sys.path.insert(0, os.path.join(ROOT, "tools", "ref"))
+from refmath import top_indices  # noqa: E402  (the references' own order; references never share with the engine)
 
 
 def registry():
@@ -48,6 +51,28 @@ def tiny_glm():
 @pytest.fixture(scope="session")
 def tiny_kimi_k3():
     return make_model("kimi_k3")
+
+
+# ---- running cairn against a float64 reference (tests/test_*_ref.py) ---------------------------
+
+def echo(cairn, model, ids, numerics="exact", extra=()):
+    """cairn's next-token top-5 log-probs at every prompt position: ([[(id, logprob)...]...], stdout)."""
+    r = subprocess.run([cairn, "run", "-m", model, "--prompt-ids", ",".join(map(str, ids)), "-n", "0",
+                        "--numerics", numerics, "--echo-logprobs", "5", *extra], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith('{"pos"')]
+    assert [row["pos"] for row in rows] == list(range(len(ids))), r.stdout[:500]
+    return [[(t["id"], t["logprob"]) for t in row["top"]] for row in rows], r.stdout
+
+
+def assert_agrees(got, lp):
+    """cairn's rows (echo) against reference log-probs lp[pos][id]: the same top-1 at every
+    position, every reported log-prob within 0.002."""
+    for pos, (row, want) in enumerate(zip(got, lp)):
+        best = top_indices(want, 6)
+        assert row[0][0] == best[0], f"pos {pos}: top-1 {row[0][0]} != reference {best[0]}"
+        for tid, val in row:
+            assert abs(val - want[tid]) <= 0.002, f"pos {pos} id {tid}: {val} vs reference {want[tid]}"
 
 
 # ---- one fixture for tests that must hold on every family ------------------------------------

@@ -104,6 +104,10 @@ def test_gateway_sends_every_sampling_field(tiny_dsv4, tmp_path):
             assert st == 200
         seeds = [[k for k in f["header"] if k.startswith("seed=")] for f in submits(srv)[-2:]]
         assert seeds[0] and seeds[1] and seeds[0] != seeds[1], seeds
+        # seed 0 is a seed like any other: it is sent, not mistaken for "none given"
+        st, _, r = srv.json("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                                                             "max_tokens": 2, "seed": 0})
+        assert st == 200 and "seed=0" in submits(srv)[-1]["header"], submits(srv)[-1]
     finally:
         srv.stop()
 

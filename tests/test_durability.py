@@ -27,6 +27,13 @@ def test_kill_right_after_done_keeps_the_turn(spawn, cairn, model, words, tmp_pa
     e.kill()                                  # SIGKILL the moment DONE arrived
     turn2 = prompt + t1.ids + words(2, 4)
     r = spawn("--kv-dir", kv)
+    # Before READY the engine says what the resumed slot holds, as text (wire.h RECORD), so the
+    # gateway can route the conversation back to it: one frame, slot 0, its payload then "\n".
+    first, rest = r.banner.split(b"\n", 1)
+    kind, slot, n = first.split(b" ")
+    assert (kind, slot) == (b"RECORD", b"0"), r.banner[:80]
+    n = int(n)
+    assert n > 0 and rest[n:n + 1] == b"\n" and rest[n + 1:] == b"\x01\x01READY\x01\x01\n", r.banner[-80:]
     t2 = r.generate(turn2, 4)
     assert t2.reuse == len(prompt) + len(t1.fed()), "the acknowledged turn was not durable"
     assert t2.ids == reference(cairn, model, turn2, 4).ids

@@ -7,6 +7,8 @@ files are read; nothing here names a family.
   token, and across the 64-token internal passes) gives the same per-position logprobs, the same
   generation and a byte-identical state dump;
 - snapshot -> serialize -> restore -> continue mid-prompt equals an uninterrupted run;
+- a light checkpoint captured inside one forward call is byte for byte the light snapshot of a
+  prefill split at that position (tests/c/tool_capture_split.c);
 - a checkpoint captured inside a forward call (a turn boundary) restores to a state that answers
   exactly like a cold engine, and CAPS reports the capabilities the descriptor declares;
 - the interface shape conformance checks (jsonl rows of `cairn run`, two engine turns whose reuse
@@ -15,11 +17,13 @@ test_engine_protocol.py completes the contract over the engine (warm == cold for
 edit, divergent prompts, cross-slot copies, persistence restarts), on the same registry.
 """
 import json
+import os
 import random
 import subprocess
 
 import pytest
 
+from conftest import ROOT
 from engine_client import Engine, cold
 
 GEN = 5
@@ -116,6 +120,23 @@ def test_long_prompt_across_internal_passes(cairn, family_model, tmp_path):
 def test_snapshot_restore_mid_prompt(cairn, family_model, baseline, k):
     ids, out, _ = baseline
     assert traced(cairn, family_model.model, ids, "--snapshot-at", k) == out
+
+
+CAPTURES = [1, 7, 8, 9, 17, 33, PROMPT_LEN - 1, PROMPT_LEN]    # at most STATE_MAX_CAPTURES
+
+
+def test_capture_equals_split_snapshot(family_model, baseline):
+    """Captures armed at window/compression boundaries and their neighbours during one prefill
+    call serialize to exactly the bytes of a light snapshot after a prefill of that length; the
+    snapshots differ from each other, so the comparison is not of empty blobs."""
+    ids, _, _ = baseline
+    tool = os.path.join(ROOT, "build", "tests", "tool_capture_split")
+    p = subprocess.run([tool, family_model.model, ids_arg(ids), ids_arg(CAPTURES)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = [json.loads(line) for line in p.stdout.splitlines()]
+    assert [r["k"] for r in rows] == CAPTURES
+    assert all(r["equal"] for r in rows), rows
+    assert len({r["hash"] for r in rows}) == len(CAPTURES), "snapshots at different positions are identical"
 
 
 def test_caps_match_the_descriptor(cairn, family_model):

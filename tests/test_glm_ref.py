@@ -12,7 +12,8 @@ import sys
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import ROOT, assert_agrees, echo
+
 sys.path.insert(0, os.path.join(ROOT, "tools", "ref"))
 import glm as ref  # noqa: E402
 
@@ -22,16 +23,6 @@ PROMPTS = {
     "dsa": [BASE + 2, BASE + 4, BASE + 6, 100, 200, 300, 400, 500, 600, 700, 800, 900, 10, 20, 30, 40, BASE + 8],
     "long": [BASE + 2, BASE + 4, BASE + 7] + [(37 * i + 11) % 950 for i in range(36)] + [BASE + 8, BASE + 21],
 }
-
-
-def echo(cairn, model, ids, numerics="exact", extra=()):
-    """cairn's next-token top-5 log-probs at every prompt position: [[(id, logprob)...]...]."""
-    r = subprocess.run([cairn, "run", "-m", model, "--prompt-ids", ",".join(map(str, ids)), "-n", "0",
-                        "--numerics", numerics, "--echo-logprobs", "5", *extra], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    rows = [json.loads(l) for l in r.stdout.splitlines() if l.startswith('{"pos"')]
-    assert [row["pos"] for row in rows] == list(range(len(ids))), r.stdout[:500]
-    return [[(t["id"], t["logprob"]) for t in row["top"]] for row in rows], r.stdout
 
 
 @pytest.fixture(scope="module")
@@ -49,12 +40,10 @@ def test_exact_matches_reference(cairn, tiny_glm, reference, name):
     ids = PROMPTS[name]
     got, _ = echo(cairn, tiny_glm, ids)
     lp = ref_logprobs(reference, ids)
+    assert_agrees(got, lp)
     for pos, (row, want) in enumerate(zip(got, lp)):
-        best = ref.top_indices(want, 6)
-        assert row[0][0] == best[0], f"pos {pos}: top-1 {row[0][0]} != reference {best[0]}"
-        for tid, val in row:
-            assert abs(val - want[tid]) <= 0.002, f"pos {pos} id {tid}: {val} vs reference {want[tid]}"
         # The top-5 sets agree up to a near-tie at the 5th/6th place.
+        best = ref.top_indices(want, 6)
         assert set(t for t, _ in row) <= set(int(t) for t in best), f"pos {pos}: {row} vs {best}"
 
 
@@ -178,11 +167,7 @@ def tiny_glm_int4(request):
 
 
 def assert_matches_reference(cairn, model, ids, tensors_dir=None):
-    got, _ = echo(cairn, model, ids)
-    lp = ref_logprobs(ref.load(tensors_dir or model), ids)
-    for pos, (row, want) in enumerate(zip(got, lp)):
-        assert row[0][0] == ref.top_indices(want, 1)[0], f"pos {pos}"
-        assert max(abs(v - want[t]) for t, v in row) <= 0.002, f"pos {pos}"
+    assert_agrees(echo(cairn, model, ids)[0], ref_logprobs(ref.load(tensors_dir or model), ids))
 
 
 def test_fp8_checkpoint_matches_reference(cairn, tiny_glm_fp8):

@@ -29,11 +29,12 @@ def free_port():
 
 
 class Server:
-    """One `cairn serve` process on a free loopback port; its stderr goes to a file."""
+    """One `cairn serve` process on a loopback port (a free one unless given); its stderr goes to a
+    file of its own."""
 
-    def __init__(self, model, tmp, args=(), env=None, fake=False):
-        self.port = free_port()
-        self.log_path = os.path.join(tmp, f"serve-{self.port}.log")
+    def __init__(self, model, tmp, args=(), env=None, fake=False, port=None):
+        self.port = port or free_port()
+        self.log_path = os.path.join(tmp, f"serve-{self.port}-{time.monotonic_ns()}.log")
         self.fake_log = os.path.join(tmp, f"fake-{self.port}.jsonl")
         e = dict(os.environ, FAKE_LOG=self.fake_log, **(env or {}))
         cmd = [CAIRN, "serve", "-m", model, "--port", str(self.port), *args]
@@ -231,6 +232,60 @@ def test_body_header_and_connection_bounds(servers, tiny_dsv4):
         except OSError:
             return False
     wait_until(serves_again, what="server to serve again")
+
+
+def trickle_until_closed(sock, nbytes, pause):
+    """Send one header byte every `pause` seconds (each resets the idle timeout); return the
+    seconds until the server closed the connection, or None if all nbytes went through."""
+    t0 = time.monotonic()
+    for _ in range(nbytes):
+        try:
+            sock.sendall(b"a")
+            sock.settimeout(pause)
+            if sock.recv(100) == b"":
+                return time.monotonic() - t0
+        except socket.timeout:
+            continue
+        except OSError:
+            return time.monotonic() - t0
+    return None
+
+
+def test_header_deadline_cuts_a_trickling_client(servers, tiny_dsv4):
+    """--header-timeout is a total bound on a request's headers (issue 16 §4): a client that
+    trickles header bytes faster than the idle timeout is cut after it; a request whose headers
+    arrived is never cut by it, however long its stream runs; an idle kept-alive connection is
+    held to the same bound for its next request."""
+    s = servers(tiny_dsv4, ["--header-timeout", "2", "--read-timeout", "120"], {"FAKE_TOKEN_DELAY": "0.3"},
+                fake=True)
+    stream = s.conn()
+    stream.request("POST", "/v1/chat/completions", json.dumps(chat_body("long", max_tokens=12, stream=True)),
+                   {"Content-Type": "application/json"})
+    reply = stream.getresponse()
+    loris = socket.create_connection(("127.0.0.1", s.port))
+    loris.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nX-Pad: ")
+    cut_after = trickle_until_closed(loris, 250, 0.2)      # 250 bytes = 50 s of trickling
+    loris.close()
+    assert cut_after is not None, "a client trickling its headers for 50 s was never cut"
+    assert 1.9 <= cut_after < 50, cut_after
+    lines = [x for x in stream_lines(reply) if x]    # began before the loris, ran past the 2 s bound
+    stream.close()
+    assert lines[-1] == "data: [DONE]", lines
+    text = "".join(json.loads(x[6:])["choices"][0]["delta"].get("content") or "" for x in lines[:-1])
+    assert text.split() == [f"w{i}" for i in range(12)], text
+    kept = socket.create_connection(("127.0.0.1", s.port))
+    kept.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+    kept.settimeout(60)
+    reply = b""
+    while b"\r\n\r\n" not in reply or not reply.rstrip().endswith(b"}"):
+        reply += kept.recv(4096)
+    assert reply.startswith(b"HTTP/1.1 200"), reply
+    assert kept.recv(100) == b"", "an idle kept-alive connection outlived the header deadline"
+    kept.close()
+    st, _, text = s.request("GET", "/metrics")
+    cuts = [int(x.split()[1]) for x in text.decode().splitlines() if x.startswith("cairn_header_timeouts_total")]
+    assert cuts and cuts[0] >= 2, cuts
+    assert "request headers took longer than 2 s" in s.logtext()
 
 
 def test_queue_bound_gives_429_with_retry_after(servers, tiny_dsv4):

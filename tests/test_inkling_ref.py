@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, assert_agrees, echo
 from engine_client import Engine
 
 sys.path.insert(0, os.path.join(ROOT, "tools", "ref"))
@@ -53,23 +53,6 @@ def tiny_raw():
 @pytest.fixture(scope="module")
 def reference(tiny):
     return ref.load(tiny)
-
-
-def echo(cairn, model, ids, numerics="exact", extra=()):
-    r = subprocess.run([cairn, "run", "-m", model, "--prompt-ids", ",".join(map(str, ids)), "-n", "0",
-                        "--numerics", numerics, "--echo-logprobs", "5", *extra], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    rows = [json.loads(l) for l in r.stdout.splitlines() if l.startswith('{"pos"')]
-    assert [row["pos"] for row in rows] == list(range(len(ids))), r.stdout[:500]
-    return [[(t["id"], t["logprob"]) for t in row["top"]] for row in rows], r.stdout
-
-
-def assert_agrees(got, lp):
-    for pos, (row, want) in enumerate(zip(got, lp)):
-        best = ref.top_indices(want, 6)
-        assert row[0][0] == best[0], f"pos {pos}: top-1 {row[0][0]} != reference {best[0]}"
-        for tid, val in row:
-            assert abs(val - want[tid]) <= 0.002, f"pos {pos} id {tid}: {val} vs reference {want[tid]}"
 
 
 @pytest.mark.parametrize("name", sorted(PROMPTS))

@@ -16,7 +16,8 @@ import sys
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import ROOT, assert_agrees, echo
+
 sys.path.insert(0, os.path.join(ROOT, "tools", "ref"))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 import kimi_k3 as ref  # noqa: E402
@@ -30,16 +31,6 @@ PROMPTS = {
 }
 
 
-def echo(cairn, model, ids, numerics="exact", extra=()):
-    """cairn's next-token top-5 log-probs at every prompt position: [[(id, logprob)...]...]."""
-    r = subprocess.run([cairn, "run", "-m", model, "--prompt-ids", ",".join(map(str, ids)), "-n", "0",
-                        "--numerics", numerics, "--echo-logprobs", "5", *extra], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith('{"pos"')]
-    assert [row["pos"] for row in rows] == list(range(len(ids))), r.stdout[:500]
-    return [[(t["id"], t["logprob"]) for t in row["top"]] for row in rows], r.stdout
-
-
 @pytest.fixture(scope="module")
 def reference(tiny_kimi_k3):
     return ref.load(tiny_kimi_k3)
@@ -47,14 +38,6 @@ def reference(tiny_kimi_k3):
 
 def ref_logprobs(cfg, w, ids, path="recurrent"):
     return ref.log_softmax(ref.forward(cfg, w, ids, path))
-
-
-def assert_agrees(got, lp):
-    for pos, (row, want) in enumerate(zip(got, lp)):
-        best = ref.top_indices(want, 6)
-        assert row[0][0] == best[0], f"pos {pos}: top-1 {row[0][0]} != reference {best[0]}"
-        for tid, val in row:
-            assert abs(val - want[tid]) <= 0.002, f"pos {pos} id {tid}: {val} vs reference {want[tid]}"
 
 
 @pytest.mark.parametrize("name", sorted(PROMPTS))

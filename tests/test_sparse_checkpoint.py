@@ -151,26 +151,9 @@ def test_inkling_layouts_are_real_and_sparse(family):
 
 def test_inkling_sparse_rejects_wrong_shape(cairn, tmp_path):
     """A transposed fused gate/up (same bytes) in the released layout is named by the loader."""
-    src = sparse_model("inkling")
     name = "model.llm.layers.3.mlp.experts.w13_weight"
-    shard = inventory(src)["weight_map"][name]
-    dst = str(tmp_path / "bad")
-    os.makedirs(dst)
-    for f in os.listdir(src):
-        s, t = os.path.join(src, f), os.path.join(dst, f)
-        if f.endswith(".safetensors") and f != shard:
-            os.symlink(s, t)
-        elif not f.endswith(".safetensors"):
-            shutil.copy(s, t)
-    with open(os.path.join(src, shard), "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        text = f.read(n).decode()
-    edited = text.replace(f'"{name}":{{"dtype":"BF16","shape":[256,6144,6144]',
-                          f'"{name}":{{"dtype":"BF16","shape":[256,6144,6144]'.replace("[256,6144,6144]", "[6144,256,6144]"))
-    assert edited != text
-    with open(os.path.join(dst, shard), "wb") as f:
-        f.write(struct.pack("<Q", n) + edited.encode())
-        f.truncate(os.path.getsize(os.path.join(src, shard)))
+    dst = corrupt_copy(sparse_model("inkling"), str(tmp_path / "bad"), name, lambda h: h.replace(
+        f'"{name}":{{"dtype":"BF16","shape":[256,6144,6144]', f'"{name}":{{"dtype":"BF16","shape":[6144,256,6144]'))
     r = run_cairn(cairn, "-m", dst, "--validate-only")
     assert r.returncode != 0 and name in r.stderr and "[256,6144,6144]" in r.stderr, r.stderr[-2000:]
 
@@ -227,13 +210,13 @@ def test_sparse_validate_only(cairn, family, count):
     assert int(m.group(1)) == count
 
 
-def corrupt_copy(src, dst, shard_edit):
-    """Copies the checkpoint (shards stay sparse) and applies shard_edit(header_text) -> header_text
-    to the shard holding layers.7.attn.wkv.weight; the header keeps its length."""
+def corrupt_copy(src, dst, tensor, shard_edit):
+    """Copies the checkpoint (shards stay sparse: symlinks) and applies shard_edit(header_text) ->
+    header_text to the shard holding `tensor`; the header keeps its length."""
     shutil.rmtree(dst, ignore_errors=True)
     os.makedirs(dst)
     idx = inventory(src)
-    target = idx["weight_map"]["layers.7.attn.wkv.weight"]
+    target = idx["weight_map"][tensor]
     for name in os.listdir(src):
         s, t = os.path.join(src, name), os.path.join(dst, name)
         if name.endswith(".safetensors") and name != target:
@@ -254,7 +237,7 @@ def corrupt_copy(src, dst, shard_edit):
 
 def test_dsv4_family_rejects_wrong_shape(cairn, sparse_dsv4, tmp_path):
     """Same byte count, transposed shape: only the family's st_expect can catch it."""
-    d = corrupt_copy(sparse_dsv4, str(tmp_path / "bad_shape"), lambda h: h.replace(
+    d = corrupt_copy(sparse_dsv4, str(tmp_path / "bad_shape"), "layers.7.attn.wkv.weight", lambda h: h.replace(
         '"layers.7.attn.wkv.weight":{"dtype":"F8_E4M3","shape":[512,4096]',
         '"layers.7.attn.wkv.weight":{"dtype":"F8_E4M3","shape":[4096,512]'))
     r = run_cairn(cairn, "-m", d, "--validate-only")
@@ -266,7 +249,7 @@ def test_dsv4_family_rejects_missing_tensor(cairn, sparse_dsv4, tmp_path):
     def rename(h):
         return h.replace('"layers.7.attn.wkv.weight"', '"layers.7.attn.wkv.weighX"')
 
-    d = corrupt_copy(sparse_dsv4, str(tmp_path / "missing"), rename)
+    d = corrupt_copy(sparse_dsv4, str(tmp_path / "missing"), "layers.7.attn.wkv.weight", rename)
     idx = inventory(d)
     wm = idx["weight_map"]
     wm["layers.7.attn.wkv.weighX"] = wm.pop("layers.7.attn.wkv.weight")

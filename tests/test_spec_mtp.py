@@ -87,8 +87,8 @@ def test_accepted_drafts_keep_the_state_exact(tiny_glm, k):
     assert_exact_state(out, 24)
 
 
-def run(cairn, model, *extra):
-    return subprocess.run([cairn, "run", "-m", model, "--prompt-ids", ",".join(map(str, SHORT)), "-n", "24",
+def run(cairn, model, *extra, ids=SHORT):
+    return subprocess.run([cairn, "run", "-m", model, "--prompt-ids", ",".join(map(str, ids)), "-n", "24",
                            "--temperature", "0", "--format", "jsonl", "--top-logprobs", "3", "--ignore-eos", *extra],
                           capture_output=True, text=True)
 
@@ -98,6 +98,17 @@ def test_run_spec_greedy_prints_what_plain_prints(cairn, tiny_glm, k):
     plain, fast = run(cairn, tiny_glm), run(cairn, tiny_glm, "--spec", "mtp", "--draft", k)
     assert plain.returncode == 0 and fast.returncode == 0, plain.stderr + fast.stderr
     assert len(plain.stdout.splitlines()) == 24
+    assert fast.stdout == plain.stdout
+
+
+def test_run_spec_long_prompt_with_every_logit(cairn, tiny_glm):
+    """A prompt over one internal pass (64 rows) with every position's logits: the head's rows
+    and the MTP rows of one pass share the scratch, and the output is plain decoding's."""
+    ids = [(53 * i + 7) % 950 for i in range(90)]
+    plain = run(cairn, tiny_glm, "--echo-logprobs", "3", ids=ids)
+    fast = run(cairn, tiny_glm, "--echo-logprobs", "3", "--spec", "mtp", "--draft", "2", ids=ids)
+    assert plain.returncode == 0 and fast.returncode == 0, plain.stderr + fast.stderr
+    assert len(plain.stdout.splitlines()) == 90 + 24
     assert fast.stdout == plain.stdout
 
 

@@ -4,7 +4,7 @@ write_file(path, tensors, metadata=None): tensors is {name: (dtype_str, shape, b
 {name: numpy array}; arrays of float32/int64/int32/uint8/int8 map to F32/I64/I32/U8/I8.
 For BF16/F8 data pass (dtype, shape, raw bytes) — see the encoders below.
 write_sharded(dir, tensors, shard_bytes): model-NNNNN-of-NNNNN.safetensors + model.safetensors.index.json.
-read_file(path) -> {name: (dtype, shape, bytes)}; read_dir(dir) follows the index.
+read_file(path) -> {name: (dtype, shape, bytes)}; read_dir(dir) follows the index (shard_files).
 """
 import json
 import os
@@ -84,14 +84,17 @@ def read_file(path):
     return out
 
 
-def read_dir(d):
+def shard_files(d):
+    """The checkpoint's shard file names: the index's, else every *.safetensors in d."""
     idx = os.path.join(d, "model.safetensors.index.json")
     if os.path.exists(idx):
-        files = sorted(set(json.load(open(idx))["weight_map"].values()))
-    else:
-        files = sorted(f for f in os.listdir(d) if f.endswith(".safetensors"))
+        return sorted(set(json.load(open(idx))["weight_map"].values()))
+    return sorted(f for f in os.listdir(d) if f.endswith(".safetensors"))
+
+
+def read_dir(d):
     out = {}
-    for f in files:
+    for f in shard_files(d):
         out.update(read_file(os.path.join(d, f)))
     return out
 

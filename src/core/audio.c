@@ -34,9 +34,8 @@ static int read_fmt(const unsigned char *p, uint32_t size, wav_fmt *f, char *err
         return errf(err, errlen, "WAV: encoding %d with %d bits per sample is not supported (PCM 8/16/24/32-bit or "
                     "float32)", f->format, f->bits);
     if (f->channels < 1) return errf(err, errlen, "WAV: %d channels", f->channels);
-    if (f->rate != DMEL_RATE)
-        return errf(err, errlen, "WAV: sample rate %u Hz; DMel audio input is %d Hz (no resampling here)",
-                    f->rate, DMEL_RATE);
+    if (f->rate < AUDIO_RATE_MIN || f->rate > AUDIO_RATE_MAX)
+        return errf(err, errlen, "WAV: sample rate %u Hz is outside %d..%d Hz", f->rate, AUDIO_RATE_MIN, AUDIO_RATE_MAX);
     return 0;
 }
 
@@ -95,7 +94,12 @@ int audio_decode_wav(const unsigned char *buf, size_t len, float **pcm, size_t *
             have_fmt = 1;
         } else if (!memcmp(buf + off, "data", 4)) {
             if (!have_fmt) return errf(err, errlen, "WAV: data chunk before the fmt chunk");
-            return decode_samples(body, size, &f, pcm, n, err, errlen);
+            if (decode_samples(body, size, &f, pcm, n, err, errlen)) return -1;
+            if (f.rate == DMEL_RATE) return 0;
+            float *in = *pcm;
+            int rc = audio_resample(in, *n, (int)f.rate, pcm, n, err, errlen);
+            free(in);
+            return rc;
         }
         off += 8 + (size_t)size + (size & 1);     /* chunks are word-aligned */
     }
@@ -109,6 +113,69 @@ int audio_decode_pcm16(const unsigned char *buf, size_t len, float **pcm, size_t
     if (len % 2) return errf(err, errlen, "PCM16: %zu bytes is not a whole number of 16-bit samples", len);
     if (len > UINT32_MAX) return errf(err, errlen, "PCM16: %zu bytes is too long", len);
     return decode_samples(buf, (uint32_t)len, &f, pcm, n, err, errlen);
+}
+
+/* ---- resampling to 16 kHz (design in audio.h) --------------------------------------------- */
+
+enum { RS_HALF_TAPS = 16, RS_TABLE_MAX = 1 << 22 };
+#define RS_CUTOFF 0.97
+#define RS_BETA 9.0
+
+static long gcd(long a, long b) { return b ? gcd(b, a % b) : a; }
+
+/* The modified Bessel function I0 by its power series (terms fall below 1e-17 of the sum). */
+static double bessel_i0(double x) {
+    double sum = 1, term = 1, q = x * x / 4;
+    for (int k = 1; term > 1e-17 * sum; k++) {
+        term *= q / ((double)k * k);
+        sum += term;
+    }
+    return sum;
+}
+
+/* The 2W taps of output phase frac (in [0, 1): the output's offset past its input sample) for
+ * inputs floor(t) - W + 1 .. floor(t) + W, normalised to unit sum. */
+static void rs_taps(double frac, double f, int w, double *c) {
+    double sum = 0;
+    for (int k = 0; k < 2 * w; k++) {
+        double d = frac + (double)(w - 1 - k), x = M_PI * f * d, r = d / w;
+        double v = (x == 0 ? 1.0 : sin(x) / x) * bessel_i0(RS_BETA * sqrt(fmax(0.0, 1.0 - r * r)));
+        c[k] = v;
+        sum += v;
+    }
+    for (int k = 0; k < 2 * w; k++) c[k] /= sum;
+}
+
+int audio_resample(const float *in, size_t n, int rate, float **out, size_t *m, char *err, size_t errlen) {
+    long g = gcd(rate, DMEL_RATE), phases = DMEL_RATE / g, step = rate / g;
+    double f = RS_CUTOFF * fmin((double)DMEL_RATE / rate, 1.0);
+    int w = (int)ceil(RS_HALF_TAPS / f);
+    *m = (size_t)(((unsigned long long)n * DMEL_RATE + (unsigned long long)rate - 1) / (unsigned long long)rate);
+    *out = malloc(*m * sizeof **out);
+    /* one row of taps per phase when the table is small (every common rate), else one row reused */
+    int table = phases * 2 * w <= RS_TABLE_MAX;
+    double *c = malloc((size_t)(table ? phases : 1) * 2 * (size_t)w * sizeof *c);
+    if (!*out || !c) {
+        free(*out);
+        free(c);
+        *out = NULL;
+        return errf(err, errlen, "resampling %d Hz: out of memory for %zu samples", rate, *m);
+    }
+    for (long p = 0; table && p < phases; p++) rs_taps((double)p / phases, f, w, c + p * 2 * w);
+    for (size_t j = 0; j < *m; j++) {
+        unsigned long long pos = (unsigned long long)j * (unsigned long long)step;
+        long base = (long)(pos / (unsigned long long)phases), p = (long)(pos % (unsigned long long)phases);
+        const double *row = table ? c + p * 2 * w : c;
+        if (!table) rs_taps((double)p / phases, f, w, c);
+        double acc = 0;
+        for (int k = 0; k < 2 * w; k++) {
+            long i = base - w + 1 + k;
+            if (i >= 0 && (size_t)i < n) acc += row[k] * in[i];
+        }
+        (*out)[j] = (float)acc;
+    }
+    free(c);
+    return 0;
 }
 
 /* ---- DMel ------------------------------------------------------------------------------- */

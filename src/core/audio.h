@@ -16,9 +16,19 @@
  *
  * Decoding accepts RIFF/WAVE PCM (8/16/24/32-bit integer), IEEE float32 and WAVE_FORMAT_EXTENSIBLE
  * with either, any channel count (averaged to mono, as the extractor's force_mono does); and raw
- * little-endian 16-bit mono PCM. The rate must be 16000 Hz: there is no resampler, so any other
- * rate is refused by name rather than guessed. Every failure names what is wrong (not RIFF,
- * truncated chunk, unsupported encoding, rate, no samples).
+ * little-endian 16-bit mono PCM (16 kHz: it carries no rate). Every failure names what is wrong
+ * (not RIFF, truncated chunk, unsupported encoding, rate, no samples).
+ *
+ * RESAMPLING. The extractor takes 16 kHz only; the processor's loader (transformers audio_utils
+ * load_audio) resamples upstream, through torchcodec — FFmpeg's libswresample — or, without it,
+ * librosa (soxr). A WAV at another rate (AUDIO_RATE_MIN..AUDIO_RATE_MAX) is resampled here with
+ * libswresample's default design: band-limited interpolation by a Kaiser-windowed sinc (beta 9),
+ * cutoff 0.97 of the lower Nyquist frequency, 2 x ceil(16 / f) taps where f = 0.97 x
+ * min(16000 / rate, 1), each output's taps normalised to unit sum, zeros beyond the clip. Output j
+ * sits exactly at input time j x rate / 16000 (rational phase, no interpolation between phases);
+ * there are ceil(n x 16000 / rate) outputs. The design is libswresample's, the numbers are not
+ * claimed bit-equal to FFmpeg's (its phase table and start-up delay handling differ) nor to soxr:
+ * tools/ref/dmel.py implements this definition independently and the tests compare against it.
  */
 #ifndef CAIRN_AUDIO_H
 #define CAIRN_AUDIO_H
@@ -32,10 +42,14 @@ enum {
     DMEL_WIN = 1600,
     DMEL_MELS = 80,
     DMEL_LEVELS = 16,
+    AUDIO_RATE_MIN = 4000,
+    AUDIO_RATE_MAX = 384000,
 };
 
-/* Decode a WAV file image into mono f32 samples in [-1, 1] (*pcm malloc'd, caller frees). */
+/* Decode a WAV file image into mono f32 samples at 16 kHz (*pcm malloc'd, caller frees). */
 int audio_decode_wav(const unsigned char *buf, size_t len, float **pcm, size_t *n, char *err, size_t errlen);
+/* in[n] at `rate` Hz (AUDIO_RATE_MIN..AUDIO_RATE_MAX) -> *out[*m] at 16 kHz (malloc'd), as above. */
+int audio_resample(const float *in, size_t n, int rate, float **out, size_t *m, char *err, size_t errlen);
 /* Raw little-endian signed 16-bit mono samples at 16 kHz. */
 int audio_decode_pcm16(const unsigned char *buf, size_t len, float **pcm, size_t *n, char *err, size_t errlen);
 

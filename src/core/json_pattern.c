@@ -4,7 +4,8 @@
  * work on code points. Every character or class becomes a set of code points; a set is written
  * as the JSON text for its members: most characters raw, `"` and `\` and control characters as
  * the escapes JSON requires. Where several spellings exist (\n or \u000a) one is generated —
- * stricter, never looser.
+ * stricter, never looser. In raw mode (a string written unquoted, json_schema_tagged_rules) every
+ * member is written as itself.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +25,7 @@ typedef struct {
     const char *s;
     size_t i, n;
     sbuf *e;
+    int raw;                      /* members as themselves, not as JSON string content */
     int depth;
     char *err;
     size_t errlen;
@@ -98,18 +100,21 @@ static int emit_set(rx *r, cpset *c) {
     for (int i = 0; i < c->n; i++) {
         unsigned lo = c->lo[i], hi = c->hi[i];
         /* the characters JSON writes escaped */
-        for (unsigned cp = lo; cp <= hi && cp < 0x20; cp++) {
+        for (unsigned cp = lo; !r->raw && cp <= hi && cp < 0x20; cp++) {
             static const char short_esc[] = "\b\t\n\f\r", letters[] = "btnfr";
             const char *k = cp ? strchr(short_esc, (int)cp) : NULL;
             if (k) sbuf_printf(e, "%s\"\\\\%c\"", n++ ? " | " : "", letters[k - short_esc]);
             else sbuf_printf(e, "%s\"\\\\u00%02x\"", n++ ? " | " : "", cp);
         }
-        if (lo <= '"' && '"' <= hi) sbuf_printf(e, "%s\"\\\\\\\"\"", n++ ? " | " : "");
-        if (lo <= '\\' && '\\' <= hi) sbuf_printf(e, "%s\"\\\\\\\\\"", n++ ? " | " : "");
-        /* the rest raw, split around those and the surrogates */
-        unsigned cuts[][2] = {{0, 0x1F}, {'"', '"'}, {'\\', '\\'}, {0xD800, 0xDFFF}};
+        if (!r->raw && lo <= '"' && '"' <= hi) sbuf_printf(e, "%s\"\\\\\\\"\"", n++ ? " | " : "");
+        if (!r->raw && lo <= '\\' && '\\' <= hi) sbuf_printf(e, "%s\"\\\\\\\\\"", n++ ? " | " : "");
+        /* the rest raw, split around those and the surrogates (raw mode: around NUL and them) */
+        static const unsigned json_cuts[][2] = {{0, 0x1F}, {'"', '"'}, {'\\', '\\'}, {0xD800, 0xDFFF}};
+        static const unsigned raw_cuts[][2] = {{0, 0}, {0xD800, 0xDFFF}};
+        const unsigned (*cuts)[2] = r->raw ? raw_cuts : json_cuts;
+        size_t ncuts = r->raw ? 2 : 4;
         unsigned start = lo;
-        for (size_t k = 0; k < 4 && start <= hi; k++) {
+        for (size_t k = 0; k < ncuts && start <= hi; k++) {
             if (cuts[k][1] < start) continue;
             if (cuts[k][0] > hi) break;
             if (cuts[k][0] > start && set_add(r, &raw, start, cuts[k][0] - 1)) return -1;
@@ -310,7 +315,7 @@ static int parse_alt(rx *r) {
     return 0;
 }
 
-int json_pattern_expr(const char *re, const char *char_rule, sbuf *e, char *err, size_t errlen) {
+int json_pattern_expr(const char *re, const char *char_rule, int raw, sbuf *e, char *err, size_t errlen) {
     size_t n = strlen(re), start = 0;
     int head = n && re[0] == '^';
     if (head) start = 1;
@@ -318,7 +323,7 @@ int json_pattern_expr(const char *re, const char *char_rule, sbuf *e, char *err,
     size_t bs = 0;
     while (n >= 2 + bs && re[n - 2 - bs] == '\\') bs++;
     int tail = n > start && re[n - 1] == '$' && bs % 2 == 0;
-    rx r = {.s = re + start, .n = n - start - (size_t)tail, .e = e, .err = err, .errlen = errlen};
+    rx r = {.s = re + start, .n = n - start - (size_t)tail, .e = e, .raw = raw, .err = err, .errlen = errlen};
     if (!head) sbuf_printf(e, "%s* ", char_rule);
     sbuf_puts(e, "(");
     if (parse_alt(&r)) return -1;

@@ -31,6 +31,8 @@ typedef struct {
     const char *base;
     const cJSON *root;
     int counter, depth;
+    const char *tag_close;            /* tagged mode (json_schema_tagged_rules), else NULL */
+    int top;                          /* generating the top-level value (not inside a container) */
     unsigned prims;                   /* PRIM_* rules already emitted */
     ref_rule refs[REFS_MAX];
     int nrefs;
@@ -38,7 +40,8 @@ typedef struct {
     size_t errlen;
 } jsg;
 
-enum { PRIM_WS = 1, PRIM_CHAR = 2, PRIM_STRING = 4, PRIM_INT = 8, PRIM_NUMBER = 16, PRIM_VALUE = 32, PRIM_HEX = 64 };
+enum { PRIM_WS = 1, PRIM_CHAR = 2, PRIM_STRING = 4, PRIM_INT = 8, PRIM_NUMBER = 16, PRIM_VALUE = 32, PRIM_HEX = 64,
+       PRIM_RAW = 128 };
 
 static int gen(jsg *j, const cJSON *s, const char *ptr, sbuf *e);
 
@@ -63,8 +66,27 @@ static int utf8_ok(const char *s) {
     return 1;
 }
 
-/* The compact JSON text of v as a GBNF literal. */
+/* ---- tagged mode: the top-level value's JSON type named first, strings raw ------------------ */
+
+static int tagged_top(const jsg *j) { return j->tag_close && j->top; }
+
+/* The tag of a top-level value of JSON type `type` (integers are numbers). */
+static void put_tag(jsg *j, const char *type, sbuf *e) {
+    sbuf_printf(e, "\"%s\" %s ", strcmp(type, "integer") ? type : "number", j->tag_close);
+}
+
+/* The compact JSON text of v as a GBNF literal (a top-level value of a tagged rule: its tag,
+ * then a string's text raw). */
 static int put_json_literal(jsg *j, const cJSON *v, const char *ptr, sbuf *e) {
+    if (tagged_top(j)) {
+        static const struct { cJSON_bool (*is)(const cJSON *); const char *type; } kinds[] = {
+            {cJSON_IsString, "string"}, {cJSON_IsNumber, "number"}, {cJSON_IsBool, "boolean"},
+            {cJSON_IsNull, "null"}, {cJSON_IsArray, "array"}, {cJSON_IsObject, "object"}};
+        for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
+            if (kinds[i].is(v)) put_tag(j, kinds[i].type, e);
+        if (cJSON_IsString(v))
+            return gbnf_literal(e, v->valuestring) ? fail(j, ptr, "invalid UTF-8 in a string") : 0;
+    }
     char *text = cJSON_PrintUnformatted(v);
     if (!text) return fail(j, ptr, "cannot serialize this value");
     int ok = gbnf_literal(e, text) == 0;
@@ -85,11 +107,14 @@ static const char *prim(jsg *j, unsigned which, char *name, size_t cap) {
          "%s-object ::= \"{\" %s-ws (%s-string %s-ws \":\" %s-ws %s-value %s-ws (\",\" %s-ws %s-string %s-ws \":\" "
          "%s-ws %s-value %s-ws)*)? \"}\"\n"
          "%s-array ::= \"[\" %s-ws (%s-value %s-ws (\",\" %s-ws %s-value %s-ws)*)? \"]\""},
+        /* one character of a raw (unquoted) string: anything but NUL and the other C0 controls
+         * apart from tab, newline and carriage return */
+        {PRIM_RAW, "raw", "[^\\x00-\\x08\\x0B\\x0C\\x0E-\\x1F]"},
     };
-    static const unsigned deps[] = {0, 0, PRIM_HEX, PRIM_CHAR, 0, PRIM_INT, PRIM_WS | PRIM_STRING | PRIM_NUMBER};
+    static const unsigned deps[] = {0, 0, PRIM_HEX, PRIM_CHAR, 0, PRIM_INT, PRIM_WS | PRIM_STRING | PRIM_NUMBER, 0};
     for (size_t i = 0; i < sizeof defs / sizeof defs[0]; i++) {
         if (defs[i].bit != which) continue;
-        for (unsigned d = 1; d <= PRIM_HEX; d <<= 1)
+        for (unsigned d = 1; d <= PRIM_RAW; d <<= 1)
             if (deps[i] & d) prim(j, d, name, cap);
         if (!(j->prims & which)) {
             j->prims |= which;
@@ -110,6 +135,30 @@ static const char *prim(jsg *j, unsigned which, char *name, size_t cap) {
 static void put_prim(jsg *j, unsigned which, sbuf *e) {
     char name[128];
     sbuf_printf(e, "%s", prim(j, which, name, sizeof name));
+}
+
+/* Any value at the top level: one tagged alternative per JSON type. */
+static void put_tagged_any(jsg *j, sbuf *e) {
+    char v[128], raw[128];
+    prim(j, PRIM_VALUE, v, sizeof v);
+    prim(j, PRIM_RAW, raw, sizeof raw);
+    static const char *const types[] = {"object", "array", "string", "number", "boolean", "null"};
+    sbuf_puts(e, "(");
+    for (int i = 0; i < 6; i++) {
+        sbuf_puts(e, i ? " | (" : "(");
+        put_tag(j, types[i], e);
+        if (i == 2) sbuf_printf(e, "%s*", raw);
+        else if (i == 4) sbuf_puts(e, "(\"true\" | \"false\")");
+        else if (i == 5) sbuf_puts(e, "\"null\"");
+        else sbuf_printf(e, "%s-%s", j->base, types[i]);
+        sbuf_puts(e, ")");
+    }
+    sbuf_puts(e, ")");
+}
+
+/* The quotes around a string: none for a raw top-level string. */
+static void put_quote(const jsg *j, sbuf *e) {
+    if (!tagged_top(j)) sbuf_puts(e, " \"\\\"\" ");
 }
 
 /* Generate schema s as its own rule; name receives the rule name. */
@@ -204,13 +253,16 @@ static int gen_ref(jsg *j, const cJSON *s, const char *ptr, sbuf *e) {
     static const char *const alone[] = {"$ref", NULL};
     if (!cJSON_IsString(r)) return fail(j, ptr, "'$ref' must be a string");
     if (only(j, s, ptr, "$ref", alone)) return -1;
+    /* a target at the top level of a tagged value is its own rule (tagged, strings raw) */
+    char key[300];
+    snprintf(key, sizeof key, "%s%s", tagged_top(j) ? "@top" : "", r->valuestring);
     for (int i = 0; i < j->nrefs; i++)
-        if (!strcmp(j->refs[i].ref, r->valuestring)) { sbuf_puts(e, j->refs[i].name); return 0; }
+        if (!strcmp(j->refs[i].ref, key)) { sbuf_puts(e, j->refs[i].name); return 0; }
     if (j->nrefs == REFS_MAX) return fail(j, ptr, "more than %d distinct $ref targets", REFS_MAX);
     const cJSON *target = resolve(j, r->valuestring, ptr);
     if (!target) return -1;
     ref_rule *rr = &j->refs[j->nrefs++];
-    rr->ref = xstrdup(r->valuestring);
+    rr->ref = xstrdup(key);
     new_name(j, rr->name, sizeof rr->name);
     char name[96];
     snprintf(name, sizeof name, "%s", rr->name);
@@ -443,7 +495,7 @@ static const format_def formats[] = {
 static int gen_format(jsg *j, const char *fmt, const char *ptr, sbuf *e) {
     char base[96];
     if (!strcmp(fmt, "date-time")) {
-        sbuf_puts(e, "\"\\\"\" ");
+        put_quote(j, e);
         char d[96], t[96];
         snprintf(d, sizeof d, "%s-date", j->base);
         snprintf(t, sizeof t, "%s-time", j->base);
@@ -466,7 +518,8 @@ static int gen_format(jsg *j, const char *fmt, const char *ptr, sbuf *e) {
                 sbuf_puts(j->out, "\n");
             }
         }
-        sbuf_printf(e, "%s \"T\" %s \"\\\"\"", d, t);
+        sbuf_printf(e, "%s \"T\" %s", d, t);
+        put_quote(j, e);
         return 0;
     }
     for (size_t i = 0; i < sizeof formats / sizeof formats[0]; i++) {
@@ -478,7 +531,9 @@ static int gen_format(jsg *j, const char *fmt, const char *ptr, sbuf *e) {
             else sbuf_put(j->out, p, 1);
         }
         sbuf_puts(j->out, "\n");
-        sbuf_printf(e, "\"\\\"\" %s \"\\\"\"", base);
+        put_quote(j, e);
+        sbuf_puts(e, base);
+        put_quote(j, e);
         return 0;
     }
     return fail(j, ptr, "unsupported format '%s' (supported: date, time, date-time, uuid, email, ipv4)", fmt);
@@ -496,18 +551,21 @@ static int gen_string(jsg *j, const cJSON *s, const char *ptr, sbuf *e) {
         return gen_format(j, fmt->valuestring, ptr, e);
     }
     char cname[128];
-    prim(j, PRIM_CHAR, cname, sizeof cname);
+    int raw = tagged_top(j);
+    prim(j, raw ? PRIM_RAW : PRIM_CHAR, cname, sizeof cname);
+    put_quote(j, e);
     if (pat) {
         if (!cJSON_IsString(pat) || !utf8_ok(pat->valuestring)) return fail(j, ptr, "'pattern' must be a string");
         char perr[200];
-        sbuf_puts(e, "\"\\\"\" (");
-        if (json_pattern_expr(pat->valuestring, cname, e, perr, sizeof perr)) return fail(j, ptr, "pattern: %s", perr);
-        sbuf_puts(e, ") \"\\\"\"");
-        return 0;
+        sbuf_puts(e, "(");
+        if (json_pattern_expr(pat->valuestring, cname, raw, e, perr, sizeof perr)) return fail(j, ptr, "pattern: %s", perr);
+        sbuf_puts(e, ")");
+    } else {
+        if (maxl >= 0 && maxl < minl) return fail(j, ptr, "'maxLength' is below 'minLength': nothing validates");
+        if (maxl < 0) sbuf_printf(e, "%s{%ld,}", cname, minl);
+        else sbuf_printf(e, "%s{%ld,%ld}", cname, minl, maxl);
     }
-    if (maxl >= 0 && maxl < minl) return fail(j, ptr, "'maxLength' is below 'minLength': nothing validates");
-    if (maxl < 0) sbuf_printf(e, "\"\\\"\" %s{%ld,} \"\\\"\"", cname, minl);
-    else sbuf_printf(e, "\"\\\"\" %s{%ld,%ld} \"\\\"\"", cname, minl, maxl);
+    put_quote(j, e);
     return 0;
 }
 
@@ -750,7 +808,22 @@ static int gen_all_of(jsg *j, const cJSON *s, const char *ptr, sbuf *e) {
 
 /* ---- dispatch --------------------------------------------------------------------------------- */
 
+static int gen_untagged_type(jsg *j, const char *t, const cJSON *s, const char *ptr, sbuf *e);
+
+/* A value of type t; at the top level of a tagged rule its tag first, and what it contains is
+ * not at the top level any more. */
 static int gen_type(jsg *j, const char *t, const cJSON *s, const char *ptr, sbuf *e) {
+    if (!tagged_top(j)) return gen_untagged_type(j, t, s, ptr, e);
+    sbuf_puts(e, "(");
+    put_tag(j, t, e);
+    j->top = !strcmp(t, "string");
+    int rc = gen_untagged_type(j, t, s, ptr, e);
+    j->top = 1;
+    sbuf_puts(e, ")");
+    return rc;
+}
+
+static int gen_untagged_type(jsg *j, const char *t, const cJSON *s, const char *ptr, sbuf *e) {
     if (!strcmp(t, "string")) return gen_string(j, s, ptr, e);
     if (!strcmp(t, "integer")) return gen_integer(j, s, ptr, e);
     if (!strcmp(t, "number")) return gen_number(j, s, ptr, e);
@@ -774,8 +847,13 @@ static const char *implied_type(const cJSON *s) {
     return NULL;
 }
 
+static void put_any(jsg *j, sbuf *e) {
+    if (tagged_top(j)) put_tagged_any(j, e);
+    else put_prim(j, PRIM_VALUE, e);
+}
+
 static int gen_body(jsg *j, const cJSON *s, const char *ptr, sbuf *e) {
-    if (cJSON_IsTrue(s)) { put_prim(j, PRIM_VALUE, e); return 0; }
+    if (cJSON_IsTrue(s)) { put_any(j, e); return 0; }
     if (cJSON_IsFalse(s)) return fail(j, ptr, "schema false: nothing validates");
     if (!cJSON_IsObject(s)) return fail(j, ptr, "a schema must be an object or a boolean");
     if (check_keywords(j, s, ptr)) return -1;
@@ -787,7 +865,7 @@ static int gen_body(jsg *j, const cJSON *s, const char *ptr, sbuf *e) {
     const cJSON *t = get(s, "type");
     if (!t) {
         const char *implied = implied_type(s);
-        if (!implied) { put_prim(j, PRIM_VALUE, e); return 0; }
+        if (!implied) { put_any(j, e); return 0; }
         return gen_type(j, implied, s, ptr, e);
     }
     if (cJSON_IsString(t)) return gen_type(j, t->valuestring, s, ptr, e);
@@ -812,14 +890,24 @@ static int gen(jsg *j, const cJSON *s, const char *ptr, sbuf *e) {
     return rc;
 }
 
-int json_schema_rules(const cJSON *root, const cJSON *schema, const char *name, sbuf *out, char *err, size_t errlen) {
-    jsg j = {.out = out, .base = name, .root = root, .err = err, .errlen = errlen};
+static int schema_rules(const cJSON *root, const cJSON *schema, const char *name, const char *tag_close, sbuf *out,
+                        char *err, size_t errlen) {
+    jsg j = {.out = out, .base = name, .root = root, .tag_close = tag_close, .top = 1, .err = err, .errlen = errlen};
     sbuf e = {0};
     int rc = gen(&j, schema, "", &e);
     if (!rc) sbuf_printf(out, "%s ::= %s\n", name, e.p);
     sbuf_free(&e);
     for (int i = 0; i < j.nrefs; i++) free(j.refs[i].ref);
     return rc;
+}
+
+int json_schema_rules(const cJSON *root, const cJSON *schema, const char *name, sbuf *out, char *err, size_t errlen) {
+    return schema_rules(root, schema, name, NULL, out, err, errlen);
+}
+
+int json_schema_tagged_rules(const cJSON *root, const cJSON *schema, const char *name, const char *tag_close, sbuf *out,
+                             char *err, size_t errlen) {
+    return schema_rules(root, schema, name, tag_close, out, err, errlen);
 }
 
 int json_schema_grammar(const char *text, size_t len, sbuf *out, char *err, size_t errlen) {

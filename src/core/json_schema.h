@@ -39,10 +39,20 @@
  * (naming the keyword and where it is, as a JSON pointer) when the schema cannot be compiled. */
 int json_schema_rules(const cJSON *root, const cJSON *schema, const char *name, sbuf *out, char *err, size_t errlen);
 
+/* Tagged form, for tool-call syntaxes that write an argument's JSON type beside its value (a
+ * type="..." attribute): `name ::=` alternatives, each the literal JSON type name of the
+ * value (string, number, boolean, null, array, object; integers are "number") followed by
+ * tag_close (GBNF) and then the value, a string's text written RAW (no quotes, no escapes: the
+ * characters themselves, NUL and the C0 controls other than tab, LF, CR never generated);
+ * values inside arrays and objects stay JSON. */
+int json_schema_tagged_rules(const cJSON *root, const cJSON *schema, const char *name, const char *tag_close, sbuf *out,
+                             char *err, size_t errlen);
+
 /* The pattern subset above, as a GBNF expression for the CONTENT of a JSON string (between the
- * quotes; characters the JSON text must escape are written escaped). char_rule names a rule for
- * one JSON string character (used for the unanchored sides). */
-int json_pattern_expr(const char *re, const char *char_rule, sbuf *e, char *err, size_t errlen);
+ * quotes; characters the JSON text must escape are written escaped), or with raw set for the
+ * string itself (every character as itself). char_rule names a rule for one string character
+ * of the same kind (used for the unanchored sides). */
+int json_pattern_expr(const char *re, const char *char_rule, int raw, sbuf *e, char *err, size_t errlen);
 
 /* A whole grammar whose root is the schema (text is the schema's JSON). The fuzz entry point. */
 int json_schema_grammar(const char *text, size_t len, sbuf *out, char *err, size_t errlen);

@@ -62,19 +62,30 @@ static size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 
 size_t kernel_nibble_row_bytes(const qmat *w) { return ceil_div((size_t)w->cols, 2); }
 
-size_t qmat_bytes(const qmat *w) {
+size_t qmat_data_bytes(const qmat *w) {
     size_t rows = (size_t)w->rows, cols = (size_t)w->cols;
     switch (w->fmt) {
     case WF_F32: return rows * cols * 4;
     case WF_BF16: return rows * cols * 2;
-    case WF_FP8: return rows * cols + ceil_div(rows, 128) * ceil_div(cols, 128) * (w->scale_f32 ? 4 : 1);
-    case WF_FP4: return rows * kernel_nibble_row_bytes(w) + rows * ceil_div(cols, 32);
-    case WF_I8_ROW: return rows * cols + rows * 4;
-    case WF_I4_ROW: return rows * kernel_nibble_row_bytes(w) + rows * 4;
-    case WF_I4_G64: return rows * kernel_nibble_row_bytes(w) + rows * ceil_div(cols, 64) * 4;
+    case WF_FP8: case WF_I8_ROW: return rows * cols;
+    case WF_FP4: case WF_I4_ROW: case WF_I4_G64: return rows * kernel_nibble_row_bytes(w);
     }
     return 0;
 }
+
+size_t qmat_scale_bytes(const qmat *w) {
+    size_t rows = (size_t)w->rows, cols = (size_t)w->cols;
+    switch (w->fmt) {
+    case WF_F32: case WF_BF16: return 0;
+    case WF_FP8: return ceil_div(rows, 128) * ceil_div(cols, 128) * (w->scale_f32 ? 4 : 1);
+    case WF_FP4: return rows * ceil_div(cols, 32);
+    case WF_I8_ROW: case WF_I4_ROW: return rows * 4;
+    case WF_I4_G64: return rows * ceil_div(cols, 64) * 4;
+    }
+    return 0;
+}
+
+size_t qmat_bytes(const qmat *w) { return qmat_data_bytes(w) + qmat_scale_bytes(w); }
 
 size_t kernel_scale_row_len(const qmat *w) {
     return ceil_div((size_t)w->cols, w->fmt == WF_FP8 ? 128 : w->fmt == WF_I4_G64 ? 64 : 32);

@@ -44,6 +44,8 @@ typedef struct {
 
 const char *wformat_name(wformat f);
 size_t qmat_bytes(const qmat *w);                    /* weight + scale bytes read by one pass */
+size_t qmat_data_bytes(const qmat *w);               /* the codes at `data` */
+size_t qmat_scale_bytes(const qmat *w);              /* the scales at `scale` / `scale_f32` (0 if none) */
 
 /* y[rows] = W x[cols] */
 void qmat_vec(const qmat *w, const float *x, float *y);

@@ -434,14 +434,29 @@ void st_close(st_file *f) {
 
 int st_count(const st_file *f) { return f->ntensors; }
 
+int st_shard_count(const st_file *f) { return f->nshards; }
+
+const char *st_shard_path(const st_file *f, int i) { return i >= 0 && i < f->nshards ? f->shards[i].path : NULL; }
+
+int st_locate(const st_file *f, const void *p, size_t len, uint64_t *offset) {
+    const unsigned char *b = p;
+    for (int i = 0; i < f->nshards; i++) {
+        const st_shard *sh = &f->shards[i];
+        if (sh->map && b >= sh->map && (size_t)(b - sh->map) <= sh->size && len <= sh->size - (size_t)(b - sh->map)) {
+            *offset = (uint64_t)(b - sh->map);
+            return i;
+        }
+    }
+    return -1;
+}
+
 const st_tensor *st_at(const st_file *f, int i) { return i >= 0 && i < f->ntensors ? &f->tensors[i] : NULL; }
 
 uint64_t st_fingerprint(const st_file *f) { return f->fingerprint; }
 
 const char *st_dir(const st_file *f) { return f->dir; }
 
-/* "[1024,4096]" into buf. */
-static const char *shape_str(int ndim, const int64_t *shape, char *buf, size_t n) {
+const char *st_shape_str(int ndim, const int64_t *shape, char *buf, size_t n) {
     size_t off = (size_t)snprintf(buf, n, "[");
     for (int i = 0; i < ndim && off < n; i++)
         off += (size_t)snprintf(buf + off, n - off, "%s%lld", i ? "," : "", (long long)shape[i]);
@@ -461,7 +476,7 @@ const st_tensor *st_expect(const st_file *f, const char *name, dtype type, int n
     if (same) return t;
     char want[96], have[96];
     errf(err, errlen, "tensor %s in %s: expected %s %s, found %s %s", name, t->file, dtype_name(type),
-         shape_str(ndim, shape, want, sizeof want), dtype_name(t->type),
-         shape_str(t->ndim, t->shape, have, sizeof have));
+         st_shape_str(ndim, shape, want, sizeof want), dtype_name(t->type),
+         st_shape_str(t->ndim, t->shape, have, sizeof have));
     return NULL;
 }

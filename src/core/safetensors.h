@@ -50,10 +50,20 @@ int st_count(const st_file *f);
 const st_tensor *st_at(const st_file *f, int i);
 const st_tensor *st_find(const st_file *f, const char *name);   /* NULL if absent */
 
+/* The shard files (in the order st_locate numbers them), for readers that pread instead of
+ * touching the mapping (core/experts.h). */
+int st_shard_count(const st_file *f);
+const char *st_shard_path(const st_file *f, int i);
+/* The shard holding bytes [p, p+len) of a mapping, and their file offset; -1 if p is not inside one. */
+int st_locate(const st_file *f, const void *p, size_t len, uint64_t *offset);
+
 /* Find `name` and check it has dtype `type` and the given shape (ndim entries).
  * Returns NULL with err = "tensor X in FILE: expected F8_E4M3 [1024,4096], found ..." or "missing tensor X". */
 const st_tensor *st_expect(const st_file *f, const char *name, dtype type, int ndim, const int64_t *shape,
                            char *err, size_t errlen);
+
+/* "[1024,4096]" into buf[n] (returned). */
+const char *st_shape_str(int ndim, const int64_t *shape, char *buf, size_t n);
 
 /* A cheap fingerprint of the checkpoint: config.json bytes and every shard's JSON header.
  * Identifies "the same model" for persisted state without reading the weights. */

@@ -259,6 +259,12 @@ static int max_id_of(const cJSON *vocab, const cJSON *added, char *err, size_t e
             return errf(err, errlen, "tokenizer.json: an added_tokens entry lacks a valid id or content") - 1;
         max = MAX(max, id->valueint);
     }
+    /* Tables are sized by the largest id: a vocabulary whose ids leave most of their range unused
+     * (an id of 10^9 among 30 entries) is not a tokenizer, and would cost gigabytes to load. */
+    long entries = cJSON_GetArraySize(vocab) + (added ? cJSON_GetArraySize(added) : 0);
+    if (max >= 2 * entries + 1024)
+        return errf(err, errlen, "tokenizer.json: id %d is far beyond the %ld entries (ids must be nearly dense)",
+                    max, entries) - 1;
     return max;
 }
 

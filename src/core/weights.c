@@ -21,15 +21,33 @@ static int check_f32_scales(const st_tensor *s, char *err, size_t errlen) {
     return 0;
 }
 
-/* `<name>_scale_inv`, else `<stem>.scale`; NULL if neither exists. */
+static int ends_with(const char *s, size_t n, const char *suffix) {
+    size_t k = strlen(suffix);
+    return n > k && !memcmp(s + n - k, suffix, k);
+}
+
+/* `<stem>.weight_scale` for `<stem>.weight_packed`, else `<name>_scale_inv`, else `<stem>.scale`;
+ * NULL if none exists. */
 static const st_tensor *find_scale(const st_file *f, const char *name, char *sname) {
+    size_t n = strlen(name), packed = strlen("_packed");
+    if (ends_with(name, n, ".weight_packed")) {
+        snprintf(sname, NAME_MAX_LEN, "%.*s_scale", (int)(n - packed), name);
+        return st_find(f, sname);
+    }
     snprintf(sname, NAME_MAX_LEN, "%s_scale_inv", name);
     const st_tensor *s = st_find(f, sname);
     if (s) return s;
-    size_t n = strlen(name), suffix = strlen(".weight");
-    if (n > suffix && !strcmp(name + n - suffix, ".weight")) n -= suffix;
+    size_t suffix = strlen(".weight");
+    if (ends_with(name, n, ".weight")) n -= suffix;
     snprintf(sname, NAME_MAX_LEN, "%.*s.scale", (int)n, name);
     return st_find(f, sname);
+}
+
+/* "F16 [2,3]": what a tensor is, for "expected ..., found ..." messages. */
+static const char *found(const st_tensor *t, char *buf, size_t n) {
+    char shape[80];
+    snprintf(buf, n, "%s %s", dtype_name(t->type), st_shape_str(t->ndim, t->shape, shape, sizeof shape));
+    return buf;
 }
 
 static int shape_is(const st_tensor *t, int64_t d0, int64_t d1) {
@@ -43,28 +61,31 @@ static int get_fp8(const st_file *f, const st_tensor *t, qmat *out, int *count, 
     const st_tensor *s = find_scale(f, t->name, sname);
     if (!s) return errf(err, errlen, "tensor %s is F8_E4M3 but its block scales %s_scale_inv / %s are missing", t->name,
                         t->name, sname);
+    char have[96];
     if (!shape_is(s, br, bc))
-        return errf(err, errlen, "tensor %s in %s: expected shape [%lld,%lld]", s->name, s->file, (long long)br,
-                    (long long)bc);
+        return errf(err, errlen, "tensor %s in %s: expected shape [%lld,%lld], found %s", s->name, s->file,
+                    (long long)br, (long long)bc, found(s, have, sizeof have));
     if (s->type == DT_F8_E8M0) out->scale = s->data;
     else if (s->type == DT_F32 && !check_f32_scales(s, err, errlen)) out->scale_f32 = s->data;
     else if (s->type == DT_F32) return -1;
     else
         return errf(err, errlen, "tensor %s in %s: block scales must be F32 or F8_E8M0, found %s", s->name, s->file,
-                    dtype_name(s->type));
+                    found(s, have, sizeof have));
     out->fmt = WF_FP8;
     *count += 1;
     return 0;
 }
 
-/* Packed E2M1 [rows, cols/2] (I8 officially, U8 accepted) with E8M0 scales [rows, cols/32]. */
+/* Packed E2M1 [rows, cols/2] (I8 officially, U8 accepted) with E8M0 scales [rows, cols/32]
+ * (F8_E8M0, or U8 holding the same UE8M0 bytes as compressed-tensors MXFP4 stores them). */
 static int get_fp4(const st_tensor *t, const st_tensor *s, qmat *out, int *count, char *err, size_t errlen) {
+    char have[96];
     if (out->cols % 32 || !shape_is(t, out->rows, out->cols / 2))
-        return errf(err, errlen, "tensor %s in %s: expected packed FP4 [%d,%d] (32 | cols)", t->name, t->file,
-                    out->rows, out->cols / 2);
-    if (s->type != DT_F8_E8M0 || !shape_is(s, out->rows, out->cols / 32))
+        return errf(err, errlen, "tensor %s in %s: expected packed FP4 [%d,%d] (32 | cols), found %s", t->name,
+                    t->file, out->rows, out->cols / 2, found(t, have, sizeof have));
+    if ((s->type != DT_F8_E8M0 && s->type != DT_U8) || !shape_is(s, out->rows, out->cols / 32))
         return errf(err, errlen, "tensor %s in %s: expected F8_E8M0 [%d,%d], found %s", s->name, s->file, out->rows,
-                    out->cols / 32, dtype_name(s->type));
+                    out->cols / 32, found(s, have, sizeof have));
     out->fmt = WF_FP4;
     out->scale = s->data;
     *count += 1;
@@ -98,7 +119,7 @@ int weights_matrix(const st_file *f, const char *name, int rows, int cols, qmat 
     const st_tensor *t = st_find(f, name);
     if (!t) return errf(err, errlen, "missing tensor %s", name);
     out->data = t->data;
-    char sname[NAME_MAX_LEN];
+    char sname[NAME_MAX_LEN], have[96];
     int rc;
     if (t->type == DT_U8 || t->type == DT_I8) {
         snprintf(sname, sizeof sname, "%s.qs", name);
@@ -108,16 +129,16 @@ int weights_matrix(const st_file *f, const char *name, int rows, int cols, qmat 
                         "container, %s for packed FP4)", name, t->file, dtype_name(t->type), name, sname);
         rc = qs ? get_container(t, qs, out, count, err, errlen) : get_fp4(t, s, out, count, err, errlen);
     } else if (!shape_is(t, rows, cols)) {
-        return errf(err, errlen, "tensor %s in %s: expected [%d,%d], found %s with %d dims [%lld,...]", name, t->file,
-                    rows, cols, dtype_name(t->type), t->ndim, (long long)t->shape[0]);
+        return errf(err, errlen, "tensor %s in %s: expected [%d,%d], found %s", name, t->file, rows, cols,
+                    found(t, have, sizeof have));
     } else if (t->type == DT_BF16 || t->type == DT_F32) {
         out->fmt = t->type == DT_BF16 ? WF_BF16 : WF_F32;
         rc = 0;
     } else if (t->type == DT_F8_E4M3) {
         rc = get_fp8(f, t, out, count, err, errlen);
     } else {
-        return errf(err, errlen, "tensor %s in %s: dtype %s is not a weight format (BF16, F32, F8_E4M3 + scales, "
-                    "packed FP4, or U8 with .qs scales)", name, t->file, dtype_name(t->type));
+        return errf(err, errlen, "tensor %s in %s: expected a weight format (BF16, F32, F8_E4M3 + scales, packed "
+                    "FP4, or U8 with .qs scales), found %s", name, t->file, found(t, have, sizeof have));
     }
     if (rc) return -1;
     *count += 1;

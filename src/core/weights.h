@@ -7,7 +7,9 @@
  *   BF16, F32                        plain
  *   F8_E4M3 + 128x128 block scales   `<name>_scale_inv` (HF, DeepSeek-V3, GLM-5-FP8) or
  *                                    `<stem>.scale` (DeepSeek V4), F8_E8M0 or F32
- *   I8/U8 [rows, cols/2] + `<stem>.scale` F8_E8M0 [rows, cols/32]   packed FP4 (E2M1)
+ *   I8/U8 [rows, cols/2] + `<stem>.scale` F8_E8M0 [rows, cols/32]   packed FP4 (E2M1); for a
+ *                                    `<stem>.weight_packed` the scales are `<stem>.weight_scale`
+ *                                    (compressed-tensors MXFP4), F8_E8M0 or U8
  *   U8 + `<name>.qs` F32              colibri int8 / int4 per row / int4-g64 (told by byte counts)
  *
  * INVARIANTS

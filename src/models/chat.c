@@ -159,6 +159,26 @@ void chat_json_py(sbuf *b, const cJSON *v) { json_write(b, v, ", ", ": ", 0); }
 
 void chat_json_compact(sbuf *b, const cJSON *v, int sort_keys) { json_write(b, v, ",", ":", sort_keys); }
 
+int chat_content_walk(const cJSON *content, int idx, const chat_content_rule *rule, char *err, size_t errlen) {
+    if (!content || cJSON_IsNull(content)) return 0;
+    if (cJSON_IsString(content)) {
+        rule->text(rule->ctx, content->valuestring, 0);
+        return 0;
+    }
+    if (!cJSON_IsArray(content))
+        return errf(err, errlen, "messages[%d].content must be a string or an array of content parts", idx);
+    const cJSON *part;
+    cJSON_ArrayForEach(part, content) {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
+        const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
+        if (cJSON_IsString(type) && !strcmp(type->valuestring, "text") && cJSON_IsString(text))
+            rule->text(rule->ctx, text->valuestring, 1);
+        else if (rule->other(rule->ctx, part, idx, err, errlen))
+            return -1;
+    }
+    return 0;
+}
+
 cJSON *chat_tool_call(const char *name, const char *arguments_json, const char *text, size_t n, int k) {
     char id[40];
     uint64_t h = fnv64(FNV64_INIT, text, n);

@@ -42,21 +42,52 @@ typedef struct {
     cJSON *tool_calls;            /* OpenAI tool_calls array or NULL */
 } chat_reply;
 
-/* How a family writes tool calls, for grammars that force them (tool_grammar.c). Every field is
- * GBNF text — a sequence of literals, each special token spelled as its own literal so the token
- * mask lets the family's token through there (tokmask.h) — or "" for nothing:
- *   block_open CALL [call_sep CALL ...] block_close       the calls of one reply
- *   CALL = call_open "NAME" call_mid ARGS call_close      ARGS = ARG [arg_sep ARG ...] or none
- *   ARG  = arg_open "KEY" arg_mid JSON-VALUE arg_close
+/* How a family writes tool calls, for grammars that force them (tool_grammar.c). Every field
+ * but the last two is GBNF text — a sequence of literals, each special token spelled as its own
+ * literal so the token mask lets the family's token through there (tokmask.h) — and NULL or ""
+ * means nothing:
+ *   forced reply    [THINK] CALLS
+ *   auto reply      [THINK] text_open TEXT (text_close | text_calls CALLS)   (or CALLS alone when
+ *                   text_open is set: the text is then a block that may be absent)
+ *   auto + content  [THINK] (text_open CONTENT text_close | CALLS)
+ *   THINK = think_open REASONING think_close        (no think_close: think_end as a literal)
+ *   CALLS = block_open CALL [call_sep CALL ...] block_close
+ *   CALL  = call_open NAME [call_index] call_mid [JSON-NAME call_name_json] ARGS call_close
+ *   ARGS  = ARG [arg_sep ARG ...] or none; ARG = arg_open KEY arg_mid [TYPE arg_type] VALUE arg_close
+ * NAME and KEY are spelled per name_spelling / key_spelling; JSON-NAME is the name again as a
+ * JSON string (families whose call body repeats it). call_index is a printf format with one %d,
+ * the call's 1-based index in the reply (each index then has its own head). A reply carries at
+ * most max_calls parallel calls (0: TOOL_CALLS_MAX; a syntax whose calls are long sets fewer, so
+ * a forced reply ends within the gateway's token cap). With arg_type set, TYPE is the value's JSON type name and a string
+ * value is written raw (json_schema_tagged_rules); otherwise every value is JSON text, which
+ * every family's parser reads back with its type. sorted_args: arguments in byte order of their
+ * keys (the family's template sorts them) instead of the order `properties` declares.
  * calls_start is the plain text that begins the calls (free content before them never contains
- * it) and think_end the text that ends reasoning. Argument values are always written as JSON
- * text, which every family's parser reads back with its type. */
+ * it) and think_end the plain text that ends reasoning. */
+enum { NAME_RAW, NAME_ATTR, NAME_JSON };       /* as is; XML attribute (&amp; &quot;); JSON string */
+enum { TOOL_CALLS_MAX = 8 };
 typedef struct {
     const char *block_open, *call_sep, *block_close;
-    const char *call_open, *call_mid, *call_close;
-    const char *arg_open, *arg_mid, *arg_close, *arg_sep;
+    const char *call_open, *call_index, *call_mid, *call_name_json, *call_close;
+    const char *arg_open, *arg_mid, *arg_type, *arg_close, *arg_sep;
+    int name_spelling, key_spelling, sorted_args, max_calls;
+    const char *text_open, *text_close, *text_calls;
+    const char *think_open, *think_close;
     const char *calls_start, *think_end;
 } tool_syntax;
+
+/* The family's tool-call syntax written out for one call, get_weather(city="Paris", days=3) with
+ * the tool get_weather(city: string, days: integer): what its model writes and how its template
+ * shows the tool's answer. Clients and tests (through `cairn families`) take the syntax from here
+ * instead of knowing the family; a scripted engine replaying `reply` must parse back to that call.
+ *   reply        the model's text for the call (after any reasoning)
+ *   marker       a piece of the call syntax that never survives into parsed content
+ *   result       the next prompt's rendering of a tool answer, "%s" standing for the answer
+ *   think_start  what the model writes to open reasoning when the prompt's cue does not (or NULL)
+ *   think_end    what closes reasoning (NULL: "</think>") */
+typedef struct {
+    const char *reply, *marker, *result, *think_start, *think_end;
+} tool_example;
 
 /* A rendered prompt: its text and the byte spans of it that came from the request. A zeroed
  * chat_prompt is empty; spans are ascending, disjoint, non-empty and adjacent ones are merged. */
@@ -81,6 +112,7 @@ int chat_prompt_encode(const tokenizer *t, const chat_prompt *p, int **ids, int 
 /* A family's template; its descriptor (model.h family_ops.chat) points at it. */
 typedef struct {
     const tool_syntax *tools;     /* NULL: calls cannot be forced by a grammar */
+    const tool_example *example;  /* NULL: the template renders no tool calls */
     /* Render into a zeroed *out (the text ends with the generation cue): 0, or -1 + err (out may
      * hold partial text; the caller frees it either way). */
     int (*render)(const cJSON *messages, const cJSON *tools, const chat_opts *o, chat_prompt *out, char *err,
@@ -104,6 +136,10 @@ typedef struct {
  * tool<N>*. */
 int chat_tool_grammar(const chat_template *t, const cJSON *tools, const char *choice, int parallel, int thinking,
                       const char *content, sbuf *out, char *err, size_t errlen);
+/* Rules for a reply that reasons before answering in syntax sx: appends the rules it needs to
+ * g (names reasoning*) and to root the GBNF that writes the reasoning and its end; the answer
+ * follows (for content, after sx->text_open). -1 when sx's texts are not valid UTF-8. */
+int chat_think_rules(const tool_syntax *sx, sbuf *g, sbuf *root);
 
 /* JSON exactly as Python's json.dumps(ensure_ascii=False) writes it (", " and ": " separators,
  * non-ASCII kept): the official templates embed tool schemas and arguments that way, and a byte
@@ -113,6 +149,18 @@ void chat_json_py_string(sbuf *b, const char *s);
 /* json.dumps(v, ensure_ascii=False, separators=(",", ":"), sort_keys=sort_keys): compact JSON. */
 void chat_json_compact(sbuf *b, const cJSON *v, int sort_keys);
 void chat_reply_free(chat_reply *r);
+
+/* The one walker over a message's content, for every template: absent or null is empty; a string
+ * is one text (from_part 0); in an array each {"type": "text", "text": S} part gives S
+ * (from_part 1) and every other part goes to the template's rule `other`, which renders it, skips
+ * it (0) or refuses it (-1 with err). Content of any other JSON type is refused, naming
+ * messages[idx]. */
+typedef struct {
+    void (*text)(void *ctx, const char *s, int from_part);
+    int (*other)(void *ctx, const cJSON *part, int idx, char *err, size_t errlen);
+    void *ctx;
+} chat_content_rule;
+int chat_content_walk(const cJSON *content, int idx, const chat_content_rule *rule, char *err, size_t errlen);
 /* An OpenAI tool call {id, type: "function", function: {name, arguments}} parsed from reply
  * `text`[0..n) as its k-th call; the id ("call_" + 24 hex) is a hash of the text and k, so
  * parsing the same reply again gives the same ids. */

@@ -598,8 +598,17 @@ static const tool_syntax dsv4_tools = {
     .think_end = THINK_END,
 };
 
+static const tool_example dsv4_example = {
+    .reply = "Let me check.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n"
+             "<｜DSML｜parameter name=\"city\" string=\"true\">Paris</｜DSML｜parameter>\n"
+             "<｜DSML｜parameter name=\"days\" string=\"false\">3</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>",
+    .marker = "DSML",
+    .result = "<tool_result>%s</tool_result>",
+};
+
 const chat_template deepseek_v4_chat = {
     .tools = &dsv4_tools,
+    .example = &dsv4_example,
     .render = dsv4_render,
     .parse = dsv4_parse,
     .system_prefix_bytes = dsv4_system_prefix_bytes,

@@ -31,21 +31,18 @@
 
 /* ---- rendering -------------------------------------------------------------------------- */
 
+static void put_visible(void *out, const char *s, int from_part) { sbuf_puts(out, s); }
+
+/* visible_text() keeps a bare string part as text and skips every other part. */
+static int other_part(void *out, const cJSON *part, int idx, char *err, size_t errlen) {
+    if (cJSON_IsString(part)) sbuf_puts(out, part->valuestring);
+    return 0;
+}
+
 /* The template's visible_text(): a string, or the text parts of an array; null is empty. */
 static int visible_text(const cJSON *content, sbuf *out, int idx, char *err, size_t errlen) {
-    if (!content || cJSON_IsNull(content)) return 0;
-    if (cJSON_IsString(content)) { sbuf_puts(out, content->valuestring); return 0; }
-    if (!cJSON_IsArray(content))
-        return errf(err, errlen, "messages[%d].content must be a string or an array of content parts", idx);
-    const cJSON *part;
-    cJSON_ArrayForEach(part, content) {
-        const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
-        const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
-        if (cJSON_IsString(part)) sbuf_puts(out, part->valuestring);
-        else if (cJSON_IsString(type) && !strcmp(type->valuestring, "text") && cJSON_IsString(text))
-            sbuf_puts(out, text->valuestring);
-    }
-    return 0;
+    chat_content_rule rule = {put_visible, other_part, out};
+    return chat_content_walk(content, idx, &rule, err, errlen);
 }
 
 static int is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
@@ -322,8 +319,17 @@ static const tool_syntax glm_tools = {
     .think_end = "</think>",
 };
 
+/* The template renders the content stripped, then each call with no whitespace between tags. */
+static const tool_example glm_example = {
+    .reply = "Let me check.<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>"
+             "<arg_key>days</arg_key><arg_value>3</arg_value></tool_call>",
+    .marker = "tool_call",
+    .result = "<|observation|><tool_response>%s</tool_response>",
+};
+
 const chat_template glm_chat = {
     .tools = &glm_tools,
+    .example = &glm_example,
     .render = glm_render,
     .parse = glm_parse,
     .system_prefix_bytes = glm_system_prefix_bytes,

@@ -97,28 +97,31 @@ static int audio_block(chat_prompt *p, const char *role, const cJSON *part, int 
     return 0;
 }
 
-/* A string renders one text block (none when empty); an array one block per text/audio part. */
+typedef struct {
+    chat_prompt *p;
+    const char *role;
+} blocks_ctx;
+
+/* A string renders one text block (none when empty), every text part one block. */
+static void text_block(void *ctx, const char *s, int from_part) {
+    blocks_ctx *c = ctx;
+    if (from_part || *s) block(c->p, c->role, NULL, "text", s);
+}
+
+static int audio_or_refuse(void *ctx, const cJSON *part, int idx, char *err, size_t errlen) {
+    blocks_ctx *c = ctx;
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
+    if (cJSON_IsString(type) && !strcmp(type->valuestring, "input_audio"))
+        return audio_block(c->p, c->role, part, idx, err, errlen);
+    return errf(err, errlen, "messages[%d].content: part type '%s' is not supported (text, input_audio)", idx,
+                cJSON_IsString(type) ? type->valuestring : "?");
+}
+
+/* One block per text / audio part of the content. */
 static int content_blocks(chat_prompt *b, const char *role, const cJSON *content, int idx, char *err, size_t errlen) {
-    if (!content || cJSON_IsNull(content)) return 0;
-    if (cJSON_IsString(content)) {
-        if (*content->valuestring) block(b, role, NULL, "text", content->valuestring);
-        return 0;
-    }
-    if (!cJSON_IsArray(content))
-        return errf(err, errlen, "messages[%d].content must be a string or an array of content parts", idx);
-    const cJSON *part;
-    cJSON_ArrayForEach(part, content) {
-        const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
-        const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
-        if (cJSON_IsString(type) && !strcmp(type->valuestring, "text") && cJSON_IsString(text))
-            block(b, role, NULL, "text", text->valuestring);
-        else if (cJSON_IsString(type) && !strcmp(type->valuestring, "input_audio")) {
-            if (audio_block(b, role, part, idx, err, errlen)) return -1;
-        } else
-            return errf(err, errlen, "messages[%d].content: part type '%s' is not supported (text, input_audio)", idx,
-                        cJSON_IsString(type) ? type->valuestring : "?");
-    }
-    return 0;
+    blocks_ctx ctx = {b, role};
+    chat_content_rule rule = {text_block, audio_or_refuse, &ctx};
+    return chat_content_walk(content, idx, &rule, err, errlen);
 }
 
 static void render_tools(chat_prompt *p, const cJSON *tools) {
@@ -346,7 +349,41 @@ static size_t inkling_system_prefix_bytes(const char *prompt, size_t n) {
     return (size_t)(user - prompt);
 }
 
+/* render_call's blocks: the name, then {"name":NAME,"args":{...}} with the arguments sorted as
+ * json_sorted writes them; text and reasoning as their own blocks, each block after the first
+ * opened by <|message_model|> (the cue opens the first). */
+static const tool_syntax inkling_tools = {
+    .call_sep = "\"<|message_model|>\"",
+    .call_mid = "\"<|content_invoke_tool_json|>\" \"{\\\"name\\\":\"",
+    .call_name_json = "\",\\\"args\\\":{\"",
+    .call_close = "\"}}\" \"" END "\"",
+    .arg_mid = "\":\"",
+    .arg_sep = "\",\"",
+    .key_spelling = NAME_JSON,
+    .sorted_args = 1,
+    .text_open = "\"<|content_text|>\"",
+    .text_close = "\"" END "\"",
+    .text_calls = "\"" END "\" \"<|message_model|>\"",
+    .think_open = "\"<|content_thinking|>\"",
+    .think_close = "\"" END "\" \"<|message_model|>\"",
+    .calls_start = END,
+    .think_end = END,
+};
+
+/* A text block, then the call as its own model message (name, then the JSON payload); the model
+ * opens its thinking block itself. */
+static const tool_example inkling_example = {
+    .reply = "<|content_text|>Let me check.<|end_message|><|message_model|>get_weather<|content_invoke_tool_json|>"
+             "{\"name\":\"get_weather\",\"args\":{\"city\":\"Paris\",\"days\":3}}<|end_message|>",
+    .marker = "content_invoke",
+    .result = "<|message_tool|>get_weather<|content_text|>%s<|end_message|>",
+    .think_start = "<|content_thinking|>",
+    .think_end = "<|end_message|><|message_model|>",
+};
+
 const chat_template inkling_chat = {
+    .example = &inkling_example,
+    .tools = &inkling_tools,
     .render = inkling_render,
     .parse = inkling_parse,
     .system_prefix_bytes = inkling_system_prefix_bytes,

@@ -15,19 +15,23 @@
  *           <|open|>argument key="K" type="string"<|sep|>V<|close|>argument<|sep|>...<|close|>call<|sep|>
  *        <|close|>tools<|sep|>]<|close|>message<|sep|><|end_of_msg|>
  *   <|open|>message role="tool" tool="NAME" index="1"<|sep|>TEXT<|close|>message<|sep|><|end_of_msg|>
+ *   <|open|>message role="system" type="tool-choice"<|sep|>The system is invoked with
+ *       `tool_choice=required`.\nYou MUST call tools in the next message.<|close|>message<|sep|><|end_of_msg|>
+ *       (none: "You MUST NOT call any tools"; after the messages, a one-time option)
  *   cue: <|open|>message role="assistant"<|sep|><|open|>think<|sep|>   (thinking off: response)
  * The global options (tool declarations, thinking effort) come before every message. K3 keeps
  * thinking in history ("preserved thinking", technical report): in thinking mode every assistant
  * message has a think channel, empty when no reasoning is known; in instruct mode none has. So the
  * rendered history starts with exactly the previous prompt + the reply the model generated.
- * Argument values: strings raw, every other JSON type compact; arguments that are not a JSON
- * object go in a <|open|>json<|sep|> fallback block.
+ * Argument values: strings raw, every other JSON type as json.dumps writes it (", " and ": ");
+ * arguments that are not a JSON object go in a <|open|>json type="object"<|sep|> fallback block.
+ * Attribute values escape & and " as XML entities (the encoder's public ports agree on these).
  *
  * Choices where the sources are silent, stated: `developer` renders as system; JSON is written
- * without ASCII escaping; attribute values escape & " < > as XML entities. Options the encoder
- * renders as one-time option messages whose text is not public here (tool_choice other than
- * auto, response_format) are refused with an error rather than rendered wrongly; efforts other
- * than low / high / max are refused as the encoder refuses them.
+ * without ASCII escaping; a tool_choice naming one function renders the `required` option (the
+ * encoder has no named form; the grammar, k3_tools, forces the function). response_format's
+ * option message is not rendered: chat_opts does not carry it (the grammar still constrains the
+ * reply). Efforts other than low / high / max are refused as the encoder refuses them.
  *
  * Only the format's literals are written trusted; content, reasoning, tool results, the tools
  * JSON, tool and argument names and argument values are request data, written untrusted (chat.h). */
@@ -54,13 +58,9 @@ static void put_attr(chat_prompt *p, const char *key, const char *value, int unt
     sbuf_printf(&p->text, " %s=\"", key);
     size_t at = p->text.len;
     for (const char *c = value; *c; c++) {
-        switch (*c) {
-        case '&': sbuf_puts(&p->text, "&amp;"); break;
-        case '"': sbuf_puts(&p->text, "&quot;"); break;
-        case '<': sbuf_puts(&p->text, "&lt;"); break;
-        case '>': sbuf_puts(&p->text, "&gt;"); break;
-        default: sbuf_put(&p->text, c, 1);
-        }
+        if (*c == '&') sbuf_puts(&p->text, "&amp;");
+        else if (*c == '"') sbuf_puts(&p->text, "&quot;");
+        else sbuf_put(&p->text, c, 1);
     }
     if (untrusted) chat_untrusted_since(p, at);
     T("\"");
@@ -81,26 +81,28 @@ static void open_message(chat_prompt *p, const char *role, const char *type) {
     T(SEP);
 }
 
+static void put_untrusted(void *p, const char *s, int from_part) { chat_untrusted_str(p, s); }
+
+static int refuse_part(void *p, const cJSON *part, int idx, char *err, size_t errlen) {
+    return errf(err, errlen, "messages[%d].content: only text parts are supported", idx);
+}
+
 /* A message's text, untrusted: a string, or the text parts of an array; null is empty. */
 static int put_text(chat_prompt *p, const cJSON *content, int idx, char *err, size_t errlen) {
-    if (!content || cJSON_IsNull(content)) return 0;
-    if (cJSON_IsString(content)) { chat_untrusted_str(p, content->valuestring); return 0; }
-    if (!cJSON_IsArray(content))
-        return errf(err, errlen, "messages[%d].content must be a string or an array of content parts", idx);
-    const cJSON *part;
-    cJSON_ArrayForEach(part, content) {
-        const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
-        const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
-        if (!cJSON_IsString(type) || strcmp(type->valuestring, "text") || !cJSON_IsString(text))
-            return errf(err, errlen, "messages[%d].content: only text parts are supported", idx);
-        chat_untrusted_str(p, text->valuestring);
-    }
-    return 0;
+    chat_content_rule rule = {put_untrusted, refuse_part, p};
+    return chat_content_walk(content, idx, &rule, err, errlen);
 }
 
 static void untrusted_compact(chat_prompt *p, const cJSON *v, int sort_keys) {
     size_t at = p->text.len;
     chat_json_compact(&p->text, v, sort_keys);
+    chat_untrusted_since(p, at);
+}
+
+/* An argument value that is not a string: json.dumps(v, ensure_ascii=False). */
+static void untrusted_py(chat_prompt *p, const cJSON *v) {
+    size_t at = p->text.len;
+    chat_json_py(&p->text, v);
     chat_untrusted_since(p, at);
 }
 
@@ -118,6 +120,17 @@ static void render_options(chat_prompt *p, const cJSON *tools, int thinking, con
       "supported values include `low`, `medium`, `high`, and `max`.\nNow the system is invoked with `thinking_effort=");
     T(effort);        /* one of the literals k3_render accepts */
     T("`.");
+    end_message(p);
+}
+
+/* The one-time tool_choice option after the messages: none, or required (also for a named
+ * function, which the grammar then forces); auto renders nothing. */
+static void render_tool_choice(chat_prompt *p, const char *choice) {
+    if (!choice || !strcmp(choice, "auto")) return;
+    int none = !strcmp(choice, "none");
+    open_message(p, "system", "tool-choice");
+    T(none ? "The system is invoked with `tool_choice=none`.\nYou MUST NOT call any tools in the next message."
+           : "The system is invoked with `tool_choice=required`.\nYou MUST call tools in the next message.");
     end_message(p);
 }
 
@@ -147,13 +160,15 @@ static int render_call(chat_prompt *p, const cJSON *call, int idx, int k, char *
             put_attr(p, "type", type, 0);
             T(SEP);
             if (cJSON_IsString(a)) chat_untrusted_str(p, a->valuestring);
-            else untrusted_compact(p, a, 0);
+            else untrusted_py(p, a);
             close_tag(p, "argument");
         }
     } else {
-        T(OPEN "json" SEP);
+        T(OPEN "json");
+        put_attr(p, "type", "object", 0);
+        T(SEP);
         if (cJSON_IsString(args)) chat_untrusted_str(p, args->valuestring);
-        else untrusted_compact(p, args, 0);
+        else untrusted_py(p, args);
         close_tag(p, "json");
     }
     cJSON_Delete(parsed);
@@ -243,12 +258,11 @@ static int k3_render(const cJSON *messages, const cJSON *tools, const chat_opts 
     if (!cJSON_IsArray(messages)) return errf(err, errlen, "messages must be an array");
     if (strcmp(effort, "low") && strcmp(effort, "high") && strcmp(effort, "max"))
         return errf(err, errlen, "reasoning effort '%s' is not supported by Kimi K3 (low, high or max)", effort);
-    if (o && o->tool_choice && strcmp(o->tool_choice, "auto"))
-        return errf(err, errlen, "tool_choice '%s' is not supported by the Kimi K3 template (auto only)", o->tool_choice);
     render_options(p, tools, thinking, effort);
     int n = cJSON_GetArraySize(messages);
     for (int i = 0; i < n; i++)
         if (render_message(p, messages, i, thinking, err, errlen)) return -1;
+    render_tool_choice(p, o ? o->tool_choice : NULL);
     open_message(p, "assistant", NULL);
     T(thinking ? OPEN "think" SEP : OPEN "response" SEP);
     return 0;
@@ -372,7 +386,46 @@ static size_t k3_system_prefix_bytes(const char *prompt, size_t n) {
     return user ? (size_t)(user - prompt) : 0;
 }
 
+/* The tools channel as render_call writes it: the response channel closed first, each value
+ * tagged with its JSON type and a string written raw, the call indexes 1, 2, ... */
+#define LIT(tok) "\"" tok "\""
+static const tool_syntax k3_tools = {
+    .block_open = LIT(CLOSE) " \"response\" " LIT(SEP) " " LIT(OPEN) " \"tools\" " LIT(SEP),
+    .block_close = LIT(CLOSE) " \"tools\" " LIT(SEP) " " LIT(CLOSE) " \"message\" " LIT(SEP),
+    .call_open = LIT(OPEN) " \"call tool=\\\"\"",
+    .call_index = "\"\\\" index=\\\"%d\\\"\"",
+    .call_mid = LIT(SEP),
+    .call_close = LIT(CLOSE) " \"call\" " LIT(SEP),
+    .arg_open = LIT(OPEN) " \"argument key=\\\"\"",
+    .arg_mid = "\"\\\" type=\\\"\"",
+    .arg_type = "\"\\\"\" " LIT(SEP),
+    .arg_close = LIT(CLOSE) " \"argument\" " LIT(SEP),
+    .name_spelling = NAME_ATTR,
+    .key_spelling = NAME_ATTR,
+    .max_calls = 4,            /* ~120 tokens a call on a small vocabulary */
+    .text_close = LIT(CLOSE) " \"response\" " LIT(SEP) " " LIT(CLOSE) " \"message\" " LIT(SEP),
+    .think_close = LIT(CLOSE) " \"think\" " LIT(SEP) " " LIT(OPEN) " \"response\" " LIT(SEP),
+    .calls_start = CLOSE "response" SEP,
+    .think_end = CLOSE "think" SEP,
+};
+#undef LIT
+
+/* XTML: the response channel closes, the tools channel holds typed arguments (strings raw, numbers
+ * compact JSON); the EOS (<|end_of_msg|>) is not part of the text. In thinking mode the prompt
+ * leaves the think channel open; the reply closes it and opens the response one. */
+static const tool_example k3_example = {
+    .reply = "Let me check.<|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool=\"get_weather\" index=\"1\"<|sep|>"
+             "<|open|>argument key=\"city\" type=\"string\"<|sep|>Paris<|close|>argument<|sep|>"
+             "<|open|>argument key=\"days\" type=\"number\"<|sep|>3<|close|>argument<|sep|><|close|>call<|sep|>"
+             "<|close|>tools<|sep|><|close|>message<|sep|>",
+    .marker = "<|",
+    .result = "<|open|>message role=\"tool\" tool=\"get_weather\" index=\"1\"<|sep|>%s<|close|>message<|sep|><|end_of_msg|>",
+    .think_end = "<|close|>think<|sep|><|open|>response<|sep|>",
+};
+
 const chat_template kimi_k3_chat = {
+    .example = &k3_example,
+    .tools = &k3_tools,
     .render = k3_render,
     .parse = k3_parse,
     .system_prefix_bytes = k3_system_prefix_bytes,

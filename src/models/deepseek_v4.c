@@ -2,13 +2,12 @@
  * the official layout incl. MTP (spec §8), the per-sequence state parts (spec §10) and the
  * family_ops table. The math is in deepseek_v4_{forward,attn,moe}.c. */
 #include <math.h>
-#include <stdarg.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../core/config.h"
 #include "../core/util.h"
-#include "../core/weights.h"
 #include "deepseek_v4.h"
 
 /* ---- config ------------------------------------------------------------------------------ */
@@ -94,179 +93,162 @@ static int parse_config(const cJSON *j, dsv4_config *c, char *err, size_t errlen
 
 /* ---- tensors ----------------------------------------------------------------------------- */
 
-/* Looks tensors up by printf-style name; after the first failure every call returns NULL and
- * err keeps the first message (which names the tensor). */
+/* The tensor table (core/tensor_table.h), by group. Matrices in any format the kernels run
+ * (core/weights.h): the official layout is E4M3 [out, in] + E8M0 `.scale` per 128x128 block for
+ * FP8 linears, packed E2M1 + E8M0 per 32 inputs for routed experts, BF16/F32 for the rest; F32
+ * block scales and the other formats load too. Small vectors (norm weights, biases, sinks,
+ * mixing parameters, ape) are copied out of the mapping: safetensors does not align tensor data
+ * and these are read element by element. */
+#define MAT(n, role, d0, d1, type, field) {{n}, TT_MAT, role, 0, 2, {d0, d1}, offsetof(type, field), 0}
+#define VEC(n, dt, d0, type, field) {{n}, TT_COPY, TT_DENSE, dt, 1, {d0}, offsetof(type, field), 0}
+/* hc_pre/hc_post of one sub-layer or of the head, under "<prefix>hc_attn_" etc. */
+static const tt_spec hc[] = {
+    MAT("fn", TT_DENSE, DD_MIX, DD_HCDIM, dsv4_hc, fn),
+    VEC("base", DT_F32, DD_MIX, dsv4_hc, base),
+    VEC("scale", DT_F32, DD_NSCALE, dsv4_hc, scale),
+};
+static const tt_spec attention[] = {
+    VEC("attn_norm.weight", DT_BF16, DD_DIM, dsv4_layer, attn_norm),
+    VEC("attn.attn_sink", DT_F32, DD_HEADS, dsv4_layer, sink),
+    VEC("attn.q_norm.weight", DT_BF16, DD_QLORA, dsv4_layer, q_norm),
+    VEC("attn.kv_norm.weight", DT_BF16, DD_HEAD_DIM, dsv4_layer, kv_norm),
+    MAT("attn.wq_a.weight", TT_DENSE, DD_QLORA, DD_DIM, dsv4_layer, wq_a),
+    MAT("attn.wq_b.weight", TT_DENSE, DD_QW, DD_QLORA, dsv4_layer, wq_b),
+    MAT("attn.wkv.weight", TT_DENSE, DD_HEAD_DIM, DD_DIM, dsv4_layer, wkv),
+    MAT("attn.wo_a.weight", TT_DENSE, DD_OA, DD_OA_IN, dsv4_layer, wo_a),
+    MAT("attn.wo_b.weight", TT_DENSE, DD_DIM, DD_OA, dsv4_layer, wo_b),
+};
+/* One compressor of DD_RATIO and width DD_CWIDTH (DD_CROWS = coff * width). */
+static const tt_spec compressor[] = {
+    MAT("wkv.weight", TT_DENSE, DD_CROWS, DD_DIM, dsv4_compressor, wkv),
+    MAT("wgate.weight", TT_DENSE, DD_CROWS, DD_DIM, dsv4_compressor, wgate),
+    {{"ape"}, TT_COPY, TT_DENSE, DT_F32, 2, {DD_RATIO, DD_CROWS}, offsetof(dsv4_compressor, ape), 0},
+    VEC("norm.weight", DT_BF16, DD_CWIDTH, dsv4_compressor, norm),
+};
+static const tt_spec indexer[] = {
+    MAT("attn.indexer.wq_b.weight", TT_DENSE, DD_IQ, DD_QLORA, dsv4_layer, idx_wq_b),
+    MAT("attn.indexer.weights_proj.weight", TT_DENSE, DD_IHEADS, DD_DIM, dsv4_layer, idx_wproj),
+};
+static const tt_spec moe[] = {
+    VEC("ffn_norm.weight", DT_BF16, DD_DIM, dsv4_layer, ffn_norm),
+    MAT("ffn.gate.weight", TT_DENSE, DD_EXPERTS, DD_DIM, dsv4_layer, gate),
+    MAT("ffn.experts.%d.w1.weight", TT_ROUTED, DD_MOE_INTER, DD_DIM, dsv4_layer, w1),
+    MAT("ffn.experts.%d.w2.weight", TT_ROUTED, DD_DIM, DD_MOE_INTER, dsv4_layer, w2),
+    MAT("ffn.experts.%d.w3.weight", TT_ROUTED, DD_MOE_INTER, DD_DIM, dsv4_layer, w3),
+};
+/* Hash-routed layers read one row of tid2eid per token; score-routed ones have a bias. */
+static const tt_spec hash_route[] = {
+    {{"ffn.gate.tid2eid"}, TT_VIEW, TT_LOOKUP, DT_I64, 2, {DD_VOCAB, DD_ACTIVE}, offsetof(dsv4_layer, tid2eid), 0},
+};
+static const tt_spec score_route[] = {VEC("ffn.gate.bias", DT_F32, DD_EXPERTS, dsv4_layer, gate_bias)};
+static const tt_spec shared[] = {
+    MAT("ffn.shared_experts.w1.weight", TT_SHARED, DD_SHARED_INTER, DD_DIM, dsv4_layer, sw1),
+    MAT("ffn.shared_experts.w2.weight", TT_SHARED, DD_DIM, DD_SHARED_INTER, dsv4_layer, sw2),
+    MAT("ffn.shared_experts.w3.weight", TT_SHARED, DD_SHARED_INTER, DD_DIM, dsv4_layer, sw3),
+};
+static const tt_spec top[] = {
+    MAT("embed.weight", TT_LOOKUP, DD_VOCAB, DD_DIM, dsv4_model, embed),
+    MAT("head.weight", TT_DENSE, DD_VOCAB, DD_DIM, dsv4_model, head),
+    VEC("norm.weight", DT_BF16, DD_DIM, dsv4_model, norm),
+};
+static const tt_spec mtp_extra[] = {
+    MAT("e_proj.weight", TT_DENSE, DD_DIM, DD_DIM, dsv4_mtp, e_proj),
+    MAT("h_proj.weight", TT_DENSE, DD_DIM, DD_DIM, dsv4_mtp, h_proj),
+    VEC("enorm.weight", DT_BF16, DD_DIM, dsv4_mtp, enorm),
+    VEC("hnorm.weight", DT_BF16, DD_DIM, dsv4_mtp, hnorm),
+    VEC("norm.weight", DT_BF16, DD_DIM, dsv4_mtp, norm),
+};
+#undef MAT
+#undef VEC
+#define N(t) (int)(sizeof t / sizeof *t)
+
+static void fill_dims(dsv4_model *d) {
+    const dsv4_config *c = &d->c;
+    int *v = d->dims, qw = c->n_heads * c->head_dim;
+    v[DD_DIM] = c->dim, v[DD_VOCAB] = c->vocab, v[DD_HEADS] = c->n_heads, v[DD_HEAD_DIM] = c->head_dim;
+    v[DD_QLORA] = c->q_lora, v[DD_QW] = qw, v[DD_OA] = c->o_groups * c->o_lora, v[DD_OA_IN] = qw / c->o_groups;
+    v[DD_IQ] = c->idx_heads * c->idx_dim, v[DD_IHEADS] = c->idx_heads, v[DD_EXPERTS] = c->n_experts;
+    v[DD_ACTIVE] = c->n_active, v[DD_MOE_INTER] = c->moe_inter, v[DD_SHARED_INTER] = c->n_shared * c->moe_inter;
+    v[DD_HCDIM] = c->hc * c->dim;
+}
+
 typedef struct {
-    const st_file *st;
-    dsv4_model *d;             /* owns the small-vector copies */
-    char *err;
-    size_t errlen;
-    int failed, count;
+    tt_table *w;
+    dsv4_model *d;
+    int layer, idle;           /* for the record */
 } loader;
 
-/* The data of tensor `fmt...` checked to be `type` [d0, d1] (d1 < 0: 1-D [d0]), or NULL. */
-static const void *tensor(loader *ld, dtype type, int64_t d0, int64_t d1, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-static const void *tensor(loader *ld, dtype type, int64_t d0, int64_t d1, const char *fmt, ...) {
-    if (ld->failed) return NULL;
-    char name[256];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(name, sizeof name, fmt, ap);
-    va_end(ap);
-    int64_t shape[2] = {d0, d1};
-    const st_tensor *t = st_expect(ld->st, name, type, d1 < 0 ? 1 : 2, shape, ld->err, ld->errlen);
-    if (!t) { ld->failed = 1; return NULL; }
-    ld->count++;
-    return t->data;
+/* Loads table t under prefix + sub into dst; dims are the model's with the given overrides. */
+static int load(loader *ld, const char *prefix, const char *sub, void *dst, const tt_spec *t, int n, const int *dims) {
+    char p[128];
+    snprintf(p, sizeof p, "%s%s", prefix, sub);
+    tt_group g = {.prefix = p, .dst = dst, .dims = dims ? dims : ld->d->dims, .layer = ld->layer,
+                  .experts = ld->d->c.n_experts, .active = ld->d->c.n_active, .idle = ld->idle};
+    return tt_load(ld->w, t, n, &g);
 }
 
-/* Small vectors (norm weights, biases, sinks, mixing parameters, ape) are copied out of the
- * mapping: safetensors does not align tensor data and these are read element by element. */
-static const void *own(loader *ld, const void *src, size_t bytes) {
-    if (!src) return NULL;
-    void *p = memcpy(xmalloc(bytes), src, bytes);
-    ld->d->owned = xrealloc(ld->d->owned, sizeof(void *) * (ld->d->n_owned + 1));
-    ld->d->owned[ld->d->n_owned++] = p;
-    return p;
+static int load_hc(loader *ld, dsv4_hc *h, int nmix, const char *prefix, const char *sep) {
+    int dims[DD_COUNT];
+    memcpy(dims, ld->d->dims, sizeof dims);
+    dims[DD_MIX] = nmix;
+    dims[DD_NSCALE] = nmix == ld->d->c.hc ? 1 : 3;
+    return load(ld, prefix, sep, h, hc, N(hc), dims);
 }
 
-/* A weight matrix in any format the kernels run (core/weights.h): the official layout is E4M3
- * [out, in] + E8M0 `.scale` per 128x128 block for FP8 linears, packed E2M1 + E8M0 per 32 inputs
- * for routed experts, BF16/F32 for the rest; F32 block scales and the other formats load too. */
-static qmat mat(loader *ld, int rows, int cols, const char *name) {
-    qmat q = {0};
-    if (ld->failed) return q;
-    if (weights_matrix(ld->st, name, rows, cols, &q, &ld->count, ld->err, ld->errlen)) ld->failed = 1;
-    return q;
-}
-
-/* The linear `prefix + sub + ".weight"` (e.g. "layers.3." + "attn.wq_a"). */
-static qmat mat_at(loader *ld, const char *prefix, const char *sub, int rows, int cols) {
-    char name[512];
-    snprintf(name, sizeof name, "%s%s.weight", prefix, sub);
-    return mat(ld, rows, cols, name);
-}
-
-static dsv4_hc load_hc(loader *ld, const dsv4_config *c, int nmix, const char *prefix, const char *sep) {
-    char name[256];
-    dsv4_hc h;
-    snprintf(name, sizeof name, "%s%sfn", prefix, sep);
-    h.fn = mat(ld, nmix, c->hc * c->dim, name);
-    h.base = own(ld, tensor(ld, DT_F32, nmix, -1, "%s%sbase", prefix, sep), nmix * 4);
-    int nscale = nmix == c->hc ? 1 : 3;
-    h.scale = own(ld, tensor(ld, DT_F32, nscale, -1, "%s%sscale", prefix, sep), nscale * 4);
-    return h;
-}
-
-static dsv4_compressor load_compressor(loader *ld, const dsv4_config *c, int ratio, int width, const char *prefix) {
-    dsv4_compressor cp = {ratio, width, ratio == 4 ? 2 : 1, {0}, {0}, NULL, NULL};
-    char name[256];
-    snprintf(name, sizeof name, "%s.wkv.weight", prefix);
-    cp.wkv = mat(ld, cp.coff * width, c->dim, name);
-    snprintf(name, sizeof name, "%s.wgate.weight", prefix);
-    cp.wgate = mat(ld, cp.coff * width, c->dim, name);
-    cp.ape = own(ld, tensor(ld, DT_F32, ratio, cp.coff * width, "%s.ape", prefix), (size_t)ratio * cp.coff * width * 4);
-    cp.norm = own(ld, tensor(ld, DT_BF16, width, -1, "%s.norm.weight", prefix), width * 2);
-    return cp;
-}
-
-static void load_attention(loader *ld, const dsv4_config *c, dsv4_layer *L, const char *p) {
-    char name[256];
-    int qw = c->n_heads * c->head_dim;
-    L->attn_norm = own(ld, tensor(ld, DT_BF16, c->dim, -1, "%sattn_norm.weight", p), c->dim * 2);
-    L->sink = own(ld, tensor(ld, DT_F32, c->n_heads, -1, "%sattn.attn_sink", p), c->n_heads * 4);
-    L->q_norm = own(ld, tensor(ld, DT_BF16, c->q_lora, -1, "%sattn.q_norm.weight", p), c->q_lora * 2);
-    L->kv_norm = own(ld, tensor(ld, DT_BF16, c->head_dim, -1, "%sattn.kv_norm.weight", p), c->head_dim * 2);
-    L->wq_a = mat_at(ld, p, "attn.wq_a", c->q_lora, c->dim);
-    L->wq_b = mat_at(ld, p, "attn.wq_b", qw, c->q_lora);
-    L->wkv = mat_at(ld, p, "attn.wkv", c->head_dim, c->dim);
-    L->wo_a = mat_at(ld, p, "attn.wo_a", c->o_groups * c->o_lora, qw / c->o_groups);
-    L->wo_b = mat_at(ld, p, "attn.wo_b", c->dim, c->o_groups * c->o_lora);
-    if (L->ratio) {
-        snprintf(name, sizeof name, "%sattn.compressor", p);
-        L->comp = load_compressor(ld, c, L->ratio, c->head_dim, name);
-    }
-    if (L->ratio == 4) {
-        snprintf(name, sizeof name, "%sattn.indexer.compressor", p);
-        L->idx_comp = load_compressor(ld, c, 4, c->idx_dim, name);
-        L->idx_wq_b = mat_at(ld, p, "attn.indexer.wq_b", c->idx_heads * c->idx_dim, c->q_lora);
-        snprintf(name, sizeof name, "%sattn.indexer.weights_proj.weight", p);
-        L->idx_wproj = mat(ld, c->idx_heads, c->dim, name);
-    }
+static int load_compressor(loader *ld, dsv4_compressor *cp, int ratio, int width, const char *prefix, const char *sub) {
+    *cp = (dsv4_compressor){.ratio = ratio, .width = width, .coff = ratio == 4 ? 2 : 1};
+    int dims[DD_COUNT];
+    memcpy(dims, ld->d->dims, sizeof dims);
+    dims[DD_RATIO] = ratio;
+    dims[DD_CROWS] = cp->coff * width;
+    dims[DD_CWIDTH] = width;
+    return load(ld, prefix, sub, cp, compressor, N(compressor), dims);
 }
 
 /* The hash table decides which expert weights are read: every entry must name a real expert. */
-static void check_tid2eid(loader *ld, const dsv4_config *c, const int64_t *t, const char *p) {
-    if (!t) return;
+static int check_tid2eid(tt_table *w, const dsv4_config *c, const int64_t *t, const char *p) {
     for (size_t i = 0; i < (size_t)c->vocab * c->n_active; i++) {
         int64_t e;
         memcpy(&e, t + i, sizeof e);
-        if (e < 0 || e >= c->n_experts) {
-            ld->failed = 1;
-            errf(ld->err, ld->errlen, "tensor %sffn.gate.tid2eid: entry [%zu][%zu] = %lld is not an expert id in [0, %d)",
-                 p, i / c->n_active, i % c->n_active, (long long)e, c->n_experts);
-            return;
-        }
+        if (e < 0 || e >= c->n_experts)
+            return tt_fail(w, "tensor %sffn.gate.tid2eid: entry [%zu][%zu] = %lld is not an expert id in [0, %d)", p,
+                           i / c->n_active, i % c->n_active, (long long)e, c->n_experts);
     }
+    return 0;
 }
 
-static void load_moe(loader *ld, const dsv4_config *c, dsv4_layer *L, const char *p) {
-    char name[256];
-    L->ffn_norm = own(ld, tensor(ld, DT_BF16, c->dim, -1, "%sffn_norm.weight", p), c->dim * 2);
-    snprintf(name, sizeof name, "%sffn.gate.weight", p);
-    L->gate = mat(ld, c->n_experts, c->dim, name);
-    if (L->hash) {
-        L->tid2eid = tensor(ld, DT_I64, c->vocab, c->n_active, "%sffn.gate.tid2eid", p);
-        check_tid2eid(ld, c, L->tid2eid, p);
-    } else {
-        L->gate_bias = own(ld, tensor(ld, DT_F32, c->n_experts, -1, "%sffn.gate.bias", p), c->n_experts * 4);
-    }
-    L->w1 = xcalloc(c->n_experts, sizeof(qmat));
-    L->w2 = xcalloc(c->n_experts, sizeof(qmat));
-    L->w3 = xcalloc(c->n_experts, sizeof(qmat));
-    for (int e = 0; e < c->n_experts && !ld->failed; e++) {
-        snprintf(name, sizeof name, "%sffn.experts.%d.", p, e);
-        L->w1[e] = mat_at(ld, name, "w1", c->moe_inter, c->dim);
-        L->w2[e] = mat_at(ld, name, "w2", c->dim, c->moe_inter);
-        L->w3[e] = mat_at(ld, name, "w3", c->moe_inter, c->dim);
-    }
-    int si = c->n_shared * c->moe_inter;
-    if (!si) return;
-    L->sw1 = mat_at(ld, p, "ffn.shared_experts.w1", si, c->dim);
-    L->sw2 = mat_at(ld, p, "ffn.shared_experts.w2", c->dim, si);
-    L->sw3 = mat_at(ld, p, "ffn.shared_experts.w3", si, c->dim);
+static int load_ffn(loader *ld, dsv4_layer *L, const char *p) {
+    const dsv4_config *c = &ld->d->c;
+    if (load(ld, p, "", L, moe, N(moe), NULL)) return -1;
+    if (L->hash ? load(ld, p, "", L, hash_route, N(hash_route), NULL) || check_tid2eid(ld->w, c, L->tid2eid, p)
+                : load(ld, p, "", L, score_route, N(score_route), NULL))
+        return -1;
+    return c->n_shared ? load(ld, p, "", L, shared, N(shared), NULL) : 0;
 }
 
-/* Layer l < n_layers is "layers.l."; MTP block i is "mtp.i." with ratio compress_ratios[n_layers+i]. */
-static void load_layer(loader *ld, dsv4_model *d, int l) {
+/* Layer l < n_layers is "layers.l."; MTP block i is "mtp.i." with ratio compress_ratios[n_layers+i]
+ * (validated only, with its own tensors). */
+static int load_layer(tt_table *w, dsv4_model *d, int l) {
     const dsv4_config *c = &d->c;
     dsv4_layer *L = &d->layers[l];
     char p[64];
-    int mtp = l >= c->n_layers;
+    int mtp = l >= c->n_layers, nmix = (2 + c->hc) * c->hc;
     if (mtp) snprintf(p, sizeof p, "mtp.%d.", l - c->n_layers);
     else snprintf(p, sizeof p, "layers.%d.", l);
     L->ratio = c->ratios[l];
     L->hash = !mtp && l < c->n_hash;
     L->rope = L->ratio ? &d->rope_yarn : &d->rope_plain;
-    int nmix = (2 + c->hc) * c->hc;
-    L->hc_attn = load_hc(ld, c, nmix, p, "hc_attn_");
-    L->hc_ffn = load_hc(ld, c, nmix, p, "hc_ffn_");
-    load_attention(ld, c, L, p);
-    load_moe(ld, c, L, p);
-}
-
-/* MTP-only tensors (spec §6). Generation does not run MTP; they are validated so that a damaged
- * checkpoint fails at load, not when speculative decoding first touches them. */
-static void check_mtp_extra(loader *ld, const dsv4_config *c, int i) {
-    char p[64];
-    snprintf(p, sizeof p, "mtp.%d.", i);
-    mat_at(ld, p, "e_proj", c->dim, c->dim);
-    mat_at(ld, p, "h_proj", c->dim, c->dim);
-    tensor(ld, DT_BF16, c->dim, -1, "%senorm.weight", p);
-    tensor(ld, DT_BF16, c->dim, -1, "%shnorm.weight", p);
-    tensor(ld, DT_BF16, c->dim, -1, "%snorm.weight", p);
-    load_hc(ld, c, c->hc, p, "hc_head_");
+    loader ld = {w, d, l, mtp};
+    if (load_hc(&ld, &L->hc_attn, nmix, p, "hc_attn_") || load_hc(&ld, &L->hc_ffn, nmix, p, "hc_ffn_") ||
+        load(&ld, p, "", L, attention, N(attention), NULL) ||
+        (L->ratio && load_compressor(&ld, &L->comp, L->ratio, c->head_dim, p, "attn.compressor.")) ||
+        (L->ratio == 4 && (load_compressor(&ld, &L->idx_comp, 4, c->idx_dim, p, "attn.indexer.compressor.") ||
+                           load(&ld, p, "", L, indexer, N(indexer), NULL))) ||
+        load_ffn(&ld, L, p))
+        return -1;
+    if (!mtp) return 0;
+    dsv4_mtp *x = &d->mtp[l - c->n_layers];
+    return load(&ld, p, "", x, mtp_extra, N(mtp_extra), NULL) || load_hc(&ld, &x->hc_head, c->hc, p, "hc_head_");
 }
 
 static void init_ropes(dsv4_model *d) {
@@ -282,15 +264,8 @@ static void init_ropes(dsv4_model *d) {
 static void dsv4_free(model *m) {
     dsv4_model *d = m->priv;
     if (!d) return;
-    if (d->layers)
-        for (int l = 0; l < d->c.n_layers + d->c.n_mtp; l++) {
-            free(d->layers[l].w1);
-            free(d->layers[l].w2);
-            free(d->layers[l].w3);
-        }
     free(d->layers);
-    for (int i = 0; i < d->n_owned; i++) free(d->owned[i]);
-    free(d->owned);
+    free(d->mtp);
     free(d);
     m->priv = NULL;
 }
@@ -298,21 +273,20 @@ static void dsv4_free(model *m) {
 static int dsv4_load(model *m, char *err, size_t errlen) {
     dsv4_model *d = xcalloc(1, sizeof *d);
     m->priv = d;
+    d->experts = m->experts;
     if (parse_config(m->config, &d->c, err, errlen)) return -1;
     const dsv4_config *c = &d->c;
     d->qat = m->num == NUMERICS_QAT;
     m->vocab_size = c->vocab;
     init_ropes(d);
-    loader ld = {m->st, d, err, errlen, 0, 0};
-    d->embed = mat(&ld, c->vocab, c->dim, "embed.weight");
-    d->head = mat(&ld, c->vocab, c->dim, "head.weight");
-    d->norm = own(&ld, tensor(&ld, DT_BF16, c->dim, -1, "norm.weight"), c->dim * 2);
-    d->hc_head = load_hc(&ld, c, c->hc, "", "hc_head_");
+    fill_dims(d);
+    loader ld = {&m->weights, d, -1, 0};
+    if (load(&ld, "", "", d, top, N(top), NULL) || load_hc(&ld, &d->hc_head, c->hc, "", "hc_head_")) return -1;
     d->layers = xcalloc(c->n_layers + c->n_mtp, sizeof(dsv4_layer));
-    for (int l = 0; l < c->n_layers + c->n_mtp && !ld.failed; l++) load_layer(&ld, d, l);
-    for (int i = 0; i < c->n_mtp && !ld.failed; i++) check_mtp_extra(&ld, c, i);
-    m->n_validated = ld.count;
-    return ld.failed ? -1 : 0;
+    d->mtp = xcalloc(c->n_mtp + 1, sizeof(dsv4_mtp));
+    for (int l = 0; l < c->n_layers + c->n_mtp; l++)
+        if (load_layer(&m->weights, d, l)) return -1;
+    return 0;
 }
 
 /* ---- sequences --------------------------------------------------------------------------- */
@@ -445,48 +419,14 @@ static void *dsv4_seq_new(model *m, state *st, int ctx, arena *scratch, char *er
 
 /* ---- reports ----------------------------------------------------------------------------- */
 
-/* Every dense matrix a token passes through in layer L (absent ones have data == NULL). */
-static int layer_mats(const dsv4_layer *L, const qmat **out) {
-    const qmat *all[] = {&L->hc_attn.fn, &L->hc_ffn.fn, &L->wq_a, &L->wq_b, &L->wkv, &L->wo_a, &L->wo_b,
-                         &L->comp.wkv, &L->comp.wgate, &L->idx_comp.wkv, &L->idx_comp.wgate, &L->idx_wq_b,
-                         &L->idx_wproj, &L->gate, &L->sw1, &L->sw2, &L->sw3};
-    int n = 0;
-    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
-        if (all[i]->data) out[n++] = all[i];
-    return n;
-}
-
-static size_t layer_dense_bytes(const dsv4_layer *L) {
-    const qmat *mats[32];
-    size_t b = 0;
-    for (int i = 0, n = layer_mats(L, mats); i < n; i++) b += qmat_bytes(mats[i]);
-    return b;
-}
-
-static size_t dsv4_decode_bytes(const model *m) {
-    const dsv4_model *d = m->priv;
-    size_t b = qmat_bytes(&d->head) + qmat_bytes(&d->hc_head.fn) + (size_t)d->c.dim * 2;
-    for (int l = 0; l < d->c.n_layers; l++) {
-        const dsv4_layer *L = &d->layers[l];
-        size_t expert = qmat_bytes(&L->w1[0]) + qmat_bytes(&L->w2[0]) + qmat_bytes(&L->w3[0]);
-        b += layer_dense_bytes(L) + (size_t)d->c.n_active * expert;
-    }
-    return b;
-}
-
-static double mat_flops(const qmat *q) { return 2.0 * q->rows * q->cols; }
-
-/* FLOPs (2 per multiply-add) of one token at pos: every projection it runs, attention over its
- * candidates and the indexer over the visible entries. */
-static double dsv4_token_flops(const model *m, int pos) {
+/* FLOPs (2 per multiply-add) beyond the table's matrices: attention over a token's candidates
+ * and the indexer over the visible entries. */
+static double dsv4_extra_flops(const model *m, int pos) {
     const dsv4_model *d = m->priv;
     const dsv4_config *c = &d->c;
-    double f = mat_flops(&d->head) + mat_flops(&d->hc_head.fn);
+    double f = 0;
     for (int l = 0; l < c->n_layers; l++) {
         const dsv4_layer *L = &d->layers[l];
-        const qmat *mats[32];
-        for (int i = 0, n = layer_mats(L, mats); i < n; i++) f += mat_flops(mats[i]);
-        f += c->n_active * (mat_flops(&L->w1[0]) + mat_flops(&L->w2[0]) + mat_flops(&L->w3[0]));
         int cand = MIN(pos + 1, c->window), nvis = L->ratio ? (pos + 1) / L->ratio : 0;
         cand += L->ratio == 4 ? MIN(nvis, c->idx_topk) : nvis;
         f += 4.0 * c->n_heads * c->head_dim * cand;
@@ -509,6 +449,5 @@ const family_ops deepseek_v4_ops = {
     .seq_new = dsv4_seq_new,
     .seq_free = dsv4_seq_free,
     .forward = dsv4_forward,
-    .decode_bytes = dsv4_decode_bytes,
-    .token_flops = dsv4_token_flops,
+    .extra_flops = dsv4_extra_flops,
 };

@@ -7,7 +7,8 @@
  *
  * INVARIANTS
  *  - Weight matrices are qmat views into the checkpoint's mapping: never copied, never written.
- *    Only small vectors (norms, biases, sinks, mixing parameters, ape) are copied, for alignment.
+ *    Only small vectors (norms, biases, sinks, mixing parameters, ape) are copied, for alignment
+ *    (the tensor table, core/tensor_table.h, owns the copies).
  *  - Everything a sequence carries between forward calls lives in its state parts (window ring,
  *    compressor/indexer partials, compressed lists). dsv4_seq's other buffers are scratch that
  *    is fully rewritten before it is read within one call, so a reset or restore of the parts
@@ -82,6 +83,19 @@ typedef struct {
     qmat sw1, sw2, sw3;        /* shared expert */
 } dsv4_layer;
 
+/* An MTP block's tensors beside its layer (spec §6): validated, not run. */
+typedef struct {
+    qmat e_proj, h_proj;
+    const uint16_t *enorm, *hnorm, *norm;
+    dsv4_hc hc_head;
+} dsv4_mtp;
+
+/* The dimensions the tensor table's shapes are written in (deepseek_v4.c fills dsv4_model.dims;
+ * the mixing and compressor entries per group). */
+enum { DD_DIM, DD_VOCAB, DD_HEADS, DD_HEAD_DIM, DD_QLORA, DD_QW, DD_OA, DD_OA_IN, DD_IQ, DD_IHEADS, DD_EXPERTS,
+       DD_ACTIVE, DD_MOE_INTER, DD_SHARED_INTER, DD_HCDIM, DD_MIX, DD_NSCALE, DD_RATIO, DD_CROWS, DD_CWIDTH,
+       DD_COUNT };
+
 typedef struct {
     dsv4_config c;
     int qat;                   /* model->num == NUMERICS_QAT */
@@ -90,8 +104,9 @@ typedef struct {
     const uint16_t *norm;
     dsv4_hc hc_head;
     dsv4_layer *layers;        /* n_layers + n_mtp (MTP validated, not run) */
-    void **owned;              /* aligned copies of the small vectors the layers point to */
-    int n_owned;
+    dsv4_mtp *mtp;             /* [n_mtp] */
+    experts *experts;          /* the model's routed experts (core/experts.h), by layer index */
+    int dims[DD_COUNT];
 } dsv4_model;
 
 /* Per-layer pointers into the sequence's state parts (NULL where the layer has none), and the

@@ -161,17 +161,12 @@ int dsv4_forward(model *m, const fwd_seg *segs, int nseg, char *err, size_t errl
     const dsv4_model *d = m->priv;
     dsv4_seq *s = segs[0].fam_seq;
     const fwd_seg *row_seg[DSV4_CHUNK];
-    int row_tok[DSV4_CHUNK], gi = 0, j = 0;     /* next token to place: token j of segment gi */
-    while (gi < nseg) {
-        int n = 0;
-        for (; gi < nseg && n < DSV4_CHUNK; n++) {
-            const fwd_seg *g = &segs[gi];
-            row_seg[n] = g;
-            row_tok[n] = j;
-            s->row_id[n] = g->ids[j];
-            s->row_pos[n] = g->pos0 + j;
-            s->row_seq[n] = g->fam_seq;
-            if (++j == g->n) gi++, j = 0;
+    int row_tok[DSV4_CHUNK], gi = 0, j = 0, n;  /* next token to place: token j of segment gi */
+    while ((n = fwd_next_pass(segs, nseg, &gi, &j, DSV4_CHUNK, row_seg, row_tok))) {
+        for (int t = 0; t < n; t++) {
+            s->row_id[t] = row_seg[t]->ids[row_tok[t]];
+            s->row_pos[t] = row_seg[t]->pos0 + row_tok[t];
+            s->row_seq[t] = row_seg[t]->fam_seq;
         }
         forward_pass(d, s, n);
         pass_logits(d, s, row_seg, row_tok, n);

@@ -58,21 +58,21 @@ static void expert_run(const dsv4_model *d, const qmat *w1, const qmat *w3, cons
     dsv4_bf16(d, s->moe_ye, (size_t)ne * d->c.dim);
 }
 
-/* Run routed expert e on every (token, rank) that chose it; results go to moe_y[token][rank]. */
-static void run_routed(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s, int e, int n) {
-    const dsv4_config *c = &d->c;
-    int ne = 0;
-    for (int tk = 0; tk < n * c->n_active; tk++)
-        if (s->moe_idx[tk] == e) {
-            s->moe_rows[ne] = tk;
-            s->moe_rw[ne] = s->moe_w[tk];
-            memcpy(s->moe_xe + (size_t)ne * c->dim, s->xq + (size_t)(tk / c->n_active) * c->dim, sizeof(float) * c->dim);
-            ne++;
-        }
-    if (!ne) return;
-    expert_run(d, &L->w1[e], &L->w3[e], &L->w2[e], s->moe_rw, s, ne);
-    for (int r = 0; r < ne; r++)
-        memcpy(s->moe_y + (size_t)s->moe_rows[r] * c->dim, s->moe_ye + (size_t)r * c->dim, sizeof(float) * c->dim);
+typedef struct {
+    const dsv4_model *d;
+    dsv4_seq *s;
+} routed_job;
+
+/* Routed expert e (its w1, w2, w3 in w, the tensor table's order) on the (token, rank) slots that chose it; results go to
+ * moe_y[token][rank]. */
+static void run_routed(void *ctx, int e, const qmat *w, const int *slots, int ne) {
+    routed_job *j = ctx;
+    const dsv4_config *c = &j->d->c;
+    dsv4_seq *s = j->s;
+    for (int r = 0; r < ne; r++) s->moe_rw[r] = s->moe_w[slots[r]];
+    experts_gather(s->xq, c->dim, c->n_active, slots, ne, s->moe_xe);
+    expert_run(j->d, &w[0], &w[2], &w[1], s->moe_rw, s, ne);
+    experts_scatter(s->moe_ye, c->dim, slots, ne, s->moe_y);
 }
 
 void dsv4_moe(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s, int n, const float *x, float *out) {
@@ -83,7 +83,8 @@ void dsv4_moe(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s, int n, cons
         route(d, L, s, s->row_id[t], s->moe_logit + (size_t)t * c->n_experts, s->moe_idx + t * k, s->moe_w + t * k);
     memcpy(s->xq, x, sizeof(float) * n * dim);
     for (int t = 0; t < n; t++) dsv4_act_qdq(d, s->xq + (size_t)t * dim, dim);
-    for (int e = 0; e < c->n_experts; e++) run_routed(d, L, s, e, n);
+    routed_job j = {d, s};
+    experts_run(d->experts, (int)(L - d->layers), s->moe_idx, n * k, run_routed, &j);
     int shared = L->sw1.data != NULL;
     if (shared) {
         memcpy(s->moe_xe, s->xq, sizeof(float) * n * dim);

@@ -1,22 +1,20 @@
 /* glm.c — GLM-5 family: config.json, tensor lookup/validation, sequence state layout.
  * The forward pass is in glm_forward.c; the module's invariants are in glm.h.
- * Matrices load as the checkpoints ship them, without conversion, through the shared loader
- * (core/weights.h): BF16 or F32 (official), F8_E4M3 with `_scale_inv` block scales (GLM-5-FP8),
+ * Matrices load as the checkpoints ship them, without conversion, through the family's tensor
+ * table (core/tensor_table.h, matrices by core/weights.h): BF16 or F32 (official), F8_E4M3 with `_scale_inv` block scales (GLM-5-FP8),
  * or colibri's int8/int4 containers (GLM-5.2 int4: U8 codes + `.qs` F32 scales). */
 #include "glm.h"
 
 #include <math.h>
-#include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../core/config.h"
 #include "../core/quant.h"
-#include "../core/weights.h"
 #include "../core/util.h"
 
-#define NAME_MAX_LEN 160
 
 /* ---- config ----------------------------------------------------------------------------- */
 
@@ -136,139 +134,114 @@ static int read_mlp_types(glm_model *g, const cJSON *c, char *err, size_t errlen
 
 /* ---- tensors ---------------------------------------------------------------------------- */
 
-/* Formats a tensor name into buf[NAME_MAX_LEN]; an over-long name is cut and then simply not found. */
-static const char *tname(char *buf, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static const char *tname(char *buf, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, NAME_MAX_LEN, fmt, ap);
-    va_end(ap);
-    return buf;
+/* The tensor table (core/tensor_table.h): every tensor of the official layout, by group. */
+#define MAT(n, role, d0, d1, field) {{n}, TT_MAT, role, 0, 2, {d0, d1}, offsetof(glm_layer, field), 0}
+#define VEC(n, d0, field) {{n}, TT_F32, TT_DENSE, 0, 1, {d0}, offsetof(glm_layer, field), 0}
+static const tt_spec norms[] = {
+    VEC("input_layernorm.weight", GD_DIM, attn_norm),
+    VEC("post_attention_layernorm.weight", GD_DIM, ffn_norm),
+};
+static const tt_spec attention[] = {
+    MAT("q_a_proj.weight", TT_DENSE, GD_QLORA, GD_DIM, q_a),
+    VEC("q_a_layernorm.weight", GD_QLORA, q_a_norm),
+    MAT("q_b_proj.weight", TT_DENSE, GD_QB, GD_QLORA, q_b),
+    MAT("kv_a_proj_with_mqa.weight", TT_DENSE, GD_KVA, GD_DIM, kv_a),
+    VEC("kv_a_layernorm.weight", GD_KVLORA, kv_a_norm),
+    MAT("kv_b_proj.weight", TT_DENSE, GD_KVB, GD_KVLORA, kv_b),
+    MAT("o_proj.weight", TT_DENSE, GD_DIM, GD_OV, o),
+};
+static const tt_spec indexer[] = {
+    MAT("indexer.wq_b.weight", TT_DENSE, GD_IQ, GD_QLORA, idx_wq_b),
+    MAT("indexer.wk.weight", TT_DENSE, GD_IDX, GD_DIM, idx_wk),
+    VEC("indexer.k_norm.weight", GD_IDX, idx_knorm_w),
+    VEC("indexer.k_norm.bias", GD_IDX, idx_knorm_b),
+    MAT("indexer.weights_proj.weight", TT_DENSE, GD_IHEADS, GD_DIM, idx_weights),
+};
+/* A dense SwiGLU of GD_INTER (the MLP, or the shared experts under "shared_experts."). */
+static const tt_spec swiglu[] = {
+    MAT("gate_proj.weight", TT_DENSE, GD_INTER, GD_DIM, gate),
+    MAT("up_proj.weight", TT_DENSE, GD_INTER, GD_DIM, up),
+    MAT("down_proj.weight", TT_DENSE, GD_DIM, GD_INTER, down),
+};
+static const tt_spec moe[] = {
+    MAT("gate.weight", TT_DENSE, GD_EXPERTS, GD_DIM, router),
+    VEC("gate.e_score_correction_bias", GD_EXPERTS, router_bias),
+    MAT("experts.%d.gate_proj.weight", TT_ROUTED, GD_INTER, GD_DIM, e_gate),
+    MAT("experts.%d.up_proj.weight", TT_ROUTED, GD_INTER, GD_DIM, e_up),
+    MAT("experts.%d.down_proj.weight", TT_ROUTED, GD_DIM, GD_INTER, e_down),
+};
+#undef MAT
+#undef VEC
+#define TOP(n, kind, role, ndim, field) {{n}, kind, role, 0, ndim, {GD_VOCAB, GD_DIM}, offsetof(glm_model, field), 0}
+static const tt_spec top[] = {
+    TOP("model.embed_tokens.weight", TT_MAT, TT_LOOKUP, 2, embed),
+    TOP("lm_head.weight", TT_MAT, TT_DENSE, 2, head),
+    {{"model.norm.weight"}, TT_F32, TT_DENSE, 0, 1, {GD_DIM}, offsetof(glm_model, final_norm), 0},
+};
+#undef TOP
+#define MTP(n, kind, ndim, field) {{n}, kind, TT_DENSE, 0, ndim, {GD_DIM, GD_2DIM}, offsetof(glm_mtp, field), 0}
+static const tt_spec mtp_extra[] = {
+    MTP("eh_proj.weight", TT_MAT, 2, eh),
+    MTP("enorm.weight", TT_F32, 1, enorm),
+    MTP("hnorm.weight", TT_F32, 1, hnorm),
+    MTP("shared_head.norm.weight", TT_F32, 1, head_norm),
+};
+#undef MTP
+#define N(t) (int)(sizeof t / sizeof *t)
+
+static void fill_dims(glm_model *g) {
+    int *d = g->dims, h = g->n_heads;
+    d[GD_DIM] = g->dim, d[GD_2DIM] = 2 * g->dim, d[GD_VOCAB] = g->vocab, d[GD_QLORA] = g->q_lora;
+    d[GD_QB] = h * (g->nope + g->rope), d[GD_KVA] = g->kv_lora + g->rope, d[GD_KVLORA] = g->kv_lora;
+    d[GD_KVB] = h * (g->nope + g->v_dim), d[GD_OV] = h * g->v_dim, d[GD_IQ] = g->idx_heads * g->idx_dim;
+    d[GD_IDX] = g->idx_dim, d[GD_IHEADS] = g->idx_heads, d[GD_EXPERTS] = g->n_experts;
 }
 
-static void own(glm_model *g, void *p, size_t bytes) {
-    if (g->n_owned == g->cap_owned) {
-        g->cap_owned = g->cap_owned ? 2 * g->cap_owned : 64;
-        g->owned = xrealloc(g->owned, (size_t)g->cap_owned * sizeof *g->owned);
-        g->owned_bytes = xrealloc(g->owned_bytes, (size_t)g->cap_owned * sizeof *g->owned_bytes);
-    }
-    g->owned_bytes[g->n_owned] = bytes;
-    g->owned[g->n_owned++] = p;
+/* One group of layer l's tensors under prefix "model.layers.<i>.<sub>", with GD_INTER = inter. */
+static int load_group(tt_table *w, glm_model *g, glm_layer *l, int i, const char *sub, const tt_spec *t, int n,
+                      int inter, int draft) {
+    char p[160];
+    int dims[GD_COUNT];
+    memcpy(dims, g->dims, sizeof dims);
+    dims[GD_INTER] = inter;
+    snprintf(p, sizeof p, "model.layers.%d.%s", i, sub);
+    tt_group grp = {.prefix = p, .dst = l, .dims = dims, .layer = i, .experts = g->n_experts, .active = g->top_k,
+                    .draft = draft};
+    return tt_load(w, t, n, &grp);
 }
 
-/* A weight matrix in any format the kernels run (core/weights.h); scales count as validated. */
-static int get_mat(glm_model *g, const st_file *f, qmat *out, const char *name, int rows, int cols, char *err,
-                   size_t errlen) {
-    return weights_matrix(f, name, rows, cols, out, &g->n_validated, err, errlen);
-}
-
-/* A vector (norm weight, bias) copied to f32 once: they are tiny and read on every token. */
-static float *get_vec(glm_model *g, const st_file *f, const char *name, int n, char *err, size_t errlen) {
-    const st_tensor *t = st_find(f, name);
-    if (!t) { errf(err, errlen, "missing tensor %s", name); return NULL; }
-    if (t->ndim != 1 || t->shape[0] != n || (t->type != DT_BF16 && t->type != DT_F32)) {
-        errf(err, errlen, "tensor %s in %s: expected BF16 or F32 [%d], found %s", name, t->file, n,
-             dtype_name(t->type));
-        return NULL;
-    }
-    float *v = xmalloc((size_t)n * sizeof *v);
-    for (int i = 0; i < n; i++)
-        v[i] = t->type == DT_F32 ? ((const float *)t->data)[i] : bf16_to_f32(((const uint16_t *)t->data)[i]);
-    own(g, v, (size_t)n * sizeof *v);
-    g->n_validated++;
-    return v;
-}
-
-#define MAT(q, rows, cols, ...) get_mat(g, f, q, tname(name, __VA_ARGS__), rows, cols, err, errlen)
-#define VEC(dst, n, ...) !((dst) = get_vec(g, f, tname(name, __VA_ARGS__), n, err, errlen))
-
-static int load_swiglu(glm_model *g, const st_file *f, qmat *gate, qmat *up, qmat *down, int inter,
-                       const char *prefix, char *err, size_t errlen) {
-    char name[NAME_MAX_LEN];
-    return MAT(gate, inter, g->dim, "%sgate_proj.weight", prefix) || MAT(up, inter, g->dim, "%sup_proj.weight", prefix) ||
-           MAT(down, g->dim, inter, "%sdown_proj.weight", prefix) ? -1 : 0;
-}
-
-static int load_attention(glm_model *g, const st_file *f, glm_layer *l, const char *p, char *err, size_t errlen) {
-    char name[NAME_MAX_LEN];
-    int h = g->n_heads;
-    if (MAT(&l->q_a, g->q_lora, g->dim, "%sq_a_proj.weight", p) || VEC(l->q_a_norm, g->q_lora, "%sq_a_layernorm.weight", p) ||
-        MAT(&l->q_b, h * (g->nope + g->rope), g->q_lora, "%sq_b_proj.weight", p) ||
-        MAT(&l->kv_a, g->kv_lora + g->rope, g->dim, "%skv_a_proj_with_mqa.weight", p) ||
-        VEC(l->kv_a_norm, g->kv_lora, "%skv_a_layernorm.weight", p) ||
-        MAT(&l->kv_b, h * (g->nope + g->v_dim), g->kv_lora, "%skv_b_proj.weight", p) ||
-        MAT(&l->o, g->dim, h * g->v_dim, "%so_proj.weight", p))
+static int load_layer(tt_table *w, glm_model *g, glm_layer *l, int i, int draft) {
+    if (load_group(w, g, l, i, "", norms, N(norms), 0, draft) ||
+        load_group(w, g, l, i, "self_attn.", attention, N(attention), 0, draft) ||
+        (g->has_indexer && l->full_indexer &&
+         load_group(w, g, l, i, "self_attn.", indexer, N(indexer), 0, draft)))
         return -1;
-    if (!g->has_indexer || !l->full_indexer) return 0;
-    return MAT(&l->idx_wq_b, g->idx_heads * g->idx_dim, g->q_lora, "%sindexer.wq_b.weight", p) ||
-           MAT(&l->idx_wk, g->idx_dim, g->dim, "%sindexer.wk.weight", p) ||
-           VEC(l->idx_knorm_w, g->idx_dim, "%sindexer.k_norm.weight", p) ||
-           VEC(l->idx_knorm_b, g->idx_dim, "%sindexer.k_norm.bias", p) ||
-           MAT(&l->idx_weights, g->idx_heads, g->dim, "%sindexer.weights_proj.weight", p) ? -1 : 0;
+    if (!l->sparse) return load_group(w, g, l, i, "mlp.", swiglu, N(swiglu), g->inter, draft);
+    return load_group(w, g, l, i, "mlp.", moe, N(moe), g->moe_inter, draft) ||
+           load_group(w, g, l, i, "mlp.shared_experts.", swiglu, N(swiglu), g->moe_inter * g->n_shared, draft);
 }
 
-static int load_moe(glm_model *g, const st_file *f, glm_layer *l, const char *p, char *err, size_t errlen) {
-    char name[NAME_MAX_LEN], sub[NAME_MAX_LEN];
-    if (MAT(&l->router, g->n_experts, g->dim, "%sgate.weight", p) ||
-        VEC(l->router_bias, g->n_experts, "%sgate.e_score_correction_bias", p))
-        return -1;
-    l->e_gate = xcalloc((size_t)g->n_experts, sizeof(qmat));
-    l->e_up = xcalloc((size_t)g->n_experts, sizeof(qmat));
-    l->e_down = xcalloc((size_t)g->n_experts, sizeof(qmat));
-    for (int e = 0; e < g->n_experts; e++) {
-        tname(sub, "%sexperts.%d.", p, e);
-        if (load_swiglu(g, f, &l->e_gate[e], &l->e_up[e], &l->e_down[e], g->moe_inter, sub, err, errlen)) return -1;
-    }
-    tname(sub, "%sshared_experts.", p);
-    return load_swiglu(g, f, &l->gate, &l->up, &l->down, g->moe_inter * g->n_shared, sub, err, errlen);
-}
-
-static int load_layer(glm_model *g, const st_file *f, glm_layer *l, int i, char *err, size_t errlen) {
-    char name[NAME_MAX_LEN], p[NAME_MAX_LEN];
-    tname(p, "model.layers.%d.", i);
-    if (VEC(l->attn_norm, g->dim, "%sinput_layernorm.weight", p) ||
-        VEC(l->ffn_norm, g->dim, "%spost_attention_layernorm.weight", p))
-        return -1;
-    tname(name, "%sself_attn.", p);
-    if (load_attention(g, f, l, name, err, errlen)) return -1;
-    tname(name, "%smlp.", p);
-    if (l->sparse) return load_moe(g, f, l, name, err, errlen);
-    return load_swiglu(g, f, &l->gate, &l->up, &l->down, g->inter, name, err, errlen);
-}
-
-/* The MTP layer (index n_layers) is optional in a checkpoint; when present it must be well formed
- * (it runs only for speculative decoding, glm.h). */
-static int load_mtp(glm_model *g, const st_file *f, const cJSON *c, char *err, size_t errlen) {
-    char name[NAME_MAX_LEN];
+/* The MTP layer (index n_layers) is optional in a checkpoint; when present it must be well formed.
+ * It runs only for speculative decoding (glm.h), so the table counts it as draft weights. */
+static int load_mtp(tt_table *w, glm_model *g, const cJSON *c, char *err, size_t errlen) {
+    char name[160];
     int n_mtp;
     if (config_int_or(c, "num_nextn_predict_layers", 0, &n_mtp, err, errlen)) return -1;
-    if (n_mtp < 1 || !st_find(f, tname(name, "model.layers.%d.eh_proj.weight", g->n_layers))) return 0;
+    snprintf(name, sizeof name, "model.layers.%d.eh_proj.weight", g->n_layers);
+    if (n_mtp < 1 || !st_find(w->f, name)) return 0;
     g->mtp.sparse = 1;
-    g->mtp.full_indexer = st_find(f, tname(name, "model.layers.%d.self_attn.indexer.wq_b.weight", g->n_layers)) != NULL;
-    if (load_layer(g, f, &g->mtp, g->n_layers, err, errlen) ||
-        MAT(&g->eh_proj, g->dim, 2 * g->dim, "model.layers.%d.eh_proj.weight", g->n_layers) ||
-        VEC(g->enorm, g->dim, "model.layers.%d.enorm.weight", g->n_layers) ||
-        VEC(g->hnorm, g->dim, "model.layers.%d.hnorm.weight", g->n_layers) ||
-        VEC(g->mtp_norm, g->dim, "model.layers.%d.shared_head.norm.weight", g->n_layers))
-        return -1;
+    snprintf(name, sizeof name, "model.layers.%d.self_attn.indexer.wq_b.weight", g->n_layers);
+    g->mtp.full_indexer = st_find(w->f, name) != NULL;
+    snprintf(name, sizeof name, "model.layers.%d.", g->n_layers);
+    tt_group grp = {.prefix = name, .dst = &g->mtp_extra, .dims = g->dims, .layer = g->n_layers, .draft = 1};
+    if (load_layer(w, g, &g->mtp, g->n_layers, 1) || tt_load(w, mtp_extra, N(mtp_extra), &grp)) return -1;
     g->has_mtp = 1;
     return 0;
-}
-
-static void free_layer(glm_layer *l) {
-    free(l->e_gate);
-    free(l->e_up);
-    free(l->e_down);
 }
 
 static void glm_free(model *m) {
     glm_model *g = m->priv;
     if (!g) return;
-    for (int i = 0; g->layers && i < g->n_layers; i++) free_layer(&g->layers[i]);
-    free_layer(&g->mtp);
-    for (int i = 0; i < g->n_owned; i++) free(g->owned[i]);
-    free(g->owned);
-    free(g->owned_bytes);
     free(g->layers);
     free(g);
     m->priv = NULL;
@@ -277,20 +250,18 @@ static void glm_free(model *m) {
 static int glm_load(model *m, char *err, size_t errlen) {
     glm_model *g = xcalloc(1, sizeof *g);
     m->priv = g;
+    g->experts = m->experts;
     const cJSON *c = m->config;
-    const st_file *f = m->st;
-    char name[NAME_MAX_LEN];
+    tt_table *w = &m->weights;
     if (read_dims(g, c, err, errlen) || read_routing(g, c, err, errlen) || read_rope(g, c, err, errlen)) return -1;
     g->layers = xcalloc((size_t)g->n_layers, sizeof *g->layers);
     if (read_mlp_types(g, c, err, errlen) || read_indexer(g, c, err, errlen)) return -1;
+    fill_dims(g);
     for (int i = 0; i < g->n_layers; i++)
-        if (load_layer(g, f, &g->layers[i], i, err, errlen)) return -1;
-    if (MAT(&g->embed, g->vocab, g->dim, "model.embed_tokens.weight") ||
-        MAT(&g->head, g->vocab, g->dim, "lm_head.weight") || VEC(g->final_norm, g->dim, "model.norm.weight") ||
-        load_mtp(g, f, c, err, errlen))
-        return -1;
+        if (load_layer(w, g, &g->layers[i], i, 0)) return -1;
+    tt_group grp = {.prefix = "", .dst = g, .dims = g->dims, .layer = -1};
+    if (tt_load(w, top, N(top), &grp) || load_mtp(w, g, c, err, errlen)) return -1;
     m->vocab_size = g->vocab;
-    m->n_validated = g->n_validated;
     m->draft_layers = g->has_mtp;
     return 0;
 }
@@ -344,44 +315,15 @@ static void glm_seq_free(model *m, void *fam_seq) {
 
 /* ---- reports ---------------------------------------------------------------------------- */
 
-static size_t layer_dense_bytes(const glm_model *g, const glm_layer *l) {
-    size_t b = qmat_bytes(&l->q_a) + qmat_bytes(&l->q_b) + qmat_bytes(&l->kv_a) + qmat_bytes(&l->kv_b) +
-               qmat_bytes(&l->o) + qmat_bytes(&l->gate) + qmat_bytes(&l->up) + qmat_bytes(&l->down);
-    if (g->has_indexer && l->full_indexer)
-        b += qmat_bytes(&l->idx_wq_b) + qmat_bytes(&l->idx_wk) + qmat_bytes(&l->idx_weights);
-    if (l->sparse) b += qmat_bytes(&l->router);
-    return b;
-}
-
-static size_t glm_decode_bytes(const model *m) {
+/* Beyond the table's matrices (kv_b counts as the absorbed per-head products): absorbed
+ * attention over the attended rows, and the indexer's scores over every visible key. */
+static double glm_extra_flops(const model *m, int pos) {
     const glm_model *g = m->priv;
-    size_t b = qmat_bytes(&g->head) + (size_t)g->dim * 2;
-    for (int i = 0; i < g->n_layers; i++) {
-        const glm_layer *l = &g->layers[i];
-        b += layer_dense_bytes(g, l);
-        if (l->sparse)   /* top_k experts of average size */
-            b += (size_t)g->top_k * (qmat_bytes(&l->e_gate[0]) + qmat_bytes(&l->e_up[0]) + qmat_bytes(&l->e_down[0]));
-    }
-    return b;
-}
-
-/* Multiply-adds x2 of one token at position pos: projections, absorbed attention over the
- * attended rows, indexer scores, active experts, head. */
-static double glm_token_flops(const model *m, int pos) {
-    const glm_model *g = m->priv;
-    double f = (double)g->vocab * g->dim;
     int attended = g->has_indexer ? MIN(pos + 1, g->idx_topk) : pos + 1;
+    double f = 0;
     for (int i = 0; i < g->n_layers; i++) {
-        const glm_layer *l = &g->layers[i];
-        f += (double)g->q_lora * g->dim + (double)l->q_b.rows * g->q_lora + (double)l->kv_a.rows * g->dim +
-             (double)l->o.rows * l->o.cols;
-        f += (double)g->n_heads * ((double)(g->nope + g->v_dim) * g->kv_lora +
-                                   2.0 * attended * (g->kv_lora + g->rope));
-        if (g->has_indexer && l->full_indexer)
-            f += (double)l->idx_wq_b.rows * g->q_lora + (double)g->idx_dim * g->dim +
-                 (double)g->idx_heads * g->idx_dim * (pos + 1);
-        int inter = l->sparse ? g->moe_inter * (g->top_k + g->n_shared) : g->inter;
-        f += 3.0 * inter * g->dim + (l->sparse ? (double)g->n_experts * g->dim : 0);
+        f += 2.0 * g->n_heads * attended * (g->kv_lora + g->rope);
+        if (g->has_indexer && g->layers[i].full_indexer) f += (double)g->idx_heads * g->idx_dim * (pos + 1);
     }
     return 2.0 * f;
 }
@@ -404,6 +346,5 @@ const family_ops glm_ops = {
     .seq_free = glm_seq_free,
     .forward = glm_forward,
     .draft = glm_draft,
-    .decode_bytes = glm_decode_bytes,
-    .token_flops = glm_token_flops,
+    .extra_flops = glm_extra_flops,
 };

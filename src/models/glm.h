@@ -52,6 +52,16 @@ typedef struct {
     qmat *e_gate, *e_up, *e_down;                            /* [n_experts] */
 } glm_layer;
 
+/* The dimensions the tensor table's shapes are written in (glm.c fills glm_model.dims). */
+enum { GD_DIM, GD_2DIM, GD_VOCAB, GD_QLORA, GD_QB, GD_KVA, GD_KVLORA, GD_KVB, GD_OV, GD_IQ, GD_IDX, GD_IHEADS,
+       GD_EXPERTS, GD_INTER, GD_COUNT };
+
+/* The MTP block's own tensors beside its layer. */
+typedef struct {
+    qmat eh;                          /* [dim, 2 dim]: [enorm(embed) ; hnorm(hidden)] -> dim */
+    float *enorm, *hnorm, *head_norm; /* head_norm is shared_head.norm (the lm_head is the model's) */
+} glm_mtp;
+
 typedef struct {
     int vocab, dim, n_layers, n_heads;
     int q_lora, kv_lora, nope, rope, v_dim;
@@ -65,13 +75,11 @@ typedef struct {
     float *final_norm;
     glm_layer *layers;
     glm_layer mtp;                    /* has_mtp = 0 when the checkpoint has none */
+    glm_mtp mtp_extra;
     int has_mtp;
-    qmat eh_proj;                     /* [dim, 2 dim]: [enorm(embed) ; hnorm(hidden)] -> dim */
-    float *enorm, *hnorm, *mtp_norm;  /* f32 copies; mtp_norm is shared_head.norm */
-    void **owned;                     /* f32 vectors made at load, freed together */
-    size_t *owned_bytes;
-    int n_owned, cap_owned;
-    int n_validated;                  /* tensors looked up and checked (dtype + shape) */
+    int dims[GD_COUNT];
+    experts *experts;                 /* the routed experts (core/experts.h), by layer index; the
+                                         MTP layer's are layer n_layers */
 } glm_model;
 
 /* Per-sequence handle: pointers into the state's parts, and the sequence's scratch arena. */

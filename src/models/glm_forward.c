@@ -297,7 +297,7 @@ static void route(const glm_model *g, const glm_layer *l, const float *logits, i
 
 typedef struct {
     float *logits, *weight, *xin, *ex, *eout;
-    int *idx, *rows;
+    int *idx;
 } moe_bufs;
 
 static void moe_layout(arena *a, const glm_model *g, int n, moe_bufs *b) {
@@ -305,33 +305,42 @@ static void moe_layout(arena *a, const glm_model *g, int n, moe_bufs *b) {
     b->logits = floats(a, (size_t)n * g->n_experts);
     b->weight = floats(a, n * K);
     b->idx = ints(a, n * K);
-    b->rows = ints(a, (size_t)n);
     b->xin = floats(a, n * d);
     b->ex = floats(a, n * K * d);
     b->eout = floats(a, n * d);
 }
 
-static void moe(const model *m, const glm_layer *l, const float *x, int n, float *y, arena *sc) {
+typedef struct {
+    const model *m;
+    const float *x;
+    moe_bufs *b;
+    arena *sc;
+} routed_job;
+
+/* Routed expert e (gate, up, down in w) on the (token, rank) slots that chose it: ex[slot]. */
+static void run_routed(void *ctx, int e, const qmat *w, const int *slots, int cnt) {
+    routed_job *j = ctx;
+    const glm_model *g = j->m->priv;
+    experts_gather(j->x, g->dim, g->top_k, slots, cnt, j->b->xin);
+    size_t mark = arena_mark(j->sc);
+    swiglu(j->m, &w[0], &w[1], &w[2], j->b->xin, cnt, j->b->eout, j->sc);
+    arena_release(j->sc, mark);
+    experts_scatter(j->b->eout, g->dim, slots, cnt, j->b->ex);
+}
+
+static void moe(const model *m, const glm_layer *l, int li, const float *x, int n, float *y, arena *sc) {
     const glm_model *g = m->priv;
     int d = g->dim, K = g->top_k;
     moe_bufs b;
     moe_layout(sc, g, n, &b);
-    float *logits = b.logits, *weight = b.weight, *xin = b.xin, *ex = b.ex, *eout = b.eout;
-    int *idx = b.idx, *rows = b.rows;
+    float *logits = b.logits, *weight = b.weight, *ex = b.ex;
+    int *idx = b.idx;
     qmat_mul(&l->router, x, n, logits);
     for (int i = 0; i < n; i++)
         route(g, l, logits + (size_t)i * g->n_experts, idx + (size_t)i * K, weight + (size_t)i * K, sc);
-    /* Batch each expert over the tokens that chose it; results land in ex[token][slot]. */
-    for (int e = 0; e < g->n_experts; e++) {
-        int cnt = 0;
-        for (int t = 0; t < n * K; t++)
-            if (idx[t] == e) { memcpy(xin + (size_t)cnt * d, x + (size_t)(t / K) * d, (size_t)d * sizeof *x); rows[cnt++] = t; }
-        if (!cnt) continue;
-        size_t mark = arena_mark(sc);
-        swiglu(m, &l->e_gate[e], &l->e_up[e], &l->e_down[e], xin, cnt, eout, sc);
-        arena_release(sc, mark);
-        for (int r = 0; r < cnt; r++) memcpy(ex + (size_t)rows[r] * d, eout + (size_t)r * d, (size_t)d * sizeof *ex);
-    }
+    /* each routed expert once over the tokens that chose it */
+    routed_job j = {m, x, &b, sc};
+    experts_run(g->experts, li, idx, n * K, run_routed, &j);
     swiglu(m, &l->gate, &l->up, &l->down, x, n, y, sc);      /* shared expert */
     for (int i = 0; i < n; i++) {
         float *yi = y + (size_t)i * d;
@@ -365,6 +374,7 @@ static void head_logits(const model *m, const float *x, const fwd_seg *const *se
     int cnt = 0;
     for (int t = 0; t < n; t++) cnt += seg[t]->all_logits || (seg[t]->logits && tok[t] == seg[t]->n - 1);
     if (!cnt) return;
+    size_t mark = arena_mark(sc);
     float *hn, *out;
     head_layout(sc, g, cnt, &hn, &out);
     for (int t = 0, k = 0; t < n; t++)
@@ -380,6 +390,7 @@ static void head_logits(const model *m, const float *x, const fwd_seg *const *se
         if (sg->all_logits) memcpy(sg->all_logits + (size_t)tok[t] * v, row, v * sizeof *row);
         if (sg->logits && tok[t] == sg->n - 1) memcpy(sg->logits, row, v * sizeof *row);
     }
+    arena_release(sc, mark);      /* the MTP rows that follow take the scratch from here */
 }
 
 /* What one chunk holds for its whole pass: the residual stream, norm output, sub-layer output and
@@ -462,7 +473,7 @@ static void run_layer(const model *m, const glm_layer *l, int li, const rows_inf
     attention(m, l, li, ri, hn, n, sel, delta, sc);
     add_residual(m, x, delta, len);
     rmsnorm_rows(m, hn, x, l->ffn_norm, n, g->dim, g->eps);
-    if (l->sparse) moe(m, l, hn, n, delta, sc);
+    if (l->sparse) moe(m, l, li, hn, n, delta, sc);
     else swiglu(m, &l->gate, &l->up, &l->down, hn, n, delta, sc);
     add_residual(m, x, delta, len);
     arena_release(sc, mark);
@@ -483,15 +494,15 @@ static void mtp_pass(const model *m, glm_seq *const *seqs, const int *pos, const
         float *row = in + (size_t)i * 2 * d;
         qmat_row(&g->embed, id[i], b.x);
         act_round(m, b.x, (size_t)d);
-        rmsnorm(row, b.x, g->enorm, d, g->eps);
-        rmsnorm(row + d, prev[i], g->hnorm, d, g->eps);
+        rmsnorm(row, b.x, g->mtp_extra.enorm, d, g->eps);
+        rmsnorm(row + d, prev[i], g->mtp_extra.hnorm, d, g->eps);
         b.sel.nsel[i] = -1;
         b.rows.pos[i] = pos[i];
         b.rows.seq[i] = seqs[i];
         b.rows.end = MAX(b.rows.end, pos[i] + 1);
     }
     act_round(m, in, (size_t)n * 2 * d);
-    project(m, &g->eh_proj, in, n, out);
+    project(m, &g->mtp_extra.eh, in, n, out);
     run_layer(m, &g->mtp, g->n_layers, &b.rows, out, b.hn, b.delta, &b.sel, n, sc);
     arena_release(sc, mark);
 }
@@ -501,13 +512,14 @@ static void mtp_logits(const model *m, const float *x, float *logits, arena *sc)
     const glm_model *g = m->priv;
     size_t mark = arena_mark(sc);
     float *hn = floats(sc, (size_t)g->dim);
-    rmsnorm(hn, x, g->mtp_norm, g->dim, g->eps);
+    rmsnorm(hn, x, g->mtp_extra.head_norm, g->dim, g->eps);
     act_round(m, hn, (size_t)g->dim);
     qmat_vec(&g->head, hn, logits);
     arena_release(sc, mark);
 }
 
-/* After a pass's main layers (x[n][dim], row i at ri->pos[i] of ri->seq[i]): each row's final
+/* After a pass's main layers (x[n][dim], row i at ri->pos[i] of ri->seq[i]): for the rows of
+ * sequences that keep MTP rows (a batched call may mix them with others), each row's final
  * hidden state into its sequence's "mtp.h" row, then the MTP rows this pass completes: a token
  * at pos >= 1 completes MTP position pos - 1 (hidden of pos - 1, this token). */
 static void mtp_rows(const model *m, const rows_info *ri, const int *ids, const float *x, int n, arena *sc) {
@@ -520,12 +532,13 @@ static void mtp_rows(const model *m, const rows_info *ri, const int *ids, const 
     float *out = floats(sc, (size_t)n * d);
     for (int i = 0; i < n; i++) {
         glm_seq *s = ri->seq[i];
+        if (!s->hfin) continue;
         float *h = s->hfin + (size_t)ri->pos[i] * d;
         rmsnorm(h, x + (size_t)i * d, g->final_norm, d, g->eps);
         act_round(m, h, (size_t)d);
     }
     for (int i = 0; i < n; i++) {
-        if (ri->pos[i] == 0) continue;
+        if (ri->pos[i] == 0 || !ri->seq[i]->hfin) continue;
         seqs[k] = ri->seq[i];
         pos[k] = ri->pos[i] - 1;
         id[k] = ids[i];
@@ -572,7 +585,7 @@ static void forward_chunk(const model *m, glm_seq *s, const fwd_seg *const *seg,
     act_round(m, x, len);
     for (int li = 0; li < g->n_layers; li++) run_layer(m, &g->layers[li], li, &b.rows, x, hn, delta, &b.sel, n, sc);
     head_logits(m, x, seg, tok, n, sc);
-    if (s->hfin) {
+    if (g->has_mtp) {
         int *ids = ints(sc, (size_t)n);
         for (int i = 0; i < n; i++) ids[i] = seg[i]->ids[tok[i]];
         mtp_rows(m, &b.rows, ids, x, n, sc);
@@ -585,15 +598,7 @@ static void forward_chunk(const model *m, glm_seq *s, const fwd_seg *const *seg,
  * sequences share one context size (seq_feed_step), so that scratch fits every row. */
 int glm_forward(model *m, const fwd_seg *segs, int nseg, char *err, size_t errlen) {
     const fwd_seg *seg[GLM_CHUNK];
-    int tok[GLM_CHUNK], gi = 0, j = 0;
-    while (gi < nseg) {
-        int n = 0;
-        for (; gi < nseg && n < GLM_CHUNK; n++) {
-            seg[n] = &segs[gi];
-            tok[n] = j;
-            if (++j == segs[gi].n) gi++, j = 0;
-        }
-        forward_chunk(m, segs[0].fam_seq, seg, tok, n);
-    }
+    int tok[GLM_CHUNK], gi = 0, j = 0, n;
+    while ((n = fwd_next_pass(segs, nseg, &gi, &j, GLM_CHUNK, seg, tok))) forward_chunk(m, segs[0].fam_seq, seg, tok, n);
     return 0;
 }

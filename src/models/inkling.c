@@ -17,7 +17,7 @@
 #include "inkling.h"
 
 #include <math.h>
-#include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,7 +26,6 @@
 #include "../core/quant.h"
 #include "../core/util.h"
 
-#define NAME_LEN 192
 
 /* ---- config ----------------------------------------------------------------------------- */
 
@@ -152,197 +151,128 @@ static int read_audio(ink_model *g, const cJSON *c, char *err, size_t errlen) {
 
 /* ---- tensors ---------------------------------------------------------------------------- */
 
-typedef struct {
-    ink_model *g;
-    const st_file *f;
-    int raw;                  /* released layout */
-    char *err;
-    size_t errlen;
-} loader;
+/* The tensor table (core/tensor_table.h): name[0] is the Hugging Face layout's, name[1] the
+ * released raw layout's (NULL: the same). Fused gate/up matrices stay one matrix, stacked experts
+ * one tensor: the SwiGLU reads gate and up rows where the layout puts them. */
+#define MAT(hf, raw, role, d0, d1, type, field) {{hf, raw}, TT_MAT, role, 0, 2, {d0, d1}, offsetof(type, field), 0}
+#define VEC(hf, raw, d0, type, field) {{hf, raw}, TT_F32, TT_DENSE, 0, 1, {d0}, offsetof(type, field), 0}
+#define CONV(hf, raw, ch, field) {{hf, raw}, TT_F32, TT_DENSE, 0, 3, {ch, TT_ONE, ID_CONV}, offsetof(ink_layer, field), 0}
+#define STACK(hf, raw, role, d0, d1, d2, field) {{hf, raw}, TT_STACK, role, 0, 3, {d0, d1, d2}, offsetof(ink_layer, field), 0}
+static const tt_spec attention[] = {
+    VEC("input_layernorm.weight", "attn_norm.weight", ID_DIM, ink_layer, attn_norm),
+    VEC("post_attention_layernorm.weight", "mlp_norm.weight", ID_DIM, ink_layer, mlp_norm),
+    MAT("self_attn.q_proj.weight", "attn.wq_du.weight", TT_DENSE, ID_QD, ID_DIM, ink_layer, q),
+    MAT("self_attn.k_proj.weight", "attn.wk_dv.weight", TT_DENSE, ID_KVD, ID_DIM, ink_layer, k),
+    MAT("self_attn.v_proj.weight", "attn.wv_dv.weight", TT_DENSE, ID_KVD, ID_DIM, ink_layer, v),
+    MAT("self_attn.r_proj.weight", "attn.wr_du.weight", TT_DENSE, ID_RD, ID_DIM, ink_layer, r),
+    MAT("self_attn.o_proj.weight", "attn.wo_ud.weight", TT_DENSE, ID_DIM, ID_QD, ink_layer, o),
+    VEC("self_attn.q_norm.weight", "attn.q_norm.weight", ID_HD, ink_layer, q_norm),
+    VEC("self_attn.k_norm.weight", "attn.k_norm.weight", ID_HD, ink_layer, k_norm),
+    CONV("self_attn.k_sconv.conv1d.weight", "attn.k_sconv.weight", ID_KVD, conv_k),
+    CONV("self_attn.v_sconv.conv1d.weight", "attn.v_sconv.weight", ID_KVD, conv_v),
+    {{"self_attn.rel_logits_proj.proj", "attn.rel_logits_proj.proj"}, TT_F32, TT_DENSE, 0, 2, {ID_DREL, ID_EXTENT},
+     offsetof(ink_layer, rel), 0},
+    CONV("attn_sconv.conv1d.weight", "attn_sconv.weight", ID_DIM, conv_attn),
+    CONV("mlp_sconv.conv1d.weight", "mlp_sconv.weight", ID_DIM, conv_mlp),
+};
+static const tt_spec dense_hf[] = {
+    MAT("mlp.gate_proj.weight", NULL, TT_DENSE, ID_INTER, ID_DIM, ink_layer, mlp.gate),
+    MAT("mlp.up_proj.weight", NULL, TT_DENSE, ID_INTER, ID_DIM, ink_layer, mlp.up),
+    MAT("mlp.down_proj.weight", NULL, TT_DENSE, ID_DIM, ID_INTER, ink_layer, mlp.down),
+    VEC("mlp.global_scale", NULL, TT_ONE, ink_layer, mlp_scale),
+};
+static const tt_spec dense_raw[] = {
+    MAT("mlp.w13_dn.weight", NULL, TT_DENSE, ID_2INTER, ID_DIM, ink_layer, mlp.fused),
+    MAT("mlp.w2_md.weight", NULL, TT_DENSE, ID_DIM, ID_INTER, ink_layer, mlp.down),
+    VEC("mlp.global_scale", NULL, TT_ONE, ink_layer, mlp_scale),
+};
+static const tt_spec router[] = {
+    MAT("mlp.gate.weight", NULL, TT_DENSE, ID_ROUTER, ID_DIM, ink_layer, router),
+    VEC("mlp.gate.global_scale", NULL, TT_ONE, ink_layer, router_scale),
+    VEC("mlp.gate.e_score_correction_bias", "mlp.gate.bias", ID_EXPERTS, ink_layer, router_bias),
+};
+static const tt_spec experts_hf[] = {
+    STACK("mlp.experts.gate_up_proj", NULL, TT_ROUTED, ID_EXPERTS, ID_2MOE_INTER, ID_DIM, ex_gate_up),
+    STACK("mlp.experts.down_proj", NULL, TT_ROUTED, ID_EXPERTS, ID_DIM, ID_MOE_INTER, ex_down),
+    STACK("mlp.shared_experts.gate_proj", NULL, TT_SHARED, ID_SHARED, ID_MOE_INTER, ID_DIM, sh_gate_up),
+    STACK("mlp.shared_experts.up_proj", NULL, TT_SHARED, ID_SHARED, ID_MOE_INTER, ID_DIM, sh_up),
+    STACK("mlp.shared_experts.down_proj", NULL, TT_SHARED, ID_SHARED, ID_DIM, ID_MOE_INTER, sh_down),
+};
+static const tt_spec experts_raw[] = {
+    STACK("mlp.experts.w13_weight", NULL, TT_ROUTED, ID_EXPERTS, ID_2MOE_INTER, ID_DIM, ex_gate_up),
+    STACK("mlp.experts.w2_weight", NULL, TT_ROUTED, ID_EXPERTS, ID_DIM, ID_MOE_INTER, ex_down),
+    STACK("mlp.shared_experts.shared_w13_weight", NULL, TT_SHARED, ID_SHARED, ID_2MOE_INTER, ID_DIM, sh_gate_up),
+    STACK("mlp.shared_experts.shared_w2_weight", NULL, TT_SHARED, ID_SHARED, ID_DIM, ID_MOE_INTER, sh_down),
+};
+static const tt_spec top[] = {
+    MAT("model.language_model.embed_tokens.weight", "model.llm.embed.weight", TT_LOOKUP, ID_VOCAB, ID_DIM, ink_model,
+        embed),
+    VEC("model.language_model.embed_tokens.embed_norm.weight", "model.llm.embed_norm.weight", ID_DIM, ink_model,
+        embed_norm),
+    VEC("model.language_model.norm.weight", "model.llm.norm.weight", ID_DIM, ink_model, final_norm),
+    MAT("lm_head.weight", "model.llm.unembed.weight", TT_DENSE, ID_VOCAB, ID_DIM, ink_model, head),
+};
+/* The audio tower: read at audio placeholders only, so no text token's decode step reads it. */
+static const tt_spec audio[] = {
+    MAT("model.audio_tower.embed_audio_tokens.embed_audio_tokens.weight", "model.audio.encoder.weight", TT_IDLE,
+        ID_AUDIO_ROWS, ID_DIM, ink_model, audio_embed),
+    {{"model.audio_tower.norm.weight", "model.audio.final_norm.weight"}, TT_F32, TT_IDLE, 0, 1, {ID_DIM},
+     offsetof(ink_model, audio_norm), 0},
+};
+#undef MAT
+#undef VEC
+#undef CONV
+#undef STACK
+#define N(t) (int)(sizeof t / sizeof *t)
 
-static const char *tname(char *buf, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static const char *tname(char *buf, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, NAME_LEN, fmt, ap);
-    va_end(ap);
-    return buf;
+static void fill_dims(ink_model *g) {
+    int *d = g->dims;
+    d[ID_DIM] = g->dim, d[ID_VOCAB] = g->vocab, d[ID_DREL] = g->d_rel, d[ID_CONV] = g->conv_k;
+    d[ID_ROUTER] = g->n_experts + g->n_shared, d[ID_EXPERTS] = g->n_experts, d[ID_SHARED] = g->n_shared;
+    d[ID_MOE_INTER] = g->moe_inter, d[ID_2MOE_INTER] = 2 * g->moe_inter, d[ID_AUDIO_ROWS] = g->n_mel * g->mel_vocab;
 }
 
-static void *own(ink_model *g, void *p) {
-    if (g->n_owned == g->cap_owned) {
-        g->cap_owned = g->cap_owned ? 2 * g->cap_owned : 64;
-        g->owned = xrealloc(g->owned, (size_t)g->cap_owned * sizeof *g->owned);
-    }
-    return g->owned[g->n_owned++] = p;
-}
-
-/* A tensor of BF16 or F32 with exactly the given shape. */
-static const st_tensor *tensor(loader *ld, const char *name, int ndim, const int64_t *shape) {
-    const st_tensor *t = st_find(ld->f, name);
-    if (!t) { errf(ld->err, ld->errlen, "missing tensor %s", name); return NULL; }
-    int ok = t->ndim == ndim && (t->type == DT_BF16 || t->type == DT_F32);
-    for (int i = 0; ok && i < ndim; i++) ok = t->shape[i] == shape[i];
-    if (!ok) {
-        char want[96] = "", *p = want;
-        for (int i = 0; i < ndim; i++) p += snprintf(p, (size_t)(want + sizeof want - p), "%s%lld", i ? "," : "", (long long)shape[i]);
-        errf(ld->err, ld->errlen, "tensor %s in %s: expected BF16 or F32 [%s], found %s with %d dims [%lld,...]", name,
-             t->file, want, dtype_name(t->type), t->ndim, (long long)t->shape[0]);
-        return NULL;
-    }
-    ld->g->n_validated++;
-    return t;
-}
-
-static int get_mat(loader *ld, qmat *out, const char *name, int rows, int cols) {
-    const st_tensor *t = tensor(ld, name, 2, (int64_t[]){rows, cols});
-    if (!t) return -1;
-    *out = (qmat){.fmt = t->type == DT_BF16 ? WF_BF16 : WF_F32, .rows = rows, .cols = cols, .data = t->data};
-    return 0;
-}
-
-/* Matrix e of a stacked [count, rows, cols] tensor, read in place. */
-static int get_stacked(loader *ld, qmat *out, const char *name, int count, int rows, int cols) {
-    const st_tensor *t = tensor(ld, name, 3, (int64_t[]){count, rows, cols});
-    if (!t) return -1;
-    size_t stride = (size_t)rows * cols * dtype_size(t->type);
-    for (int e = 0; e < count; e++)
-        out[e] = (qmat){.fmt = t->type == DT_BF16 ? WF_BF16 : WF_F32, .rows = rows, .cols = cols,
-                        .data = (const unsigned char *)t->data + (size_t)e * stride};
-    return 0;
-}
-
-/* Any small BF16/F32 tensor of n elements (given shape) as an owned f32 copy. */
-static float *get_floats(loader *ld, const char *name, int ndim, const int64_t *shape) {
-    const st_tensor *t = tensor(ld, name, ndim, shape);
-    if (!t) return NULL;
-    size_t n = t->nbytes / dtype_size(t->type);
-    float *v = own(ld->g, xmalloc(n * sizeof *v));
-    for (size_t i = 0; i < n; i++)
-        v[i] = t->type == DT_F32 ? ((const float *)t->data)[i] : bf16_to_f32(((const uint16_t *)t->data)[i]);
+ink_glu ink_glu_with(const ink_glu *u, const qmat *w) {
+    ink_glu v = *u;
+    if (u->layout == GLU_SPLIT) v.gate = w[0], v.up = w[1], v.down = w[2];
+    else v.fused = w[0], v.down = w[1];
     return v;
 }
 
-static float *get_vec(loader *ld, const char *name, int n) { return get_floats(ld, name, 1, (int64_t[]){n}); }
-
-/* Depthwise conv weight [channels, 1, K] -> [channels][K]. */
-static float *get_conv(loader *ld, const char *name, int channels) {
-    return get_floats(ld, name, 3, (int64_t[]){channels, 1, ld->g->conv_k});
+/* The SwiGLUs of a sparse layer, built from the stacked matrices as the layout fuses them. */
+static void build_glus(ink_model *g, ink_layer *l, int raw) {
+    l->experts = xcalloc((size_t)g->n_experts, sizeof *l->experts);
+    l->shared = xcalloc((size_t)g->n_shared, sizeof *l->shared);
+    for (int e = 0; e < g->n_experts; e++)
+        l->experts[e] = (ink_glu){.layout = raw ? GLU_INTERLEAVED : GLU_HALVES, .fused = l->ex_gate_up[e],
+                                  .down = l->ex_down[e], .inter = g->moe_inter};
+    for (int e = 0; e < g->n_shared; e++) {
+        ink_glu *u = &l->shared[e];
+        *u = (ink_glu){.layout = raw ? GLU_INTERLEAVED : GLU_SPLIT, .down = l->sh_down[e], .inter = g->moe_inter};
+        if (raw) u->fused = l->sh_gate_up[e];
+        else u->gate = l->sh_gate_up[e], u->up = l->sh_up[e];
+    }
 }
 
-static int get_scalar(loader *ld, const char *name, float *out) {
-    float *v = get_vec(ld, name, 1);
-    if (!v) return -1;
-    *out = v[0];
+static int load_layer(tt_table *w, ink_model *g, ink_layer *l, int i, int raw) {
+    char p[96];
+    int *d = g->dims, taps = l->kv_heads * l->head_dim * g->conv_k;
+    snprintf(p, sizeof p, raw ? "model.llm.layers.%d." : "model.language_model.layers.%d.", i);
+    d[ID_QD] = l->heads * l->head_dim, d[ID_KVD] = l->kv_heads * l->head_dim, d[ID_RD] = l->heads * g->d_rel;
+    d[ID_HD] = l->head_dim, d[ID_EXTENT] = l->extent, d[ID_INTER] = l->mlp.inter, d[ID_2INTER] = 2 * l->mlp.inter;
+    tt_group grp = {.prefix = p, .dst = l, .dims = d, .variant = raw, .layer = i, .experts = g->n_experts,
+                    .active = g->top_k};
+    l->mlp.layout = raw ? GLU_INTERLEAVED : GLU_SPLIT;
+    if (tt_load(w, attention, N(attention), &grp) ||
+        (l->sparse ? tt_load(w, router, N(router), &grp) ||
+                         (raw ? tt_load(w, experts_raw, N(experts_raw), &grp) : tt_load(w, experts_hf, N(experts_hf), &grp))
+                   : raw ? tt_load(w, dense_raw, N(dense_raw), &grp) : tt_load(w, dense_hf, N(dense_hf), &grp)))
+        return -1;
+    l->conv_kv = xmalloc(2 * (size_t)taps * sizeof *l->conv_kv);
+    memcpy(l->conv_kv, l->conv_k, (size_t)taps * sizeof *l->conv_k);
+    memcpy(l->conv_kv + taps, l->conv_v, (size_t)taps * sizeof *l->conv_v);
+    if (l->sparse) build_glus(g, l, raw);
     return 0;
-}
-
-/* Dense MLP: HF gate_proj/up_proj/down_proj, raw w13_dn (interleaved) / w2_md. */
-static int load_dense(loader *ld, ink_layer *l, const char *p) {
-    char n[NAME_LEN];
-    int d = ld->g->dim, in = l->mlp.inter;
-    if (ld->raw) {
-        l->mlp.layout = GLU_INTERLEAVED;
-        if (get_mat(ld, &l->mlp.fused, tname(n, "%smlp.w13_dn.weight", p), 2 * in, d) ||
-            get_mat(ld, &l->mlp.down, tname(n, "%smlp.w2_md.weight", p), d, in))
-            return -1;
-    } else {
-        l->mlp.layout = GLU_SPLIT;
-        if (get_mat(ld, &l->mlp.gate, tname(n, "%smlp.gate_proj.weight", p), in, d) ||
-            get_mat(ld, &l->mlp.up, tname(n, "%smlp.up_proj.weight", p), in, d) ||
-            get_mat(ld, &l->mlp.down, tname(n, "%smlp.down_proj.weight", p), d, in))
-            return -1;
-    }
-    return get_scalar(ld, tname(n, "%smlp.global_scale", p), &l->mlp_scale);
-}
-
-/* Stacked SwiGLUs: fused gate/up [count, 2I, D] (halves or interleaved) or separate gate and up
- * [count, I, D], and down [count, D, I]. */
-static int load_glus(loader *ld, ink_glu **out, int count, glu_layout layout, const char *gu, const char *up,
-                     const char *down) {
-    ink_model *g = ld->g;
-    int d = g->dim, in = g->moe_inter;
-    ink_glu *e = *out = xcalloc((size_t)count, sizeof *e);
-    qmat *a = xcalloc((size_t)count, sizeof *a), *b = xcalloc((size_t)count, sizeof *b), *c = xcalloc((size_t)count, sizeof *c);
-    int rc = get_stacked(ld, a, gu, count, layout == GLU_SPLIT ? in : 2 * in, d) ||
-             (layout == GLU_SPLIT && get_stacked(ld, b, up, count, in, d)) || get_stacked(ld, c, down, count, d, in) ? -1 : 0;
-    for (int i = 0; !rc && i < count; i++) {
-        e[i] = (ink_glu){.layout = layout, .down = c[i], .inter = in};
-        if (layout == GLU_SPLIT) e[i].gate = a[i], e[i].up = b[i];
-        else e[i].fused = a[i];
-    }
-    free(a);
-    free(b);
-    free(c);
-    return rc;
-}
-
-static int load_moe(loader *ld, ink_layer *l, const char *p) {
-    ink_model *g = ld->g;
-    char n[NAME_LEN], n2[NAME_LEN], n3[NAME_LEN];
-    if (get_mat(ld, &l->router, tname(n, "%smlp.gate.weight", p), g->n_experts + g->n_shared, g->dim) ||
-        get_scalar(ld, tname(n, "%smlp.gate.global_scale", p), &l->router_scale) ||
-        !(l->router_bias = get_vec(ld, tname(n, ld->raw ? "%smlp.gate.bias" : "%smlp.gate.e_score_correction_bias", p),
-                                   g->n_experts)))
-        return -1;
-    if (ld->raw)
-        return load_glus(ld, &l->experts, g->n_experts, GLU_INTERLEAVED, tname(n, "%smlp.experts.w13_weight", p), NULL,
-                         tname(n3, "%smlp.experts.w2_weight", p)) ||
-               load_glus(ld, &l->shared, g->n_shared, GLU_INTERLEAVED,
-                         tname(n, "%smlp.shared_experts.shared_w13_weight", p), NULL,
-                         tname(n3, "%smlp.shared_experts.shared_w2_weight", p)) ? -1 : 0;
-    return load_glus(ld, &l->experts, g->n_experts, GLU_HALVES, tname(n, "%smlp.experts.gate_up_proj", p), NULL,
-                     tname(n3, "%smlp.experts.down_proj", p)) ||
-           load_glus(ld, &l->shared, g->n_shared, GLU_SPLIT, tname(n, "%smlp.shared_experts.gate_proj", p),
-                     tname(n2, "%smlp.shared_experts.up_proj", p), tname(n3, "%smlp.shared_experts.down_proj", p)) ? -1 : 0;
-}
-
-static int load_layer(loader *ld, ink_layer *l, int i) {
-    ink_model *g = ld->g;
-    char p[NAME_LEN], n[NAME_LEN];
-    int raw = ld->raw, d = g->dim, hd = l->head_dim, qd = l->heads * hd, kvd = l->kv_heads * hd;
-    float *ck, *cv;
-    tname(p, raw ? "model.llm.layers.%d." : "model.language_model.layers.%d.", i);
-    const char *a = raw ? "attn." : "self_attn.";
-#define NM(hf, rw) tname(n, "%s%s", p, raw ? rw : hf)
-#define ATT(hf, rw) tname(n, "%s%s%s", p, a, raw ? rw : hf)
-    if (!(l->attn_norm = get_vec(ld, NM("input_layernorm.weight", "attn_norm.weight"), d)) ||
-        !(l->mlp_norm = get_vec(ld, NM("post_attention_layernorm.weight", "mlp_norm.weight"), d)) ||
-        get_mat(ld, &l->q, ATT("q_proj.weight", "wq_du.weight"), qd, d) ||
-        get_mat(ld, &l->k, ATT("k_proj.weight", "wk_dv.weight"), kvd, d) ||
-        get_mat(ld, &l->v, ATT("v_proj.weight", "wv_dv.weight"), kvd, d) ||
-        get_mat(ld, &l->r, ATT("r_proj.weight", "wr_du.weight"), l->heads * g->d_rel, d) ||
-        get_mat(ld, &l->o, ATT("o_proj.weight", "wo_ud.weight"), d, qd) ||
-        !(l->q_norm = get_vec(ld, ATT("q_norm.weight", "q_norm.weight"), hd)) ||
-        !(l->k_norm = get_vec(ld, ATT("k_norm.weight", "k_norm.weight"), hd)) ||
-        !(ck = get_conv(ld, ATT("k_sconv.conv1d.weight", "k_sconv.weight"), kvd)) ||
-        !(cv = get_conv(ld, ATT("v_sconv.conv1d.weight", "v_sconv.weight"), kvd)) ||
-        !(l->rel = get_floats(ld, ATT("rel_logits_proj.proj", "rel_logits_proj.proj"), 2,
-                              (int64_t[]){g->d_rel, l->extent})) ||
-        !(l->conv_attn = get_conv(ld, NM("attn_sconv.conv1d.weight", "attn_sconv.weight"), d)) ||
-        !(l->conv_mlp = get_conv(ld, NM("mlp_sconv.conv1d.weight", "mlp_sconv.weight"), d)))
-        return -1;
-#undef NM
-#undef ATT
-    size_t taps = (size_t)kvd * g->conv_k;
-    l->conv_kv = own(g, xmalloc(2 * taps * sizeof *l->conv_kv));
-    memcpy(l->conv_kv, ck, taps * sizeof *ck);
-    memcpy(l->conv_kv + taps, cv, taps * sizeof *cv);
-    return l->sparse ? load_moe(ld, l, p) : load_dense(ld, l, p);
-}
-
-/* The audio tower is optional (a text-only checkpoint); when one of its tensors is present both
- * must be well formed. */
-static int load_audio(loader *ld) {
-    ink_model *g = ld->g;
-    const char *emb = ld->raw ? "model.audio.encoder.weight" : "model.audio_tower.embed_audio_tokens.embed_audio_tokens.weight";
-    const char *norm = ld->raw ? "model.audio.final_norm.weight" : "model.audio_tower.norm.weight";
-    if (!st_find(ld->f, emb) && !st_find(ld->f, norm)) {
-        g->audio_token = -1;
-        return 0;
-    }
-    return get_mat(ld, &g->audio_embed, emb, g->n_mel * g->mel_vocab, g->dim) ||
-           !(g->audio_norm = get_vec(ld, norm, g->dim)) ? -1 : 0;
 }
 
 static void inkling_free(model *m) {
@@ -351,9 +281,8 @@ static void inkling_free(model *m) {
     for (int i = 0; g->layers && i < g->n_layers; i++) {
         free(g->layers[i].experts);
         free(g->layers[i].shared);
+        free(g->layers[i].conv_kv);
     }
-    for (int i = 0; i < g->n_owned; i++) free(g->owned[i]);
-    free(g->owned);
     free(g->layers);
     free(g);
     m->priv = NULL;
@@ -373,27 +302,27 @@ static int read_generation(model *m, const cJSON *t, char *err, size_t errlen) {
 static int inkling_load(model *m, char *err, size_t errlen) {
     ink_model *g = xcalloc(1, sizeof *g);
     m->priv = g;
+    g->experts = m->experts;
     const cJSON *t = text_config(m->config);
     if (read_dims(g, t, err, errlen)) return -1;
     g->layers = xcalloc((size_t)g->n_layers, sizeof *g->layers);
     if (read_layer_types(g, t, err, errlen) || read_mlp_types(g, t, err, errlen) ||
         read_audio(g, m->config, err, errlen) || read_generation(m, t, err, errlen))
         return -1;
-    loader ld = {.g = g, .f = m->st, .raw = st_find(m->st, "model.llm.embed.weight") != NULL, .err = err, .errlen = errlen};
+    int raw = st_find(m->st, "model.llm.embed.weight") != NULL;
+    tt_table *w = &m->weights;
+    fill_dims(g);
     for (int i = 0; i < g->n_layers; i++)
-        if (load_layer(&ld, &g->layers[i], i)) return -1;
-    int raw = ld.raw;
-    if (get_mat(&ld, &g->embed, raw ? "model.llm.embed.weight" : "model.language_model.embed_tokens.weight", g->vocab, g->dim) ||
-        !(g->embed_norm = get_vec(&ld, raw ? "model.llm.embed_norm.weight" : "model.language_model.embed_tokens.embed_norm.weight",
-                                  g->dim)) ||
-        !(g->final_norm = get_vec(&ld, raw ? "model.llm.norm.weight" : "model.language_model.norm.weight", g->dim)) ||
-        get_mat(&ld, &g->head, raw ? "model.llm.unembed.weight" : "lm_head.weight", g->vocab, g->dim) ||
-        load_audio(&ld))
-        return -1;
+        if (load_layer(w, g, &g->layers[i], i, raw)) return -1;
+    tt_group grp = {.prefix = "", .dst = g, .dims = g->dims, .variant = raw, .layer = -1};
+    if (tt_load(w, top, N(top), &grp)) return -1;
+    /* The audio tower is optional (a text-only checkpoint); when one of its tensors is present
+     * both must be well formed. */
+    if (!st_find(m->st, audio[0].name[raw]) && !st_find(m->st, audio[1].name[raw])) g->audio_token = -1;
+    else if (tt_load(w, audio, N(audio), &grp)) return -1;
     if (g->audio_token >= g->vocab) g->audio_token = -1;
     m->vocab_size = g->unpadded;
     m->media_token = g->audio_token;
-    m->n_validated = g->n_validated;
     return 0;
 }
 
@@ -468,37 +397,17 @@ static int inkling_set_media(model *m, void *fam_seq, const unsigned char *bytes
 
 /* ---- reports ---------------------------------------------------------------------------- */
 
-static size_t glu_bytes(const ink_glu *u) {
-    return qmat_bytes(&u->down) + (u->layout == GLU_SPLIT ? qmat_bytes(&u->gate) + qmat_bytes(&u->up) : qmat_bytes(&u->fused));
-}
-
-static size_t inkling_decode_bytes(const model *m) {
+/* Multiply-adds x2 beyond the table's matrices at position pos: the convs, the relative bias and
+ * attention over the attended keys. */
+static double inkling_extra_flops(const model *m, int pos) {
     const ink_model *g = m->priv;
-    size_t b = qmat_bytes(&g->head) + (size_t)g->dim * 2;
-    for (int i = 0; i < g->n_layers; i++) {
-        const ink_layer *l = &g->layers[i];
-        b += qmat_bytes(&l->q) + qmat_bytes(&l->k) + qmat_bytes(&l->v) + qmat_bytes(&l->r) + qmat_bytes(&l->o);
-        if (!l->sparse) b += glu_bytes(&l->mlp);
-        else b += qmat_bytes(&l->router) + (size_t)g->top_k * glu_bytes(&l->experts[0]) +
-                  (size_t)g->n_shared * glu_bytes(&l->shared[0]);
-    }
-    return b;
-}
-
-/* Multiply-adds x2 of one token at position pos: projections, convs, relative bias, attention over
- * the attended keys, active experts, head. */
-static double inkling_token_flops(const model *m, int pos) {
-    const ink_model *g = m->priv;
-    double f = (double)g->vocab * g->dim;
+    double f = 0;
     for (int i = 0; i < g->n_layers; i++) {
         const ink_layer *l = &g->layers[i];
         int keys = l->sliding ? MIN(pos + 1, g->window) : pos + 1;
-        double qd = (double)l->heads * l->head_dim, kvd = (double)l->kv_heads * l->head_dim;
-        f += (2 * qd + 2 * kvd + (double)l->heads * g->d_rel) * g->dim;
+        double kvd = (double)l->kv_heads * l->head_dim;
         f += (2 * kvd + 2.0 * g->dim) * g->conv_k + (double)l->heads * g->d_rel * l->extent;
         f += 2.0 * l->heads * keys * l->head_dim;
-        int active = l->sparse ? g->moe_inter * (g->top_k + g->n_shared) : l->mlp.inter;
-        f += 3.0 * active * g->dim + (l->sparse ? (double)(g->n_experts + g->n_shared) * g->dim : 0);
     }
     return 2.0 * f;
 }
@@ -520,6 +429,5 @@ const family_ops inkling_ops = {
     .seq_free = inkling_seq_free,
     .forward = inkling_forward,
     .set_media = inkling_set_media,
-    .decode_bytes = inkling_decode_bytes,
-    .token_flops = inkling_token_flops,
+    .extra_flops = inkling_extra_flops,
 };

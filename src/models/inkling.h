@@ -59,18 +59,25 @@ typedef struct {
 typedef struct {
     int sliding, heads, kv_heads, head_dim, extent;
     float *attn_norm, *mlp_norm, *q_norm, *k_norm;
-    float *conv_kv, *conv_attn, *conv_mlp;               /* [channels][K] taps, f32; conv_kv is the
-                                                          * k conv's channels then the v conv's */
+    float *conv_k, *conv_v, *conv_attn, *conv_mlp;       /* [channels][K] taps, f32 */
+    float *conv_kv;                                      /* conv_k's channels then conv_v's */
     float *rel;                                          /* [d_rel][extent] */
     qmat q, k, v, r, o;
     int sparse;
     ink_glu mlp;                                         /* dense MLP */
-    float mlp_scale;
+    float *mlp_scale;                                    /* [1] */
     qmat router;                                         /* [experts + shared, D] */
     float *router_bias;                                  /* [experts] */
-    float router_scale;
-    ink_glu *experts, *shared;
+    float *router_scale;                                 /* [1] */
+    qmat *ex_gate_up, *ex_down;                          /* stacked [experts] as loaded */
+    qmat *sh_gate_up, *sh_up, *sh_down;                  /* stacked [shared]; sh_up in GLU_SPLIT */
+    ink_glu *experts, *shared;                           /* the SwiGLUs built from them */
 } ink_layer;
+
+/* The dimensions the tensor table's shapes are written in (inkling.c fills ink_model.dims; the
+ * attention entries per layer). */
+enum { ID_DIM, ID_VOCAB, ID_QD, ID_KVD, ID_RD, ID_HD, ID_DREL, ID_EXTENT, ID_CONV, ID_INTER, ID_2INTER, ID_ROUTER,
+       ID_EXPERTS, ID_SHARED, ID_MOE_INTER, ID_2MOE_INTER, ID_AUDIO_ROWS, ID_COUNT };
 
 typedef struct {
     int vocab, unpadded, dim, n_layers;
@@ -82,10 +89,13 @@ typedef struct {
     qmat embed, head, audio_embed;
     float *embed_norm, *final_norm, *audio_norm;
     ink_layer *layers;
-    void **owned;
-    int n_owned, cap_owned;
-    int n_validated;
+    int dims[ID_COUNT];
+    experts *experts;                                    /* the routed experts (core/experts.h), by layer index */
 } ink_model;
+
+/* u with its matrices replaced by w, in the tensor table's order (gate, up, down; or fused, down):
+ * a routed expert as the expert registry hands it out (mapped or cached). */
+ink_glu ink_glu_with(const ink_glu *u, const qmat *w);
 
 /* One state part as the forward pass sees it: its buffer and its index (for state_capture). */
 typedef struct {

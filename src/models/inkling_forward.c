@@ -29,7 +29,7 @@ typedef struct {
     float *x, *hn, *delta, *branch, *heads;          /* [n][D], heads [n][H*hd] */
     float *q, *kv, *raw, *kp, *vp, *r, *work;        /* attention */
     float *logits, *gam, *xin, *eout, *ex, *g1, *act, *fused, *choice;   /* MLP */
-    int *idx, *rows;
+    int *idx;
     float *head_hn;
 } ink_bufs;
 
@@ -53,7 +53,7 @@ static void chunk_layout(arena *a, const ink_model *g, int n, int end, ink_bufs 
     b->kp = floats(a, n * kvmax), b->vp = floats(a, n * kvmax), b->r = floats(a, n * hmax * g->d_rel);
     b->work = floats(a, hmax * (hdmax + extmax + (size_t)MAX(g->window, end)));
     b->logits = floats(a, (size_t)n * (g->n_experts + g->n_shared)), b->gam = floats(a, n * ks);
-    b->idx = arena_take(a, (size_t)n * g->top_k, sizeof(int)), b->rows = arena_take(a, (size_t)n, sizeof(int));
+    b->idx = arena_take(a, (size_t)n * g->top_k, sizeof(int));
     b->xin = floats(a, nd), b->eout = floats(a, nd), b->ex = floats(a, n * ks * g->dim), b->g1 = floats(a, (size_t)n);
     b->act = floats(a, n * imax), b->fused = floats(a, n * 2 * imax), b->choice = floats(a, (size_t)g->n_experts);
     b->head_hn = floats(a, (size_t)g->dim);
@@ -258,29 +258,42 @@ static void route(const ink_model *g, const ink_layer *l, const float *logits, i
     topk(choice, E, K, idx);
     float sum = 0.0f;
     for (int k = 0; k < K + g->n_shared; k++) sum += gam[k] = sigmoidf(logits[k < K ? idx[k] : E + k - K]);
-    for (int k = 0; k < K + g->n_shared; k++) gam[k] = gam[k] / sum * g->route_scale * l->router_scale;
+    for (int k = 0; k < K + g->n_shared; k++) gam[k] = gam[k] / sum * g->route_scale * *l->router_scale;
+}
+
+typedef struct {
+    const model *m;
+    const ink_layer *l;
+    const float *x;
+    ink_bufs *b;
+} routed_job;
+
+/* Routed expert e (its matrices w, in ink_glu_mats order) on the slots that chose it. */
+static void run_routed(void *ctx, int e, const qmat *w, const int *slots, int cnt) {
+    routed_job *j = ctx;
+    const ink_model *g = j->m->priv;
+    int d = g->dim, K = g->top_k, S = g->n_shared;
+    ink_bufs *b = j->b;
+    experts_gather(j->x, d, K, slots, cnt, b->xin);
+    ink_glu u = ink_glu_with(&j->l->experts[e], w);
+    glu(j->m, &u, b->xin, cnt, NULL, b->eout, b);
+    for (int r = 0; r < cnt; r++) {
+        int t = slots[r];
+        memcpy(b->ex + ((size_t)(t / K) * (K + S) + t % K) * d, b->eout + (size_t)r * d, (size_t)d * sizeof *b->ex);
+    }
 }
 
 static void moe(const model *m, const ink_layer *l, const float *x, int n, float *y, ink_bufs *b) {
     const ink_model *g = m->priv;
     int d = g->dim, K = g->top_k, S = g->n_shared, R = g->n_experts + S;
-    float *logits = b->logits, *gam = b->gam, *xin = b->xin, *eout = b->eout, *ex = b->ex, *g1 = b->g1;
-    int *idx = b->idx, *rows = b->rows;
+    float *logits = b->logits, *gam = b->gam, *eout = b->eout, *ex = b->ex, *g1 = b->g1;
+    int *idx = b->idx;
     project(m, &l->router, x, n, logits);
     for (int i = 0; i < n; i++)
         route(g, l, logits + (size_t)i * R, idx + (size_t)i * K, gam + (size_t)i * (K + S), b->choice);
     /* each routed expert once over the tokens that chose it; outputs land in ex[token][slot] */
-    for (int e = 0; e < g->n_experts; e++) {
-        int cnt = 0;
-        for (int t = 0; t < n * K; t++)
-            if (idx[t] == e) {
-                memcpy(xin + (size_t)cnt * d, x + (size_t)(t / K) * d, (size_t)d * sizeof *x);
-                rows[cnt++] = t / K * (K + S) + t % K;
-            }
-        if (!cnt) continue;
-        glu(m, &l->experts[e], xin, cnt, NULL, eout, b);
-        for (int r = 0; r < cnt; r++) memcpy(ex + (size_t)rows[r] * d, eout + (size_t)r * d, (size_t)d * sizeof *ex);
-    }
+    routed_job j = {m, l, x, b};
+    experts_run(g->experts, (int)(l - g->layers), idx, n * K, run_routed, &j);
     for (int s = 0; s < S; s++) {
         for (int i = 0; i < n; i++) g1[i] = gam[(size_t)i * (K + S) + K + s];
         glu(m, &l->shared[s], x, n, g1, eout, b);
@@ -300,7 +313,7 @@ static void mlp(const model *m, const ink_layer *l, const float *x, int n, float
     const ink_model *g = m->priv;
     if (l->sparse) return moe(m, l, x, n, y, b);
     glu(m, &l->mlp, x, n, NULL, y, b);
-    for (size_t k = 0; k < (size_t)n * g->dim; k++) y[k] *= l->mlp_scale;
+    for (size_t k = 0; k < (size_t)n * g->dim; k++) y[k] *= *l->mlp_scale;
     act_round(m, y, (size_t)n * g->dim);
 }
 

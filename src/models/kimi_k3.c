@@ -1,13 +1,15 @@
 /* kimi_k3.c — Kimi K3 family: config.json, tensor lookup/validation, sequence state layout, reports.
  * The module's invariants are in kimi_k3.h; the forward pass is in kimi_k3_forward.c and the files
- * it calls. Tensors load as the release ships them: BF16 matrices and norms, F32 A_log / dt_bias /
- * short convs / o_norm / router bias (BF16 or F32 accepted for every vector), routed experts as
- * MXFP4 `weight_packed` (U8, low nibble = even column) + `weight_scale` (UE8M0 per 32 inputs, U8 or
- * F8_E8M0), which is the kernels' WF_FP4 layout as is. Names with or without `language_model.`. */
+ * it calls. Tensors load as the release ships them, through the family's tensor table
+ * (core/tensor_table.h): BF16 matrices (any kernel format is accepted) and norms, F32 A_log /
+ * dt_bias / short convs / o_norm / router bias (BF16 or F32 accepted for every vector), routed
+ * experts as MXFP4 `weight_packed` (U8, low nibble = even column) + `weight_scale` (UE8M0 per 32
+ * inputs, U8 or F8_E8M0), which is the kernels' WF_FP4 layout as is. Names with or without
+ * `language_model.`. */
 #include "kimi_k3.h"
 
 #include <math.h>
-#include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,7 +18,6 @@
 #include "../core/quant.h"
 #include "../core/util.h"
 
-#define NAME_LEN 200
 
 /* ---- config ----------------------------------------------------------------------------- */
 
@@ -113,228 +114,140 @@ static int read_layer_kinds(k3_model *k, const cJSON *c, char *err, size_t errle
 
 /* ---- tensors ---------------------------------------------------------------------------- */
 
+/* The tensor table (core/tensor_table.h). Every vector may be stored [n] or [1, n] (the residual
+ * projections ship as [1, n]); A_log may be longer than num_heads (the release zero-pads it). */
+#define MAT(n, role, d0, d1, type, field) {{n}, TT_MAT, role, 0, 2, {d0, d1}, offsetof(type, field), 0}
+#define VEC(n, d0, type, field, flags) {{n}, TT_F32, TT_DENSE, 0, 1, {d0}, offsetof(type, field), TT_ROW | (flags)}
+#define CONV(n, field) {{n}, TT_F32, TT_DENSE, 0, 3, {KD_PROJ, TT_ONE, KD_CONV}, offsetof(k3_kda, field), 0}
+static const tt_spec norms[] = {
+    VEC("input_layernorm.weight", KD_DIM, k3_layer, attn_norm, 0),
+    VEC("post_attention_layernorm.weight", KD_DIM, k3_layer, ffn_norm, 0),
+};
+/* Layer 0's attention-site mixer exists in the release but has nothing to mix: not loaded. */
+static const tt_spec res_attn[] = {
+    VEC("self_attention_res_norm.weight", KD_DIM, k3_layer, res_attn_norm, 0),
+    VEC("self_attention_res_proj.weight", KD_DIM, k3_layer, res_attn_proj, 0),
+};
+static const tt_spec res_mlp[] = {
+    VEC("mlp_res_norm.weight", KD_DIM, k3_layer, res_mlp_norm, 0),
+    VEC("mlp_res_proj.weight", KD_DIM, k3_layer, res_mlp_proj, 0),
+};
+static const tt_spec kda[] = {
+    MAT("q_proj.weight", TT_DENSE, KD_PROJ, KD_DIM, k3_kda, q),
+    MAT("k_proj.weight", TT_DENSE, KD_PROJ, KD_DIM, k3_kda, k),
+    MAT("v_proj.weight", TT_DENSE, KD_PROJ, KD_DIM, k3_kda, v),
+    CONV("q_conv1d.weight", conv[0]),
+    CONV("k_conv1d.weight", conv[1]),
+    CONV("v_conv1d.weight", conv[2]),
+    MAT("f_a_proj.weight", TT_DENSE, KD_KDA_DIM, KD_DIM, k3_kda, f_a),
+    MAT("f_b_proj.weight", TT_DENSE, KD_PROJ, KD_KDA_DIM, k3_kda, f_b),
+    MAT("b_proj.weight", TT_DENSE, KD_KDA_HEADS, KD_DIM, k3_kda, b),
+    VEC("o_norm.weight", KD_KDA_DIM, k3_kda, o_norm, 0),
+    MAT("o_proj.weight", TT_DENSE, KD_DIM, KD_PROJ, k3_kda, o),
+    VEC("dt_bias", KD_PROJ, k3_kda, dt_bias, 0),
+    VEC("A_log", KD_KDA_HEADS, k3_kda, decay_scale, TT_AT_LEAST),
+};
+static const tt_spec kda_full_gate[] = {MAT("g_proj.weight", TT_DENSE, KD_PROJ, KD_DIM, k3_kda, g)};
+static const tt_spec kda_low_gate[] = {
+    MAT("g_a_proj.weight", TT_DENSE, KD_KDA_DIM, KD_DIM, k3_kda, g_a),
+    MAT("g_b_proj.weight", TT_DENSE, KD_PROJ, KD_KDA_DIM, k3_kda, g_b),
+};
+static const tt_spec mla[] = {
+    MAT("q_a_proj.weight", TT_DENSE, KD_QLORA, KD_DIM, k3_mla, q_a),
+    VEC("q_a_layernorm.weight", KD_QLORA, k3_mla, q_a_norm, 0),
+    MAT("q_b_proj.weight", TT_DENSE, KD_QB, KD_QLORA, k3_mla, q_b),
+    MAT("kv_a_proj_with_mqa.weight", TT_DENSE, KD_KVA, KD_DIM, k3_mla, kv_a),
+    VEC("kv_a_layernorm.weight", KD_KVLORA, k3_mla, kv_a_norm, 0),
+    MAT("kv_b_proj.weight", TT_DENSE, KD_KVB, KD_KVLORA, k3_mla, kv_b),
+    MAT("g_proj.weight", TT_DENSE, KD_OV, KD_DIM, k3_mla, g),
+    MAT("o_proj.weight", TT_DENSE, KD_DIM, KD_OV, k3_mla, o),
+};
+/* SiTU-GLU of KD_INTER: the dense MLP, or the fused shared experts. */
+static const tt_spec glu[] = {
+    MAT("gate_proj.weight", TT_DENSE, KD_INTER, KD_DIM, k3_layer, gate),
+    MAT("up_proj.weight", TT_DENSE, KD_INTER, KD_DIM, k3_layer, up),
+    MAT("down_proj.weight", TT_DENSE, KD_DIM, KD_INTER, k3_layer, down),
+};
+/* Routed experts as released: MXFP4 `weight_packed` + `weight_scale` (core/weights.h). */
+static const tt_spec moe[] = {
+    MAT("gate.weight", TT_DENSE, KD_EXPERTS, KD_DIM, k3_layer, router),
+    VEC("gate.e_score_correction_bias", KD_EXPERTS, k3_layer, router_bias, 0),
+    MAT("routed_expert_down_proj.weight", TT_DENSE, KD_LATENT, KD_DIM, k3_layer, lat_down),
+    VEC("routed_expert_norm.weight", KD_LATENT, k3_layer, lat_norm, 0),
+    MAT("routed_expert_up_proj.weight", TT_DENSE, KD_DIM, KD_LATENT, k3_layer, lat_up),
+    MAT("experts.%d.w1.weight_packed", TT_ROUTED, KD_MOE_INTER, KD_LATENT, k3_layer, w1),
+    MAT("experts.%d.w2.weight_packed", TT_ROUTED, KD_LATENT, KD_MOE_INTER, k3_layer, w2),
+    MAT("experts.%d.w3.weight_packed", TT_ROUTED, KD_MOE_INTER, KD_LATENT, k3_layer, w3),
+};
+static const tt_spec top[] = {
+    MAT("model.embed_tokens.weight", TT_LOOKUP, KD_VOCAB, KD_DIM, k3_model, embed),
+    MAT("lm_head.weight", TT_DENSE, KD_VOCAB, KD_DIM, k3_model, head),
+    VEC("model.norm.weight", KD_DIM, k3_model, final_norm, 0),
+};
+static const tt_spec res_out[] = {
+    VEC("model.output_attn_res_norm.weight", KD_DIM, k3_model, out_res_norm, 0),
+    VEC("model.output_attn_res_proj.weight", KD_DIM, k3_model, out_res_proj, 0),
+};
+#undef MAT
+#undef VEC
+#undef CONV
+#define N(t) (int)(sizeof t / sizeof *t)
+
+static void fill_dims(k3_model *k) {
+    int *d = k->dims, h = k->n_heads;
+    d[KD_DIM] = k->dim, d[KD_VOCAB] = k->vocab, d[KD_PROJ] = k->kda_heads * k->kda_dim, d[KD_KDA_DIM] = k->kda_dim;
+    d[KD_KDA_HEADS] = k->kda_heads, d[KD_CONV] = k->conv_k, d[KD_QLORA] = k->q_lora;
+    d[KD_QB] = h * (k->nope + k->rope), d[KD_KVA] = k->kv_lora + k->rope, d[KD_KVLORA] = k->kv_lora;
+    d[KD_KVB] = h * (k->nope + k->v_dim), d[KD_OV] = h * k->v_dim, d[KD_EXPERTS] = k->n_experts;
+    d[KD_LATENT] = k->latent, d[KD_MOE_INTER] = k->moe_inter;
+}
+
+/* Loads with names under `root` ("language_model." or "") + `sub`; KD_INTER = inter. */
 typedef struct {
+    tt_table *w;
     k3_model *k;
-    const st_file *f;
-    const char *prefix;        /* "language_model." or "" */
-    char *err;
-    size_t errlen;
-    int failed;
+    const char *root;
 } loader;
 
-static const st_tensor *lookup(loader *ld, char *name, const char *fmt, va_list ap) {
-    int n = snprintf(name, NAME_LEN, "%s", ld->prefix);
-    vsnprintf(name + n, NAME_LEN - n, fmt, ap);
-    const st_tensor *t = st_find(ld->f, name);
-    if (!t) { errf(ld->err, ld->errlen, "missing tensor %s", name); ld->failed = 1; }
-    return t;
+static int load_group(loader *ld, int layer, const char *sub, void *dst, const tt_spec *t, int n, int inter) {
+    char p[160];
+    int dims[KD_COUNT];
+    memcpy(dims, ld->k->dims, sizeof dims);
+    dims[KD_INTER] = inter;
+    if (layer >= 0) snprintf(p, sizeof p, "%smodel.layers.%d.%s", ld->root, layer, sub);
+    else snprintf(p, sizeof p, "%s%s", ld->root, sub);
+    tt_group g = {.prefix = p, .dst = dst, .dims = dims, .layer = layer, .experts = ld->k->n_experts,
+                  .active = ld->k->top_k};
+    return tt_load(ld->w, t, n, &g);
 }
 
-static int fail_shape(loader *ld, const st_tensor *t, const char *want) {
-    errf(ld->err, ld->errlen, "tensor %s in %s: expected %s, found %s with %d dims [%lld, ...]", t->name, t->file,
-         want, dtype_name(t->type), t->ndim, (long long)t->shape[0]);
-    ld->failed = 1;
-    return -1;
+static int load_kda(loader *ld, k3_kda *a, int i) {
+    const k3_model *k = ld->k;
+    if (load_group(ld, i, "self_attn.", a, kda, N(kda), 0) ||
+        (k->full_rank_gate ? load_group(ld, i, "self_attn.", a, kda_full_gate, N(kda_full_gate), 0)
+                           : load_group(ld, i, "self_attn.", a, kda_low_gate, N(kda_low_gate), 0)))
+        return -1;
+    /* A_log (its first num_heads values) becomes the per-head decay scale exp(A_log). */
+    float *scale = (float *)a->decay_scale;
+    for (int h = 0; h < k->kda_heads; h++) scale[h] = expf(scale[h]);
+    return 0;
 }
 
-/* A BF16 or F32 matrix [rows, cols], used in place. */
-static qmat mat(loader *ld, int rows, int cols, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static qmat mat(loader *ld, int rows, int cols, const char *fmt, ...) {
-    qmat q = {.rows = rows, .cols = cols};
-    char name[NAME_LEN], want[64];
-    if (ld->failed) return q;
-    va_list ap;
-    va_start(ap, fmt);
-    const st_tensor *t = lookup(ld, name, fmt, ap);
-    va_end(ap);
-    if (!t) return q;
-    snprintf(want, sizeof want, "BF16 or F32 [%d,%d]", rows, cols);
-    if ((t->type != DT_BF16 && t->type != DT_F32) || t->ndim != 2 || t->shape[0] != rows || t->shape[1] != cols) {
-        fail_shape(ld, t, want);
-        return q;
-    }
-    q.fmt = t->type == DT_F32 ? WF_F32 : WF_BF16;
-    q.data = t->data;
-    ld->k->n_validated++;
-    return q;
-}
-
-static float *keep(k3_model *k, size_t n) {
-    float *p = xmalloc((n ? n : 1) * sizeof *p);
-    k->owned = xrealloc(k->owned, sizeof(void *) * (k->n_owned + 1));
-    k->owned[k->n_owned++] = p;
-    return p;
-}
-
-/* A BF16 or F32 vector copied to f32: `count` elements of a tensor shaped [total], [1, total] (the
- * residual projections) or [total/k, 1, k] (the convs: shape3 = k); total < 0 takes the first
- * `count` of any [>= count] (A_log, which the release zero-pads past num_heads). */
-static const float *vec(loader *ld, int count, int total, int shape3, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-static const float *vec(loader *ld, int count, int total, int shape3, const char *fmt, ...) {
-    char name[NAME_LEN], want[80];
-    if (ld->failed) return NULL;
-    va_list ap;
-    va_start(ap, fmt);
-    const st_tensor *t = lookup(ld, name, fmt, ap);
-    va_end(ap);
-    if (!t) return NULL;
-    int ok = t->type == DT_BF16 || t->type == DT_F32;
-    if (shape3) ok = ok && t->ndim == 3 && t->shape[0] * shape3 == total && t->shape[1] == 1 && t->shape[2] == shape3;
-    else if (total < 0) ok = ok && t->ndim == 1 && t->shape[0] >= count;
-    else ok = ok && ((t->ndim == 1 && t->shape[0] == total) || (t->ndim == 2 && t->shape[0] == 1 && t->shape[1] == total));
-    if (!ok) {
-        if (shape3) snprintf(want, sizeof want, "BF16 or F32 [%d,1,%d]", total / shape3, shape3);
-        else if (total < 0) snprintf(want, sizeof want, "BF16 or F32 [>= %d]", count);
-        else snprintf(want, sizeof want, "BF16 or F32 [%d]", total);
-        fail_shape(ld, t, want);
-        return NULL;
-    }
-    float *v = keep(ld->k, (size_t)count);
-    for (int i = 0; i < count; i++)
-        v[i] = t->type == DT_F32 ? ((const float *)t->data)[i] : bf16_to_f32(((const uint16_t *)t->data)[i]);
-    ld->k->n_validated++;
-    return v;
-}
-
-static const st_tensor *expect_one_of(loader *ld, dtype a, dtype b, int rows, int cols, const char *name) {
-    const st_tensor *t = st_find(ld->f, name);
-    if (!t) { errf(ld->err, ld->errlen, "missing tensor %s", name); ld->failed = 1; return NULL; }
-    char want[64];
-    snprintf(want, sizeof want, "%s or %s [%d,%d]", dtype_name(a), dtype_name(b), rows, cols);
-    if ((t->type != a && t->type != b) || t->ndim != 2 || t->shape[0] != rows || t->shape[1] != cols) {
-        fail_shape(ld, t, want);
-        return NULL;
-    }
-    ld->k->n_validated++;
-    return t;
-}
-
-/* A routed expert matrix as released: `<name>.weight_packed` E2M1 [rows, cols/2] + `.weight_scale`
- * UE8M0 [rows, cols/32]. */
-static qmat mxfp4(loader *ld, int rows, int cols, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static qmat mxfp4(loader *ld, int rows, int cols, const char *fmt, ...) {
-    qmat q = {.fmt = WF_FP4, .rows = rows, .cols = cols};
-    char base[NAME_LEN], name[NAME_LEN + 16];
-    if (ld->failed) return q;
-    int n = snprintf(base, NAME_LEN, "%s", ld->prefix);
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(base + n, NAME_LEN - n, fmt, ap);
-    va_end(ap);
-    snprintf(name, sizeof name, "%s.weight_packed", base);
-    const st_tensor *p = expect_one_of(ld, DT_U8, DT_I8, rows, cols / 2, name);
-    snprintf(name, sizeof name, "%s.weight_scale", base);
-    const st_tensor *s = p ? expect_one_of(ld, DT_U8, DT_F8_E8M0, rows, cols / 32, name) : NULL;
-    if (p && s) {
-        q.data = p->data;
-        q.scale = s->data;
-    }
-    return q;
-}
-
-static void load_kda(loader *ld, const k3_model *k, k3_kda *a, const char *p) {
-    int proj = k->kda_heads * k->kda_dim, d = k->dim;
-    a->q = mat(ld, proj, d, "%sq_proj.weight", p);
-    a->k = mat(ld, proj, d, "%sk_proj.weight", p);
-    a->v = mat(ld, proj, d, "%sv_proj.weight", p);
-    const char *conv[3] = {"q", "k", "v"};
-    for (int i = 0; i < 3; i++)
-        a->conv[i] = vec(ld, proj * k->conv_k, proj * k->conv_k, k->conv_k, "%s%s_conv1d.weight", p, conv[i]);
-    a->f_a = mat(ld, k->kda_dim, d, "%sf_a_proj.weight", p);
-    a->f_b = mat(ld, proj, k->kda_dim, "%sf_b_proj.weight", p);
-    a->b = mat(ld, k->kda_heads, d, "%sb_proj.weight", p);
-    if (k->full_rank_gate) a->g = mat(ld, proj, d, "%sg_proj.weight", p);
-    else {
-        a->g_a = mat(ld, k->kda_dim, d, "%sg_a_proj.weight", p);
-        a->g_b = mat(ld, proj, k->kda_dim, "%sg_b_proj.weight", p);
-    }
-    a->o_norm = vec(ld, k->kda_dim, k->kda_dim, 0, "%so_norm.weight", p);
-    a->o = mat(ld, d, proj, "%so_proj.weight", p);
-    a->dt_bias = vec(ld, proj, proj, 0, "%sdt_bias", p);
-    /* A_log: per head, possibly zero-padded past num_heads (the release stores 128 for 96). */
-    const float *a_log = vec(ld, k->kda_heads, -1, 0, "%sA_log", p);
-    if (a_log) {
-        float *scale = (float *)a_log;
-        for (int h = 0; h < k->kda_heads; h++) scale[h] = expf(a_log[h]);
-        a->decay_scale = scale;
-    }
-}
-
-static void load_mla(loader *ld, const k3_model *k, k3_mla *a, const char *p) {
-    int h = k->n_heads, d = k->dim;
-    a->q_a = mat(ld, k->q_lora, d, "%sq_a_proj.weight", p);
-    a->q_a_norm = vec(ld, k->q_lora, k->q_lora, 0, "%sq_a_layernorm.weight", p);
-    a->q_b = mat(ld, h * (k->nope + k->rope), k->q_lora, "%sq_b_proj.weight", p);
-    a->kv_a = mat(ld, k->kv_lora + k->rope, d, "%skv_a_proj_with_mqa.weight", p);
-    a->kv_a_norm = vec(ld, k->kv_lora, k->kv_lora, 0, "%skv_a_layernorm.weight", p);
-    a->kv_b = mat(ld, h * (k->nope + k->v_dim), k->kv_lora, "%skv_b_proj.weight", p);
-    a->g = mat(ld, h * k->v_dim, d, "%sg_proj.weight", p);
-    a->o = mat(ld, d, h * k->v_dim, "%so_proj.weight", p);
-}
-
-static void load_glu(loader *ld, const k3_model *k, k3_layer *l, int inter, const char *p) {
-    l->gate = mat(ld, inter, k->dim, "%sgate_proj.weight", p);
-    l->up = mat(ld, inter, k->dim, "%sup_proj.weight", p);
-    l->down = mat(ld, k->dim, inter, "%sdown_proj.weight", p);
-}
-
-static void load_moe(loader *ld, const k3_model *k, k3_layer *l, const char *p) {
-    char sub[NAME_LEN];
-    l->router = mat(ld, k->n_experts, k->dim, "%sgate.weight", p);
-    l->router_bias = vec(ld, k->n_experts, k->n_experts, 0, "%sgate.e_score_correction_bias", p);
-    l->lat_down = mat(ld, k->latent, k->dim, "%srouted_expert_down_proj.weight", p);
-    l->lat_norm = vec(ld, k->latent, k->latent, 0, "%srouted_expert_norm.weight", p);
-    l->lat_up = mat(ld, k->dim, k->latent, "%srouted_expert_up_proj.weight", p);
-    l->w1 = xcalloc((size_t)k->n_experts, sizeof(qmat));
-    l->w2 = xcalloc((size_t)k->n_experts, sizeof(qmat));
-    l->w3 = xcalloc((size_t)k->n_experts, sizeof(qmat));
-    for (int e = 0; e < k->n_experts && !ld->failed; e++) {
-        l->w1[e] = mxfp4(ld, k->moe_inter, k->latent, "%sexperts.%d.w1", p, e);
-        l->w2[e] = mxfp4(ld, k->latent, k->moe_inter, "%sexperts.%d.w2", p, e);
-        l->w3[e] = mxfp4(ld, k->moe_inter, k->latent, "%sexperts.%d.w3", p, e);
-    }
-    snprintf(sub, sizeof sub, "%sshared_experts.", p);
-    load_glu(ld, k, l, k->moe_inter * k->n_shared, sub);
-}
-
-static void load_layer(loader *ld, k3_model *k, k3_layer *l, int i) {
-    char p[64], sub[128];
-    int d = k->dim;
-    snprintf(p, sizeof p, "model.layers.%d.", i);
-    l->attn_norm = vec(ld, d, d, 0, "%sinput_layernorm.weight", p);
-    l->ffn_norm = vec(ld, d, d, 0, "%spost_attention_layernorm.weight", p);
-    if (k->res_block) {
-        /* Layer 0's attention-site mixer exists in the release but has nothing to mix: not loaded. */
-        if (i > 0) {
-            l->res_attn_norm = vec(ld, d, d, 0, "%sself_attention_res_norm.weight", p);
-            l->res_attn_proj = vec(ld, d, d, 0, "%sself_attention_res_proj.weight", p);
-        }
-        l->res_mlp_norm = vec(ld, d, d, 0, "%smlp_res_norm.weight", p);
-        l->res_mlp_proj = vec(ld, d, d, 0, "%smlp_res_proj.weight", p);
-    }
-    snprintf(sub, sizeof sub, "%sself_attn.", p);
-    if (l->kda) load_kda(ld, k, &l->lin, sub);
-    else load_mla(ld, k, &l->mla, sub);
-    if (l->sparse) {
-        snprintf(sub, sizeof sub, "%sblock_sparse_moe.", p);
-        load_moe(ld, k, l, sub);
-    } else {
-        snprintf(sub, sizeof sub, "%smlp.", p);
-        load_glu(ld, k, l, k->inter, sub);
-    }
+static int load_layer(loader *ld, k3_layer *l, int i) {
+    const k3_model *k = ld->k;
+    if (load_group(ld, i, "", l, norms, N(norms), 0) ||
+        (k->res_block && i > 0 && load_group(ld, i, "", l, res_attn, N(res_attn), 0)) ||
+        (k->res_block && load_group(ld, i, "", l, res_mlp, N(res_mlp), 0)) ||
+        (l->kda ? load_kda(ld, &l->lin, i) : load_group(ld, i, "self_attn.", &l->mla, mla, N(mla), 0)))
+        return -1;
+    if (!l->sparse) return load_group(ld, i, "mlp.", l, glu, N(glu), k->inter);
+    return load_group(ld, i, "block_sparse_moe.", l, moe, N(moe), 0) ||
+           load_group(ld, i, "block_sparse_moe.shared_experts.", l, glu, N(glu), k->moe_inter * k->n_shared);
 }
 
 static void k3_free(model *m) {
     k3_model *k = m->priv;
     if (!k) return;
-    for (int i = 0; k->layers && i < k->n_layers; i++) {
-        free(k->layers[i].w1);
-        free(k->layers[i].w2);
-        free(k->layers[i].w3);
-    }
-    for (int i = 0; i < k->n_owned; i++) free(k->owned[i]);
-    free(k->owned);
     free(k->layers);
     free(k);
     m->priv = NULL;
@@ -345,6 +258,7 @@ static void k3_free(model *m) {
 static int k3_load(model *m, char *err, size_t errlen) {
     k3_model *k = xcalloc(1, sizeof *k);
     m->priv = k;
+    k->experts = m->experts;
     const cJSON *c = config_get(m->config, "text_config");
     if (!c) c = m->config;
     if (read_dims(k, c, err, errlen) || read_options(k, c, err, errlen)) return -1;
@@ -356,19 +270,13 @@ static int k3_load(model *m, char *err, size_t errlen) {
         if (cJSON_IsNumber(eos)) m->eos_ids[m->n_eos++] = eos->valueint;
     }
     if (m->bos_id < 0 && config_int_or(c, "bos_token_id", -1, &m->bos_id, err, errlen)) return -1;
-    loader ld = {k, m->st, st_find(m->st, "language_model.model.embed_tokens.weight") ? "language_model." : "", err,
-                 errlen, 0};
-    for (int i = 0; i < k->n_layers && !ld.failed; i++) load_layer(&ld, k, &k->layers[i], i);
-    k->embed = mat(&ld, k->vocab, k->dim, "model.embed_tokens.weight");
-    k->head = mat(&ld, k->vocab, k->dim, "lm_head.weight");
-    k->final_norm = vec(&ld, k->dim, k->dim, 0, "model.norm.weight");
-    if (k->res_block) {
-        k->out_res_norm = vec(&ld, k->dim, k->dim, 0, "model.output_attn_res_norm.weight");
-        k->out_res_proj = vec(&ld, k->dim, k->dim, 0, "model.output_attn_res_proj.weight");
-    }
-    if (ld.failed) return -1;
+    fill_dims(k);
+    loader ld = {&m->weights, k, st_find(m->st, "language_model.model.embed_tokens.weight") ? "language_model." : ""};
+    for (int i = 0; i < k->n_layers; i++)
+        if (load_layer(&ld, &k->layers[i], i)) return -1;
+    if (load_group(&ld, -1, "", k, top, N(top), 0) || (k->res_block && load_group(&ld, -1, "", k, res_out, N(res_out), 0)))
+        return -1;
     m->vocab_size = k->vocab;
-    m->n_validated = k->n_validated;
     return 0;
 }
 
@@ -425,40 +333,14 @@ oom:
 
 /* ---- reports ---------------------------------------------------------------------------- */
 
-static size_t layer_dense_bytes(const k3_layer *l) {
-    const qmat *all[] = {&l->lin.q, &l->lin.k, &l->lin.v, &l->lin.f_a, &l->lin.f_b, &l->lin.b, &l->lin.g,
-                         &l->lin.g_a, &l->lin.g_b, &l->lin.o, &l->mla.q_a, &l->mla.q_b, &l->mla.kv_a,
-                         &l->mla.kv_b, &l->mla.g, &l->mla.o, &l->gate, &l->up, &l->down, &l->router,
-                         &l->lat_down, &l->lat_up};
-    size_t b = 0;
-    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
-        if (all[i]->data) b += qmat_bytes(all[i]);
-    return b;
-}
-
-static size_t k3_decode_bytes(const model *m) {
+/* Beyond the table's matrices: the KDA state update and read (about 4 * heads * d^2) and the
+ * absorbed MLA scores and values over pos + 1 rows. */
+static double k3_extra_flops(const model *m, int pos) {
     const k3_model *k = m->priv;
-    size_t b = qmat_bytes(&k->head) + (size_t)k->dim * 2;
-    for (int i = 0; i < k->n_layers; i++) {
-        const k3_layer *l = &k->layers[i];
-        b += layer_dense_bytes(l);
-        if (l->sparse) b += (size_t)k->top_k * (qmat_bytes(&l->w1[0]) + qmat_bytes(&l->w2[0]) + qmat_bytes(&l->w3[0]));
-    }
-    return b;
-}
-
-/* Multiply-adds x2 of one token at position pos: every projection, the KDA state update and read
- * (about 4 * heads * d^2), absorbed MLA over pos + 1 rows, active experts, head. */
-static double k3_token_flops(const model *m, int pos) {
-    const k3_model *k = m->priv;
-    double f = (double)k->vocab * k->dim;
-    for (int i = 0; i < k->n_layers; i++) {
-        const k3_layer *l = &k->layers[i];
-        f += (double)layer_dense_bytes(l) / 2;      /* BF16 matrices: one multiply-add per element */
-        if (l->kda) f += 4.0 * k->kda_heads * k->kda_dim * k->kda_dim;
-        else f += (double)k->n_heads * ((double)(k->nope + k->v_dim) * k->kv_lora + 2.0 * (pos + 1) * (k->kv_lora + k->rope));
-        if (l->sparse) f += 3.0 * k->top_k * k->moe_inter * k->latent;
-    }
+    double f = 0;
+    for (int i = 0; i < k->n_layers; i++)
+        f += k->layers[i].kda ? 4.0 * k->kda_heads * k->kda_dim * k->kda_dim
+                              : 2.0 * k->n_heads * (pos + 1) * (k->kv_lora + k->rope);
     return 2.0 * f;
 }
 
@@ -478,6 +360,5 @@ const family_ops kimi_k3_ops = {
     .seq_new = k3_seq_new,
     .seq_free = k3_seq_free,
     .forward = k3_forward,
-    .decode_bytes = k3_decode_bytes,
-    .token_flops = k3_token_flops,
+    .extra_flops = k3_extra_flops,
 };

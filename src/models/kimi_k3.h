@@ -65,6 +65,10 @@ typedef struct {
     qmat *w1, *w2, *w3;                      /* routed experts (MXFP4) */
 } k3_layer;
 
+/* The dimensions the tensor table's shapes are written in (kimi_k3.c fills k3_model.dims). */
+enum { KD_DIM, KD_VOCAB, KD_PROJ, KD_KDA_DIM, KD_KDA_HEADS, KD_CONV, KD_QLORA, KD_QB, KD_KVA, KD_KVLORA, KD_KVB,
+       KD_OV, KD_EXPERTS, KD_LATENT, KD_MOE_INTER, KD_INTER, KD_COUNT };
+
 typedef struct {
     int vocab, dim, n_layers, inter;
     int n_heads, q_lora, kv_lora, nope, rope, v_dim;
@@ -77,9 +81,8 @@ typedef struct {
     qmat embed, head;
     const float *final_norm, *out_res_norm, *out_res_proj;
     k3_layer *layers;
-    void **owned;
-    int n_owned;
-    int n_validated;
+    int dims[KD_COUNT];
+    experts *experts;                        /* the routed experts (core/experts.h), by layer index */
 } k3_model;
 
 /* Per-sequence handle: pointers into the state's parts, and the sequence's scratch arena. */
@@ -108,10 +111,18 @@ void k3_rmsnorm_rows(const model *m, float *out, const float *x, const float *w,
 /* beta * tanh(g / beta) * sigmoid(g) * linear_beta * tanh(u / linear_beta), into g. */
 void k3_situ(const k3_model *k, float *g, const float *u, size_t n);
 
-void k3_kda_forward(const model *m, const k3_layer *l, int li, k3_seq *s, const float *hn, int pos0, int n,
-                    float *out);
-void k3_mla_forward(const model *m, const k3_layer *l, int li, k3_seq *s, const float *hn, int pos0, int n,
-                    float *out);
+/* A pass (kimi_k3_forward.c) holds rows of several sequences: rows t0 .. t0+n-1 of it are
+ * positions pos0 .. pos0+n-1 of sequence s. The attention layers project all the pass's rows with
+ * one read of each weight, then run each run's recurrence or attention on its own sequence. */
+typedef struct {
+    k3_seq *s;
+    int pos0, t0, n;
+} k3_run;
+
+void k3_kda_forward(const model *m, const k3_layer *l, int li, const k3_run *runs, int nruns, const float *hn, int n,
+                    float *out, arena *sc);
+void k3_mla_forward(const model *m, const k3_layer *l, int li, const k3_run *runs, int nruns, const float *hn, int n,
+                    float *out, arena *sc);
 void k3_ffn_forward(const model *m, const k3_layer *l, const float *x, int n, float *y, arena *sc);
 
 int k3_forward(model *m, const fwd_seg *segs, int nseg, char *err, size_t errlen);

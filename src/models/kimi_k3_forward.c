@@ -11,7 +11,13 @@
  *
  * ATTENTION RESIDUALS (per token, so any chunking gives the same bits): the candidates are the block
  * snapshots taken so far plus the running prefix; score_e = proj . RMSNorm(v_e), softmax over e, and
- * the mix is the probability-weighted sum of the raw vectors in candidate order. */
+ * the mix is the probability-weighted sum of the raw vectors in candidate order.
+ *
+ * BATCHING. A pass holds up to K3_CHUNK rows taken from the call's segments in order (a batched
+ * decode step: one row per conversation), so every weight — projections, experts, head — is read
+ * once per pass for all of them; each sequence's recurrence and attention run on its own rows
+ * (k3_run). Every row's arithmetic is the same as in a pass of its own, so a conversation's bits do
+ * not depend on the others in the call or on where passes split. */
 #include <math.h>
 #include <string.h>
 
@@ -123,8 +129,9 @@ static void add_into(const model *m, k3_stream *rs, const float *delta, size_t l
     k3_round(m, rs->prefix, len);
 }
 
-/* One decoder layer over n tokens; rs->prefix holds its input and receives its output. */
-static void layer(const model *m, int li, k3_seq *s, k3_stream *rs, chunk_bufs *b, int pos0, int n) {
+/* One decoder layer over the n rows of a pass; rs->prefix holds its input and receives its output. */
+static void layer(const model *m, int li, const k3_run *runs, int nruns, k3_stream *rs, chunk_bufs *b, int n,
+                  arena *sc) {
     const k3_model *k = m->priv;
     const k3_layer *l = &k->layers[li];
     size_t len = (size_t)n * k->dim;
@@ -137,61 +144,75 @@ static void layer(const model *m, int li, k3_seq *s, k3_stream *rs, chunk_bufs *
         rs->have_prefix = 0;
     }
     k3_rmsnorm_rows(m, b->hn, b->x, l->attn_norm, n, k->dim, k->eps);
-    if (l->kda) k3_kda_forward(m, l, li, s, b->hn, pos0, n, b->delta);
-    else k3_mla_forward(m, l, li, s, b->hn, pos0, n, b->delta);
+    if (l->kda) k3_kda_forward(m, l, li, runs, nruns, b->hn, n, b->delta, sc);
+    else k3_mla_forward(m, l, li, runs, nruns, b->hn, n, b->delta, sc);
     add_into(m, rs, b->delta, len);
     if (k->res_block) res_mix(m, rs, rs->prefix, l->res_mlp_norm, l->res_mlp_proj, n, b->normed, b->x);
     else memcpy(b->x, rs->prefix, len * sizeof *b->x);
     k3_rmsnorm_rows(m, b->hn, b->x, l->ffn_norm, n, k->dim, k->eps);
-    k3_ffn_forward(m, l, b->hn, n, b->delta, s->scratch);
+    k3_ffn_forward(m, l, b->hn, n, b->delta, sc);
     add_into(m, rs, b->delta, len);
 }
 
-static void head_logits(const model *m, const k3_stream *rs, chunk_bufs *cb, int n, float *logits, float *all_logits,
-                        arena *sc) {
+/* Does row t (token tok of segment g) want logits: every row of an all_logits segment, each
+ * segment's last. */
+static int wants_logits(const fwd_seg *g, int tok) { return g->all_logits || (g->logits && tok == g->n - 1); }
+
+/* The logits of the rows that want them, through the head in one product. */
+static void head_logits(const model *m, const k3_stream *rs, chunk_bufs *cb, const fwd_seg *const *seg,
+                        const int *tok, int n, arena *sc) {
     const k3_model *k = m->priv;
-    int first = all_logits ? 0 : n - 1, cnt = n - first, d = k->dim;
+    int cnt = 0, d = k->dim;
+    for (int t = 0; t < n; t++) cnt += wants_logits(seg[t], tok[t]);
+    if (!cnt) return;
     head_bufs b;
     head_layout(sc, k, cnt, &b);
     if (k->res_block) res_mix(m, rs, rs->prefix, k->out_res_norm, k->out_res_proj, n, cb->normed, cb->x);
     else memcpy(cb->x, rs->prefix, (size_t)n * d * sizeof *cb->x);
-    k3_rmsnorm_rows(m, b.hn, cb->x + (size_t)first * d, k->final_norm, cnt, d, k->eps);
+    for (int t = 0, i = 0; t < n; t++)
+        if (wants_logits(seg[t], tok[t])) rmsnorm(b.hn + (size_t)i++ * d, cb->x + (size_t)t * d, k->final_norm, d, k->eps);
+    k3_round(m, b.hn, (size_t)cnt * d);
     qmat_mul(&k->head, b.hn, cnt, b.out);
-    if (all_logits) memcpy(all_logits, b.out, (size_t)n * k->vocab * sizeof *b.out);
-    if (logits) memcpy(logits, b.out + (size_t)(cnt - 1) * k->vocab, (size_t)k->vocab * sizeof *b.out);
+    size_t v = (size_t)k->vocab;
+    for (int t = 0, i = 0; t < n; t++) {
+        const fwd_seg *g = seg[t];
+        if (!wants_logits(g, tok[t])) continue;
+        const float *row = b.out + (size_t)i++ * v;
+        if (g->all_logits) memcpy(g->all_logits + (size_t)tok[t] * v, row, v * sizeof *row);
+        if (g->logits && tok[t] == g->n - 1) memcpy(g->logits, row, v * sizeof *row);
+    }
 }
 
-/* One chunk of at most K3_CHUNK tokens; all its scratch is given back at the end. */
-static void forward_chunk(const model *m, k3_seq *s, const int *ids, int pos0, int n, float *logits,
-                          float *all_logits) {
+/* One pass of n rows, row t being token tok[t] of segment seg[t], in scratch sc; all of it is
+ * given back at the end. */
+static void forward_pass(const model *m, arena *sc, const fwd_seg *const *seg, const int *tok, int n) {
     const k3_model *k = m->priv;
-    arena *sc = s->scratch;
     size_t start = arena_mark(sc);
     chunk_bufs b;
     chunk_layout(sc, k, n, &b);
+    k3_run runs[K3_CHUNK];
+    int nruns = 0;
+    for (int t = 0; t < n; t++) {
+        if (!nruns || seg[t] != seg[t - 1])
+            runs[nruns++] = (k3_run){.s = seg[t]->fam_seq, .pos0 = seg[t]->pos0 + tok[t], .t0 = t, .n = 0};
+        runs[nruns - 1].n++;
+    }
     k3_stream rs = {.prefix = b.slots[0], .have_prefix = 1};
-    for (int i = 0; i < n; i++) qmat_row(&k->embed, ids[i], rs.prefix + (size_t)i * k->dim);
+    for (int t = 0; t < n; t++) qmat_row(&k->embed, seg[t]->ids[tok[t]], rs.prefix + (size_t)t * k->dim);
     k3_round(m, rs.prefix, (size_t)n * k->dim);
-    for (int li = 0; li < k->n_layers; li++) layer(m, li, s, &rs, &b, pos0, n);
-    if (logits || all_logits) head_logits(m, &rs, &b, n, logits, all_logits, sc);
+    for (int li = 0; li < k->n_layers; li++) layer(m, li, runs, nruns, &rs, &b, n, sc);
+    head_logits(m, &rs, &b, seg, tok, n, sc);
     arena_release(sc, start);
 }
 
-/* Segments run one after another, each in chunks of K3_CHUNK (which bound the scratch) on its own
- * sequence and arena: by chunking invariance the split changes no bit, and a segment's result
- * cannot depend on the others. (The weights are read once per segment, not once per call: K3
- * does not batch decode steps of several conversations yet.) seq_feed has checked the ids and
- * positions and checks the logits. */
+/* The segments' tokens, concatenated, in passes of at most K3_CHUNK rows (which bound the
+ * scratch) in the first segment's scratch: the call's sequences share one context size
+ * (seq_feed_step), so that scratch fits every pass. By chunking invariance the split changes no
+ * bit. seq_feed has checked the ids and positions and checks the logits. */
 int k3_forward(model *m, const fwd_seg *segs, int nseg, char *err, size_t errlen) {
-    const k3_model *k = m->priv;
-    for (int i = 0; i < nseg; i++) {
-        const fwd_seg *g = &segs[i];
-        for (int done = 0; done < g->n;) {
-            int c = MIN(K3_CHUNK, g->n - done);
-            float *all = g->all_logits ? g->all_logits + (size_t)done * k->vocab : NULL;
-            forward_chunk(m, g->fam_seq, g->ids + done, g->pos0 + done, c, done + c == g->n ? g->logits : NULL, all);
-            done += c;
-        }
-    }
+    k3_seq *first = segs[0].fam_seq;
+    int rows = MIN(K3_CHUNK, first->cap), gi = 0, j = 0, tok[K3_CHUNK], n;
+    const fwd_seg *seg[K3_CHUNK];
+    while ((n = fwd_next_pass(segs, nseg, &gi, &j, rows, seg, tok))) forward_pass(m, first->scratch, seg, tok, n);
     return 0;
 }

@@ -12,31 +12,37 @@
  * Prefill runs this recurrence token by token in position order (the chunked form HF uses for
  * prefill is the same math in another summation order, so it would not be bit-identical to
  * decode): any chunking of a prompt is then bit-identical to feeding it one token at a time.
- * The state parts are captured (state_capture) before each position's first write. */
+ * Heads are independent, so one threadpool call runs each head through a whole stretch of tokens
+ * (the same operations in the same order as one call per token). A stretch ends where a capture
+ * is armed: the state parts are captured (state_capture) before the first write of the stretch's
+ * first position, which is before each position's first write as state.h asks. The projections
+ * run over every row of the pass at once, whichever sequence a row belongs to (k3_run). */
 #include <math.h>
 #include <string.h>
 
 #include "../core/threads.h"
 #include "kimi_k3.h"
 
-/* One token of one layer, shared by the head jobs. */
+/* A stretch of tokens [t0, t1) of one sequence in one layer, shared by the head jobs; the
+ * per-token arrays are the pass's, indexed by row. */
 typedef struct {
-    int hd;
+    int hd, heads, t0, t1;
     float *state;              /* [heads][hd][hd] */
-    const float *q, *k, *v;    /* this token's [heads * hd] */
-    const float *decay;        /* exp(g), [heads * hd] */
-    const float *beta;         /* [heads] */
-    float *out;                /* [heads * hd] */
+    const float *q, *k, *v;    /* [rows][heads * hd] */
+    const float *decay;        /* exp(g), [rows][heads * hd] */
+    const float *beta;         /* [rows][heads] */
+    float *out;                /* [rows][heads * hd] */
     float *work;               /* [heads][hd] predictions */
 } kda_step;
 
-/* Decay, predict, delta-rule write and read for head h; every sum runs over the key index in order. */
-static void head_step(void *ctx, int h) {
-    kda_step *j = ctx;
+/* Decay, predict, delta-rule write and read for head h at row t; every sum runs over the key index
+ * in order. */
+static void head_step(const kda_step *j, int h, int t) {
     int d = j->hd;
-    float *S = j->state + (size_t)h * d * d, *pred = j->work + (size_t)h * d, *o = j->out + (size_t)h * d;
-    const float *q = j->q + (size_t)h * d, *k = j->k + (size_t)h * d, *v = j->v + (size_t)h * d;
-    const float *dec = j->decay + (size_t)h * d;
+    size_t at = (size_t)t * j->heads * d + (size_t)h * d;
+    float *S = j->state + (size_t)h * d * d, *pred = j->work + (size_t)h * d, *o = j->out + at;
+    const float *q = j->q + at, *k = j->k + at, *v = j->v + at, *dec = j->decay + at;
+    float beta = j->beta[(size_t)t * j->heads + h];
     memset(pred, 0, (size_t)d * sizeof *pred);
     for (int a = 0; a < d; a++) {
         float *row = S + (size_t)a * d;
@@ -45,7 +51,7 @@ static void head_step(void *ctx, int h) {
             pred[b] += row[b] * k[a];
         }
     }
-    for (int b = 0; b < d; b++) pred[b] = (v[b] - pred[b]) * j->beta[h];
+    for (int b = 0; b < d; b++) pred[b] = (v[b] - pred[b]) * beta;
     memset(o, 0, (size_t)d * sizeof *o);
     for (int a = 0; a < d; a++) {
         float *row = S + (size_t)a * d;
@@ -54,6 +60,11 @@ static void head_step(void *ctx, int h) {
             o[b] += row[b] * q[a];
         }
     }
+}
+
+static void head_steps(void *ctx, int h) {
+    const kda_step *j = ctx;
+    for (int t = j->t0; t < j->t1; t++) head_step(j, h, t);
 }
 
 /* Causal depthwise conv of one token over `proj` channels, then SiLU; the window keeps the previous
@@ -96,7 +107,8 @@ static void decays(const k3_model *k, const k3_kda *a, const float *f, float *ou
 typedef struct {
     float *raw[3], *act[3];    /* q, k, v projections, then conv + SiLU outputs [n][proj] */
     float *fa, *f, *beta, *gate, *ga, *core;
-    float *dec, *work;         /* one token's decays and delta-rule predictions [proj] */
+    float *dec;                /* decays [n][proj] */
+    float *work;               /* delta-rule predictions [proj] */
 } kda_bufs;
 
 static void kda_layout(arena *a, const k3_model *k, int n, kda_bufs *b) {
@@ -108,7 +120,7 @@ static void kda_layout(arena *a, const k3_model *k, int n, kda_bufs *b) {
     b->gate = k3_floats(a, np);
     b->ga = k->full_rank_gate ? NULL : k3_floats(a, (size_t)n * k->kda_dim);
     b->core = k3_floats(a, np);
-    b->dec = k3_floats(a, P);
+    b->dec = k3_floats(a, np);
     b->work = k3_floats(a, P);
 }
 
@@ -119,14 +131,45 @@ size_t k3_kda_scratch(const k3_model *k, int n) {
     return a.used;
 }
 
-void k3_kda_forward(const model *m, const k3_layer *l, int li, k3_seq *s, const float *hn, int pos0, int n,
-                    float *out) {
+/* The recurrence of one run (rows t0.. of the pass, positions pos0.. of its sequence), in
+ * stretches that end where a capture is armed. */
+static void run_recurrence(const model *m, const k3_kda *a, int li, const k3_run *r, kda_bufs *b) {
+    const k3_model *k = m->priv;
+    k3_seq *s = r->s;
+    int H = k->kda_heads, d = k->kda_dim, P = H * d, K = k->conv_k;
+    kda_step j = {.hd = d, .heads = H, .state = s->kda[li], .work = b->work, .q = b->act[0], .k = b->act[1],
+                  .v = b->act[2], .decay = b->dec, .beta = b->beta, .out = b->core};
+    for (int t0 = r->t0, end = r->t0 + r->n; t0 < end;) {
+        int pos = r->pos0 + (t0 - r->t0), t1 = end;
+        int next = state_capture_next(s->st, pos);
+        if (next - pos < t1 - t0) t1 = t0 + (next - pos);
+        state_capture(s->st, s->conv_part[li], pos);
+        state_capture(s->st, s->kda_part[li], pos);
+        for (int t = t0; t < t1; t++) {
+            size_t o = (size_t)t * P;
+            for (int i = 0; i < 3; i++)
+                short_conv(a->conv[i], K, s->conv[li] + (size_t)i * P * (K - 1), b->raw[i] + o, P, b->act[i] + o);
+            for (int i = 0; i < 3; i++) k3_round(m, b->act[i] + o, (size_t)P);
+            l2norm_heads(b->act[0] + o, H, d, 1.0f / sqrtf((float)d));
+            l2norm_heads(b->act[1] + o, H, d, 1.0f);
+            decays(k, a, b->f + o, b->dec + o);
+            for (int h = 0; h < H; h++) b->beta[(size_t)t * H + h] = sigmoidf(b->beta[(size_t)t * H + h]);
+        }
+        j.t0 = t0;
+        j.t1 = t1;
+        pool_run(H, head_steps, &j);
+        t0 = t1;
+    }
+}
+
+void k3_kda_forward(const model *m, const k3_layer *l, int li, const k3_run *runs, int nruns, const float *hn, int n,
+                    float *out, arena *sc) {
     const k3_model *k = m->priv;
     const k3_kda *a = &l->lin;
-    int H = k->kda_heads, d = k->kda_dim, P = H * d, K = k->conv_k;
-    size_t mark = arena_mark(s->scratch);
+    int H = k->kda_heads, d = k->kda_dim, P = H * d;
+    size_t mark = arena_mark(sc);
     kda_bufs b;
-    kda_layout(s->scratch, k, n, &b);
+    kda_layout(sc, k, n, &b);
     const qmat *proj[3] = {&a->q, &a->k, &a->v};
     for (int i = 0; i < 3; i++) k3_project(m, proj[i], hn, n, b.raw[i]);
     k3_project(m, &a->f_a, hn, n, b.fa);
@@ -137,26 +180,7 @@ void k3_kda_forward(const model *m, const k3_layer *l, int li, k3_seq *s, const 
         k3_project(m, &a->g_a, hn, n, b.ga);
         k3_project(m, &a->g_b, b.ga, n, b.gate);
     }
-    kda_step j = {.hd = d, .state = s->kda[li], .work = b.work, .decay = b.dec};
-    for (int t = 0; t < n; t++) {
-        int pos = pos0 + t;
-        size_t o = (size_t)t * P;
-        state_capture(s->st, s->conv_part[li], pos);
-        for (int i = 0; i < 3; i++)
-            short_conv(a->conv[i], K, s->conv[li] + (size_t)i * P * (K - 1), b.raw[i] + o, P, b.act[i] + o);
-        for (int i = 0; i < 3; i++) k3_round(m, b.act[i] + o, (size_t)P);
-        l2norm_heads(b.act[0] + o, H, d, 1.0f / sqrtf((float)d));
-        l2norm_heads(b.act[1] + o, H, d, 1.0f);
-        decays(k, a, b.f + o, b.dec);
-        for (int h = 0; h < H; h++) b.beta[(size_t)t * H + h] = sigmoidf(b.beta[(size_t)t * H + h]);
-        state_capture(s->st, s->kda_part[li], pos);
-        j.q = b.act[0] + o;
-        j.k = b.act[1] + o;
-        j.v = b.act[2] + o;
-        j.beta = b.beta + (size_t)t * H;
-        j.out = b.core + o;
-        pool_run(H, head_step, &j);
-    }
+    for (int r = 0; r < nruns; r++) run_recurrence(m, a, li, &runs[r], &b);
     float *core = b.core;
     k3_round(m, core, (size_t)n * P);
     for (size_t r = 0; r < (size_t)n * H; r++) rmsnorm(core + r * d, core + r * d, a->o_norm, d, k->eps);
@@ -164,5 +188,5 @@ void k3_kda_forward(const model *m, const k3_layer *l, int li, k3_seq *s, const 
     for (size_t c = 0; c < (size_t)n * P; c++) core[c] *= sigmoidf(b.gate[c]);
     k3_round(m, core, (size_t)n * P);
     k3_project(m, &a->o, core, n, out);
-    arena_release(s->scratch, mark);
+    arena_release(sc, mark);
 }

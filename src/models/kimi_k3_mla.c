@@ -7,11 +7,14 @@
  * out = o_proj(attention * sigmoid(g_proj x)).
  * The absorbed form is used for every token (prefill and decode alike, so chunk boundaries never
  * change the arithmetic): per head q_abs = W_uk^T q_nope over the latent scores every row in one
- * kernel call against [q_abs | q_rope], and the softmax-weighted latent goes through W_uv. */
+ * kernel call against [q_abs | q_rope], and the softmax-weighted latent goes through W_uv.
+ * The projections and kv_b's dequantisation run once per pass over every row, whichever sequence
+ * a row belongs to (k3_run); each row attends over its own sequence's rows. */
 #include <math.h>
 #include <string.h>
 
 #include "../core/threads.h"
+#include "../core/util.h"
 #include "kimi_k3.h"
 
 typedef struct {
@@ -80,37 +83,43 @@ size_t k3_mla_scratch(const k3_model *k, int n, int end) {
     return a.used;
 }
 
-void k3_mla_forward(const model *m, const k3_layer *l, int li, k3_seq *s, const float *hn, int pos0, int n,
-                    float *out) {
+void k3_mla_forward(const model *m, const k3_layer *l, int li, const k3_run *runs, int nruns, const float *hn, int n,
+                    float *out, arena *sc) {
     const k3_model *k = m->priv;
     const k3_mla *a = &l->mla;
-    int qk = k->nope + k->rope, row = k->kv_lora + k->rope, hv = k->n_heads * k->v_dim;
-    size_t mark = arena_mark(s->scratch);
+    int qk = k->nope + k->rope, row = k->kv_lora + k->rope, hv = k->n_heads * k->v_dim, end = 0;
+    for (int r = 0; r < nruns; r++) end = MAX(end, runs[r].pos0 + runs[r].n);
+    size_t mark = arena_mark(sc);
     mla_bufs b;
-    mla_layout(s->scratch, k, n, pos0 + n, &b);
+    mla_layout(sc, k, n, end, &b);
     k3_project(m, &a->q_a, hn, n, b.qa);
     k3_rmsnorm_rows(m, b.qa, b.qa, a->q_a_norm, n, k->q_lora, 1e-6f);
     k3_project(m, &a->q_b, b.qa, n, b.q);
     k3_project(m, &a->kv_a, hn, n, b.ckv);
     k3_project(m, &a->g, hn, n, b.gate);
-    float *rows = s->kv[li];
-    for (int i = 0; i < n; i++) {
-        float *r = rows + (size_t)(pos0 + i) * row;
-        rmsnorm(r, b.ckv + (size_t)i * row, a->kv_a_norm, k->kv_lora, 1e-6f);
-        k3_round(m, r, (size_t)k->kv_lora);
-        memcpy(r + k->kv_lora, b.ckv + (size_t)i * row + k->kv_lora, (size_t)k->rope * sizeof *r);
-    }
-    mla_job j = {.k = k, .a = a, .rows = rows, .w = b.w, .work = b.work, .work_stride = b.work_stride};
+    mla_job j = {.k = k, .a = a, .w = b.w, .work = b.work, .work_stride = b.work_stride};
     pool_run(k->n_heads, dequant_head, &j);
-    for (int i = 0; i < n; i++) {
-        j.cnt = pos0 + i + 1;
-        j.q = b.q + (size_t)i * k->n_heads * qk;
-        j.out = b.heads + (size_t)i * hv;
-        pool_run(k->n_heads, attend_head, &j);
+    for (int r = 0; r < nruns; r++) {
+        const k3_run *u = &runs[r];
+        float *rows = u->s->kv[li];
+        for (int i = 0; i < u->n; i++) {
+            float *dst = rows + (size_t)(u->pos0 + i) * row;
+            const float *src = b.ckv + (size_t)(u->t0 + i) * row;
+            rmsnorm(dst, src, a->kv_a_norm, k->kv_lora, 1e-6f);
+            k3_round(m, dst, (size_t)k->kv_lora);
+            memcpy(dst + k->kv_lora, src + k->kv_lora, (size_t)k->rope * sizeof *dst);
+        }
+        j.rows = rows;
+        for (int i = 0; i < u->n; i++) {
+            j.cnt = u->pos0 + i + 1;
+            j.q = b.q + (size_t)(u->t0 + i) * k->n_heads * qk;
+            j.out = b.heads + (size_t)(u->t0 + i) * hv;
+            pool_run(k->n_heads, attend_head, &j);
+        }
     }
     k3_round(m, b.heads, (size_t)n * hv);
     for (size_t c = 0; c < (size_t)n * hv; c++) b.heads[c] *= sigmoidf(b.gate[c]);
     k3_round(m, b.heads, (size_t)n * hv);
     k3_project(m, &a->o, b.heads, n, out);
-    arena_release(s->scratch, mark);
+    arena_release(sc, mark);
 }

@@ -53,7 +53,7 @@ static void route(const k3_model *k, const k3_layer *l, const float *logits, flo
 typedef struct {
     float *logits, *weight, *score, *choice;
     float *z, *zin, *ex, *eout, *agg, *shared;   /* latent inputs, expert outputs [n][top_k][latent], ... */
-    int *idx, *rows;
+    int *idx;
 } moe_bufs;
 
 static void moe_layout(arena *a, const k3_model *k, int n, moe_bufs *b) {
@@ -69,7 +69,6 @@ static void moe_layout(arena *a, const k3_model *k, int n, moe_bufs *b) {
     b->agg = k3_floats(a, (size_t)n * lat);
     b->shared = k3_floats(a, (size_t)n * k->dim);
     b->idx = arena_take(a, nk, sizeof(int));
-    b->rows = arena_take(a, nk, sizeof(int));
 }
 
 size_t k3_ffn_scratch(const k3_model *k, const k3_layer *l, int n) {
@@ -87,6 +86,22 @@ size_t k3_ffn_scratch(const k3_model *k, const k3_layer *l, int n) {
     return MAX(held, a.used);
 }
 
+typedef struct {
+    const model *m;
+    moe_bufs *b;
+    arena *sc;
+} routed_job;
+
+/* Routed expert e (w1, w3, w2 in w) on the latent inputs of the slots that chose it. */
+static void run_routed(void *ctx, int e, const qmat *w, const int *slots, int cnt) {
+    routed_job *j = ctx;
+    const k3_model *k = j->m->priv;
+    moe_bufs *b = j->b;
+    experts_gather(b->z, k->latent, k->top_k, slots, cnt, b->zin);
+    situ_glu(j->m, &w[0], &w[2], &w[1], b->zin, cnt, b->eout, j->sc);   /* table order: w1, w2, w3 */
+    experts_scatter(b->eout, k->latent, slots, cnt, b->ex);
+}
+
 static void latent_moe(const model *m, const k3_layer *l, const float *x, int n, float *y, arena *sc) {
     const k3_model *k = m->priv;
     int K = k->top_k, lat = k->latent;
@@ -98,18 +113,8 @@ static void latent_moe(const model *m, const k3_layer *l, const float *x, int n,
         route(k, l, b.logits + (size_t)t * k->n_experts, b.score, b.choice, b.idx + (size_t)t * K, b.weight + (size_t)t * K);
     k3_project(m, &l->lat_down, x, n, b.z);
     /* Each expert runs once over the tokens that chose it; results land in ex[token][slot]. */
-    for (int e = 0; e < k->n_experts; e++) {
-        int cnt = 0;
-        for (int s = 0; s < n * K; s++)
-            if (b.idx[s] == e) {
-                memcpy(b.zin + (size_t)cnt * lat, b.z + (size_t)(s / K) * lat, (size_t)lat * sizeof *b.z);
-                b.rows[cnt++] = s;
-            }
-        if (!cnt) continue;
-        situ_glu(m, &l->w1[e], &l->w3[e], &l->w2[e], b.zin, cnt, b.eout, sc);
-        for (int r = 0; r < cnt; r++)
-            memcpy(b.ex + (size_t)b.rows[r] * lat, b.eout + (size_t)r * lat, (size_t)lat * sizeof *b.ex);
-    }
+    routed_job j = {m, &b, sc};
+    experts_run(k->experts, (int)(l - k->layers), b.idx, n * K, run_routed, &j);
     for (int t = 0; t < n; t++)
         for (int c = 0; c < lat; c++) {
             float acc = 0.0f;

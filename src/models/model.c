@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "../core/config.h"
+#include "../core/experts.h"
 #include "../core/sampler.h"
 #include "../core/util.h"
 
@@ -38,6 +39,36 @@ static void read_eos_ids(model *m) {
     }
 }
 
+/* Every routed expert the tensor table recorded (TT_ROUTED rows: layer, expert, in table order)
+ * goes to the expert registry, so each family's MoE reaches it through experts_run, mapped or
+ * cached. One pass over the record: a real checkpoint has ~10^5 expert tensors. */
+static int register_experts(model *m, char *err, size_t errlen) {
+    const tt_table *w = &m->weights;
+    int nl = 0, ne = 0;
+    for (int i = 0; i < w->n; i++)
+        if (w->list[i].role == TT_ROUTED) {
+            nl = MAX(nl, w->list[i].layer + 1);
+            ne = MAX(ne, w->list[i].expert + 1);
+        }
+    size_t cells = (size_t)nl * (size_t)ne;
+    qmat *mats = xcalloc(cells * EXPERT_MATS + 1, sizeof *mats);
+    int *nm = xcalloc(cells + 1, sizeof *nm), rc = 0;
+    for (int i = 0; i < w->n && !rc; i++) {
+        const tt_entry *e = &w->list[i];
+        if (e->role != TT_ROUTED) continue;
+        size_t c = (size_t)e->layer * (size_t)ne + (size_t)e->expert;
+        if (!e->mat || e->layer < 0 || e->expert < 0 || nm[c] == EXPERT_MATS)
+            rc = errf(err, errlen, "tensor %s: not a routed expert matrix the expert registry can hold", e->t->name);
+        else
+            mats[c * EXPERT_MATS + (size_t)nm[c]++] = *e->mat;
+    }
+    for (size_t c = 0; c < cells && !rc; c++)
+        if (nm[c]) rc = experts_add(m->experts, (int)(c / (size_t)ne), (int)(c % (size_t)ne), mats + c * EXPERT_MATS, nm[c], err, errlen);
+    free(mats);
+    free(nm);
+    return rc;
+}
+
 model *model_open(const char *dir, numerics num, int progress, char *err, size_t errlen) {
     model *m = xcalloc(1, sizeof *m);
     m->dir = xstrdup(dir);
@@ -50,6 +81,7 @@ model *model_open(const char *dir, numerics num, int progress, char *err, size_t
     if (!(m->ops = family_for_model_type(type))) { errf(err, errlen, "config.json: unsupported model_type '%s'", type); goto fail; }
     if (!(m->st = st_open(dir, progress, err, errlen))) goto fail;
     m->fingerprint = st_fingerprint(m->st);
+    m->experts = experts_new(m->st);
     char path[4096];
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
     FILE *probe = fopen(path, "rb");
@@ -67,21 +99,39 @@ model *model_open(const char *dir, numerics num, int progress, char *err, size_t
     m->bos_id = bos;
     read_eos_ids(m);
     if (config_int_or(m->config, "max_position_embeddings", 4096, &m->max_ctx, err, errlen)) goto fail;
-    if (m->ops->load(m, err, errlen)) goto fail;
+    tt_init(&m->weights, m->st, err, errlen);
+    if (m->ops->load(m, err, errlen) || register_experts(m, err, errlen)) goto fail;
+    m->n_validated = m->weights.count;
+    m->weights.err = NULL;     /* the caller's buffer is gone after open */
+    m->weights.errlen = 0;
     return m;
 fail:
     model_close(m);
     return NULL;
 }
 
+int model_expert_cache(model *m, double mb, const char *usage_dir, char *err, size_t errlen) {
+    char path[4096];
+    if (usage_dir) snprintf(path, sizeof path, "%s/expert_usage.bin", usage_dir);
+    return experts_cache(m->experts, (size_t)(mb * 1048576.0), usage_dir ? path : NULL, m->fingerprint, err, errlen);
+}
+
 void model_close(model *m) {
     if (!m) return;
+    experts_free(m->experts);
     if (m->ops && m->priv) m->ops->free(m);
+    tt_free(&m->weights);
     if (m->tok) tok_free(m->tok);
     if (m->st) st_close(m->st);
     cJSON_Delete(m->config);
     free(m->dir);
     free(m);
+}
+
+size_t model_decode_bytes(const model *m) { return tt_decode_bytes(&m->weights); }
+
+double model_token_flops(const model *m, int pos) {
+    return tt_matmul_flops(&m->weights) + (m->ops->extra_flops ? m->ops->extra_flops(m, pos) : 0);
 }
 
 int model_is_eos(const model *m, int id) {
@@ -305,4 +355,14 @@ int seq_prompt(seq *s, store *cs, const int *ids, int n, int sys_end, float *log
     while ((rc = reuse_prefill_step(&p, logits, err, errlen)) > 0) {}
     reuse_prefill_free(&p);
     return rc;
+}
+
+int fwd_next_pass(const fwd_seg *segs, int nseg, int *gi, int *j, int cap, const fwd_seg **seg, int *tok) {
+    int n = 0;
+    for (; *gi < nseg && n < cap; n++) {
+        seg[n] = &segs[*gi];
+        tok[n] = *j;
+        if (++*j == segs[*gi].n) ++*gi, *j = 0;
+    }
+    return n;
 }

@@ -21,11 +21,16 @@
  *   truncates    1 when the state is rows only (every part PART_ROWS, span 1): it rewinds to any
  *                prefix, so reuse never needs turn-boundary checkpoints. seq_new checks the
  *                declared value against the parts actually declared; CAPS reports it.
- *   load .. token_flops   the math, below.
+ *   load .. extra_flops   the math, below.
  * A family file knows tensors and math; it knows nothing about requests, records or reuse:
- *   load     — read config.json (typed, errors name the key: core/config.h) and look up and
- *              validate every tensor; weight matrices through core/weights.h, so every format
- *              the kernels run is accepted (count them in n_validated).
+ *   load     — read config.json (typed, errors name the key: core/config.h) and walk the
+ *              family's tensor table (core/tensor_table.h) through m->weights: one list of rows
+ *              (name, kind, shape from the config, multiplicity, role) looks up and validates
+ *              every tensor, fills the family's structs, and is the record the weight bytes per
+ *              token and the matrix FLOPs are counted from (model_decode_bytes,
+ *              model_token_flops). model_open registers every routed expert (TT_ROUTED rows) with
+ *              core/experts.h, and a MoE layer runs its chosen experts through experts_run
+ *              (m->experts), so the expert cache (--expert-cache-mb) serves every family.
  *   seq_new  — declare the parts of one sequence state (state_add_part) for `ctx` positions and
  *              return the family's per-sequence handle (pointers into those parts + scratch).
  *   scratch_bytes — the most scratch a forward call can take at `ctx` positions (any n: a family
@@ -69,7 +74,9 @@
 #include <stdint.h>
 
 #include "../core/arena.h"
+#include "../core/experts.h"
 #include "../core/safetensors.h"
+#include "../core/tensor_table.h"
 #include "../core/tokenizer.h"
 #include "../state/reuse.h"
 #include "../state/state.h"
@@ -90,6 +97,11 @@ typedef struct {
     float *logits;             /* [vocab] logits of the last id, or NULL */
     float *all_logits;         /* [n][vocab] logits of every id, or NULL */
 } fwd_seg;
+
+/* A forward call's rows in passes of at most cap: fills the next pass (row t is token tok[t] of
+ * segment seg[t]) from the cursor — token *j of segment *gi, both 0 at the start — and advances it.
+ * Returns the pass's row count, 0 once every row is taken. */
+int fwd_next_pass(const fwd_seg *segs, int nseg, int *gi, int *j, int cap, const fwd_seg **seg, int *tok);
 
 #define FAMILY_MAX_TOKENS 8      /* entries of family_turns.start / .boundaries, NULL-terminated */
 
@@ -124,10 +136,10 @@ typedef struct {
      * only state rows at or beyond the record's end (garbage to every later feed), so drafting
      * never changes what the sequence is. */
     int (*draft)(model *m, void *fam_seq, int pos, int id, int step, float *logits, char *err, size_t errlen);
-    /* Weight bytes a decode step reads (dense + active experts), for bandwidth reports. */
-    size_t (*decode_bytes)(const model *m);
-    /* FLOPs of one token at position pos (for prefill GFLOP/s). */
-    double (*token_flops)(const model *m, int pos);
+    /* FLOPs of one token at position pos that no weight matrix of the table accounts for
+     * (attention over the context, recurrences, convolutions); model_token_flops adds the
+     * table's matrix FLOPs. */
+    double (*extra_flops)(const model *m, int pos);
 } family_ops;
 
 /* Role-marker token ids of a loaded model (family_turns resolved against its tokenizer; -1 or
@@ -142,6 +154,8 @@ struct model {
     const family_ops *ops;
     char *dir;
     st_file *st;
+    experts *experts;          /* every routed expert (core/experts.h): model_open registers the table's
+                                * TT_ROUTED rows; a MoE layer runs its experts through experts_run */
     cJSON *config;
     tokenizer *tok;
     numerics num;
@@ -152,6 +166,7 @@ struct model {
     int max_ctx;               /* max_position_embeddings */
     int media_token;           /* placeholder id consuming set_media input, -1 if the family takes none */
     uint64_t fingerprint;      /* st_fingerprint: identifies the checkpoint for persisted state */
+    tt_table weights;          /* the family's tensor table as loaded: the record, bytes, FLOPs */
     int n_validated;           /* tensors the family's load looked up and checked (dtype + shape) */
     model_markers markers;     /* all -1 / empty without a usable tokenizer */
     int draft_layers;          /* MTP layers the family can draft with (0: no speculative decoding) */
@@ -162,7 +177,16 @@ struct model {
 /* Open DIR: config.json model_type picks the family; tokenizer.json is loaded if present. */
 model *model_open(const char *dir, numerics num, int progress, char *err, size_t errlen);
 void model_close(model *m);
+/* Read routed experts through the expert cache with a budget of mb MiB (fractions allowed) (core/experts.h) instead of
+ * the mapping; usage_dir (NULL: none) keeps the usage counts that pick the pinned experts
+ * (`expert_usage.bin`, the engine's --kv-dir). Before the first forward. -1 with err. */
+int model_expert_cache(model *m, double mb, const char *usage_dir, char *err, size_t errlen);
 int model_is_eos(const model *m, int id);
+/* Weight bytes a decode step reads (dense + active experts), for bandwidth reports, and the
+ * FLOPs of one token at position pos (for prefill GFLOP/s): the tensor table's count, plus the
+ * family's extra_flops. */
+size_t model_decode_bytes(const model *m);
+double model_token_flops(const model *m, int pos);
 
 /* One conversation timeline: the generic state (parts + record) and the family's handle. */
 typedef struct {

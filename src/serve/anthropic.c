@@ -470,11 +470,16 @@ static enum MHD_Result fail(struct MHD_Connection *c, am_call *k, const http_err
     return r;
 }
 
-enum MHD_Result anthropic_count_tokens(serve_ctx *sc, struct MHD_Connection *c, const cJSON *body, req_info *ri) {
+static am_call *call_new(serve_ctx *sc, req_info *ri) {
     am_call *k = xcalloc(1, sizeof *k);
     k->sc = sc;
     k->call.ri = ri;
     req_info_ref(ri);
+    return k;
+}
+
+enum MHD_Result anthropic_count_tokens(serve_ctx *sc, struct MHD_Connection *c, const cJSON *body, req_info *ri) {
+    am_call *k = call_new(sc, ri);
     http_err e = {0};
     cJSON *probe = cJSON_Duplicate(body, 1);
     if (cJSON_IsObject(probe) && !cJSON_GetObjectItemCaseSensitive(probe, "max_tokens"))
@@ -493,10 +498,7 @@ enum MHD_Result anthropic_count_tokens(serve_ctx *sc, struct MHD_Connection *c, 
 }
 
 enum MHD_Result anthropic_messages(serve_ctx *sc, struct MHD_Connection *c, const cJSON *body, req_info *ri) {
-    am_call *k = xcalloc(1, sizeof *k);
-    k->sc = sc;
-    k->call.ri = ri;
-    req_info_ref(ri);
+    am_call *k = call_new(sc, ri);
     http_err e = {0};
     if (parse_request(sc, body, k, &e)) return fail(c, k, &e);
     if (turn_begin(&k->call.t, sc, &k->call.rq, c, ri->t0, &e)) return fail(c, k, &e);

@@ -85,12 +85,12 @@ static int answer_root(const serve_ctx *sc, int thinking, sbuf *g, http_err *e) 
         sbuf_puts(g, "root ::= answer\n");
         return 0;
     }
-    const char *end = sc->tpl && sc->tpl->tools ? sc->tpl->tools->think_end : NULL;
-    if (!end) return bad(e, "response_format", "this model's template does not say how reasoning ends", "");
-    gbnf_text_without(g, "reasoning", end);
-    sbuf_puts(g, "root ::= reasoning ");
-    gbnf_literal(g, end);
-    sbuf_puts(g, " answer\n");
+    const tool_syntax *sx = sc->tpl ? sc->tpl->tools : NULL;
+    if (!sx) return bad(e, "response_format", "this model's template does not say how reasoning ends", "");
+    sbuf root = {0};
+    chat_think_rules(sx, g, &root);
+    sbuf_printf(g, "root ::= %s %s answer\n", root.p, sx->text_open && *sx->text_open ? sx->text_open : "");
+    sbuf_free(&root);
     return 0;
 }
 

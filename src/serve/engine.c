@@ -40,6 +40,7 @@ typedef struct {
     const char *model_dir, *kv_dir;
     int slots, ctx, kv_share, threads;
     long ckpt_mb, draft;    /* draft: --spec mtp drafts per speculative step, 0 = off */
+    double expert_cache_mb;
     numerics num;
 } engine_opts;
 
@@ -602,6 +603,9 @@ static void usage(FILE *f) {
             "  --threads N        worker threads (default: online cores)\n"
             "  --spec mtp         speculative decoding with the checkpoint's MTP layer (CAPS draft=K)\n"
             "  --draft K          drafts per speculative step with --spec (default 2, at most 8)\n"
+            CLI_EXPERT_CACHE_HELP
+            "                     (with --kv-dir, the expert usage counts that choose the pinned experts\n"
+            "                     are kept there)\n"
             "Environment: CAIRN_PREFIX_LOG=1 logs the reuse decision per request on stderr.\n");
 }
 
@@ -624,6 +628,7 @@ static int parse_flags(int argc, char **argv, engine_opts *o) {
             if (strcmp(v, "mtp")) { fprintf(stderr, "cairn engine: bad value for --spec: '%s' (mtp)\n", v); return -1; }
             spec = 1;
         } else if (!strcmp(a, "--draft")) { if (cli_int("engine", a, v, 1, SPEC_MAX_DRAFT, &o->draft)) return -1; }
+        else if (!strcmp(a, "--expert-cache-mb")) { if (cli_expert_cache_mb("engine", v, &o->expert_cache_mb)) return -1; }
         else if (!strcmp(a, "--numerics")) {
             int n = cli_numerics(v);
             if (n < 0) { fprintf(stderr, "cairn engine: bad value for --numerics: '%s' (exact or qat)\n", v); return -1; }
@@ -643,6 +648,25 @@ static void load_slots(engine *e) {
         int rc = persist_load(e->o.kv_dir, i, &e->seqs[i]->st, e->m->fingerprint, err, sizeof err);
         if (rc < 0) fprintf(stderr, "cairn engine: kv-dir: ignoring %s\n", err);
         if (rc > 0) fprintf(stderr, "cairn engine: kv-dir: slot %d resumed with %d tokens\n", i, e->seqs[i]->st.len);
+    }
+}
+
+/* Before READY, what every resumed slot holds, as text (wire.h RECORD). The gateway routes a
+ * prompt to the slot whose text it extends; without this a restarted engine's resumed slots
+ * would all look empty to it, and the first turns would overwrite each other's states. */
+static void announce_records(engine *e) {
+    if (!e->m->tok) return;
+    for (int i = 0; i < e->o.slots; i++) {
+        const state *st = &e->seqs[i]->st;
+        size_t n = 0;
+        char *text = st->len ? tok_decode(e->m->tok, st->ids, st->len, &n) : NULL;
+        if (text && n <= WIRE_RECORD_MAX) {
+            char h[WIRE_HEADER_MAX];
+            fwrite(h, 1, wire_fmt_record(h, i, n), stdout);
+            fwrite(text, 1, n, stdout);
+            fputc('\n', stdout);
+        }
+        free(text);
     }
 }
 
@@ -679,6 +703,7 @@ static int engine_open(engine *e, char *err, size_t errlen) {
     if (e->o.kv_dir && mkdir(e->o.kv_dir, 0700) && errno != EEXIST)
         return errf(err, errlen, "--kv-dir %s: %s", e->o.kv_dir, strerror(errno));
     if (e->o.kv_dir) load_slots(e);
+    if (e->o.expert_cache_mb && model_expert_cache(e->m, e->o.expert_cache_mb, e->o.kv_dir, err, errlen)) return -1;
     const char *log = getenv("CAIRN_PREFIX_LOG");
     e->log_prefix = log && !strcmp(log, "1");
     const char *step_log = getenv("CAIRN_STEP_LOG");
@@ -707,6 +732,11 @@ static void engine_close(engine *e) {
     tokvocab_free(e->vocab);
     wire_reader_free(&e->rd);
     persist_forget();
+    if (e->m && experts_cached(e->m->experts)) {
+        char line[1024];
+        experts_stats_line(e->m->experts, line, sizeof line);
+        fprintf(stderr, "cairn engine: %s\n", line);
+    }
     model_close(e->m);
 }
 
@@ -730,9 +760,10 @@ int cmd_engine(int argc, char **argv) {
     snprintf(caps.numerics, sizeof caps.numerics, "%s", e.o.num == NUMERICS_EXACT ? "exact" : "qat");
     snprintf(caps.family, sizeof caps.family, "%s", e.m->ops->name);
     char h[WIRE_HEADER_MAX];
+    announce_records(&e);
     fputs(WIRE_READY, stdout);
     fwrite(h, 1, wire_fmt_caps(h, &caps), stdout);
-    printf("STAT 0 0.0 0.0 %.2f 0 0\n", rss_gb());
+    fwrite(h, 1, wire_fmt_idle_stat(h, rss_gb()), stdout);
     fflush(stdout);
     run_loop(&e);
     engine_close(&e);

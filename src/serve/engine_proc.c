@@ -120,8 +120,19 @@ static int reader_bytes(reader *r, char *out, size_t n) {
     return 0;
 }
 
-/* Wait until the READY sentinel arrives; earlier lines are start-up chatter. */
-static int reader_wait_ready(reader *r, double timeout) {
+/* A RECORD frame's payload: what a resumed slot holds, handed to cfg.on_record. */
+static int read_record(eng *e, reader *r, const wire_out *o) {
+    char *text = malloc((size_t)o->payload + 1);
+    if (!text) return -1;
+    int rc = reader_bytes(r, text, (size_t)o->payload + 1);
+    if (!rc && e->cfg.on_record) e->cfg.on_record(e->cfg.user, o->slot, text, (size_t)o->payload);
+    free(text);
+    return rc;
+}
+
+/* Wait until the READY sentinel arrives, learning the RECORDs sent before it; other earlier
+ * lines are start-up chatter. */
+static int reader_wait_ready(eng *e, reader *r, double timeout) {
     double deadline = now_seconds() + timeout;
     for (;;) {
         if (r->pos == r->len) {
@@ -132,6 +143,9 @@ static int reader_wait_ready(reader *r, double timeout) {
         }
         if (reader_line(r, r->line, sizeof r->line)) return -1;
         if (!strcmp(r->line, "\x01\x01READY\x01\x01")) return 0;
+        wire_out o;
+        if (wire_parse_out(r->line, strlen(r->line), &o) == 0 && o.kind == WIRE_OUT_RECORD && read_record(e, r, &o))
+            return -1;
     }
 }
 
@@ -282,7 +296,7 @@ static int handle_frame(eng *e, reader *r) {
         e->caps = o.caps;
         e->has_caps = 1;
         pthread_mutex_unlock(&e->mu);
-        if (e->cfg.on_caps) e->cfg.on_caps(e->cfg.user);
+        if (e->cfg.on_caps) e->cfg.on_caps(e->cfg.user, &o.caps);
     } else if (o.kind == WIRE_OUT_DATA) {
         gen *g = take_live(e, o.id, 0);
         if (g) gen_append(g, r->payload, (size_t)o.payload, &o);
@@ -371,7 +385,7 @@ static void *dispatcher_main(void *arg) {
         double started = now_seconds();
         reader *r = xcalloc(1, sizeof *r);
         r->fd = e->out_fd;
-        if (reader_wait_ready(r, e->cfg.ready_timeout) == 0) {
+        if (reader_wait_ready(e, r, e->cfg.ready_timeout) == 0) {
             pthread_mutex_lock(&e->mu);
             e->ready = e->ever_ready = 1;
             pthread_cond_broadcast(&e->cv);

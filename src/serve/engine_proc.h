@@ -78,7 +78,11 @@ typedef struct {
     double ready_timeout;         /* seconds to wait for READY at each start */
     void (*on_restart)(void *user); /* called from the dispatcher after the engine died (state lost) */
     void (*on_start_failed)(void *user); /* the first start never reached READY: nothing is retried */
-    void (*on_caps)(void *user);  /* the engine announced its capabilities (CAPS), at each start */
+    /* before READY, for each slot the engine resumed (wire.h RECORD): its state as text */
+    void (*on_record)(void *user, int slot, const char *text, size_t n);
+    /* the engine announced its capabilities (CAPS), at each start. Called on the dispatcher thread,
+     * possibly before eng_start has returned: use `caps`, not the eng handle. */
+    void (*on_caps)(void *user, const wire_caps *caps);
     void *user;
 } eng_config;
 

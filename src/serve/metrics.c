@@ -25,6 +25,7 @@ struct metrics {
     long ttft_counts[TTFT_NB + 1];     /* per bucket (not cumulative); last = +Inf */
     double ttft_sum;
     long ttft_n;
+    long header_timeouts;
 };
 
 metrics *metrics_new(void) {
@@ -71,6 +72,12 @@ void metrics_ttft(metrics *m, double seconds) {
     pthread_mutex_unlock(&m->mu);
 }
 
+void metrics_header_timeout(metrics *m) {
+    pthread_mutex_lock(&m->mu);
+    m->header_timeouts++;
+    pthread_mutex_unlock(&m->mu);
+}
+
 void metrics_render(metrics *m, sbuf *o, int slots_busy, int slots_total, int queue_waiting,
                     long queue_rejected, int engine_up, int engine_restarts) {
     pthread_mutex_lock(&m->mu);
@@ -104,6 +111,8 @@ void metrics_render(metrics *m, sbuf *o, int slots_busy, int slots_total, int qu
     cum += m->ttft_counts[TTFT_NB];
     sbuf_printf(o, "cairn_ttft_seconds_bucket{le=\"+Inf\"} %ld\ncairn_ttft_seconds_sum %.6f\ncairn_ttft_seconds_count %ld\n",
                 cum, m->ttft_sum, m->ttft_n);
+    sbuf_printf(o, "# HELP cairn_header_timeouts_total Connections closed because their request headers took too long.\n"
+                   "# TYPE cairn_header_timeouts_total counter\ncairn_header_timeouts_total %ld\n", m->header_timeouts);
     pthread_mutex_unlock(&m->mu);
     sbuf_printf(o, "# TYPE cairn_slots_busy gauge\ncairn_slots_busy %d\n", slots_busy);
     sbuf_printf(o, "# TYPE cairn_slots gauge\ncairn_slots %d\n", slots_total);

@@ -1,7 +1,7 @@
 /* metrics.h — counters the server exports at GET /metrics in the Prometheus text format:
  * requests by endpoint and status, prompt/completion tokens, prompt tokens reused from the
  * engine's state vs prefilled and the engine time that prefill took, time-to-first-token
- * histogram, engine restarts.
+ * histogram, engine restarts, connections cut for slow headers.
  *
  * INVARIANT: every counter only grows; all updates and the rendering take one lock, so a scrape
  * sees a consistent set (reused + prefilled == prompt tokens of finished requests). */
@@ -21,6 +21,8 @@ void metrics_request(metrics *m, const char *endpoint, int status);
  * is the engine's measured prefill rate, which the chat page turns into a cold-prefill estimate. */
 void metrics_generation(metrics *m, int prompt_tokens, int reused, int completion_tokens, double prefill_s);
 void metrics_ttft(metrics *m, double seconds);
+/* A connection cut because its request headers missed --header-timeout (header_deadline.h). */
+void metrics_header_timeout(metrics *m);
 /* Render everything; gauges are passed in by the caller (they live elsewhere). */
 void metrics_render(metrics *m, sbuf *out, int slots_busy, int slots_total, int queue_waiting,
                     long queue_rejected, int engine_up, int engine_restarts);

@@ -162,9 +162,8 @@ int slots_acquire(slots *s, const char *prompt, size_t n, int pinned, double tim
     return rc;
 }
 
-void slots_release(slots *s, int i, const char *record, size_t n) {
-    pthread_mutex_lock(&s->mu);
-    slot_state *t = &s->slot[i];
+/* What slot t is known to hold (NULL or n = 0: nothing known). Called with the lock held. */
+static void set_record(slot_state *t, const char *record, size_t n) {
     free(t->record);
     t->record = NULL;
     t->len = 0;
@@ -172,6 +171,19 @@ void slots_release(slots *s, int i, const char *record, size_t n) {
         t->record = malloc(n);          /* no memory = the slot is simply not routed to by prefix */
         if (t->record) { memcpy(t->record, record, n); t->len = n; }
     }
+}
+
+void slots_learn(slots *s, int i, const char *record, size_t n) {
+    if (i < 0 || i >= s->n) return;
+    pthread_mutex_lock(&s->mu);
+    set_record(&s->slot[i], record, n);
+    pthread_mutex_unlock(&s->mu);
+}
+
+void slots_release(slots *s, int i, const char *record, size_t n) {
+    pthread_mutex_lock(&s->mu);
+    slot_state *t = &s->slot[i];
+    set_record(t, record, n);
     t->busy = 0;
     grant(s);
     pthread_mutex_unlock(&s->mu);
@@ -179,11 +191,7 @@ void slots_release(slots *s, int i, const char *record, size_t n) {
 
 void slots_forget_all(slots *s) {
     pthread_mutex_lock(&s->mu);
-    for (int i = 0; i < s->n; i++) {
-        free(s->slot[i].record);
-        s->slot[i].record = NULL;
-        s->slot[i].len = 0;
-    }
+    for (int i = 0; i < s->n; i++) set_record(&s->slot[i], NULL, 0);
     pthread_mutex_unlock(&s->mu);
 }
 

@@ -19,7 +19,9 @@
  *    engine has acknowledged the request's end (engine_proc.h), never earlier.
  *  - Waiters are served in arrival order (a waiter only skips ahead when the slot it needs
  *    differs); at most max_queue wait, further requests are refused at once (HTTP 429).
- *  - slots_forget_all() (engine restarted) empties every record; busy flags are untouched.
+ *  - slots_forget_all() (engine restarted) empties every record; busy flags are untouched. The
+ *    new engine then reports the slots it resumed from --kv-dir (slots_learn), before it is
+ *    ready, so no request is routed as if they were empty.
  */
 #ifndef CAIRN_SLOTS_H
 #define CAIRN_SLOTS_H
@@ -41,6 +43,9 @@ int slots_acquire(slots *s, const char *prompt, size_t n, int pinned, double tim
 /* Free a slot; record (may be NULL = unknown) becomes what the slot is known to hold. */
 void slots_release(slots *s, int slot, const char *record, size_t n);
 void slots_forget_all(slots *s);
+/* What slot i holds as a (re)started engine reports it (a resumed --kv-dir state, wire.h
+ * RECORD); out-of-range slots are ignored. */
+void slots_learn(slots *s, int i, const char *record, size_t n);
 void slots_close(slots *s);
 
 /* Snapshot for /health and /metrics. */

@@ -497,6 +497,10 @@ size_t wire_fmt_caps(char *out, const wire_caps *c) {
                             c->grammar, c->numerics, c->draft);
 }
 
+size_t wire_fmt_idle_stat(char *out, double rss_gb) {
+    return (size_t)snprintf(out, WIRE_HEADER_MAX, "STAT 0 0.0 0.0 %.2f 0 0\n", rss_gb);
+}
+
 /* ---- engine output ---------------------------------------------------------------------- */
 
 static int parse_double(const fields *f, int i, double *out) {
@@ -577,6 +581,12 @@ int wire_parse_out(const char *line, size_t n, wire_out *o) {
         if (!field_is(&f, 0, "DATA")) return 0;
         o->kind = WIRE_OUT_DATA;
         parse_data_lp(&f, o);
+    } else if (field_is(&f, 0, "RECORD")) {
+        uint64_t bytes;
+        if (f.n < 3 || parse_int(&f, 1, 0, 1 << 20, &o->slot) || parse_u64(&f, 2, WIRE_RECORD_MAX, &bytes)) return -1;
+        o->kind = WIRE_OUT_RECORD;
+        o->id[0] = 0;
+        o->payload = (long)bytes;
     } else if (f.n < 2) {
         return 0;
     } else if (field_is(&f, 0, "ACCEPT")) {
@@ -607,4 +617,8 @@ size_t wire_fmt_error(char *out, const char *id, const char *code, const char *d
         if (out[i] == '\n' || out[i] == '\r') out[i] = ' ';
     out[w++] = '\n';
     return w;
+}
+
+size_t wire_fmt_record(char *out, int slot, size_t n) {
+    return (size_t)snprintf(out, WIRE_HEADER_MAX, "RECORD %d %zu\n", slot, n);
 }

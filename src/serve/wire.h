@@ -59,6 +59,7 @@ enum {
     WIRE_PROMPT_MAX = 16 << 20,   /* prompt payload bytes */
     WIRE_EXT_BYTES_MAX = 1 << 20, /* extension payload bytes (grammar, audio) */
     WIRE_IMAGE_MAX = 64 << 20,    /* IMAGE payload bytes */
+    WIRE_RECORD_MAX = 32 << 20,   /* RECORD payload bytes: a prompt and its reply */
     WIRE_BIAS_MAX = 1 << 16,      /* BIAS payload bytes */
     WIRE_BIAS_ENTRIES = 4096      /* id:bias pairs in one BIAS frame */
 };
@@ -166,6 +167,8 @@ typedef struct {
     int draft;                    /* MTP speculative decoding: drafts per step (0 = off) */
 } wire_caps;
 size_t wire_fmt_caps(char *out, const wire_caps *c);
+/* "STAT 0 0.0 0.0 <rss_gb> 0 0": the idle statistics line after READY (protocol.md §1.2). */
+size_t wire_fmt_idle_stat(char *out, double rss_gb);
 
 /* DONE's statistics, in field order. */
 typedef struct {
@@ -190,18 +193,24 @@ size_t wire_fmt_data(char *out, const char *id, size_t n, int k, float lp, const
                      int tok);
 /* "ERROR id CODE[ detail]\n"; CR/LF in detail become spaces. */
 size_t wire_fmt_error(char *out, const char *id, const char *code, const char *detail);
+/* "RECORD slot n\n" (a cairn extension, sent before READY): the caller writes the n bytes of
+ * what the slot's resumed state holds, as text (its record's ids decoded), and "\n". The
+ * gateway's router matches prompts against that text (slots.h), so a restarted engine's resumed
+ * slots are found again instead of looking empty. */
+size_t wire_fmt_record(char *out, int slot, size_t n);
 
 /* ---- engine output, as the gateway reads it ------------------------------------------------ */
 
 typedef enum {
     WIRE_OUT_OTHER,               /* STAT, telemetry, unknown kinds: ignored (forward compatibility) */
-    WIRE_OUT_ACCEPT, WIRE_OUT_DATA, WIRE_OUT_DONE, WIRE_OUT_ERROR, WIRE_OUT_CAPS
+    WIRE_OUT_ACCEPT, WIRE_OUT_DATA, WIRE_OUT_DONE, WIRE_OUT_ERROR, WIRE_OUT_CAPS, WIRE_OUT_RECORD
 } wire_out_kind;
 
 typedef struct {
     wire_out_kind kind;
     char id[WIRE_ID_MAX];         /* "" when the frame has none */
-    long payload;                 /* bytes + "\n" that follow the header (DATA, ECHO, TOOL), else -1 */
+    long payload;                 /* bytes + "\n" that follow the header (DATA, ECHO, TOOL, RECORD), else -1 */
+    int slot;                     /* RECORD */
     int prompt_tokens;            /* ACCEPT; -1 when unusable */
     int reused;                   /* ACCEPT's third field; -1 when absent */
     int tok;                      /* DATA tok=<id>; -1 when absent */

@@ -2,6 +2,7 @@
  * See state.h for the model of parts and the invariants this file keeps. */
 #include "state.h"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -310,6 +311,13 @@ void state_capture(state *s, int part, int pos) {
         c->done[part] = 1;
         c->missing--;
     }
+}
+
+int state_capture_next(const state *s, int pos) {
+    int next = INT_MAX;
+    for (int k = 0; k < s->ncaptures; k++)
+        if (s->captures[k].pos > pos && s->captures[k].pos < next) next = s->captures[k].pos;
+    return next;
 }
 
 snapshot *state_capture_take(state *s, int p) {

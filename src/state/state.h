@@ -42,6 +42,7 @@
 #ifndef CAIRN_STATE_H
 #define CAIRN_STATE_H
 
+#include <limits.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -127,6 +128,9 @@ void snapshot_free(snapshot *snap);
 int state_capture_arm(state *s, int p);
 /* The family's hook: call before the first write position pos makes to RING/RECUR part `part`. */
 void state_capture(state *s, int part, int pos);
+/* The first armed capture position after pos, INT_MAX if none: a family that writes several
+ * positions in one step (one job per head over a stretch of tokens) ends the stretch there. */
+int state_capture_next(const state *s, int pos);
 /* Disarm p and return its finished light snapshot (caller frees), or NULL if the feed did not
  * reach p, a part was never captured, or the state is not usable. When len == p, parts not yet
  * captured are copied from the state as it is now (it is the state at p). */

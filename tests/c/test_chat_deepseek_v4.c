@@ -6,6 +6,7 @@
 
 #include "models/chat.h"
 #include "models/model.h"
+#include "chat_test.h"
 #include "test.h"
 
 #define BOS "<｜begin▁of▁sentence｜>"
@@ -29,17 +30,10 @@ static const char *weather_tool =
 /* Render JSON messages (and tools); returns a heap prompt or NULL with err filled. */
 static char *render(const char *messages, const char *tools, int thinking, const char *effort, const char *choice,
                     char *err, size_t errlen) {
-    cJSON *m = cJSON_Parse(messages), *t = tools ? cJSON_Parse(tools) : NULL;
-    chat_opts o = {.thinking = thinking, .effort = effort, .tool_choice = choice};
-    chat_prompt p = {0};
-    char *out = T->render(m, t, &o, &p, err, errlen) ? NULL : sbuf_take(&p.text);
-    chat_prompt_free(&p);
-    cJSON_Delete(m);
-    cJSON_Delete(t);
-    return out;
+    return chat_render_json(T, messages, tools, (chat_opts){.thinking = thinking, .effort = effort, .tool_choice = choice},
+                            err, errlen);
 }
 
-static int starts_with(const char *s, const char *prefix) { return s && !strncmp(s, prefix, strlen(prefix)); }
 
 static void expect_render(const char *what, const char *messages, const char *tools, int thinking, const char *want) {
     char err[256] = "";

@@ -8,24 +8,14 @@
 
 #include "core/util.h"
 #include "models/chat.h"
+#include "chat_test.h"
 #include "test.h"
 
 extern const chat_template glm_chat;
 
 static char *render_json(const char *messages_json, const char *tools_json, int thinking, char *err) {
-    cJSON *msgs = cJSON_Parse(messages_json), *tools = tools_json ? cJSON_Parse(tools_json) : NULL;
-    chat_opts o = {.thinking = thinking};
-    chat_prompt p = {0};
-    char *out = glm_chat.render(msgs, tools, &o, &p, err, 256) ? NULL : sbuf_take(&p.text);
-    chat_prompt_free(&p);
-    cJSON_Delete(msgs);
-    cJSON_Delete(tools);
-    return out;
+    return chat_render_json(&glm_chat, messages_json, tools_json, (chat_opts){.thinking = thinking}, err, 256);
 }
-
-static const char *show(const char *s) { return s ? s : "(null)"; }
-
-static int starts_with(const char *s, const char *prefix) { return s && !strncmp(s, prefix, strlen(prefix)); }
 
 static void test_render_basic(void) {
     char err[256] = "";

@@ -6,22 +6,15 @@
 
 #include "core/util.h"
 #include "models/chat.h"
+#include "chat_test.h"
 #include "test.h"
 
 extern const chat_template inkling_chat;
 
 static char *render(const char *messages_json, const char *tools_json, int thinking, const char *effort, char *err) {
-    cJSON *msgs = cJSON_Parse(messages_json), *tools = tools_json ? cJSON_Parse(tools_json) : NULL;
-    chat_opts o = {.thinking = thinking, .effort = effort};
-    chat_prompt p = {0};
-    char *out = inkling_chat.render(msgs, tools, &o, &p, err, 256) ? NULL : sbuf_take(&p.text);
-    chat_prompt_free(&p);
-    cJSON_Delete(msgs);
-    cJSON_Delete(tools);
-    return out;
+    return chat_render_json(&inkling_chat, messages_json, tools_json, (chat_opts){.thinking = thinking, .effort = effort},
+                            err, 256);
 }
-
-static const char *show(const char *s) { return s ? s : "(null)"; }
 
 static void test_system_effort_user(void) {
     char err[256] = "";

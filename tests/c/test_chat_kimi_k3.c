@@ -6,25 +6,16 @@
 
 #include "core/util.h"
 #include "models/chat.h"
+#include "chat_test.h"
 #include "test.h"
 
 extern const chat_template kimi_k3_chat;
 
 static char *render(const char *messages_json, const char *tools_json, int thinking, const char *effort,
                     const char *tool_choice, char *err) {
-    cJSON *msgs = cJSON_Parse(messages_json), *tools = tools_json ? cJSON_Parse(tools_json) : NULL;
     chat_opts o = {.thinking = thinking, .effort = effort, .tool_choice = tool_choice};
-    chat_prompt p = {0};
-    char *out = kimi_k3_chat.render(msgs, tools, &o, &p, err, 256) ? NULL : sbuf_take(&p.text);
-    chat_prompt_free(&p);
-    cJSON_Delete(msgs);
-    cJSON_Delete(tools);
-    return out;
+    return chat_render_json(&kimi_k3_chat, messages_json, tools_json, o, err, 256);
 }
-
-static const char *show(const char *s) { return s ? s : "(null)"; }
-
-static int starts_with(const char *s, const char *prefix) { return s && !strncmp(s, prefix, strlen(prefix)); }
 
 #define EFFORT(e)                                                                                                    \
     "<|open|>message role=\"system\" type=\"thinking-effort\"<|sep|>`thinking_effort` guides on how much to think " \
@@ -91,12 +82,33 @@ static void test_render_tools(void) {
     free(p);
 }
 
+/* tool_choice is a one-time option message after the messages (the encoder's text); a named
+ * function renders as required, auto as nothing. */
+static void test_tool_choice(void) {
+    char err[256] = "";
+    const char *user = "[{\"role\":\"user\",\"content\":\"What's the weather in San Francisco?\"}]";
+    const char *tail = "<|open|>message role=\"user\"<|sep|>What's the weather in San Francisco?<|close|>message<|sep|>"
+                       "<|end_of_msg|><|open|>message role=\"system\" type=\"tool-choice\"<|sep|>The system is invoked "
+                       "with `tool_choice=required`.\nYou MUST call tools in the next message.<|close|>message<|sep|>"
+                       "<|end_of_msg|><|open|>message role=\"assistant\"<|sep|><|open|>response<|sep|>";
+    const char *tools = "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"}}]";
+    for (int named = 0; named < 2; named++) {
+        char *p = render(user, tools, 0, NULL, named ? "get_weather" : "required", err);
+        CHECK(p && strlen(p) > strlen(tail) && !strcmp(p + strlen(p) - strlen(tail), tail), "got %s", show(p));
+        free(p);
+    }
+    char *p = render(user, tools, 0, NULL, "none", err);
+    CHECK(p && strstr(p, "`tool_choice=none`.\nYou MUST NOT call any tools in the next message.<|close|>message"), "got %s", show(p));
+    free(p);
+    p = render(user, tools, 0, NULL, "auto", err);
+    CHECK(p && !strstr(p, "tool-choice"), "got %s", show(p));
+    free(p);
+}
+
 static void test_render_errors(void) {
     char err[256] = "";
     char *p = render("[{\"role\":\"user\",\"content\":\"x\"}]", NULL, 1, "medium", NULL, err);
     CHECK(!p && strstr(err, "medium"), "err %s", err);
-    p = render("[{\"role\":\"user\",\"content\":\"x\"}]", "[]", 0, NULL, "required", err);
-    CHECK(!p && strstr(err, "tool_choice"), "err %s", err);
     p = render("[{\"role\":\"tool\",\"content\":\"x\"}]", NULL, 0, NULL, NULL, err);
     CHECK(!p && strstr(err, "messages[0]"), "err %s", err);
     p = render("[{\"role\":\"wizard\",\"content\":\"x\"}]", NULL, 0, NULL, NULL, err);
@@ -190,6 +202,7 @@ int main(void) {
     test_render_basic();
     test_render_history();
     test_render_tools();
+    test_tool_choice();
     test_render_errors();
     test_parse();
     test_prefix_stability();

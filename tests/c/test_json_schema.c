@@ -144,6 +144,48 @@ static void test_errors(void) {
     }
 }
 
+/* Tagged form (json_schema_tagged_rules) with tag close "|": 1 complete, 0 prefix, -1 rejected. */
+static int tagged(const char *schema, const char *text) {
+    cJSON *s = cJSON_Parse(schema);
+    sbuf g = {0};
+    char err[400];
+    int rc = -2;
+    if (json_schema_tagged_rules(s, s, "root", "\"|\"", &g, err, sizeof err)) printf("schema error: %s\n", err);
+    else {
+        grammar *gr = grammar_parse(g.p, g.len, err, sizeof err);
+        if (!gr) printf("tagged grammar does not parse: %s\n%s\n", err, g.p);
+        gm *m = gr ? gm_new(gr) : NULL;
+        if (m) rc = gm_feed(m, text, strlen(text)) ? -1 : gm_accepting(m, gm_state(m));
+        gm_free(m);
+        grammar_free(gr);
+    }
+    sbuf_free(&g);
+    cJSON_Delete(s);
+    return rc;
+}
+
+static void test_tagged(void) {
+    const char *s = "{\"type\":\"string\",\"maxLength\":3}";
+    CHECK(tagged(s, "string|a\"\\") == 1, "a raw string: quotes and backslashes as themselves");
+    CHECK(tagged(s, "string|\"ab\"") == -1, "maxLength counts raw characters");
+    CHECK(tagged(s, "string|a\nb") == 1 && tagged(s, "number|1") == -1, "newline raw; wrong type tag");
+    s = "{\"type\":[\"integer\",\"null\"],\"minimum\":0,\"maximum\":9}";
+    CHECK(tagged(s, "number|7") == 1 && tagged(s, "null|null") == 1 && tagged(s, "number|10") == -1, "type list");
+    CHECK(tagged("{\"enum\":[\"x y\",2,true]}", "string|x y") == 1 && tagged("{\"enum\":[\"x y\",2,true]}", "number|2") == 1 &&
+              tagged("{\"enum\":[\"x y\",2,true]}", "boolean|true") == 1 && tagged("{\"enum\":[\"x y\",2,true]}", "string|\"x y\"") == -1,
+          "enum values tagged, strings raw");
+    CHECK(tagged("{\"type\":\"string\",\"pattern\":\"^[\\\"a]{2}$\"}", "string|\"a") == 1, "pattern raw");
+    CHECK(tagged("{\"type\":\"string\",\"format\":\"date\"}", "string|2024-02-29") == 1, "format raw");
+    s = "{\"type\":\"array\",\"items\":{\"type\":\"string\"},\"maxItems\":2}";
+    CHECK(tagged(s, "array|[\"a\",\"b\"]") == 1 && tagged(s, "array|[a]") == -1, "strings inside containers stay JSON");
+    s = "{\"$defs\":{\"s\":{\"type\":\"string\",\"maxLength\":2}},\"anyOf\":[{\"$ref\":\"#/$defs/s\"},"
+        "{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/s\"}}]}";
+    CHECK(tagged(s, "string|ab") == 1 && tagged(s, "array|[\"ab\"]") == 1 && tagged(s, "array|[ab]") == -1,
+          "one $ref target raw at the top, JSON inside");
+    CHECK(tagged("true", "object|{\"a\":1}") == 1 && tagged("true", "string|free") == 1 && tagged("true", "null|null") == 1,
+          "any value: every type tagged");
+}
+
 int main(void) {
     test_objects();
     test_strings();
@@ -151,5 +193,6 @@ int main(void) {
     test_numbers();
     test_combinators();
     test_errors();
+    test_tagged();
     return TEST_END();
 }

@@ -1,5 +1,6 @@
 /* Unit tests of src/serve/slots.c: conversation -> slot routing, pinning, the bounded FIFO
- * queue (429 when full, timeouts, leaving the queue), and records forgotten on engine restart. */
+ * queue (429 when full, timeouts, leaving the queue), records forgotten on engine restart and
+ * learned from the new engine. */
 #include <pthread.h>
 #include <string.h>
 #include <unistd.h>
@@ -41,6 +42,19 @@ static void test_routing(void) {
     CHECK(slots_record_len(s, b) == 0 && slots_record_len(s, a) > 0, "records after release");
     slots_forget_all(s);
     CHECK(slots_record_len(s, a) == 0, "forget_all keeps a record");
+    slots_free(s);
+}
+
+/* A restarted engine reports the slots it resumed (RECORD): their conversations find them again,
+ * and a new conversation takes a slot that holds nothing rather than a resumed one. */
+static void test_learned_records(void) {
+    slots *s = slots_new(3, 4);
+    slots_learn(s, 2, "<bos>SYS A<u>hi<a>reply A", strlen("<bos>SYS A<u>hi<a>reply A"));
+    slots_learn(s, 0, "<bos>SYS B<u>yo<a>reply B", strlen("<bos>SYS B<u>yo<a>reply B"));
+    slots_learn(s, 7, "ignored", 7);
+    CHECK(acquire(s, "<bos>SYS A<u>hi<a>reply A<eos><u>more", -1) == 2, "A did not find its resumed slot");
+    CHECK(acquire(s, "<bos>SYS C<u>new", -1) == 1, "a new conversation took a resumed slot");
+    CHECK(acquire(s, "<bos>SYS B<u>yo<a>reply B<eos><u>more", -1) == 0, "B did not find its resumed slot");
     slots_free(s);
 }
 
@@ -95,6 +109,7 @@ static void test_queue(void) {
 
 int main(void) {
     test_routing();
+    test_learned_records();
     test_queue();
     return TEST_END();
 }

@@ -53,6 +53,26 @@ static int sample(const grammar *g, uint64_t *rng, const char *prefix, sbuf *out
     return rc;
 }
 
+/* The text a syntax field spells (a sequence of GBNF literals, chat.h tool_syntax), appended. */
+static void spelled(sbuf *out, const char *gbnf) {
+    for (const char *p = gbnf; p && *p; p++) {
+        if (*p != '"') continue;
+        for (p++; *p && *p != '"'; p++) {
+            char c = *p;
+            if (c == '\\') c = *++p == 'n' ? '\n' : *p == 't' ? '\t' : *p;
+            sbuf_put(out, &c, 1);
+        }
+    }
+}
+
+/* The reasoning of a thinking reply, closed as the syntax closes it. */
+static void reasoning(sbuf *out, const tool_syntax *sx, const char *text) {
+    spelled(out, sx->think_open);
+    sbuf_puts(out, text);
+    if (sx->think_close && *sx->think_close) spelled(out, sx->think_close);
+    else sbuf_puts(out, sx->think_end);
+}
+
 static grammar *tool_grammar(const chat_template *t, const cJSON *tools, const char *choice, int parallel, int thinking) {
     sbuf g = {0};
     char err[400];
@@ -99,16 +119,19 @@ static void check_family(const family_ops *f, const cJSON *tools) {
         int forced = strcmp(modes[k].choice, "auto") != 0;
         const char *only = forced && strcmp(modes[k].choice, "required") ? modes[k].choice : NULL;
         grammar *one = tool_grammar(t, tools, "required", 0, 0);
-        char think[64];
-        snprintf(think, sizeof think, "%s", modes[k].thinking ? "I think" : "");
-        if (modes[k].thinking) strncat(think, t->tools->think_end, sizeof think - strlen(think) - 1);
+        sbuf think = {0};
+        if (modes[k].thinking) reasoning(&think, t->tools, "I think");
         int bad = 0, multi = 0, with_calls = 0;
         uint64_t rng = 0x9E3779B97F4A7C15ULL + k;
         for (int i = 0; i < 200 && !bad; i++) {
             sbuf s = {0}, prefix = {0}, call = {0};
-            sbuf_puts(&prefix, think);
-            if (!forced && i % 2) {   /* content, then one call as the forced grammar writes it */
+            sbuf_puts(&prefix, think.p ? think.p : "");
+            if (!forced) {   /* content, closed or followed by one call as the forced grammar writes it */
+                spelled(&prefix, t->tools->text_open);
                 sbuf_puts(&prefix, "Hi");
+                spelled(&prefix, i % 2 ? t->tools->text_calls : t->tools->text_close);
+            }
+            if (!forced && i % 2) {
                 if (sample(one, &rng, "", &call)) bad = 1;
                 else sbuf_puts(&prefix, call.p);
             }
@@ -137,13 +160,16 @@ static void check_family(const family_ops *f, const cJSON *tools) {
         CHECK(forced || with_calls > 0, "%s auto: some sentences call a tool", f->name);
         grammar_free(g);
         grammar_free(one);
+        sbuf_free(&think);
     }
     /* reasoning cannot contain its own end marker: after it the calls must begin */
     grammar *g = tool_grammar(t, tools, "required", 1, 1);
     gm *m = gm_new(g);
-    char text[64];
-    snprintf(text, sizeof text, "hm%sx", t->tools->think_end);
-    CHECK(gm_feed(m, text, strlen(text)) == -1, "%s: text after the end of reasoning must be a call", f->name);
+    sbuf text = {0};
+    reasoning(&text, t->tools, "hm");
+    CHECK(gm_feed(m, text.p, text.len) == 0, "%s: reasoning closed as the syntax closes it", f->name);
+    CHECK(gm_feed(m, "x", 1) == -1, "%s: text after the end of reasoning must be a call", f->name);
+    sbuf_free(&text);
     gm_free(m);
     grammar_free(g);
 }

@@ -431,6 +431,16 @@ static void test_engine_frames_round_trip(void) {
                    .checkpoints = 1, .grammar = 1, .numerics = "qat", .draft = 3};
     o = out_of(h, wire_fmt_caps(h, &c));
     CHECK(o.kind == WIRE_OUT_CAPS && !memcmp(&o.caps, &c, sizeof c), "CAPS round-trips: %s", h);
+    o = out_of(h, wire_fmt_record(h, 5, 123456));
+    CHECK(o.kind == WIRE_OUT_RECORD && o.slot == 5 && o.payload == 123456 && !o.id[0], "RECORD round-trips: %s", h);
+    const char huge_record[] = "RECORD 1 99999999999";
+    CHECK(wire_parse_out(huge_record, strlen(huge_record), &o) < 0, "a RECORD beyond WIRE_RECORD_MAX is refused");
+    const char bad_slot[] = "RECORD -1 4";
+    CHECK(wire_parse_out(bad_slot, strlen(bad_slot), &o) < 0, "a RECORD with a negative slot is refused");
+    size_t n = wire_fmt_idle_stat(h, 1.5);
+    CHECK(n == strlen("STAT 0 0.0 0.0 1.50 0 0\n") && !memcmp(h, "STAT 0 0.0 0.0 1.50 0 0\n", n), "idle STAT: %.*s",
+          (int)n, h);
+    CHECK(wire_parse_out(h, n - 1, &o) == 0 && o.kind == WIRE_OUT_OTHER, "the gateway reads STAT as telemetry");
     const char telemetry[] = "HWINFO 2 23 22 0 0 cpu";
     CHECK(wire_parse_out(telemetry, strlen(telemetry), &o) == 0 && o.kind == WIRE_OUT_OTHER, "telemetry is ignored");
     const char echo[] = "ECHO q1 5 0 nan 0";

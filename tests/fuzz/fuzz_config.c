@@ -47,8 +47,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!cfg) return 0;
     model m = {.config = cfg, .st = models[i].st, .ops = models[i].ops, .bos_id = -1, .max_ctx = 4096};
     char err[512] = "";
+    tt_init(&m.weights, m.st, err, sizeof err);      /* as model_open does */
     if (m.ops->load(&m, err, sizeof err) && !err[0]) abort();
     if (m.priv) m.ops->free(&m);    /* as model_close does, after a failed load too */
+    tt_free(&m.weights);
     cJSON_Delete(cfg);
     return 0;
 }

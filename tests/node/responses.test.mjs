@@ -8,7 +8,7 @@ import assert from 'node:assert/strict';
 import OpenAI from 'openai';
 import { startServer, MODEL_ID, FAMILY, TOOL_SYNTAX } from './serve_helper.mjs';
 
-const SYNTAX = TOOL_SYNTAX[FAMILY.name];
+const SYNTAX = TOOL_SYNTAX;
 
 const MAX = 8;
 let server;

@@ -20,47 +20,18 @@ export const FAMILY = MODEL_TYPE && CAIRN
   : undefined;
 if (MODEL && CAIRN && !FAMILY) throw new Error(`no registered family loads model_type ${MODEL_TYPE}`);
 
-const D = '｜DSML｜';
-// Each family's own tool-call syntax (by family name), for replies a scripted engine gives: a random tiny model
-// never writes a tool call. reply = what the model writes; result(text) = how the template
-// renders a tool's answer in the next prompt; thinkEnd = what closes the reasoning when it is not </think>,
-// thinkStart = what opens it when the prompt's cue does not.
-export const TOOL_SYNTAX = {
-  deepseek_v4: {
-    reply: `Let me check.\n\n<${D}tool_calls>\n<${D}invoke name="get_weather">\n`
-      + `<${D}parameter name="city" string="true">Paris</${D}parameter>\n`
-      + `<${D}parameter name="days" string="false">3</${D}parameter>\n</${D}invoke>\n</${D}tool_calls>`,
-    marker: 'DSML',
-    result: (text) => `<tool_result>${text}</tool_result>`,
-  },
-  // The template renders the content stripped, then each call with no whitespace between tags.
-  glm: {
-    reply: 'Let me check.<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>'
-      + '<arg_key>days</arg_key><arg_value>3</arg_value></tool_call>',
-    marker: 'tool_call',
-    result: (text) => `<|observation|><tool_response>${text}</tool_response>`,
-  },
-  // XTML: the response channel closes, the tools channel holds typed arguments (strings raw,
-  // numbers compact JSON); the EOS (<|end_of_msg|>) is not part of the text.
-  kimi_k3: {
-    reply: 'Let me check.<|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool="get_weather" index="1"<|sep|>'
-      + '<|open|>argument key="city" type="string"<|sep|>Paris<|close|>argument<|sep|>'
-      + '<|open|>argument key="days" type="number"<|sep|>3<|close|>argument<|sep|><|close|>call<|sep|>'
-      + '<|close|>tools<|sep|><|close|>message<|sep|>',
-    marker: '<|',
-    // In thinking mode the prompt leaves the think channel open; the reply closes it and opens the response one.
-    thinkEnd: '<|close|>think<|sep|><|open|>response<|sep|>',
-    result: (text) => `<|open|>message role="tool" tool="get_weather" index="1"<|sep|>${text}<|close|>message<|sep|><|end_of_msg|>`,
-  },
-  // A text block, then the call as its own model message (name, then the JSON payload).
-  inkling: {
-    reply: '<|content_text|>Let me check.<|end_message|><|message_model|>get_weather<|content_invoke_tool_json|>'
-      + '{"name":"get_weather","args":{"city":"Paris","days":3}}<|end_message|>',
-    marker: 'content_invoke',
-    thinkStart: '<|content_thinking|>',        // the model opens the thinking block itself
-    thinkEnd: '<|end_message|><|message_model|>',
-    result: (text) => `<|message_tool|>get_weather<|content_text|>${text}<|end_message|>`,
-  },
+// The family's tool-call syntax from its descriptor (`cairn families` tool_example, chat.h), for
+// replies a scripted engine gives: a random tiny model never writes a tool call. reply = what the
+// model writes for get_weather(city="Paris", days=3); result(text) = how the template renders a
+// tool's answer in the next prompt; thinkEnd = what closes the reasoning when it is not </think>,
+// thinkStart = what opens it when the prompt's cue does not. Undefined for a family without one.
+const EXAMPLE = FAMILY?.tool_example;
+export const TOOL_SYNTAX = EXAMPLE && {
+  reply: EXAMPLE.reply,
+  marker: EXAMPLE.marker,
+  result: (text) => EXAMPLE.result.replace('%s', text),
+  thinkStart: EXAMPLE.think_start ?? undefined,
+  thinkEnd: EXAMPLE.think_end ?? undefined,
 };
 
 export const TOOL = {

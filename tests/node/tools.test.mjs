@@ -11,8 +11,8 @@ import OpenAI from 'openai';
 import Anthropic from '@anthropic-ai/sdk';
 import { startServer, MODEL_ID, FAMILY, TOOL_SYNTAX, TOOL } from './serve_helper.mjs';
 
-const SYNTAX = TOOL_SYNTAX[FAMILY.name];
-if (!SYNTAX) throw new Error(`no tool-call syntax known for family ${FAMILY.name}: add its reply to TOOL_SYNTAX (serve_helper.mjs)`);
+const SYNTAX = TOOL_SYNTAX;
+if (!SYNTAX) throw new Error(`family ${FAMILY.name} describes no tool-call syntax: give its chat template a tool_example (chat.h)`);
 const REPLY = SYNTAX.reply;
 
 let server;

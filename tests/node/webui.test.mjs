@@ -276,7 +276,7 @@ test('model output cannot inject script: <script>, onerror, javascript: links re
 });
 
 test('thinking is a collapsible block; tool calls are shown and answered with a tool result', async () => {
-  const syntax = TOOL_SYNTAX[FAMILY.name];
+  const syntax = TOOL_SYNTAX;
   assert.ok(syntax, `no tool-call syntax known for family ${FAMILY.name}`);
   const server = await startServer([], { FAKE_REPLY: `${syntax.thinkStart ?? ''}Weighing it up.${syntax.thinkEnd ?? '</think>'}${syntax.reply}` }, { fake: true });
   try {

@@ -4,7 +4,9 @@ feature_extraction_inkling.py, InklingFeatureExtractor defaults), written indepe
 src/core/audio.c: np.fft.rfft instead of a direct DFT, vectorised mel filters, float64 throughout.
 
 dmel(samples) -> uint8 [frames, 80] levels for mono samples at 16 kHz.
-read_wav(path) -> float64 mono samples (PCM 16-bit or float32 via the stdlib `wave` module for PCM).
+resample(samples, rate) -> float64 samples at 16 kHz: the Kaiser-windowed sinc of src/core/audio.h
+  (libswresample's default design), evaluated directly per output sample with numpy's sinc and i0.
+read_wav(path) -> float64 mono samples at 16 kHz (PCM 16-bit or float32; other rates resampled).
 
 CLI: dmel.py FILE.wav  prints one line of 80 hex digits (one per mel bin) per frame.
 """
@@ -57,6 +59,23 @@ def log_mel(samples):
     return np.log10(np.maximum(mag @ mel_filter_bank().T, 1e-10))
 
 
+def resample(samples, rate, cutoff=0.97, beta=9.0, half_taps=16):
+    """Output j at input time j * rate / 16000, taps floor(t) - W + 1 .. floor(t) + W weighted by
+    sinc(f d) * I0(beta sqrt(1 - (d / W)^2)) normalised to unit sum, d = t - tap, zeros outside."""
+    x = np.asarray(samples, dtype=np.float64)
+    f = cutoff * min(RATE / rate, 1.0)
+    w = math.ceil(half_taps / f)
+    m = -(-len(x) * RATE // rate)
+    t = np.arange(m) * (rate / RATE)
+    base = np.floor(t).astype(np.int64)
+    taps = base[:, None] + np.arange(-w + 1, w + 1)[None, :]
+    d = t[:, None] - taps
+    c = np.sinc(f * d) * np.i0(beta * np.sqrt(np.maximum(0.0, 1.0 - (d / w) ** 2)))
+    c /= c.sum(axis=1, keepdims=True)
+    inside = (taps >= 0) & (taps < len(x))
+    return (c * np.where(inside, x[np.clip(taps, 0, len(x) - 1)], 0.0)).sum(axis=1)
+
+
 def levels(logmel):
     centres = np.linspace(LO, HI, LEVELS)
     v = np.clip(logmel, LO, HI)
@@ -79,12 +98,12 @@ def read_wav(path):
             fmt = struct.unpack("<HHIIHH", body[:16])
         elif cid == b"data":
             code, ch, rate, _, _, bits = fmt
-            assert rate == RATE, f"rate {rate}"
             dt = {(1, 16): "<i2", (3, 32): "<f4"}[(code, bits)]
             a = np.frombuffer(body, dtype=dt).astype(np.float64)
             if code == 1:
                 a = a / 32768.0
-            return a.reshape(-1, ch).mean(axis=1)
+            a = a.reshape(-1, ch).mean(axis=1)
+            return a if rate == RATE else resample(a, rate)
         off += 8 + size + (size & 1)
     raise ValueError("no data chunk")
 

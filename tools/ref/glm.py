@@ -8,7 +8,6 @@ F8_E4M3 with `_scale_inv` block scales, and colibri U8 + `.qs` int8/int4 contain
 usage: glm.py MODEL_DIR --ids 1,2,3 [--top 5]
 prints one JSON line per position: {"pos": i, "top": [[id, logprob], ...]} (next-token log-probs).
 """
-import argparse
 import json
 import os
 import sys
@@ -17,6 +16,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import st  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from refmath import arg_parser, log_softmax, print_top, prompt_ids, rms, silu, top_indices  # noqa: E402,F401
 
 
 def load(model_dir):
@@ -81,9 +83,6 @@ def colibri_dequant(codes, scales, cols, name):
     return v[:, :cols] * np.repeat(per, width, axis=1)[:, :cols]
 
 
-def rms(x, g, eps):
-    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * g
-
 
 def layer_norm(x, g, b, eps):
     mu = x.mean(axis=-1, keepdims=True)
@@ -105,17 +104,10 @@ def rope(x, pos, theta, interleave):
     return x * cos + rot * sin
 
 
-def silu(x):
-    return x / (1 + np.exp(-x))
-
 
 def swiglu(w, p, x):
     return (silu(x @ w[p + "gate_proj.weight"].T) * (x @ w[p + "up_proj.weight"].T)) @ w[p + "down_proj.weight"].T
 
-
-def top_indices(scores, k):
-    """k best, ties to the lower index."""
-    return np.lexsort((np.arange(len(scores)), -scores))[:k]
 
 
 def indexer_select(cfg, w, p, hn, q_resid, pos, theta):
@@ -229,22 +221,12 @@ def mtp_forward(cfg, w, ids):
     return rms(x, w[p + "shared_head.norm.weight"], eps) @ w["lm_head.weight"].T
 
 
-def log_softmax(z):
-    z = z - z.max(-1, keepdims=True)
-    return z - np.log(np.exp(z).sum(-1, keepdims=True))
-
-
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("model")
-    ap.add_argument("--ids", required=True, help="comma-separated prompt token ids")
-    ap.add_argument("--top", type=int, default=5)
+    ap = arg_parser(__doc__)
     a = ap.parse_args()
     cfg, w = load(a.model)
-    lp = log_softmax(forward(cfg, w, [int(t) for t in a.ids.split(",")]))
-    for i, row in enumerate(lp):
-        best = top_indices(row, a.top)
-        print(json.dumps({"pos": i, "top": [[int(t), float(row[t])] for t in best]}))
+    lp = log_softmax(forward(cfg, w, prompt_ids(a)))
+    print_top(lp, a.top)
 
 
 if __name__ == "__main__":

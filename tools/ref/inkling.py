@@ -9,7 +9,6 @@ usage: inkling.py MODEL_DIR --ids 1,2,3 [--top 5] [--dmel FILE]
 prints one JSON line per position: {"pos": i, "top": [[id, logprob], ...]} (next-token log-probs).
 --dmel: raw u8 file of [frames][n_mel_bins] DMel levels, consumed by the audio placeholder ids.
 """
-import argparse
 import json
 import os
 import sys
@@ -18,6 +17,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import st  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from refmath import arg_parser, log_softmax, print_top, prompt_ids, rms, silu, top_indices  # noqa: E402,F401
 
 RAW_TO_HF = [("attn.wq_du", "self_attn.q_proj"), ("attn.wk_dv", "self_attn.k_proj"), ("attn.wv_dv", "self_attn.v_proj"),
              ("attn.wr_du", "self_attn.r_proj"), ("attn.wo_ud", "self_attn.o_proj"),
@@ -107,12 +109,6 @@ def text_config(cfg):
     return t
 
 
-def rms(x, g, eps):
-    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * g
-
-
-def silu(x):
-    return x / (1 + np.exp(-x))
 
 
 def short_conv(x, weight):
@@ -220,31 +216,16 @@ def forward(cfg, w, ids, dmel=None):
     return logits[:, : t.get("unpadded_vocab_size") or logits.shape[1]]
 
 
-def log_softmax(z):
-    z = z - z.max(-1, keepdims=True)
-    return z - np.log(np.exp(z).sum(-1, keepdims=True))
-
-
-def top_indices(scores, k):
-    """k best, ties to the lower index."""
-    return np.lexsort((np.arange(len(scores)), -scores))[:k]
-
-
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("model")
-    ap.add_argument("--ids", required=True, help="comma-separated prompt token ids")
-    ap.add_argument("--top", type=int, default=5)
+    ap = arg_parser(__doc__)
     ap.add_argument("--dmel", help="u8 file [frames][n_mel_bins]")
     a = ap.parse_args()
     cfg, w = load(a.model)
     dmel = None
     if a.dmel:
         dmel = np.fromfile(a.dmel, dtype=np.uint8).reshape(-1, cfg["audio_config"]["n_mel_bins"])
-    lp = log_softmax(forward(cfg, w, [int(t) for t in a.ids.split(",")], dmel))
-    for i, row in enumerate(lp):
-        best = top_indices(row, a.top)
-        print(json.dumps({"pos": i, "top": [[int(t), float(row[t])] for t in best]}))
+    lp = log_softmax(forward(cfg, w, prompt_ids(a), dmel))
+    print_top(lp, a.top)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ MXFP4 experts are dequantized to float64 at load (E2M1 codes, low nibble = even 
 usage: kimi_k3.py MODEL_DIR --ids 1,2,3 [--top 5] [--kda chunked|recurrent] [--chunk 64]
 prints one JSON line per position: {"pos": i, "top": [[id, logprob], ...]} (next-token log-probs).
 """
-import argparse
 import json
 import os
 import sys
@@ -31,6 +30,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import st  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from refmath import arg_parser, log_softmax, print_top, prompt_ids, rms, sigmoid, silu, top_indices  # noqa: E402,F401
 
 
 def load(model_dir):
@@ -53,16 +55,7 @@ def load(model_dir):
     return cfg, w
 
 
-def rms(x, g, eps):
-    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * g
 
-
-def sigmoid(x):
-    return 1 / (1 + np.exp(-x))
-
-
-def silu(x):
-    return x * sigmoid(x)
 
 
 def softplus(x):
@@ -80,10 +73,6 @@ def expert(cfg, w, p, z):
     g, u = z @ w[p + "w1.weight"].T, z @ w[p + "w3.weight"].T
     return (b1 * np.tanh(g / b1) * sigmoid(g) * b2 * np.tanh(u / b2)) @ w[p + "w2.weight"].T
 
-
-def top_indices(scores, k):
-    """k best, ties to the lower index."""
-    return np.lexsort((np.arange(len(scores)), -scores))[:k]
 
 
 def short_conv(x, taps):
@@ -240,24 +229,14 @@ def forward(cfg, w, ids, kda_path="chunked", chunk=64):
     return x @ w["lm_head.weight"].T
 
 
-def log_softmax(z):
-    z = z - z.max(-1, keepdims=True)
-    return z - np.log(np.exp(z).sum(-1, keepdims=True))
-
-
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("model")
-    ap.add_argument("--ids", required=True, help="comma-separated prompt token ids")
-    ap.add_argument("--top", type=int, default=5)
+    ap = arg_parser(__doc__)
     ap.add_argument("--kda", choices=["chunked", "recurrent"], default="chunked")
     ap.add_argument("--chunk", type=int, default=64)
     a = ap.parse_args()
     cfg, w = load(a.model)
-    lp = log_softmax(forward(cfg, w, [int(t) for t in a.ids.split(",")], a.kda, a.chunk))
-    for i, row in enumerate(lp):
-        best = top_indices(row, a.top)
-        print(json.dumps({"pos": i, "top": [[int(t), float(row[t])] for t in best]}))
+    lp = log_softmax(forward(cfg, w, prompt_ids(a), a.kda, a.chunk))
+    print_top(lp, a.top)
 
 
 if __name__ == "__main__":

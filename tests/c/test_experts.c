@@ -1,0 +1,152 @@
+/* test_experts.c — the expert cache against the mapping on a checkpoint written here: 2 layers of
+ * 6 experts, each three F32 matrices whose bytes differ everywhere. Every callback must see exactly
+ * the mapped bytes (cached or not), slots grouped by ascending expert; an expert whose tensors are
+ * adjacent is one read, one with a gap over EXPERTS_MERGE_GAP two; a two-expert budget evicts; the
+ * usage counts saved at free pin experts on the next start; a budget below two experts is refused. */
+#include "core/experts.h"
+#include "core/util.h"
+#include "test.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+enum { LAYERS = 2, EXPERTS = 6, ROWS = 4, COLS = 8, MAT = ROWS * COLS * 4, GAP = 8192 };
+
+/* layer 1 expert 5 has a gap before its last matrix: two spans */
+static size_t offset_of(int l, int e, int k) {
+    size_t at = ((size_t)(l * EXPERTS + e) * 3 + (size_t)k) * MAT;
+    return at + (l * EXPERTS + e == LAYERS * EXPERTS - 1 && k == 2 ? GAP : 0);
+}
+
+static void write_checkpoint(const char *dir) {
+    char json[16384] = "{", path[512];
+    size_t end = offset_of(LAYERS - 1, EXPERTS - 1, 2) + MAT;
+    for (int l = 0; l < LAYERS; l++)
+        for (int e = 0; e < EXPERTS; e++)
+            for (int k = 0; k < 3; k++) {
+                size_t at = offset_of(l, e, k);
+                snprintf(json + strlen(json), sizeof json - strlen(json),
+                         "%s\"l%d.e%d.m%d\":{\"dtype\":\"F32\",\"shape\":[%d,%d],\"data_offsets\":[%zu,%zu]}",
+                         strlen(json) > 1 ? "," : "", l, e, k, ROWS, COLS, at, at + MAT);
+            }
+    strcat(json, "}");
+    size_t hl = strlen(json);
+    while ((8 + hl) % 64) json[hl++] = ' ';   /* data starts 64-aligned, like a real writer */
+    json[hl] = 0;
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    FILE *f = fopen(path, "wb");
+    for (int i = 0; i < 8; i++) fputc((int)((uint64_t)hl >> (8 * i)) & 0xff, f);
+    fwrite(json, 1, hl, f);
+    for (size_t i = 0; i < end / 4; i++) {
+        float v = (float)i * 0.25f + 1.0f;
+        fwrite(&v, 4, 1, f);
+    }
+    fclose(f);
+}
+
+static void register_all(experts *x, const st_file *st) {
+    char name[64], err[256];
+    for (int l = 0; l < LAYERS; l++)
+        for (int e = 0; e < EXPERTS; e++) {
+            qmat w[3];
+            for (int k = 0; k < 3; k++) {
+                snprintf(name, sizeof name, "l%d.e%d.m%d", l, e, k);
+                w[k] = (qmat){.fmt = WF_F32, .rows = ROWS, .cols = COLS, .data = st_find(st, name)->data};
+            }
+            CHECK(!experts_add(x, l, e, w, 3, err, sizeof err), "%s", err);
+        }
+}
+
+typedef struct {
+    const st_file *st;
+    int layer, last_e, calls, bad;
+} seen;
+
+static void check_expert(void *ctx, int e, const qmat *w, const int *slots, int cnt) {
+    seen *s = ctx;
+    char name[64];
+    s->bad += e <= s->last_e;
+    s->last_e = e;
+    s->calls++;
+    for (int k = 0; k < 3; k++) {
+        snprintf(name, sizeof name, "l%d.e%d.m%d", s->layer, e, k);
+        s->bad += memcmp(w[k].data, st_find(s->st, name)->data, MAT) != 0;
+        s->bad += ((uintptr_t)w[k].data - (uintptr_t)st_find(s->st, name)->data) % 64 != 0;
+    }
+    for (int r = 1; r < cnt; r++) s->bad += slots[r] <= slots[r - 1];
+}
+
+/* Runs `steps` layer calls cycling through patterns of chosen experts (4, 4, 3 and 3 distinct);
+ * returns the mistakes seen. */
+static int drive(experts *x, const st_file *st, int steps) {
+    static const int pat[][4] = {{0, 1, 2, 3}, {4, 5, 0, 1}, {2, 2, 5, 3}, {1, 0, 4, 0}};
+    int bad = 0;
+    for (int i = 0; i < steps; i++) {
+        seen s = {st, i % LAYERS, -1, 0, 0};
+        experts_run(x, s.layer, pat[i % 4], 4, check_expert, &s);
+        bad += s.bad + (s.calls == 0);
+    }
+    return bad;
+}
+
+int main(void) {
+    char dir[] = "/tmp/cairn_test_experts_XXXXXX", err[512], usage[600];
+    if (!mkdtemp(dir)) return 2;
+    write_checkpoint(dir);
+    st_file *st = st_open(dir, 0, err, sizeof err);
+    CHECK(st != NULL, "%s", err);
+    if (!st) return TEST_END();
+
+    experts *mapped = experts_new(st);
+    register_all(mapped, st);
+    CHECK(experts_count(mapped) == LAYERS * EXPERTS, "%d", experts_count(mapped));
+    CHECK(drive(mapped, st, 16) == 0, "mapped experts seen wrong");
+    experts_free(mapped);
+
+    experts *x = experts_new(st);
+    register_all(x, st);
+    CHECK(experts_cache(x, 2 * 3 * MAT - 1, NULL, 7, err, sizeof err) == -1 && strstr(err, "two routed experts"),
+          "%s", err);
+    snprintf(usage, sizeof usage, "%s/expert_usage.bin", dir);
+    CHECK(!experts_cache(x, 2 * 3 * MAT, usage, 7, err, sizeof err), "%s", err);
+    CHECK(drive(x, st, 16) == 0, "cached experts differ from the mapping");
+    experts_stats s;
+    experts_get_stats(x, &s);
+    CHECK(s.uses == 56 && s.hits + s.misses == s.uses, "uses %llu hits %llu misses %llu",
+          (unsigned long long)s.uses, (unsigned long long)s.hits, (unsigned long long)s.misses);
+    CHECK(s.evictions > 0 && s.reader_reads > 0 && s.read_errors == 0, "evictions %llu reader %llu",
+          (unsigned long long)s.evictions, (unsigned long long)s.reader_reads);
+    /* layer 1 expert 5 (the gapped one) takes two reads, every other expert one */
+    CHECK(s.reads > s.misses && s.reads <= 2 * s.misses, "reads %llu misses %llu", (unsigned long long)s.reads,
+          (unsigned long long)s.misses);
+    CHECK(s.resident <= s.budget, "%zu > %zu", s.resident, s.budget);
+    experts_free(x);
+
+    /* the saved counts pin the most used experts into half of a roomier budget */
+    x = experts_new(st);
+    register_all(x, st);
+    CHECK(!experts_cache(x, 8 * 3 * MAT, usage, 7, err, sizeof err), "%s", err);
+    CHECK(drive(x, st, 8) == 0, "pinned experts differ from the mapping");
+    experts_get_stats(x, &s);
+    CHECK(s.pinned > 0 && s.pinned_hits > 0, "pinned %llu pinned_hits %llu", (unsigned long long)s.pinned,
+          (unsigned long long)s.pinned_hits);
+    experts_free(x);
+
+    /* counts of another checkpoint (fingerprint) pin nothing */
+    x = experts_new(st);
+    register_all(x, st);
+    CHECK(!experts_cache(x, 8 * 3 * MAT, usage, 8, err, sizeof err), "%s", err);
+    experts_get_stats(x, &s);
+    CHECK(s.pinned == 0, "pinned %llu from a foreign usage file", (unsigned long long)s.pinned);
+    experts_free(x);
+
+    st_close(st);
+    unlink(usage);
+    char path[600];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    unlink(path);
+    rmdir(dir);
+    return TEST_END();
+}

@@ -11,6 +11,7 @@ int cmd_engine(int argc, char **argv);   /* src/serve/engine.c */
 int cmd_serve(int argc, char **argv);    /* src/serve/gateway.c */
 int cmd_bench(int argc, char **argv);    /* src/cmd_bench.c   */
 int cmd_families(int argc, char **argv); /* src/cmd_families.c */
+int cmd_worker(int argc, char **argv);   /* src/cmd_worker.c: MPI ranks other than 0 */
 
 /* "--numerics exact|qat" value -> enum; -1 if unknown. */
 int cli_numerics(const char *s);

@@ -334,4 +334,6 @@ const family_ops glm_ops = {
     .seq_free = glm_seq_free,
     .forward = glm_forward,
     .extra_flops = glm_extra_flops,
+    .expert = glm_expert,
+    .expert_scratch = glm_expert_scratch,
 };

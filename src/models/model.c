@@ -100,6 +100,11 @@ model *model_open(const char *dir, numerics num, int progress, char *err, size_t
     if (config_int_or(m->config, "max_position_embeddings", 4096, &m->max_ctx, err, errlen)) goto fail;
     tt_init(&m->weights, m->st, err, errlen);
     if (m->ops->load(m, err, errlen) || register_experts(m, err, errlen)) goto fail;
+    if (experts_count(m->experts) && (!m->ops->expert || !m->ops->expert_scratch)) {
+        errf(err, errlen, "family %s has routed experts but no expert function", m->ops->name);
+        goto fail;
+    }
+    experts_bind(m->experts, m->ops->expert, m->ops->expert_scratch, m);
     m->n_validated = m->weights.count;
     m->weights.err = NULL;     /* the caller's buffer is gone after open */
     m->weights.errlen = 0;

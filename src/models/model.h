@@ -29,8 +29,9 @@
  *              every tensor, fills the family's structs, and is the record the weight bytes per
  *              token and the matrix FLOPs are counted from (model_decode_bytes,
  *              model_token_flops). model_open registers every routed expert (TT_ROUTED rows) with
- *              core/experts.h, and a MoE layer runs its chosen experts through experts_run
- *              (m->experts), so the expert cache (--expert-cache-mb) serves every family.
+ *              core/experts.h and binds the family's `expert` function; a MoE layer runs its
+ *              chosen experts through experts_run (m->experts), so the expert cache
+ *              (--expert-cache-mb) and expert parallelism over MPI serve every family.
  *   seq_new  — declare the parts of one sequence state (state_add_part) for `ctx` positions and
  *              return the family's per-sequence handle (pointers into those parts + scratch).
  *   scratch_bytes — the most scratch a forward call can take at `ctx` positions (any n: a family
@@ -132,6 +133,12 @@ typedef struct {
      * (attention over the context, recurrences, convolutions); model_token_flops adds the
      * table's matrix FLOPs. */
     double (*extra_flops)(const model *m, int pos);
+    /* One routed expert over its gathered rows, and the scratch it takes (core/experts.h
+     * expert_fn / expert_scratch_fn; ctx is the model). model_open binds them to m->experts, so
+     * the expert cache and the ranks of an MPI run (core/cluster.h) run the same function. NULL
+     * only for a family without routed experts. */
+    expert_fn expert;
+    expert_scratch_fn expert_scratch;
 } family_ops;
 
 /* Role-marker token ids of a loaded model (family_turns resolved against its tokenizer; -1 or

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "core/cluster.h"
 #include "core/sampler.h"
 #include "core/threads.h"
 #include "core/util.h"
@@ -652,6 +653,11 @@ static void print_stats(const runner *r) {
     if (experts_cached(r->m->experts)) {
         char line[1024];
         experts_stats_line(r->m->experts, line, sizeof line);
+        fprintf(stderr, "cairn: %s\n", line);
+    }
+    if (cluster_size() > 1) {
+        char line[512];
+        experts_parallel_line(r->m->experts, line, sizeof line);
         fprintf(stderr, "cairn: %s\n", line);
     }
 }

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "../cli.h"
+#include "../core/cluster.h"
 #include "../core/grammar.h"
 #include "../core/sampler.h"
 #include "../core/threads.h"
@@ -682,6 +683,11 @@ static void engine_close(engine *e) {
     if (e->m && experts_cached(e->m->experts)) {
         char line[1024];
         experts_stats_line(e->m->experts, line, sizeof line);
+        fprintf(stderr, "cairn engine: %s\n", line);
+    }
+    if (e->m && cluster_size() > 1) {
+        char line[512];
+        experts_parallel_line(e->m->experts, line, sizeof line);
         fprintf(stderr, "cairn engine: %s\n", line);
     }
     model_close(e->m);

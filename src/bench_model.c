@@ -11,6 +11,7 @@
 
 #include "bench.h"
 #include "cli.h"
+#include "core/cluster.h"
 #include "core/kernels.h"
 #include "core/threads.h"
 #include "core/util.h"
@@ -20,6 +21,7 @@ typedef struct {
     double fma_peak_gflops, bf16_peak_gflops;    /* measured in this run (bench_peak.c) */
     double verify_cost_ratio;  /* one VERIFY_TOKENS-token forward call / one decode step */
     size_t decode_bytes;
+    double mpi_bytes_per_token, mpi_messages_per_token;   /* decode, between the ranks (core/cluster.h) */
 } bench_result;
 
 static void usage(FILE *f) {
@@ -95,11 +97,14 @@ static int measure(model *m, const bench_opts *o, const int *ids, int timed, ben
     double t0 = now_seconds();
     int rc = seq_feed(s, ids, (int)o->prompt, logits, err, errlen);
     double t1 = now_seconds();
+    experts_stats x0, x1;
+    experts_get_stats(m->experts, &x0);
     for (long i = 0; timed && !rc && i < o->decode; i++) {
         int id = bench_argmax(logits, m->vocab_size);
         rc = seq_feed(s, &id, 1, logits, err, errlen);
     }
     double t2 = now_seconds();
+    experts_get_stats(m->experts, &x1);
     if (timed && !rc) rc = seq_feed(s, ids, VERIFY_TOKENS, logits, err, errlen);
     double t3 = now_seconds();
     if (timed && !rc) {
@@ -109,6 +114,8 @@ static int measure(model *m, const bench_opts *o, const int *ids, int timed, ben
         r->prefill_gflops = flops / (t1 - t0) / 1e9;
         r->decode_tok_s = o->decode / (t2 - t1);
         r->verify_cost_ratio = (t3 - t2) * r->decode_tok_s;
+        r->mpi_bytes_per_token = (double)(x1.bytes_sent + x1.bytes_received - x0.bytes_sent - x0.bytes_received) / o->decode;
+        r->mpi_messages_per_token = (double)(x1.messages - x0.messages) / o->decode;
     }
     free(logits);
     seq_free(s);
@@ -120,10 +127,12 @@ static void report(const bench_opts *o, const bench_result *r) {
         printf("{\"prefill_tok_s\":%.3f,\"prefill_gflops\":%.3f,\"fma_peak_gflops\":%.3f,"
                "\"prefill_vs_fma_peak\":%.4f,\"bf16_dot_peak_gflops\":%.3f,\"decode_tok_s\":%.3f,"
                "\"bandwidth_gbs\":%.3f,\"decode_efficiency\":%.6f,\"decode_bytes_per_token\":%zu,\"prompt\":%ld,"
-               "\"decode\":%ld,\"verify%d_cost_ratio\":%.3f,\"threads\":%d,\"simd\":\"%s\"}\n",
+               "\"decode\":%ld,\"verify%d_cost_ratio\":%.3f,\"threads\":%d,\"simd\":\"%s\",\"ranks\":%d,"
+               "\"mpi_bytes_per_token\":%.1f,\"mpi_messages_per_token\":%.2f}\n",
                r->prefill_tok_s, r->prefill_gflops, r->fma_peak_gflops, r->prefill_gflops / r->fma_peak_gflops,
                r->bf16_peak_gflops, r->decode_tok_s, r->bandwidth_gbs, r->decode_efficiency, r->decode_bytes,
-               o->prompt, o->decode, VERIFY_TOKENS, r->verify_cost_ratio, pool_threads(), kernels_simd_name());
+               o->prompt, o->decode, VERIFY_TOKENS, r->verify_cost_ratio, pool_threads(), kernels_simd_name(),
+               cluster_size(), r->mpi_bytes_per_token, r->mpi_messages_per_token);
         return;
     }
     printf("read bandwidth      %10.2f GB/s\n", r->bandwidth_gbs);
@@ -137,6 +146,9 @@ static void report(const bench_opts *o, const bench_result *r) {
            pool_threads(), kernels_simd_name());
     printf("verify %d tokens     %10.2f  decode steps (one forward call; MTP drafting is not implemented)\n",
            VERIFY_TOKENS, r->verify_cost_ratio);
+    if (cluster_size() > 1)
+        printf("expert parallelism  %10d ranks  %8.1f KB/token between them, %.1f messages/token\n", cluster_size(),
+               r->mpi_bytes_per_token / 1e3, r->mpi_messages_per_token);
 }
 
 int bench_model(int argc, char **argv) {

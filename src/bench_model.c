@@ -20,14 +20,14 @@ typedef struct {
     double prefill_tok_s, prefill_gflops, decode_tok_s, bandwidth_gbs, decode_efficiency;
     double fma_peak_gflops, bf16_peak_gflops;    /* measured in this run (bench_peak.c) */
     double verify_cost_ratio;  /* one VERIFY_TOKENS-token forward call / one decode step */
-    size_t decode_bytes;
+    size_t decode_bytes, mlocked_bytes;
     double mpi_bytes_per_token, mpi_messages_per_token;   /* decode, between the ranks (core/cluster.h) */
 } bench_result;
 
 static void usage(FILE *f) {
     fprintf(f,
             "usage: cairn bench -m DIR [--json] [--prompt N] [--decode N] [--threads N] [--numerics exact|qat]\n"
-            "                          [--expert-cache-mb N]\n"
+            "                          [--expert-cache-mb N] [--mlock]\n"
             "\n"
             "Measures, in one run: the read bandwidth (bench_stream_bytes: >= 1 GiB, 4x the LLC), prefill of an N-token prompt\n"
             "(default 64) in tok/s and GFLOP/s, greedy decode of N tokens (default 16) in tok/s, and\n"
@@ -40,7 +40,8 @@ static void usage(FILE *f) {
             "With --expert-cache-mb N: decode from disk instead (run it in a memory cgroup smaller than the\n"
             "checkpoint, as make bench does): the disk's read bandwidth, then for the mapping and for the\n"
             "expert cache, each after dropping the checkpoint's cached pages: decode tok/s, bytes read from\n"
-            "storage per token, that rate as a fraction of the disk bandwidth, and the cache's hit rate.\n");
+            "storage per token, that rate as a fraction of the disk bandwidth, and the cache's hit rate.\n"
+            "With --mlock: the dense weights are locked in memory first (mlocked_bytes in the JSON).\n");
 }
 
 int bench_parse(const char *cmd, int argc, char **argv, void (*usage)(FILE *), bench_opts *o) {
@@ -48,6 +49,7 @@ int bench_parse(const char *cmd, int argc, char **argv, void (*usage)(FILE *), b
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); exit(0); }
         if (!strcmp(a, "--json")) { o->json = 1; continue; }
+        if (!strcmp(a, "--mlock")) { o->mlock = 1; continue; }
         if (!v) { fprintf(stderr, "cairn %s: %s needs a value (or unknown flag)\n", cmd, a); return -1; }
         i++;
         if (!strcmp(a, "-m")) o->model_dir = v;
@@ -128,11 +130,11 @@ static void report(const bench_opts *o, const bench_result *r) {
                "\"prefill_vs_fma_peak\":%.4f,\"bf16_dot_peak_gflops\":%.3f,\"decode_tok_s\":%.3f,"
                "\"bandwidth_gbs\":%.3f,\"decode_efficiency\":%.6f,\"decode_bytes_per_token\":%zu,\"prompt\":%ld,"
                "\"decode\":%ld,\"verify%d_cost_ratio\":%.3f,\"threads\":%d,\"simd\":\"%s\",\"ranks\":%d,"
-               "\"mpi_bytes_per_token\":%.1f,\"mpi_messages_per_token\":%.2f}\n",
+               "\"mpi_bytes_per_token\":%.1f,\"mpi_messages_per_token\":%.2f,\"mlocked_bytes\":%zu}\n",
                r->prefill_tok_s, r->prefill_gflops, r->fma_peak_gflops, r->prefill_gflops / r->fma_peak_gflops,
                r->bf16_peak_gflops, r->decode_tok_s, r->bandwidth_gbs, r->decode_efficiency, r->decode_bytes,
                o->prompt, o->decode, VERIFY_TOKENS, r->verify_cost_ratio, pool_threads(), kernels_simd_name(),
-               cluster_size(), r->mpi_bytes_per_token, r->mpi_messages_per_token);
+               cluster_size(), r->mpi_bytes_per_token, r->mpi_messages_per_token, r->mlocked_bytes);
         return;
     }
     printf("read bandwidth      %10.2f GB/s\n", r->bandwidth_gbs);
@@ -167,6 +169,7 @@ int bench_model(int argc, char **argv) {
     int *ids = bench_prompt((int)o.prompt, m->vocab_size, 0);
     bench_result r = {0};
     r.decode_bytes = model_decode_bytes(m);
+    if (o.mlock) r.mlocked_bytes = cli_mlock("bench", m);
     int rc = measure(m, &o, ids, 0, &r, err, sizeof err);
     double bw = rc ? 0 : bench_read_bandwidth(bench_stream_bytes());
     if (!rc) rc = measure(m, &o, ids, 1, &r, err, sizeof err);

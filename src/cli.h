@@ -28,4 +28,12 @@ int cli_expert_cache_mb(const char *sub, const char *v, double *mb);
  * "cairn SUB: ..." and returns -1 when the budget or model refuses. mb == 0: nothing. */
 int cli_expert_cache(const char *sub, model *m, double mb, const char *usage_dir);
 
+/* `--mlock`, spelled the same by run, engine, serve and bench. */
+#define CLI_MLOCK_HELP \
+    "  --mlock               lock the dense, shared and lookup weights in memory (model_mlock); refused\n" \
+    "                        with a message, and the run goes on unlocked, when RLIMIT_MEMLOCK or memory\n" \
+    "                        does not allow it\n"
+/* model_mlock with its outcome on stderr as "cairn SUB: --mlock: ..."; the bytes locked. */
+size_t cli_mlock(const char *sub, model *m);
+
 #endif

@@ -167,6 +167,7 @@ struct model {
     uint64_t fingerprint;      /* st_fingerprint: identifies the checkpoint for persisted state */
     tt_table weights;          /* the family's tensor table as loaded: the record, bytes, FLOPs */
     int n_validated;           /* tensors the family's load looked up and checked (dtype + shape) */
+    size_t locked_bytes;       /* model_mlock */
     model_markers markers;     /* all -1 / empty without a usable tokenizer */
     void *priv;                /* family data */
 };
@@ -178,6 +179,12 @@ void model_close(model *m);
  * the mapping; usage_dir (NULL: none) keeps the usage counts that pick the pinned experts
  * (`expert_usage.bin`, the engine's --kv-dir). Before the first forward. -1 with err. */
 int model_expert_cache(model *m, double mb, const char *usage_dir, char *err, size_t errlen);
+/* --mlock: lock the checkpoint pages of every dense, shared and lookup tensor of the table in
+ * memory (routed experts are the expert cache's business), so the page cache never evicts what
+ * every token reads. Refused — nothing locked, a message in msg naming the bytes against the
+ * limit — when they exceed RLIMIT_MEMLOCK (without CAP_IPC_LOCK) or half the memory available.
+ * Returns the bytes locked (0 when refused); m->locked_bytes keeps it; munmap unlocks. */
+size_t model_mlock(model *m, char *msg, size_t msglen);
 int model_is_eos(const model *m, int id);
 /* Weight bytes a decode step reads (dense + active experts), for bandwidth reports, and the
  * FLOPs of one token at position pos (for prefill GFLOP/s): the tensor table's count, plus the

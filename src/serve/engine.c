@@ -40,6 +40,7 @@ typedef struct {
     int slots, ctx, kv_share, threads;
     long ckpt_mb;
     double expert_cache_mb;
+    int mlock;
     numerics num;
 } engine_opts;
 
@@ -566,6 +567,7 @@ static void usage(FILE *f) {
             CLI_EXPERT_CACHE_HELP
             "                     (with --kv-dir, the expert usage counts that choose the pinned experts\n"
             "                     are kept there)\n"
+            CLI_MLOCK_HELP
             "Environment: CAIRN_PREFIX_LOG=1 logs the reuse decision per request on stderr.\n");
 }
 
@@ -575,6 +577,7 @@ static int parse_flags(int argc, char **argv, engine_opts *o) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         long l;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); exit(0); }
+        if (!strcmp(a, "--mlock")) { o->mlock = 1; continue; }
         if (!v) { fprintf(stderr, "cairn engine: %s needs a value (or unknown flag)\n", a); return -1; }
         if (!strcmp(a, "-m")) o->model_dir = v;
         else if (!strcmp(a, "--kv-dir")) o->kv_dir = v;
@@ -628,6 +631,7 @@ static int engine_open(engine *e, char *err, size_t errlen) {
     /* the load progress bar goes to stderr (a terminal, or CAIRN_PROGRESS=1): under cairn serve it
      * is the banner's first line, before the engine is ready */
     if (!(e->m = model_open(e->o.model_dir, e->o.num, 1, err, errlen))) return -1;
+    if (e->o.mlock) cli_mlock("engine", e->m);
     int ctx = e->o.ctx ? e->o.ctx : MIN(4096, e->m->max_ctx);
     if (ctx > e->m->max_ctx) return errf(err, errlen, "--ctx %d exceeds the model's max_position_embeddings %d", ctx, e->m->max_ctx);
     e->seqs = xcalloc((size_t)e->o.slots, sizeof *e->seqs);

@@ -110,7 +110,9 @@ static double rss_gb(void) { return (double)rss_bytes() / (1024.0 * 1024.0 * 102
 static void save_slot(engine *e, int slot) {
     if (!e->o.kv_dir) return;
     char err[512];
-    if (persist_save(e->o.kv_dir, slot, &e->seqs[slot]->st, e->m->fingerprint, err, sizeof err))
+    const state *st = &e->seqs[slot]->st;
+    if (persist_save(e->o.kv_dir, slot, st, e->m->fingerprint, err, sizeof err) ||
+        persist_save_checkpoints(e->o.kv_dir, slot, e->cs, st, e->m->fingerprint, err, sizeof err))
         fprintf(stderr, "cairn engine: kv-dir: %s\n", err);
 }
 
@@ -604,6 +606,10 @@ static void load_slots(engine *e) {
         int rc = persist_load(e->o.kv_dir, i, &e->seqs[i]->st, e->m->fingerprint, err, sizeof err);
         if (rc < 0) fprintf(stderr, "cairn engine: kv-dir: ignoring %s\n", err);
         if (rc > 0) fprintf(stderr, "cairn engine: kv-dir: slot %d resumed with %d tokens\n", i, e->seqs[i]->st.len);
+        int ck = rc > 0 && e->cs ? persist_load_checkpoints(e->o.kv_dir, i, e->cs, &e->seqs[i]->st, e->m->fingerprint,
+                                                            err, sizeof err) : 0;
+        if (ck < 0) fprintf(stderr, "cairn engine: kv-dir: ignoring %s\n", err);
+        if (ck > 0) fprintf(stderr, "cairn engine: kv-dir: slot %d resumed %d checkpoints\n", i, ck);
     }
 }
 

@@ -494,20 +494,34 @@ static void random_call_id(char out[32]) {
     for (size_t i = 0; i < sizeof r; i++) snprintf(out + 5 + 2 * i, 3, "%02x", r[i]);
 }
 
-/* Parameters of one invoke body as the encoder's argument JSON: {"k": v, ...}. */
-static char *invoke_arguments(const char *p, const char *end) {
+/* Parameters of one invoke body as the encoder's argument JSON: {"k": v, ...}. cut: the reply
+ * ended inside the invoke, and the parameter it ended in is passed on as far as it was written
+ * (chat_cut_arguments), never completed. */
+static char *invoke_arguments(const char *p, const char *end, int cut) {
     sbuf b = {0};
     sbuf_puts(&b, "{");
     int n = 0;
-    const char *q;
+    const char *q, *open_val = NULL;
+    char *open_key = NULL;
+    int key_done = 0, open_string = 0;
+    size_t open_n = 0;
     while ((q = find_in(p, end, PARAM_OPEN))) {
         const char *name = q + strlen(PARAM_OPEN), *name_end = find_in(name, end, "\"");
-        if (!name_end) break;
-        const char *attr = name_end + 1, *val = find_in(attr, end, ">");
-        if (!val) break;
+        const char *attr = name_end ? name_end + 1 : end, *val = name_end ? find_in(attr, end, ">") : NULL;
+        const char *val_end = val ? find_in(val + 1, end, PARAM_CLOSE) : NULL;
+        if (!val_end) {
+            if (cut) {
+                open_key = strndup(name, (size_t)((name_end ? name_end : end) - name));
+                key_done = name_end != NULL;
+                if (val) {
+                    open_val = val + 1;
+                    open_n = chat_cut_marker(open_val, (size_t)(end - open_val), PARAM_CLOSE);
+                    open_string = find_in(attr, val, "string=\"true\"") != NULL;
+                }
+            }
+            break;
+        }
         val++;
-        const char *val_end = find_in(val, end, PARAM_CLOSE);
-        if (!val_end) break;
         int is_string = find_in(attr, val, "string=\"true\"") != NULL;
         char *key = strndup(name, (size_t)(name_end - name)), *raw = strndup(val, (size_t)(val_end - val));
         cJSON *json = is_string ? NULL : cJSON_ParseWithOpts(raw, NULL, 1);
@@ -522,18 +536,26 @@ static char *invoke_arguments(const char *p, const char *end) {
         p = val_end + strlen(PARAM_CLOSE);
     }
     sbuf_puts(&b, "}");
-    return b.p;
+    if (!cut) return b.p;
+    char *args = chat_cut_arguments(b.p, ", ", ": ", open_key, key_done, open_val, open_n, open_string);
+    free(open_key);
+    sbuf_free(&b);
+    return args;
 }
 
-/* Complete invokes between p and end as OpenAI tool calls; a cut-off invoke is ignored. */
-static cJSON *parse_calls(const char *p, const char *end) {
+/* Invokes between p and end as OpenAI tool calls; one the reply's end cut off (no closing
+ * invoke and no block close after it) is the last, with its arguments as far as they go. */
+static cJSON *parse_calls(const char *p, const char *end, int block_closed, chat_reply *out) {
     cJSON *calls = cJSON_CreateArray();
     const char *q;
     while ((q = find_in(p, end, INVOKE_OPEN))) {
         const char *name = q + strlen(INVOKE_OPEN), *name_end = find_in(name, end, "\">");
         const char *close = name_end ? find_in(name_end, end, INVOKE_CLOSE) : NULL;
-        if (!close) break;
-        char *fname = strndup(name, (size_t)(name_end - name)), *args = invoke_arguments(name_end + 2, close);
+        if (!close && block_closed) break;
+        const char *stop = close ? close : end;
+        char *fname = strndup(name, (size_t)((name_end ? name_end : end) - name));
+        char *args = name_end ? invoke_arguments(name_end + 2, stop, !close) : xstrdup("");
+        if (!name_end) fname[chat_cut_marker(fname, strlen(fname), "\">")] = 0;
         char id[32];
         random_call_id(id);
         cJSON *call = cJSON_CreateObject(), *fn = cJSON_CreateObject();
@@ -545,6 +567,8 @@ static cJSON *parse_calls(const char *p, const char *end) {
         cJSON_AddItemToArray(calls, call);
         free(fname);
         free(args);
+        out->cut_call = !close;
+        if (!close) break;
         p = close + strlen(INVOKE_CLOSE);
     }
     if (cJSON_GetArraySize(calls) == 0) {
@@ -571,7 +595,7 @@ static void dsv4_parse(const char *text, size_t n, int thinking, chat_reply *out
     out->content = clean_text(p, c_end);
     if (block) {
         const char *close = find_in(block, end, CALLS_CLOSE);
-        out->tool_calls = parse_calls(block + strlen(CALLS_OPEN), close ? close : end);
+        out->tool_calls = parse_calls(block + strlen(CALLS_OPEN), close ? close : end, close != NULL, out);
     }
 }
 

@@ -282,13 +282,20 @@ static void append(char **dst, const char *s, size_t n) {
     (*dst)[old + n] = 0;
 }
 
-static void add_call(chat_reply *out, const char *name, size_t nn, const char *body, size_t bn, int k) {
+/* One call: NAME, then its JSON body. cut: the reply ended inside the body (no END after it),
+ * so the arguments are the text written after "args": — as far as the model went, not
+ * completed (chat_cut_arguments' rule). */
+static void add_call(chat_reply *out, const char *name, size_t nn, const char *body, size_t bn, int cut, int k) {
     char *js = xmalloc(bn + 1);
     memcpy(js, body, bn);
     js[bn] = 0;
     cJSON *j = cJSON_Parse(js), *args = cJSON_GetObjectItemCaseSensitive(j, "args");
     const cJSON *jname = cJSON_GetObjectItemCaseSensitive(j, "name");
-    char *args_json = cJSON_IsObject(args) ? cJSON_PrintUnformatted(args) : xstrdup("{}"), id[32];
+    const char *written = strstr(js, "\"args\":");
+    char id[32], *args_json = cJSON_IsObject(args) ? cJSON_PrintUnformatted(args)
+                            : cut ? xstrdup(written ? written + 7 : "")
+                                  : xstrdup("{}");
+    out->cut_call = cut;
     uint64_t h = fnv64(FNV64_INIT, body, bn);
     snprintf(id, sizeof id, "call_%016llx%08x", (unsigned long long)h, (unsigned)(fnv64(h, &k, sizeof k) & 0xffffffffu));
     cJSON *call = cJSON_CreateObject(), *fn = cJSON_CreateObject();
@@ -335,9 +342,10 @@ static void inkling_parse(const char *text, size_t n, int thinking, chat_reply *
         }
         const char *body = at + strlen(types[type]), *close = find_in(body, end, END);
         size_t bn = (size_t)((close ? close : end) - body);
+        if (!close && type == 2) bn = chat_cut_marker(body, bn, END);   /* a call cut inside its END */
         if (type == 0) append(&out->reasoning, body, bn);
         else if (type == 1) append(&out->content, body, bn);
-        else add_call(out, p, (size_t)(at - p), body, bn, k++);
+        else add_call(out, p, (size_t)(at - p), body, bn, !close, k++);
         p = close ? close + strlen(END) : end;
     }
 }

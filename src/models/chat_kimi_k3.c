@@ -316,22 +316,35 @@ static char *attr_value(const char *s, const char *e, const char *key) {
     return out ? out : xstrdup("");
 }
 
-/* One <|open|>call ...<|sep|> ... <|close|>call<|sep|> block [s, e) -> an OpenAI tool call. */
-static cJSON *parse_call(const char *s, const char *e, const char *text, size_t n, int k) {
+/* One <|open|>call ...<|sep|> ... <|close|>call<|sep|> block [s, e) -> an OpenAI tool call.
+ * cut: the reply ended inside it, and the argument it ended in is passed on as far as it was
+ * written (chat_cut_arguments); k3_parse has already dropped a tag whose header was cut. */
+static cJSON *parse_call(const char *s, const char *e, int cut, const char *text, size_t n, int k) {
     const char *body = find(s, e, SEP);
     body = body ? body + strlen(SEP) : e;
     char *name = attr_value(s, body, "tool");
     cJSON *args = cJSON_CreateObject();
-    char *raw = NULL;
+    char *raw = NULL, *open_key = NULL, *open_val = NULL;
+    int open_string = 0;
     for (const char *p = body, *a; (a = find(p, e, OPEN "argument")) || (a = find(p, e, OPEN "json"));) {
         int json = starts(a, e, OPEN "json");
         const char *v = find(a, e, SEP), *ve;
         v = v ? v + strlen(SEP) : e;
         ve = find(v, e, json ? CLOSE "json" SEP : CLOSE "argument" SEP);
+        int closed = ve != NULL;
         if (!ve) ve = e;
-        if (json) { free(raw); raw = span(v, ve); }
+        if (json) {
+            free(raw);
+            raw = span(v, closed ? ve : v + chat_cut_marker(v, (size_t)(ve - v), CLOSE "json" SEP));
+        }
         else {
             char *key = attr_value(a, v, "key"), *type = attr_value(a, v, "type"), *val = span(v, ve);
+            if (cut && !closed) {
+                val[chat_cut_marker(val, strlen(val), CLOSE "argument" SEP)] = 0;
+                open_key = key, open_val = val, open_string = !strcmp(type, "string");
+                free(type);
+                break;
+            }
             cJSON *j = strcmp(type, "string") ? cJSON_Parse(val) : NULL;
             cJSON_AddItemToObject(args, key, j ? j : cJSON_CreateString(val));
             free(key);
@@ -341,7 +354,16 @@ static cJSON *parse_call(const char *s, const char *e, const char *text, size_t 
         p = ve < e ? ve + 1 : e;
     }
     char *args_json = raw ? raw : cJSON_PrintUnformatted(args);
+    if (cut && !raw) {
+        char *whole = args_json;
+        args_json = body == e ? xstrdup("")
+                              : chat_cut_arguments(whole, ",", ":", open_key, 1, open_val,
+                                                   open_val ? strlen(open_val) : 0, open_string);
+        free(whole);
+    }
     cJSON *call = chat_tool_call(name, args_json, text, n, k);
+    free(open_key);
+    free(open_val);
     free(name);
     free(args_json);
     cJSON_Delete(args);
@@ -373,7 +395,8 @@ static void k3_parse(const char *text, size_t n, int thinking, chat_reply *out) 
     const char *c = tools, *ce2;
     for (int k = 0; (c = find(c, end, OPEN "call")); k++) {
         ce2 = find(c, end, CLOSE "call" SEP);
-        cJSON_AddItemToArray(out->tool_calls, parse_call(c, ce2 ? ce2 : end, text, n, k));
+        out->cut_call = !ce2;
+        cJSON_AddItemToArray(out->tool_calls, parse_call(c, ce2 ? ce2 : end, !ce2, text, n, k));
         c = ce2 ? ce2 + strlen(CLOSE "call" SEP) : end;
     }
     if (!*out->content) { free(out->content); out->content = NULL; }

@@ -129,6 +129,10 @@ static int json_value_start(const char *v, size_t n) {
     return 0;
 }
 
+const char *chat_find(const char *s, const char *end, const char *needle) {
+    return s < end ? memmem(s, (size_t)(end - s), needle, strlen(needle)) : NULL;
+}
+
 size_t chat_cut_marker(const char *s, size_t n, const char *marker) {
     for (size_t k = strlen(marker) - 1; k >= 1; k--)
         if (k <= n && !memcmp(s + n - k, marker, k)) return n - k;

@@ -177,6 +177,8 @@ cJSON *chat_tool_call(const char *name, const char *arguments_json, const char *
 /* n once a trailing, cut-off start of `marker` (a proper prefix of it) is removed from s[0..n):
  * a reply that ends inside a marker written as several tokens. */
 size_t chat_cut_marker(const char *s, size_t n, const char *marker);
+/* The first needle in [s, end), or NULL (memmem: one call, not a compare per byte). */
+const char *chat_find(const char *s, const char *end, const char *needle);
 char *chat_cut_arguments(const char *done, const char *item_sep, const char *key_sep, const char *key, int key_done,
                          const char *value, size_t value_n, int value_string);
 

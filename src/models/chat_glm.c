@@ -115,12 +115,7 @@ static int render_tool_calls(chat_prompt *p, const cJSON *calls, int idx, char *
     return 0;
 }
 
-static const char *find_in(const char *s, size_t n, const char *needle) {
-    size_t m = strlen(needle);
-    for (size_t i = 0; i + m <= n; i++)
-        if (!memcmp(s + i, needle, m)) return s + i;
-    return NULL;
-}
+static const char *find_in(const char *s, size_t n, const char *needle) { return chat_find(s, s + n, needle); }
 
 static const char *rfind_in(const char *s, size_t n, const char *needle) {
     size_t m = strlen(needle);

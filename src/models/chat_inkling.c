@@ -268,13 +268,6 @@ static int inkling_render(const cJSON *messages, const cJSON *tools, const chat_
 
 /* ---- parsing a reply -------------------------------------------------------------------- */
 
-static const char *find_in(const char *s, const char *end, const char *needle) {
-    size_t m = strlen(needle);
-    for (const char *p = s; p + m <= end; p++)
-        if (!memcmp(p, needle, m)) return p;
-    return NULL;
-}
-
 static void append(char **dst, const char *s, size_t n) {
     size_t old = *dst ? strlen(*dst) : 0;
     *dst = xrealloc(*dst, old + n + 1);
@@ -328,10 +321,10 @@ static void inkling_parse(const char *text, size_t n, int thinking, chat_reply *
         int type = -1;
         const char *at = NULL;
         for (int i = 0; i < 3; i++) {
-            const char *f = find_in(p, end, types[i]);
+            const char *f = chat_find(p, end, types[i]);
             if (f && (!at || f < at)) at = f, type = i;
         }
-        const char *stop = find_in(p, end, END);
+        const char *stop = chat_find(p, end, END);
         if (!at || (stop && stop < at)) {
             /* after a message header, text before its content type is a name still arriving (a
              * tool call's): not content. Text with no header at all is plain content. */
@@ -340,7 +333,7 @@ static void inkling_parse(const char *text, size_t n, int thinking, chat_reply *
             p = stop ? stop + strlen(END) : end;
             continue;
         }
-        const char *body = at + strlen(types[type]), *close = find_in(body, end, END);
+        const char *body = at + strlen(types[type]), *close = chat_find(body, end, END);
         size_t bn = (size_t)((close ? close : end) - body);
         if (!close && type == 2) bn = chat_cut_marker(body, bn, END);   /* a call cut inside its END */
         if (type == 0) append(&out->reasoning, body, bn);
@@ -352,8 +345,8 @@ static void inkling_parse(const char *text, size_t n, int thinking, chat_reply *
 
 /* The system part: everything before the first user message, when system messages lead. */
 static size_t inkling_system_prefix_bytes(const char *prompt, size_t n) {
-    const char *user = find_in(prompt, prompt + n, "<|message_user|>");
-    if (!user || !find_in(prompt, user, "<|message_system|>")) return 0;
+    const char *user = chat_find(prompt, prompt + n, "<|message_user|>");
+    if (!user || !chat_find(prompt, user, "<|message_system|>")) return 0;
     return (size_t)(user - prompt);
 }
 

@@ -272,10 +272,6 @@ static int k3_render(const cJSON *messages, const cJSON *tools, const chat_opts 
 
 /* ---- parsing a reply -------------------------------------------------------------------- */
 
-static const char *find(const char *s, const char *end, const char *needle) {
-    return s < end ? memmem(s, (size_t)(end - s), needle, strlen(needle)) : NULL;
-}
-
 /* Does [s, end) start with lit? (The reply text is not NUL-terminated: never read past end.) */
 static int starts(const char *s, const char *end, const char *lit) {
     size_t n = strlen(lit);
@@ -284,7 +280,7 @@ static int starts(const char *s, const char *end, const char *lit) {
 
 static const char *find_last(const char *s, const char *end, const char *needle) {
     const char *last = NULL;
-    for (const char *p = s; (p = find(p, end, needle)); p++) last = p;
+    for (const char *p = s; (p = chat_find(p, end, needle)); p++) last = p;
     return last;
 }
 
@@ -299,10 +295,10 @@ static char *span(const char *s, const char *e) {
 static char *attr_value(const char *s, const char *e, const char *key) {
     char pat[64];
     snprintf(pat, sizeof pat, " %s=\"", key);
-    const char *v = find(s, e, pat);
+    const char *v = chat_find(s, e, pat);
     if (!v) return xstrdup("");
     v += strlen(pat);
-    const char *q = find(v, e, "\"");
+    const char *q = chat_find(v, e, "\"");
     sbuf b = {0};
     static const char *ent[][2] = {{"&amp;", "&"}, {"&quot;", "\""}, {"&lt;", "<"}, {"&gt;", ">"}};
     const char *stop = q ? q : e;
@@ -320,17 +316,17 @@ static char *attr_value(const char *s, const char *e, const char *key) {
  * cut: the reply ended inside it, and the argument it ended in is passed on as far as it was
  * written (chat_cut_arguments); k3_parse has already dropped a tag whose header was cut. */
 static cJSON *parse_call(const char *s, const char *e, int cut, const char *text, size_t n, int k) {
-    const char *body = find(s, e, SEP);
+    const char *body = chat_find(s, e, SEP);
     body = body ? body + strlen(SEP) : e;
     char *name = attr_value(s, body, "tool");
     cJSON *args = cJSON_CreateObject();
     char *raw = NULL, *open_key = NULL, *open_val = NULL;
     int open_string = 0;
-    for (const char *p = body, *a; (a = find(p, e, OPEN "argument")) || (a = find(p, e, OPEN "json"));) {
+    for (const char *p = body, *a; (a = chat_find(p, e, OPEN "argument")) || (a = chat_find(p, e, OPEN "json"));) {
         int json = starts(a, e, OPEN "json");
-        const char *v = find(a, e, SEP), *ve;
+        const char *v = chat_find(a, e, SEP), *ve;
         v = v ? v + strlen(SEP) : e;
-        ve = find(v, e, json ? CLOSE "json" SEP : CLOSE "argument" SEP);
+        ve = chat_find(v, e, json ? CLOSE "json" SEP : CLOSE "argument" SEP);
         int closed = ve != NULL;
         if (!ve) ve = e;
         if (json) {
@@ -378,23 +374,23 @@ static void k3_parse(const char *text, size_t n, int thinking, chat_reply *out) 
     memset(out, 0, sizeof *out);
     const char *p = text, *end = text + n, *m;
     const char *lo = find_last(p, end, OPEN), *lc = find_last(p, end, CLOSE), *tag = lo > lc ? lo : lc;
-    if (tag && !find(tag, end, SEP)) end = tag;
-    if ((m = find(p, end, CLOSE "message" SEP))) end = m;
-    if ((m = find(p, end, EOM))) end = m;
+    if (tag && !chat_find(tag, end, SEP)) end = tag;
+    if ((m = chat_find(p, end, CLOSE "message" SEP))) end = m;
+    if ((m = chat_find(p, end, EOM))) end = m;
     if (thinking) {
-        const char *r = find(p, end, CLOSE "think" SEP);
+        const char *r = chat_find(p, end, CLOSE "think" SEP);
         out->reasoning = span(p, r ? r : end);
         if (!r) return;
         p = r + strlen(CLOSE "think" SEP);
     }
     if (starts(p, end, OPEN "response" SEP)) p += strlen(OPEN "response" SEP);
-    const char *tools = find(p, end, OPEN "tools" SEP), *ce = find(p, tools ? tools : end, CLOSE "response" SEP);
+    const char *tools = chat_find(p, end, OPEN "tools" SEP), *ce = chat_find(p, tools ? tools : end, CLOSE "response" SEP);
     out->content = span(p, ce ? ce : tools ? tools : end);
     if (!tools) return;
     out->tool_calls = cJSON_CreateArray();
     const char *c = tools, *ce2;
-    for (int k = 0; (c = find(c, end, OPEN "call")); k++) {
-        ce2 = find(c, end, CLOSE "call" SEP);
+    for (int k = 0; (c = chat_find(c, end, OPEN "call")); k++) {
+        ce2 = chat_find(c, end, CLOSE "call" SEP);
         out->cut_call = !ce2;
         cJSON_AddItemToArray(out->tool_calls, parse_call(c, ce2 ? ce2 : end, !ce2, text, n, k));
         c = ce2 ? ce2 + strlen(CLOSE "call" SEP) : end;
@@ -405,7 +401,7 @@ static void k3_parse(const char *text, size_t n, int thinking, chat_reply *out) 
 /* The stable head of a prompt: the global option messages and system messages before the first
  * user message. */
 static size_t k3_system_prefix_bytes(const char *prompt, size_t n) {
-    const char *user = find(prompt, prompt + n, OPEN "message role=\"user\"" SEP);
+    const char *user = chat_find(prompt, prompt + n, OPEN "message role=\"user\"" SEP);
     return user ? (size_t)(user - prompt) : 0;
 }
 

@@ -570,7 +570,7 @@ static void usage(FILE *f) {
 
 static int parse_flags(int argc, char **argv, engine_opts *o) {
     *o = (engine_opts){.slots = 1, .ckpt_mb = 512, .kv_share = 1, .num = NUMERICS_QAT};
-    for (int i = 1; i < argc; i++) {
+    for (int i = 1; i < argc; i += 2) {     /* every flag takes a value */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         long l;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); exit(0); }
@@ -588,7 +588,6 @@ static int parse_flags(int argc, char **argv, engine_opts *o) {
             if (n < 0) { fprintf(stderr, "cairn engine: bad value for --numerics: '%s' (exact or qat)\n", v); return -1; }
             o->num = (numerics)n;
         } else { fprintf(stderr, "cairn engine: unknown flag '%s' (see cairn engine --help)\n", a); return -1; }
-        i++;
     }
     if (!o->model_dir) { fprintf(stderr, "cairn engine: -m DIR is required (see cairn engine --help)\n"); return -1; }
     return 0;

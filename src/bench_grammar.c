@@ -5,7 +5,7 @@
  * call when it has a tool-call syntax) one sequence decodes --steps tokens at temperature 1 with
  * the grammar on: each step times the forward pass (the decode step, wall clock) and, separately,
  * the grammar work the engine adds (mask the logits, then advance the matcher past the sampled
- * token) in the calling thread's CPU time — that work is single-threaded, and CPU time leaves
+ * token; the sampling between them is not counted) in the calling thread's CPU time — that work is single-threaded, and CPU time leaves
  * out the milliseconds another process holds the core on a loaded machine, which the wall clock
  * of a 50 µs window would count as grammar cost. Each step's grammar time is divided by the
  * median decode step (a preempted forward pass would flatter one step's ratio); reported per
@@ -160,10 +160,12 @@ static int run_constraint(model *m, const tokvocab *v, const grammar_opts *o, in
         long hits = km.cache_hits;
         double a = thread_seconds();
         if (tokmask_apply(&km, logits) == 0) { rc = errf(err, errlen, "%s: the grammar has no continuation", r->name); break; }
-        int t = sampler_pick(&smp, logits);
+        double b = thread_seconds();
+        int t = sampler_pick(&smp, logits);     /* sampling is not the grammar's cost */
         int eos = model_is_eos(m, t);
+        double c = thread_seconds();
         if (!eos) tokmask_feed(&km, t);
-        gs[n] = thread_seconds() - a;
+        gs[n] = (b - a) + (thread_seconds() - c);
         missed[n] = km.cache_hits == hits;
         if (eos || (tokmask_complete(&km) && !gm_can_continue(km.m, gm_state(km.m)))) {
             r->sentences++;
@@ -172,9 +174,9 @@ static int run_constraint(model *m, const tokvocab *v, const grammar_opts *o, in
             tokmask_free(&km);
             tokmask_init(&km, v, g);      /* the next request on this sequence */
         }
-        double b = now_seconds();
+        double f = now_seconds();
         rc = seq_feed(s, &t, 1, logits, err, errlen);
-        ds[n] = now_seconds() - b;
+        ds[n] = now_seconds() - f;
     }
     if (!rc) {
         summarize(r, gs, ds, n);

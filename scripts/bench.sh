@@ -27,6 +27,10 @@ for fam in deepseek_v4 glm inkling; do
     build/cairn bench reuse -m $m
     echo "== $fam: constrained decoding (grammar work per step / decode step, on this vocabulary)"
     build/cairn bench grammar -m $m
+    echo "== $fam: MTP speculative decoding (verify k+1 / decode step, acceptance, projection at 0.8)"
+    rm -f $OUT/$fam-mtp.json
+    if build/cairn bench mtp -m $m --json > $OUT/$fam-mtp.json.tmp; then mv $OUT/$fam-mtp.json.tmp $OUT/$fam-mtp.json; cat $OUT/$fam-mtp.json
+    else rm -f $OUT/$fam-mtp.json.tmp; fi
 done
 # A checkpoint larger than RAM: the DeepSeek V4 bench model in a memory cgroup of half its size
 # (the page cache counts against the limit), decoded from disk through the mapping and through
@@ -73,7 +77,7 @@ for fam in deepseek_v4 glm kimi_k3 inkling; do
 done
 
 $PY - $OUT <<'EOF'
-import json, sys
+import json, os, sys
 out = sys.argv[1]
 def load(name):
     with open(f"{out}/{name}.json") as f:
@@ -84,6 +88,7 @@ print(f"{'target':58}" + "".join(f" {f:>14}" for f in fams))
 rows = []
 for fam in fams:
     m, m1, c = load(f"{fam}-model"), load(f"{fam}-model-1t"), load(f"{fam}-concurrency")
+    mtp = load(f"{fam}-mtp") if os.path.exists(f"{out}/{fam}-mtp.json") else None
     rows.append({
         "prefill GFLOP/s >= 1.2 x llama.cpp Q8_0 (235 Xeon, 110 Zen 3)": f"{m['prefill_gflops']:.1f}",
         "  prefill as a fraction of the measured f32 FMA peak": f"{m['prefill_vs_fma_peak']:.3f}",
@@ -91,7 +96,11 @@ for fam in fams:
         "4 conversations aggregate / one >= 2.5 (concurrency_ratio_4)": f"{c['concurrency_ratio_4']:.2f}",
         "prefill 2 threads / 1 thread >= 1.8": f"{m['prefill_tok_s'] / m1['prefill_tok_s']:.2f}",
         "decode 2 threads / 1 thread >= 1.8": f"{m['decode_tok_s'] / m1['decode_tok_s']:.2f}",
-        "MTP: not built; a 4-token verify call / one decode step": f"{m['verify4_cost_ratio']:.2f}",
+        "MTP: verify k+1 tokens / one decode step (mtp_verify_cost_ratio)":
+            f"{mtp['mtp_verify_cost_ratio']:.2f}" if mtp else "no MTP draft",
+        "MTP: acceptance seen (random weights: ~0)": f"{mtp['mtp_acceptance']:.3f}" if mtp else "-",
+        "MTP: measured speedup / projected at acceptance 0.8":
+            f"{mtp['spec_speedup']:.2f}/{mtp['projected_speedup_at_0_8']:.2f}" if mtp else "-",
     })
 for k in rows[0]:
     print(f"{k:58}" + "".join(f" {r[k]:>14}" for r in rows))

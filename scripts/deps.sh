@@ -28,7 +28,16 @@ if [ -n "$missing" ]; then
     if [ "$(id -u)" = 0 ]; then
         echo "deps: installing$missing"
         apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null
+        # Debian starts a service as its package is installed (nginx would take port 80 and stay up);
+        # cairn only runs its own nginx processes, so refuse service starts during this install, the way
+        # Debian's container images do, unless the machine already has a policy of its own.
+        policy=""
+        if [ ! -e /usr/sbin/policy-rc.d ]; then
+            policy=/usr/sbin/policy-rc.d
+            printf '#!/bin/sh\nexit 101\n' > "$policy" && chmod +x "$policy"
+        fi
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null || { rc=$?; [ -n "$policy" ] && rm -f "$policy"; exit $rc; }
+        [ -n "$policy" ] && rm -f "$policy"
     else
         echo "deps: missing packages. Run:"
         echo "  sudo apt-get install -y$missing"

@@ -5,6 +5,7 @@
  *   cairn bench reuse -m DIR     -> bench_reuse     (src/bench_reuse.c)
  *   cairn bench concurrency -m DIR -> bench_concurrency (src/bench_concurrency.c)
  *   cairn bench grammar -m DIR   -> bench_grammar   (src/bench_grammar.c)
+ *   cairn bench mtp -m DIR       -> bench_mtp       (src/bench_mtp.c)
  * Every report is a ratio measured in the same run (e.g. bytes/s over the read bandwidth this
  * run measured), never an absolute figure compared with a constant. */
 #ifndef CAIRN_BENCH_H
@@ -21,6 +22,7 @@ int bench_model(int argc, char **argv);
 int bench_reuse(int argc, char **argv);
 int bench_concurrency(int argc, char **argv);
 int bench_grammar(int argc, char **argv);
+int bench_mtp(int argc, char **argv);
 
 /* A fixed pseudo-random prompt of n ids, one per seed (ids 2.. to stay clear of BOS/EOS in
  * small vocabularies), and the greedy choice the benches decode with. */

@@ -80,10 +80,9 @@ int bench_argmax(const float *x, int n) {
     return best;
 }
 
-/* Timed prefill then greedy decode on a fresh sequence. */
 /* Timed prefill, greedy decode, then one forward call of VERIFY_TOKENS tokens on a fresh
- * sequence: what a speculative step verifying VERIFY_TOKENS - 1 drafts would pay, against one
- * decode step (MTP drafting itself is not implemented). */
+ * sequence: the shape of a speculative step verifying VERIFY_TOKENS - 1 drafts, against one
+ * decode step (`cairn bench mtp` measures MTP speculation itself). */
 #define VERIFY_TOKENS 4
 
 static int measure(model *m, const bench_opts *o, const int *ids, int timed, bench_result *r, char *err,
@@ -135,7 +134,7 @@ static void report(const bench_opts *o, const bench_result *r) {
     printf("decode  (%4ld tok)  %10.2f tok/s  %8.1f MB/token\n", o->decode, r->decode_tok_s, r->decode_bytes / 1e6);
     printf("decode efficiency   %10.3f  (weight bytes/s over read bandwidth; %d threads, %s)\n", r->decode_efficiency,
            pool_threads(), kernels_simd_name());
-    printf("verify %d tokens     %10.2f  decode steps (one forward call; MTP drafting is not implemented)\n",
+    printf("verify %d tokens     %10.2f  decode steps (one forward call; MTP speculation: cairn bench mtp)\n",
            VERIFY_TOKENS, r->verify_cost_ratio);
 }
 

@@ -26,6 +26,7 @@ static void bench_usage(FILE *f) {
             "       cairn bench reuse -m DIR [options]    (prefix-reuse speed of a model)\n"
             "       cairn bench concurrency -m DIR [options]  (batched decode of 1/2/4/8 conversations)\n"
             "       cairn bench grammar -m DIR [options]  (constrained-decoding cost per decode step)\n"
+            "       cairn bench mtp -m DIR [options]      (MTP speculative decoding: verify cost, acceptance)\n"
             "\n"
             "kernels: measures the read bandwidth of this machine (stream-like sum over >= 1 GiB on all\n"
             "  threads, 4x the last-level cache), then for each weight layout (f32, bf16, fp8 with E8M0 and with F32 block\n"
@@ -38,8 +39,8 @@ static void bench_usage(FILE *f) {
             "  Batched GFLOP/s is also printed as a fraction of the f32 FMA peak measured here.\n"
             "  Threads: CAIRN_THREADS (default: online cores).\n"
             "\n"
-            "-m DIR, reuse, concurrency: see `cairn bench -m DIR --help`, `cairn bench reuse --help`,\n"
-            "`cairn bench concurrency --help`.\n");
+            "-m DIR, reuse, concurrency, mtp: see `cairn bench -m DIR --help`, `cairn bench reuse --help`,\n"
+            "`cairn bench concurrency --help`, `cairn bench mtp --help`.\n");
 }
 
 int cmd_bench(int argc, char **argv) {
@@ -50,6 +51,7 @@ int cmd_bench(int argc, char **argv) {
     if (!strcmp(sub, "reuse")) return bench_reuse(argc - 1, argv + 1);
     if (!strcmp(sub, "concurrency")) return bench_concurrency(argc - 1, argv + 1);
     if (!strcmp(sub, "grammar")) return bench_grammar(argc - 1, argv + 1);
+    if (!strcmp(sub, "mtp")) return bench_mtp(argc - 1, argv + 1);
     if (sub[0] == '-') return bench_model(argc, argv);
     fprintf(stderr, "cairn bench: unknown benchmark '%s'\n", sub);
     bench_usage(stderr);

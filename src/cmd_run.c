@@ -29,6 +29,7 @@ typedef struct {
     const char *model_dir, *prompt, *prompt_ids, *dump_state;
     int chat, raw, jsonl, ignore_eos, validate_only;
     long n_gen, top_logprobs, echo_logprobs, ctx, threads, snapshot_at;
+    long draft;                /* --spec mtp: drafts per speculative step (0: no speculation) */
     double expert_cache_mb;
     int *chunks, nchunks;      /* --prefill-chunks sizes (heap) */
     int *report, nreport;      /* --weights-report positions (heap); report_on: the flag was given */
@@ -50,6 +51,7 @@ typedef struct {
     sampler smp;
     run_stats st;
     float *logits, *lp;        /* [vocab] */
+    float *rows;               /* [draft + 1][vocab] verify rows of a speculative step, or NULL */
     int *top;                  /* [top_logprobs] */
 } runner;
 
@@ -69,6 +71,9 @@ static void usage(FILE *f) {
             "  --temperature T        0 = greedy (default 1.0)\n"
             "  --top-p P  --top-k K  --min-p P  --seed S   sampling filters and rng seed\n"
             "  --ignore-eos           keep generating after an end-of-sequence token\n"
+            "  --spec mtp             speculative decoding: the checkpoint's MTP layer drafts, one forward\n"
+            "                         call verifies (greedy output is bit-identical to plain decoding)\n"
+            "  --draft K              drafts per speculative step with --spec (default 2, at most 8)\n"
             "  --format text|jsonl    text streams the reply; jsonl prints one object per token:\n"
             "                         {\"id\",\"text\",\"logprob\",\"top\":[{\"id\",\"logprob\"}...]}\n"
             "  --top-logprobs K       alternatives per token in jsonl output (default 0)\n"
@@ -89,7 +94,9 @@ static void usage(FILE *f) {
             "                         restore into a new one and continue\n"
             "  --validate-only        open the model, validate every tensor (incl. MTP) and exit\n"
             "  --weights-report P,Q   open the model and print one JSON line: tensors validated, weight\n"
-            "                         bytes a decode step reads, FLOPs of a token at positions P, Q, ...\n"
+            "                         bytes a decode step reads, what one MTP draft step over one token\n"
+            "                         reads and computes (draft_bytes, draft_flops; 0 without MTP\n"
+            "                         drafting), FLOPs of a token at positions P, Q, ...\n"
             CLI_EXPERT_CACHE_HELP
             "\n"
             "At exit a stats line is printed on stderr (prompt, generated, rss_mb, state bytes, tok/s).\n");
@@ -119,6 +126,7 @@ static int parse_flags(int argc, char **argv, run_opts *o) {
     o->n_gen = 256;
     o->snapshot_at = -1;
     o->sp = (sampler_params){.temperature = 1.0f, .top_p = 1.0f};
+    int spec = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         double d;
@@ -153,6 +161,8 @@ static int parse_flags(int argc, char **argv, run_opts *o) {
             if (parse_list(a, v, 0, &o->report, &o->nreport)) return -1;
             o->report_on = 1;
         }
+        else if (!strcmp(a, "--spec")) { if (strcmp(v, "mtp")) goto bad; spec = 1; }
+        else if (!strcmp(a, "--draft")) { if (cli_int("run", a, v, 1, SPEC_MAX_DRAFT, &o->draft)) return -1; }
         else if (!strcmp(a, "--format")) {
             if (strcmp(v, "text") && strcmp(v, "jsonl")) goto bad;
             o->jsonl = !strcmp(v, "jsonl");
@@ -168,6 +178,8 @@ static int parse_flags(int argc, char **argv, run_opts *o) {
         return -1;
     }
     if (!o->model_dir) { fprintf(stderr, "cairn run: -m DIR is required (see cairn run --help)\n"); return -1; }
+    if (o->draft && !spec) { fprintf(stderr, "cairn run: --draft needs --spec mtp\n"); return -1; }
+    if (spec && !o->draft) o->draft = 2;
     if (!o->validate_only && !o->report_on && !o->chat + !o->prompt + !o->prompt_ids != 2) {
         fprintf(stderr, "cairn run: give exactly one of -p TEXT, --prompt-ids IDS or --chat\n");
         return -1;
@@ -452,26 +464,62 @@ static int dump_state(runner *r, char *err, size_t errlen) {
 /* Set by SIGINT while --chat generates: the reply stops, the program does not. */
 static volatile sig_atomic_t interrupted;
 
-/* Sample up to n_gen tokens from r->logits; every sampled token but the last is fed back.
- * If reply is non-NULL every sampled id (an ending EOS included) is appended to it and *eos says
- * whether an EOS ended the reply. */
+/* Emit one chosen token (r->logits: the row it was chosen from). Returns 1 when the reply ends
+ * with it (EOS, n_gen reached or interrupted). */
+static int emit_reply_token(runner *r, tok_stream *ts, int id, long g, prompt *reply, int *eos) {
+    int stop = model_is_eos(r->m, id) && !r->o->ignore_eos;
+    if (!stop || r->o->jsonl) emit_token(r, ts, id);
+    r->st.generated++;
+    if (reply) reply->ids[reply->n++] = id;
+    if (eos) *eos = stop;
+    return stop || g + 1 == r->o->n_gen || interrupted;
+}
+
+/* One speculative step after `id` was emitted as token g: feeds id and the kept drafts (never
+ * past n_gen), emits the drafts and leaves the next chosen token in *id with r->logits its row.
+ * An EOS among the kept drafts ends the reply: the state is cut back to before it, as plain
+ * decoding never feeds an EOS. Returns 1 when the reply ended, -1 on failure. */
+static int spec_step(runner *r, tok_stream *ts, int *id, long *g, prompt *reply, int *eos, char *err, size_t errlen) {
+    int V = r->m->vocab_size, want = (int)MIN(r->o->draft, r->o->n_gen - *g - 2), out[SPEC_MAX_DRAFT + 1], n, kept;
+    double t0 = now_seconds();
+    int rc = seq_spec_step(r->s, *id, want, &r->smp, out, &n, id, r->rows, &kept, err, errlen);
+    r->st.decode_s += now_seconds() - t0;
+    if (rc) return -1;
+    r->st.decode_steps += n;        /* tokens fed, as a plain step feeds one */
+    for (int i = 1; i < n; i++) {
+        memcpy(r->logits, r->rows + (size_t)(i - 1) * V, sizeof(float) * (size_t)V);
+        if (emit_reply_token(r, ts, out[i], ++*g, reply, eos)) {
+            state_truncate(&r->s->st, r->s->st.len - (n - i));
+            return 1;
+        }
+    }
+    memcpy(r->logits, r->rows + (size_t)(n - 1) * V, sizeof(float) * (size_t)V);
+    return 0;
+}
+
+/* Sample up to n_gen tokens from r->logits; every sampled token but the last is fed back (with
+ * --spec, in speculative steps while at least two tokens remain). If reply is non-NULL every
+ * sampled id (an ending EOS included) is appended to it and *eos says whether an EOS ended the
+ * reply. */
 static int generate(runner *r, prompt *reply, int *eos, char *err, size_t errlen) {
     tok_stream ts;
     if (r->m->tok) tok_stream_init(&ts, r->m->tok);
     if (eos) *eos = 0;
+    int id = r->o->n_gen ? sampler_pick(&r->smp, r->logits) : 0;
     for (long g = 0; g < r->o->n_gen; g++) {
-        int id = sampler_pick(&r->smp, r->logits);
-        int stop = model_is_eos(r->m, id) && !r->o->ignore_eos;
-        if (!stop || r->o->jsonl) emit_token(r, &ts, id);
-        r->st.generated++;
-        if (reply) reply->ids[reply->n++] = id;
-        if (eos) *eos = stop;
-        if (stop || g + 1 == r->o->n_gen || interrupted) break;
+        if (emit_reply_token(r, &ts, id, g, reply, eos)) break;
+        if (r->o->draft && r->o->n_gen - g >= 3) {
+            int rc = spec_step(r, &ts, &id, &g, reply, eos, err, errlen);
+            if (rc < 0) return -1;
+            if (rc) break;
+            continue;
+        }
         double t0 = now_seconds();
         int rc = seq_feed(r->s, &id, 1, r->logits, err, errlen);
         r->st.decode_s += now_seconds() - t0;
         r->st.decode_steps++;
         if (rc) return -1;
+        id = sampler_pick(&r->smp, r->logits);
     }
     if (r->m->tok && !r->o->jsonl) {
         char buf[64];
@@ -691,7 +739,8 @@ static int load_prompts(const run_opts *o, const model *m, prompt **prompts, int
 
 /* The tensor table's accounting (core/tensor_table.h) as one JSON line, for checks from outside. */
 static void print_weights_report(const model *m, const int *pos, int n) {
-    printf("{\"validated\":%d,\"decode_bytes\":%zu,\"token_flops\":{", m->n_validated, model_decode_bytes(m));
+    printf("{\"validated\":%d,\"decode_bytes\":%zu,\"draft_bytes\":%zu,\"draft_flops\":%.17g,\"token_flops\":{",
+           m->n_validated, model_decode_bytes(m), tt_draft_bytes(&m->weights), tt_draft_flops(&m->weights));
     for (int i = 0; i < n; i++) printf("%s\"%d\":%.17g", i ? "," : "", pos[i], model_token_flops(m, pos[i]));
     printf("}}\n");
 }
@@ -717,8 +766,16 @@ int cmd_run(int argc, char **argv) {
         free(o.report);
         return 0;
     }
+    if (o.draft && !(m->draft_layers && m->ops->draft)) {
+        fprintf(stderr, "cairn run: --spec mtp: %s has no MTP layer this engine can draft with\n", o.model_dir);
+        model_close(m);
+        free(o.chunks);
+        return 1;
+    }
+    m->spec_mtp = o.draft > 0;
     runner r = {.o = &o, .m = m};
     r.logits = xmalloc(sizeof(float) * m->vocab_size);
+    r.rows = o.draft ? xmalloc(sizeof(float) * (size_t)(o.draft + 1) * m->vocab_size) : NULL;
     r.lp = xmalloc(sizeof(float) * m->vocab_size);
     r.top = xmalloc(sizeof(int) * (MAX(o.top_logprobs, o.echo_logprobs) + 1));
     sampler_init(&r.smp, &o.sp, m->vocab_size);
@@ -731,6 +788,7 @@ int cmd_run(int argc, char **argv) {
     free(prompts);
     sampler_free(&r.smp);
     free(r.logits);
+    free(r.rows);
     free(r.lp);
     free(r.top);
     seq_free(r.s);

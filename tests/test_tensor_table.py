@@ -34,6 +34,7 @@ def assert_counts_agree(cairn, family, model):
     got, want = report(cairn, model), weight_count.count(family, model, POSITIONS)
     assert got["validated"] == want["validated"]
     assert got["decode_bytes"] == want["decode_bytes"]
+    assert got["draft_bytes"] == want["draft_bytes"] and got["draft_flops"] == want["draft_flops"]
     for p in map(str, POSITIONS):
         assert got["token_flops"][p] == want["token_flops"][p], f"position {p}"
     flops = [got["token_flops"][str(p)] for p in POSITIONS]

@@ -4,7 +4,8 @@ alone: the independent side of the engine's tensor table (src/core/tensor_table.
 code with it.
 
 usage: python3 tools/weight_count.py FAMILY MODEL_DIR [POS,POS,...]
-prints {"validated": N, "decode_bytes": B, "token_flops": {"POS": F, ...}} like
+prints {"validated": N, "decode_bytes": B, "draft_bytes": D, "draft_flops": G,
+"token_flops": {"POS": F, ...}} like
 `cairn run -m MODEL_DIR --weights-report POS,...`.
 
 Rules, from the official layouts (per family below):
@@ -13,7 +14,10 @@ Rules, from the official layouts (per family below):
   - bytes are a tensor's stored bytes; a quantized matrix's scale tensor counts with it;
   - a decode step reads every dense / shared-expert tensor whole, one row of a lookup table
     (embedding, hash routing table), of each layer's routed experts num_experts_per_tok out of
-    num_experts (the layer's routed bytes * k // E), nothing of validated-only tensors (MTP, audio);
+    num_experts (the layer's routed bytes * k // E), nothing of validated-only tensors (an MTP
+    layer the engine does not draft with, audio);
+  - an MTP layer the engine drafts with (GLM) is counted by the same rules on its own: draft_bytes
+    and draft_flops are what one MTP step over one token reads and computes (0 without one);
   - FLOPs are 2 * rows * cols per matrix a token passes through (routed experts at the same
     k / E share), plus the position-dependent work the family's attention does (`extra_flops`).
 """
@@ -61,8 +65,8 @@ def matrix_dims(name, h, scales):
 
 
 # ---- families --------------------------------------------------------------------------------
-# classify(name, shape, cfg, h) -> (role, layer): role "dense" | "routed" | "lookup" | "idle" |
-# "ignored"; matmul(name, shape) says whether a 2-D (or stacked 3-D) tensor is a product a token
+# classify(name, shape, cfg, h) -> (role, layer, draft): role "dense" | "routed" | "lookup" |
+# "idle" | "ignored", draft True for the tensors of an MTP layer the engine drafts with; matmul(name, shape) says whether a 2-D (or stacked 3-D) tensor is a product a token
 # runs; experts(cfg) -> (E, k); extra_flops(cfg, h, pos).
 
 
@@ -77,11 +81,11 @@ class DeepSeekV4:
 
     def classify(self, name, shape, c, h):
         if name.startswith("mtp."):
-            return "idle", -1
+            return "idle", -1, False
         if name == "embed.weight" or name.endswith("ffn.gate.tid2eid"):
-            return "lookup", -1
+            return "lookup", -1, False
         layer = layer_of(r"layers\.(\d+)\.ffn\.experts\.\d+\.", name)
-        return ("routed" if layer >= 0 else "dense"), layer
+        return ("routed" if layer >= 0 else "dense"), layer, False
 
     def matmul(self, name, shape):
         return len(shape) == 2 and not name.endswith((".ape", "tid2eid"))
@@ -106,12 +110,11 @@ class Glm:
         return c
 
     def classify(self, name, shape, c, h):
-        if layer_of(r"model\.layers\.(\d+)\.", name) >= c["num_hidden_layers"]:
-            return "idle", -1
+        draft = layer_of(r"model\.layers\.(\d+)\.", name) >= c["num_hidden_layers"]      # the MTP layer
         if name == "model.embed_tokens.weight":
-            return "lookup", -1
+            return "lookup", -1, False
         layer = layer_of(r"model\.layers\.(\d+)\.mlp\.experts\.\d+\.", name)
-        return ("routed" if layer >= 0 else "dense"), layer
+        return ("routed" if layer >= 0 else "dense"), layer, draft
 
     def matmul(self, name, shape):
         return len(shape) == 2
@@ -141,11 +144,11 @@ class KimiK3:
     def classify(self, name, shape, c, h):
         n = self.bare(name)
         if n.startswith("model.layers.0.self_attention_res_"):
-            return "ignored", -1               # layer 0's attention-site mixer has nothing to mix
+            return "ignored", -1, False  # layer 0's attention-site mixer has nothing to mix
         if n == "model.embed_tokens.weight":
-            return "lookup", -1
+            return "lookup", -1, False
         layer = layer_of(r"model\.layers\.(\d+)\.block_sparse_moe\.experts\.\d+\.", n)
-        return ("routed" if layer >= 0 else "dense"), layer
+        return ("routed" if layer >= 0 else "dense"), layer, False
 
     def matmul(self, name, shape):
         return len(shape) == 2 and "_res_proj" not in name      # [1, n] residual projections
@@ -171,13 +174,13 @@ class Inkling:
 
     def classify(self, name, shape, c, h):
         if name.startswith("model.mtp."):
-            return "ignored", -1
+            return "ignored", -1, False
         if name.startswith("model.audio"):
-            return "idle", -1
+            return "idle", -1, False
         if name in ("model.llm.embed.weight", "model.language_model.embed_tokens.weight"):
-            return "lookup", -1
+            return "lookup", -1, False
         layer = layer_of(r"model\.(?:llm|language_model)\.layers\.(\d+)\.mlp\.experts\.", name)
-        return ("routed" if layer >= 0 else "dense"), layer
+        return ("routed" if layer >= 0 else "dense"), layer, False
 
     def matmul(self, name, shape):
         return len(shape) in (2, 3) and shape[1] != 1 and not name.endswith("rel_logits_proj.proj")
@@ -227,11 +230,14 @@ def count(family, d, positions):
             scales.setdefault(base, []).append(name)
     companions = {s for v in scales.values() for s in v}
     E, k = fam.experts(c)
-    validated, dense, flops, routed_b, routed_f = 0, 0, 0.0, {}, {}
+    # [decode, draft] sums: dense bytes, dense FLOPs, routed bytes and FLOPs by layer
+    dense, flops, routed_b, routed_f = [0, 0], [0.0, 0.0], [{}, {}], [{}, {}]
+    validated = 0
     for name, (dt, shape, nbytes) in h.items():
         if name in companions:
             continue
-        role, layer = fam.classify(name, shape, c, h)
+        role, layer, draft = fam.classify(name, shape, c, h)
+        w = int(draft)
         if role == "ignored":
             continue
         validated += 1 + len(scales.get(name, []))
@@ -244,17 +250,17 @@ def count(family, d, positions):
                 rows, cols = matrix_dims(name, h, scales.get(name, []))
                 mm = 2.0 * rows * cols
         if role == "dense":
-            dense += nbytes
-            flops += mm
+            dense[w] += nbytes
+            flops[w] += mm
         elif role == "lookup":
-            dense += nbytes // shape[0]
+            dense[w] += nbytes // shape[0]
         elif role == "routed":
-            routed_b[layer] = routed_b.get(layer, 0) + nbytes
-            routed_f[layer] = routed_f.get(layer, 0.0) + mm
-    decode = dense + sum(b * k // E for b in routed_b.values())
-    flops += sum(f * k / E for f in routed_f.values())
-    return {"validated": validated, "decode_bytes": decode,
-            "token_flops": {str(p): flops + fam.extra_flops(c, h, p) for p in positions}}
+            routed_b[w][layer] = routed_b[w].get(layer, 0) + nbytes
+            routed_f[w][layer] = routed_f[w].get(layer, 0.0) + mm
+    nbytes = [dense[w] + sum(b * k // E for b in routed_b[w].values()) for w in (0, 1)]
+    nflops = [flops[w] + sum(f * k / E for f in routed_f[w].values()) for w in (0, 1)]
+    return {"validated": validated, "decode_bytes": nbytes[0], "draft_bytes": nbytes[1], "draft_flops": nflops[1],
+            "token_flops": {str(p): nflops[0] + fam.extra_flops(c, h, p) for p in positions}}
 
 
 def main():

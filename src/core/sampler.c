@@ -88,7 +88,7 @@ static const float *adjust(sampler *s, const float *logits) {
     return s->adjusted;
 }
 
-static int argmax_finite(const float *logits, int n) {
+int sampler_argmax(const float *logits, int n) {
     int best = -1;
     for (int i = 0; i < n; i++)
         if (isfinite(logits[i]) && (best < 0 || logits[i] > logits[best])) best = i;
@@ -184,7 +184,7 @@ static cut filter_cut(sampler *s, double sum) {
 int sampler_pick(sampler *s, const float *raw) {
     if (s->vocab <= 0) return 0;
     const float *logits = adjust(s, raw);
-    int best = argmax_finite(logits, s->vocab);
+    int best = sampler_argmax(logits, s->vocab);
     if (s->p.temperature <= 0 || !isfinite(logits[best])) return best;
     double sum = tempered_weights(s, logits, logits[best]);
     cut c = filter_cut(s, sum);
@@ -196,6 +196,41 @@ int sampler_pick(sampler *s, const float *raw) {
         if (w <= 0 || w < floor || !before_cut(w, i, c)) continue;
         last = i;
         r -= w;
+        if (r < 0) return i;
+    }
+    return last;
+}
+
+void sampler_dist(sampler *s, const float *raw, float *probs) {
+    if (s->vocab <= 0) return;
+    const float *logits = adjust(s, raw);
+    int best = sampler_argmax(logits, s->vocab);
+    memset(probs, 0, sizeof(float) * (size_t)s->vocab);
+    if (s->p.temperature <= 0 || !isfinite(logits[best])) {
+        probs[best] = 1.0f;
+        return;
+    }
+    double sum = tempered_weights(s, logits, logits[best]);
+    cut c = filter_cut(s, sum);
+    float floor = s->p.min_p > 0 ? s->p.min_p : 0;
+    double mass = kept_mass(s, c, floor);
+    for (int i = 0; i < s->vocab; i++) {
+        float w = s->probs[i];
+        if (w > 0 && w >= floor && before_cut(w, i, c)) probs[i] = (float)(w / mass);
+    }
+}
+
+double sampler_uniform(sampler *s) { return rng_uniform(&s->rng); }
+
+int sampler_draw(sampler *s, const float *weights) {
+    double sum = 0;
+    int last = 0;
+    for (int i = 0; i < s->vocab; i++) sum += weights[i];
+    double r = rng_uniform(&s->rng) * sum;
+    for (int i = 0; i < s->vocab; i++) {
+        if (weights[i] <= 0) continue;
+        last = i;
+        r -= weights[i];
         if (r < 0) return i;
     }
     return last;

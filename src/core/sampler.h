@@ -29,7 +29,7 @@ typedef struct {
     float frequency_penalty;    /* 0 = off */
 } sampler_params;
 
-typedef struct {
+typedef struct sampler {
     sampler_params p;
     uint64_t rng;
     int vocab;
@@ -44,6 +44,16 @@ typedef struct {
 void sampler_init(sampler *s, const sampler_params *p, int vocab);
 void sampler_free(sampler *s);
 int sampler_pick(sampler *s, const float *logits);
+/* Greedy's choice: the argmax over finite logits, ties to the lower id (0 if none is finite). */
+int sampler_argmax(const float *logits, int n);
+/* The distribution sampler_pick draws from, normalised into probs[vocab]: greedy is one-hot at
+ * the argmax; otherwise the tempered weights of the ids top-k/top-p/min-p keep (after bias and
+ * penalties, as they stand). No rng use. */
+void sampler_dist(sampler *s, const float *logits, float *probs);
+/* One draw from weights[vocab] (>= 0, any positive sum; id order, as sampler_pick walks) and one
+ * uniform in [0, 1), both from the sampler's rng: speculative sampling's accept/resample steps. */
+int sampler_draw(sampler *s, const float *weights);
+double sampler_uniform(sampler *s);
 /* Add bias[j] to the logit of ids[j] (ids outside the vocabulary are ignored). */
 void sampler_bias(sampler *s, const int *ids, const float *bias, int n);
 /* Note tokens for the penalties: the prompt's (output = 0) and each sampled one (output = 1). */

@@ -89,12 +89,15 @@ static float *to_f32(tt_table *w, const st_tensor *t, size_t n) {
     return v;
 }
 
-/* Accumulates what a decode step reads of one entry; routed entries are summed per group. */
+/* Accumulates what a decode step (a draft step, for draft entries) reads of one entry; routed
+ * entries are summed per group. */
 static void account(tt_table *w, const tt_entry *e, int64_t rows, size_t *routed_bytes, double *routed_flops) {
+    size_t *bytes = e->draft ? &w->draft_bytes : &w->decode_bytes;
+    double *flops = e->draft ? &w->draft_flops : &w->flops;
     switch (e->role) {
-    case TT_DENSE: case TT_SHARED: w->decode_bytes += e->bytes; w->flops += e->flops; break;
+    case TT_DENSE: case TT_SHARED: *bytes += e->bytes; *flops += e->flops; break;
     case TT_ROUTED: *routed_bytes += e->bytes; *routed_flops += e->flops; break;
-    case TT_LOOKUP: w->decode_bytes += e->bytes / (size_t)(rows > 0 ? rows : 1); break;
+    case TT_LOOKUP: *bytes += e->bytes / (size_t)(rows > 0 ? rows : 1); break;
     case TT_IDLE: break;
     }
 }
@@ -111,7 +114,7 @@ static int load_one(tt_table *w, const tt_spec *s, const tt_group *g, tt_role ro
     if (!t) return tt_fail(w, "missing tensor %s", name);
     int64_t want[TT_MAX_DIMS];
     want_shape(s, g, want);
-    tt_entry en = {.t = t, .role = role, .layer = g->layer, .expert = e};
+    tt_entry en = {.t = t, .role = role, .layer = g->layer, .expert = e, .draft = g->draft};
     if (s->kind == TT_MAT) {
         qmat *q = dst;
         if (weights_matrix(w->f, name, (int)want[0], (int)want[1], q, &w->count, w->err, w->errlen)) {
@@ -185,8 +188,8 @@ int tt_load(tt_table *w, const tt_spec *specs, int n, const tt_group *g) {
         if (load_one(w, s, g, role, name, -1, dst, &routed_bytes, &routed_flops) < 0) return -1;
     }
     if (g->experts > 0) {
-        w->decode_bytes += routed_bytes * (size_t)g->active / (size_t)g->experts;
-        w->flops += routed_flops * g->active / g->experts;
+        *(g->draft ? &w->draft_bytes : &w->decode_bytes) += routed_bytes * (size_t)g->active / (size_t)g->experts;
+        *(g->draft ? &w->draft_flops : &w->flops) += routed_flops * g->active / g->experts;
     }
     return 0;
 }
@@ -194,6 +197,10 @@ int tt_load(tt_table *w, const tt_spec *specs, int n, const tt_group *g) {
 size_t tt_decode_bytes(const tt_table *w) { return w->decode_bytes; }
 
 double tt_matmul_flops(const tt_table *w) { return w->flops; }
+
+size_t tt_draft_bytes(const tt_table *w) { return w->draft_bytes; }
+
+double tt_draft_flops(const tt_table *w) { return w->draft_flops; }
 
 int tt_expert(const tt_table *w, int layer, int expert, const tt_entry **out, int max) {
     int k = 0;

@@ -25,7 +25,8 @@
  *   role     what a decode step reads of it: TT_DENSE all of it; TT_SHARED all of it (a shared
  *            expert: never evicted by an expert cache); TT_ROUTED one of group.experts experts,
  *            of which group.active are read per token; TT_LOOKUP one row per token (embedding,
- *            hash table); TT_IDLE nothing (validated only: MTP, a media tower).
+ *            hash table); TT_IDLE nothing (validated only: an MTP layer no drafting runs, a
+ *            media tower).
  *   dim[]    indices into the dims vector handed to tt_load (TT_ONE: the literal 1).
  *   dst      offsetof the destination in group.dst. TT_ROUTED TT_MAT and TT_STACK rows write a
  *            `qmat *` to an array the table owns.
@@ -39,6 +40,9 @@
  *   flops   2 * rows * cols per matrix a token passes through (routed: the same active share),
  *           no FLOPs for vectors, lookups and idle tensors. Attention over the context and other
  *           position-dependent work is the family's (family_ops.extra_flops).
+ *   draft   a group loaded with group.draft (an MTP layer, read only by speculative decoding):
+ *           its rows keep their roles and are accounted by the same rules, but into draft_bytes /
+ *           draft_flops (what one MTP step over one token reads and computes), not decode.
  *
  * INVARIANTS
  *  - After the first failure every tt_load returns -1 at once; err keeps the first message.
@@ -82,6 +86,7 @@ typedef struct {
     int layer;                 /* for the record; -1 outside the layers */
     int experts, active;       /* TT_ROUTED rows: multiplicity, and experts read per token */
     int idle;                  /* every row of the call counts as TT_IDLE (validated only) */
+    int draft;                 /* the call's rows are read only when drafting (see ACCOUNTING) */
 } tt_group;
 
 typedef struct {
@@ -89,6 +94,7 @@ typedef struct {
     qmat *mat;                 /* the matrix view, NULL for vectors */
     tt_role role;
     int layer, expert;         /* expert -1 unless routed */
+    int draft;                 /* loaded with group.draft */
     size_t bytes;
     double flops;
 } tt_entry;
@@ -101,8 +107,8 @@ typedef struct {
     int count;                 /* tensors validated */
     tt_entry *list;            /* the record, in load order */
     int n, cap;
-    size_t decode_bytes;
-    double flops;
+    size_t decode_bytes, draft_bytes;
+    double flops, draft_flops;
     void **owned;
     int n_owned, cap_owned;
 } tt_table;
@@ -114,6 +120,9 @@ int tt_load(tt_table *w, const tt_spec *specs, int n, const tt_group *g);
 /* Weight bytes one decode step reads, and its matrix FLOPs (see ACCOUNTING). */
 size_t tt_decode_bytes(const tt_table *w);
 double tt_matmul_flops(const tt_table *w);
+/* The same of the draft groups alone: one MTP step over one token (0 without drafting weights). */
+size_t tt_draft_bytes(const tt_table *w);
+double tt_draft_flops(const tt_table *w);
 /* The entries of routed expert e of layer l, in table order, into out[max]: how many there are. */
 int tt_expert(const tt_table *w, int layer, int expert, const tt_entry **out, int max);
 /* A family's own check of loaded data (e.g. a hash table's entries) fails through the table. */

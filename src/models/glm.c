@@ -179,7 +179,7 @@ static const tt_spec top[] = {
     {{"model.norm.weight"}, TT_F32, TT_DENSE, 0, 1, {GD_DIM}, offsetof(glm_model, final_norm), 0},
 };
 #undef TOP
-#define MTP(n, kind, ndim, field) {{n}, kind, TT_IDLE, 0, ndim, {GD_DIM, GD_2DIM}, offsetof(glm_mtp, field), 0}
+#define MTP(n, kind, ndim, field) {{n}, kind, TT_DENSE, 0, ndim, {GD_DIM, GD_2DIM}, offsetof(glm_mtp, field), 0}
 static const tt_spec mtp_extra[] = {
     MTP("eh_proj.weight", TT_MAT, 2, eh),
     MTP("enorm.weight", TT_F32, 1, enorm),
@@ -199,30 +199,30 @@ static void fill_dims(glm_model *g) {
 
 /* One group of layer l's tensors under prefix "model.layers.<i>.<sub>", with GD_INTER = inter. */
 static int load_group(tt_table *w, glm_model *g, glm_layer *l, int i, const char *sub, const tt_spec *t, int n,
-                      int inter, int idle) {
+                      int inter, int draft) {
     char p[160];
     int dims[GD_COUNT];
     memcpy(dims, g->dims, sizeof dims);
     dims[GD_INTER] = inter;
     snprintf(p, sizeof p, "model.layers.%d.%s", i, sub);
     tt_group grp = {.prefix = p, .dst = l, .dims = dims, .layer = i, .experts = g->n_experts, .active = g->top_k,
-                    .idle = idle};
+                    .draft = draft};
     return tt_load(w, t, n, &grp);
 }
 
-static int load_layer(tt_table *w, glm_model *g, glm_layer *l, int i, int idle) {
-    if (load_group(w, g, l, i, "", norms, N(norms), 0, idle) ||
-        load_group(w, g, l, i, "self_attn.", attention, N(attention), 0, idle) ||
+static int load_layer(tt_table *w, glm_model *g, glm_layer *l, int i, int draft) {
+    if (load_group(w, g, l, i, "", norms, N(norms), 0, draft) ||
+        load_group(w, g, l, i, "self_attn.", attention, N(attention), 0, draft) ||
         (g->has_indexer && l->full_indexer &&
-         load_group(w, g, l, i, "self_attn.", indexer, N(indexer), 0, idle)))
+         load_group(w, g, l, i, "self_attn.", indexer, N(indexer), 0, draft)))
         return -1;
-    if (!l->sparse) return load_group(w, g, l, i, "mlp.", swiglu, N(swiglu), g->inter, idle);
-    return load_group(w, g, l, i, "mlp.", moe, N(moe), g->moe_inter, idle) ||
-           load_group(w, g, l, i, "mlp.shared_experts.", swiglu, N(swiglu), g->moe_inter * g->n_shared, idle);
+    if (!l->sparse) return load_group(w, g, l, i, "mlp.", swiglu, N(swiglu), g->inter, draft);
+    return load_group(w, g, l, i, "mlp.", moe, N(moe), g->moe_inter, draft) ||
+           load_group(w, g, l, i, "mlp.shared_experts.", swiglu, N(swiglu), g->moe_inter * g->n_shared, draft);
 }
 
 /* The MTP layer (index n_layers) is optional in a checkpoint; when present it must be well formed.
- * It is validated only: plain generation never runs it (no speculative decoding yet). */
+ * It runs only for speculative decoding (glm.h), so the table counts it as draft weights. */
 static int load_mtp(tt_table *w, glm_model *g, const cJSON *c, char *err, size_t errlen) {
     char name[160];
     int n_mtp;
@@ -233,7 +233,7 @@ static int load_mtp(tt_table *w, glm_model *g, const cJSON *c, char *err, size_t
     snprintf(name, sizeof name, "model.layers.%d.self_attn.indexer.wq_b.weight", g->n_layers);
     g->mtp.full_indexer = st_find(w->f, name) != NULL;
     snprintf(name, sizeof name, "model.layers.%d.", g->n_layers);
-    tt_group grp = {.prefix = name, .dst = &g->mtp_extra, .dims = g->dims, .layer = g->n_layers, .idle = 1};
+    tt_group grp = {.prefix = name, .dst = &g->mtp_extra, .dims = g->dims, .layer = g->n_layers, .draft = 1};
     if (load_layer(w, g, &g->mtp, g->n_layers, 1) || tt_load(w, mtp_extra, N(mtp_extra), &grp)) return -1;
     g->has_mtp = 1;
     return 0;
@@ -262,6 +262,7 @@ static int glm_load(model *m, char *err, size_t errlen) {
     tt_group grp = {.prefix = "", .dst = g, .dims = g->dims, .layer = -1};
     if (tt_load(w, top, N(top), &grp) || load_mtp(w, g, c, err, errlen)) return -1;
     m->vocab_size = g->vocab;
+    m->draft_layers = g->has_mtp;
     return 0;
 }
 
@@ -271,18 +272,28 @@ static void *glm_seq_new(model *m, state *st, int ctx, arena *scratch, char *err
     glm_model *g = m->priv;
     glm_seq *s = xcalloc(1, sizeof *s);
     s->scratch = scratch;
-    s->kv = xcalloc((size_t)g->n_layers, sizeof *s->kv);
-    s->ik = xcalloc((size_t)g->n_layers, sizeof *s->ik);
+    int mtp = m->spec_mtp && g->has_mtp;
+    s->kv = xcalloc((size_t)g->n_layers + 1, sizeof *s->kv);
+    s->ik = xcalloc((size_t)g->n_layers + 1, sizeof *s->ik);
     s->cap = ctx;
     char name[48];
-    for (int i = 0; i < g->n_layers; i++) {
+    size_t kv_row = (size_t)(g->kv_lora + g->rope) * sizeof(float), ik_row = (size_t)g->idx_dim * sizeof(float);
+    for (int i = 0; i < g->n_layers + mtp; i++) {
+        const glm_layer *l = i < g->n_layers ? &g->layers[i] : &g->mtp;
+        int first = i < g->n_layers ? 0 : 1;      /* the MTP layer's row p + 1 is position p */
         snprintf(name, sizeof name, "L%d.kv", i);
-        s->kv[i] = state_add_part(st, PART_ROWS, name, (size_t)(g->kv_lora + g->rope) * sizeof(float), ctx, 1, 0);
-        if (!s->kv[i]) goto oom;
-        if (!g->has_indexer || !g->layers[i].full_indexer) continue;
+        unsigned char *rows = state_add_part(st, PART_ROWS, name, kv_row, ctx, 1, 0);
+        if (!rows) goto oom;
+        s->kv[i] = (float *)(rows + first * kv_row);
+        if (!g->has_indexer || !l->full_indexer) continue;
         snprintf(name, sizeof name, "L%d.ik", i);
-        s->ik[i] = state_add_part(st, PART_ROWS, name, (size_t)g->idx_dim * sizeof(float), ctx, 1, 0);
-        if (!s->ik[i]) goto oom;
+        if (!(rows = state_add_part(st, PART_ROWS, name, ik_row, ctx, 1, 0))) goto oom;
+        s->ik[i] = (float *)(rows + first * ik_row);
+    }
+    if (mtp) {
+        snprintf(name, sizeof name, "mtp.h");
+        if (!(s->hfin = state_add_part(st, PART_ROWS, name, (size_t)g->dim * sizeof(float), ctx, 1, 0))) goto oom;
+        s->draft_h = xcalloc((size_t)g->dim, sizeof(float));
     }
     return s;
 oom:
@@ -298,6 +309,7 @@ static void glm_seq_free(model *m, void *fam_seq) {
     if (!s) return;
     free(s->kv);
     free(s->ik);
+    free(s->draft_h);
     free(s);
 }
 
@@ -333,5 +345,6 @@ const family_ops glm_ops = {
     .seq_new = glm_seq_new,
     .seq_free = glm_seq_free,
     .forward = glm_forward,
+    .draft = glm_draft,
     .extra_flops = glm_extra_flops,
 };

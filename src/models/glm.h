@@ -8,14 +8,26 @@
  *   h += FFN(RMSNorm(h))                     dense SwiGLU for the first layers, then a sigmoid
  *                                            router with score-correction bias choosing top-k
  *                                            routed experts, plus one always-on shared expert;
- * then a final RMSNorm and lm_head. An MTP layer (index num_hidden_layers) is validated at load
- * but not run: plain generation does not need it.
+ * then a final RMSNorm and lm_head.
+ *
+ * MTP (DeepSeek-V3 style, one layer at index num_hidden_layers, spec glm_kimi_inkling.md §2.6):
+ * the MTP row of position p takes the main model's final hidden state of p (after the final
+ * norm, as vLLM and SGLang feed it) and the token at p + 1:
+ *   x = eh_proj [enorm(embed(tok_{p+1})) ; hnorm(h_p)],  one decoder layer (its own MLA rows
+ *   and indexer), then shared_head.norm and the shared lm_head predict tok_{p+2}.
+ * It runs only when the model was opened for speculative decoding (model.spec_mtp); then every
+ * forward call also computes the MTP rows of the positions its tokens complete, and
+ * glm_draft chains the layer on its own output to draft further tokens.
  *
  * STATE (per layer, PART_ROWS, span 1 — every row a pure function of its own token's hidden
  * state, so any prefix of rows is a valid state and truncation, copy and persistence are plain
  * memcpy done by the generic state layer):
  *   "L<i>.kv" : kv_lora normalised latent, then qk_rope rotated rope key (f32)
  *   "L<i>.ik" : index_head_dim indexer key (LayerNorm + rope), only on layers with a full indexer.
+ * With MTP running, also ROWS parts (span 1) "mtp.h" (row p: the final hidden state of p) and
+ * "L<n>.kv" / "L<n>.ik" for the MTP layer, whose row p + 1 holds MTP position p: it depends on
+ * tokens 0..p+1, so row i is still a function of the tokens before i + 1 and truncation stays a
+ * prefix cut. Row 0 of those two is never written.
  *
  * CHUNKING INVARIANCE: projections are batched qmat_mul calls (row-exact); attention, indexer
  * scores and expert sums run per token in a fixed order that depends only on the token's position.
@@ -44,10 +56,10 @@ typedef struct {
 enum { GD_DIM, GD_2DIM, GD_VOCAB, GD_QLORA, GD_QB, GD_KVA, GD_KVLORA, GD_KVB, GD_OV, GD_IQ, GD_IDX, GD_IHEADS,
        GD_EXPERTS, GD_INTER, GD_COUNT };
 
-/* The MTP block's own tensors beside its layer (validated only). */
+/* The MTP block's own tensors beside its layer. */
 typedef struct {
-    qmat eh;
-    float *enorm, *hnorm, *head_norm;
+    qmat eh;                          /* [dim, 2 dim]: [enorm(embed) ; hnorm(hidden)] -> dim */
+    float *enorm, *hnorm, *head_norm; /* head_norm is shared_head.norm (the lm_head is the model's) */
 } glm_mtp;
 
 typedef struct {
@@ -62,17 +74,20 @@ typedef struct {
     qmat embed, head;
     float *final_norm;
     glm_layer *layers;
-    glm_layer mtp;                    /* validated only; has_mtp = 0 when the checkpoint has none */
+    glm_layer mtp;                    /* has_mtp = 0 when the checkpoint has none */
     glm_mtp mtp_extra;
     int has_mtp;
     int dims[GD_COUNT];
-    experts *experts;                 /* the routed experts (core/experts.h), by layer index */
+    experts *experts;                 /* the routed experts (core/experts.h), by layer index; the
+                                         MTP layer's are layer n_layers */
 } glm_model;
 
 /* Per-sequence handle: pointers into the state's parts, and the sequence's scratch arena. */
 typedef struct {
-    float **kv;        /* [n_layers] rows of kv_lora + rope floats */
-    float **ik;        /* [n_layers] rows of idx_dim floats, NULL where the layer shares */
+    float **kv;        /* [n_layers + 1] rows of kv_lora + rope floats; [n_layers]: MTP, from row 1 */
+    float **ik;        /* [n_layers + 1] rows of idx_dim floats, NULL where the layer shares */
+    float *hfin;       /* "mtp.h" [cap][dim] final hidden states, NULL without MTP */
+    float *draft_h;    /* [dim] the MTP output of the last draft step (scratch between draft calls) */
     int cap;
     arena *scratch;    /* glm_scratch_bytes(ctx) bytes, owned by the generic seq */
 } glm_seq;
@@ -81,6 +96,7 @@ typedef struct {
 
 size_t glm_scratch_bytes(const model *m, int ctx);
 int glm_forward(model *m, const fwd_seg *segs, int nseg, char *err, size_t errlen);
+int glm_draft(model *m, void *fam_seq, int pos, int id, int step, float *logits, char *err, size_t errlen);
 
 /* chat_glm.c: the template the descriptor points at. */
 extern const chat_template glm_chat;

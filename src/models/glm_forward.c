@@ -374,6 +374,7 @@ static void head_logits(const model *m, const float *x, const fwd_seg *const *se
     int cnt = 0;
     for (int t = 0; t < n; t++) cnt += seg[t]->all_logits || (seg[t]->logits && tok[t] == seg[t]->n - 1);
     if (!cnt) return;
+    size_t mark = arena_mark(sc);
     float *hn, *out;
     head_layout(sc, g, cnt, &hn, &out);
     for (int t = 0, k = 0; t < n; t++)
@@ -389,6 +390,7 @@ static void head_logits(const model *m, const float *x, const fwd_seg *const *se
         if (sg->all_logits) memcpy(sg->all_logits + (size_t)tok[t] * v, row, v * sizeof *row);
         if (sg->logits && tok[t] == sg->n - 1) memcpy(sg->logits, row, v * sizeof *row);
     }
+    arena_release(sc, mark);      /* the MTP rows that follow take the scratch from here */
 }
 
 /* What one chunk holds for its whole pass: the residual stream, norm output, sub-layer output and
@@ -436,6 +438,9 @@ static size_t layer_bytes(const glm_model *g, const glm_layer *l, int n, int end
     return MAX(peak, a.used);
 }
 
+/* The MTP pass's own inputs beside a chunk's buffers: [enorm(embed) ; hnorm(hidden)] rows. */
+static float *mtp_layout(arena *a, const glm_model *g, int n) { return floats(a, (size_t)n * 2 * g->dim); }
+
 size_t glm_scratch_bytes(const model *m, int ctx) {
     const glm_model *g = m->priv;
     arena a = {0};
@@ -444,9 +449,120 @@ size_t glm_scratch_bytes(const model *m, int ctx) {
     chunk_layout(&a, g, GLM_CHUNK, &cb);
     size_t body = 0;
     for (int li = 0; li < g->n_layers; li++) body = MAX(body, layer_bytes(g, &g->layers[li], GLM_CHUNK, ctx, cb.sel.cap));
+    if (g->has_mtp) {      /* the MTP pass holds its input rows, its row table and one layer */
+        arena t = {0};      /* the takes of forward_chunk's ids, mtp_rows and mtp_pass, in order */
+        chunk_bufs mb;
+        for (int i = 0; i < 3; i++) ints(&t, GLM_CHUNK);
+        for (int i = 0; i < 2; i++) arena_take(&t, GLM_CHUNK, sizeof(void *));
+        floats(&t, (size_t)GLM_CHUNK * g->dim);
+        mtp_layout(&t, g, GLM_CHUNK);
+        chunk_layout(&t, g, GLM_CHUNK, &mb);
+        body = MAX(body, t.used + layer_bytes(g, &g->mtp, GLM_CHUNK, ctx, cb.sel.cap) + (size_t)64 * 8);
+    }
     size_t held = a.used;
     head_layout(&a, g, GLM_CHUNK, &hn, &out);
-    return held + MAX(body, a.used - held);
+    return held + MAX(body, a.used - held) + (size_t)64 * 16;
+}
+
+/* One decoder layer over the n rows of x (in place); hn and delta are scratch of the same size. */
+static void run_layer(const model *m, const glm_layer *l, int li, const rows_info *ri, float *x, float *hn,
+                      float *delta, selection *sel, int n, arena *sc) {
+    const glm_model *g = m->priv;
+    size_t len = (size_t)n * g->dim, mark = arena_mark(sc);
+    rmsnorm_rows(m, hn, x, l->attn_norm, n, g->dim, g->eps);
+    attention(m, l, li, ri, hn, n, sel, delta, sc);
+    add_residual(m, x, delta, len);
+    rmsnorm_rows(m, hn, x, l->ffn_norm, n, g->dim, g->eps);
+    if (l->sparse) moe(m, l, li, hn, n, delta, sc);
+    else swiglu(m, &l->gate, &l->up, &l->down, hn, n, delta, sc);
+    add_residual(m, x, delta, len);
+    arena_release(sc, mark);
+}
+
+/* The MTP layer over n rows: row i is MTP position pos[i] of seq[i], its token id[i] (the token
+ * at pos[i] + 1) and prev[i] the hidden state it continues from. Leaves the layer's output
+ * (before shared_head.norm) in out[n][dim]; writes MTP row pos[i] + 1 of each sequence. */
+static void mtp_pass(const model *m, glm_seq *const *seqs, const int *pos, const int *id, const float *const *prev,
+                     int n, float *out, arena *sc) {
+    const glm_model *g = m->priv;
+    size_t mark = arena_mark(sc);
+    int d = g->dim;
+    float *in = mtp_layout(sc, g, n);
+    chunk_bufs b;
+    chunk_layout(sc, g, n, &b);
+    for (int i = 0; i < n; i++) {
+        float *row = in + (size_t)i * 2 * d;
+        qmat_row(&g->embed, id[i], b.x);
+        act_round(m, b.x, (size_t)d);
+        rmsnorm(row, b.x, g->mtp_extra.enorm, d, g->eps);
+        rmsnorm(row + d, prev[i], g->mtp_extra.hnorm, d, g->eps);
+        b.sel.nsel[i] = -1;
+        b.rows.pos[i] = pos[i];
+        b.rows.seq[i] = seqs[i];
+        b.rows.end = MAX(b.rows.end, pos[i] + 1);
+    }
+    act_round(m, in, (size_t)n * 2 * d);
+    project(m, &g->mtp_extra.eh, in, n, out);
+    run_layer(m, &g->mtp, g->n_layers, &b.rows, out, b.hn, b.delta, &b.sel, n, sc);
+    arena_release(sc, mark);
+}
+
+/* shared_head.norm, then the shared lm_head: draft logits of one MTP output row. */
+static void mtp_logits(const model *m, const float *x, float *logits, arena *sc) {
+    const glm_model *g = m->priv;
+    size_t mark = arena_mark(sc);
+    float *hn = floats(sc, (size_t)g->dim);
+    rmsnorm(hn, x, g->mtp_extra.head_norm, g->dim, g->eps);
+    act_round(m, hn, (size_t)g->dim);
+    qmat_vec(&g->head, hn, logits);
+    arena_release(sc, mark);
+}
+
+/* After a pass's main layers (x[n][dim], row i at ri->pos[i] of ri->seq[i]): for the rows of
+ * sequences that keep MTP rows (a batched call may mix them with others), each row's final
+ * hidden state into its sequence's "mtp.h" row, then the MTP rows this pass completes: a token
+ * at pos >= 1 completes MTP position pos - 1 (hidden of pos - 1, this token). */
+static void mtp_rows(const model *m, const rows_info *ri, const int *ids, const float *x, int n, arena *sc) {
+    const glm_model *g = m->priv;
+    size_t mark = arena_mark(sc);
+    int d = g->dim, k = 0;
+    int *pos = ints(sc, (size_t)n), *id = ints(sc, (size_t)n);
+    glm_seq **seqs = arena_take(sc, (size_t)n, sizeof *seqs);
+    const float **prev = arena_take(sc, (size_t)n, sizeof *prev);
+    float *out = floats(sc, (size_t)n * d);
+    for (int i = 0; i < n; i++) {
+        glm_seq *s = ri->seq[i];
+        if (!s->hfin) continue;
+        float *h = s->hfin + (size_t)ri->pos[i] * d;
+        rmsnorm(h, x + (size_t)i * d, g->final_norm, d, g->eps);
+        act_round(m, h, (size_t)d);
+    }
+    for (int i = 0; i < n; i++) {
+        if (ri->pos[i] == 0 || !ri->seq[i]->hfin) continue;
+        seqs[k] = ri->seq[i];
+        pos[k] = ri->pos[i] - 1;
+        id[k] = ids[i];
+        prev[k++] = ri->seq[i]->hfin + (size_t)(ri->pos[i] - 1) * d;
+    }
+    if (k) mtp_pass(m, seqs, pos, id, prev, k, out, sc);
+    arena_release(sc, mark);
+}
+
+int glm_draft(model *m, void *fam_seq, int pos, int id, int step, float *logits, char *err, size_t errlen) {
+    const glm_model *g = m->priv;
+    glm_seq *s = fam_seq;
+    if (!s->hfin) return errf(err, errlen, "draft: this sequence does not run the MTP layer");
+    if (pos < 1 || pos + step + 1 > s->cap) return errf(err, errlen, "draft: position %d + %d outside [1, %d)", pos, step, s->cap);
+    if (id < 0 || id >= g->vocab) return errf(err, errlen, "draft: token id %d is outside the vocabulary", id);
+    int p = pos - 1 + step;
+    const float *prev = step ? s->draft_h : s->hfin + (size_t)(pos - 1) * g->dim;
+    size_t mark = arena_mark(s->scratch);
+    float *out = floats(s->scratch, (size_t)g->dim);
+    mtp_pass(m, &s, &p, &id, &prev, 1, out, s->scratch);
+    memcpy(s->draft_h, out, (size_t)g->dim * sizeof *out);
+    mtp_logits(m, out, logits, s->scratch);
+    arena_release(s->scratch, mark);
+    return 0;
 }
 
 /* One pass of n <= GLM_CHUNK rows, row t being token tok[t] of segment seg[t], in the scratch
@@ -467,19 +583,13 @@ static void forward_chunk(const model *m, glm_seq *s, const fwd_seg *const *seg,
         qmat_row(&g->embed, seg[i]->ids[tok[i]], x + (size_t)i * g->dim);
     }
     act_round(m, x, len);
-    for (int li = 0; li < g->n_layers; li++) {
-        const glm_layer *l = &g->layers[li];
-        size_t layer = arena_mark(sc);
-        rmsnorm_rows(m, hn, x, l->attn_norm, n, g->dim, g->eps);
-        attention(m, l, li, &b.rows, hn, n, &b.sel, delta, sc);
-        add_residual(m, x, delta, len);
-        rmsnorm_rows(m, hn, x, l->ffn_norm, n, g->dim, g->eps);
-        if (l->sparse) moe(m, l, li, hn, n, delta, sc);
-        else swiglu(m, &l->gate, &l->up, &l->down, hn, n, delta, sc);
-        add_residual(m, x, delta, len);
-        arena_release(sc, layer);
-    }
+    for (int li = 0; li < g->n_layers; li++) run_layer(m, &g->layers[li], li, &b.rows, x, hn, delta, &b.sel, n, sc);
     head_logits(m, x, seg, tok, n, sc);
+    if (g->has_mtp) {
+        int *ids = ints(sc, (size_t)n);
+        for (int i = 0; i < n; i++) ids[i] = seg[i]->ids[tok[i]];
+        mtp_rows(m, &b.rows, ids, x, n, sc);
+    }
     arena_release(sc, start);
 }
 

@@ -7,6 +7,7 @@
 
 #include "../core/config.h"
 #include "../core/experts.h"
+#include "../core/sampler.h"
 #include "../core/util.h"
 
 /* The family's turn tokens as ids of this tokenizer; a token it lacks is left out (-1). */
@@ -262,6 +263,81 @@ int seq_feed_step(seq **seqs, const int *ids, int k, float **logits, char *err, 
     }
     free(segs);
     return rc || failed ? -1 : 0;
+}
+
+/* The token that follows a verify row: greedy its argmax; sampled a draw from p (resid NULL) or
+ * from norm(max(0, p - q)) after a rejection (p == q everywhere leaves p itself). */
+static int spec_choose(sampler *smp, const float *row, int vocab, const float *q, float *p, float *resid) {
+    if (!smp || smp->p.temperature <= 0) return sampler_argmax(row, vocab);
+    sampler_dist(smp, row, p);
+    if (!q) return sampler_draw(smp, p);
+    double left = 0;
+    for (int i = 0; i < vocab; i++) left += resid[i] = p[i] > q[i] ? p[i] - q[i] : 0.0f;
+    return sampler_draw(smp, left > 0 ? resid : p);
+}
+
+int seq_draft(seq *s, int id, int step, float *logits, char *err, size_t errlen) {
+    model *m = s->m;
+    if (!m->ops->draft || !m->draft_layers || !m->spec_mtp)
+        return errf(err, errlen, "speculative decoding: this model was not opened with an MTP layer to draft with");
+    if (s->st.len < 1) return errf(err, errlen, "speculative decoding: the sequence holds no token to draft from");
+    if (m->ops->draft(m, s->fam, s->st.len, id, step, logits, err, errlen)) return -1;
+    return check_finite(logits, 1, m->vocab_size, s->st.len + step + 1, err, errlen);
+}
+
+int seq_spec_step(seq *s, int next, int k, sampler *smp, int *out, int *n_out, int *pending, float *rows,
+                  int *accepted, char *err, size_t errlen) {
+    model *m = s->m;
+    int vocab = m->vocab_size, L = s->st.len, greedy = !smp || smp->p.temperature <= 0;
+    if (k < 1 || k > SPEC_MAX_DRAFT) return errf(err, errlen, "speculative decoding: draft length %d outside [1, %d]", k, SPEC_MAX_DRAFT);
+    if (L + k + 1 > s->st.cap) k = MAX(0, s->st.cap - L - 1);     /* the last positions: fewer drafts */
+    if (check_ids(s, &next, 1, err, errlen)) return -1;
+    int ids[SPEC_MAX_DRAFT + 1];
+    ids[0] = next;
+    float *verify = xmalloc(sizeof(float) * (size_t)(k + 1) * vocab);
+    float *q = greedy ? NULL : xmalloc(sizeof(float) * (size_t)k * vocab);
+    float *p = greedy ? NULL : xmalloc(sizeof(float) * 2 * (size_t)vocab), *resid = p ? p + vocab : NULL;
+    int rc = 0;
+    for (int j = 0; j < k && !rc; j++) {      /* drafts write only rows past the record */
+        if ((rc = seq_draft(s, ids[j], j, verify, err, errlen))) break;
+        if (greedy) ids[j + 1] = sampler_argmax(verify, vocab);
+        else {
+            sampler_dist(smp, verify, q + (size_t)j * vocab);
+            ids[j + 1] = sampler_draw(smp, q + (size_t)j * vocab);
+        }
+    }
+    if (!rc) rc = seq_feed_all(s, ids, k + 1, verify, err, errlen);
+    int kept = 0, chosen = -1;
+    for (; !rc && kept < k; kept++) {         /* draft kept + 1 sits at verify row kept */
+        const float *row = verify + (size_t)kept * vocab;
+        int d = ids[kept + 1];
+        if (greedy) {
+            chosen = sampler_argmax(row, vocab);
+            if (chosen != d) break;
+            continue;
+        }
+        sampler_dist(smp, row, p);
+        const float *qj = q + (size_t)kept * vocab;
+        if (sampler_uniform(smp) * qj[d] < p[d]) continue;
+        chosen = spec_choose(smp, row, vocab, qj, p, resid);
+        break;
+    }
+    if (!rc && kept == k) chosen = spec_choose(smp, verify + (size_t)k * vocab, vocab, NULL, p, resid);
+    if (!rc && state_truncate(&s->st, L + 1 + kept)) {
+        state_taint(&s->st);
+        rc = errf(err, errlen, "speculative decoding: the state cannot drop the %d rejected drafts", k - kept);
+    }
+    if (!rc) {
+        memcpy(out, ids, sizeof(int) * (size_t)(kept + 1));
+        *n_out = kept + 1;
+        *pending = chosen;
+        *accepted = kept;
+        if (rows) memcpy(rows, verify, sizeof(float) * (size_t)(kept + 1) * vocab);
+    }
+    free(verify);
+    free(q);
+    free(p);
+    return rc ? -1 : 0;
 }
 
 static int feed_cb(void *user, const int *ids, int n, float *logits, char *err, size_t errlen) {

@@ -128,6 +128,14 @@ typedef struct {
     void (*seq_free)(model *m, void *fam_seq);
     int (*forward)(model *m, const fwd_seg *segs, int nseg, char *err, size_t errlen);
     int (*set_media)(model *m, void *fam_seq, const unsigned char *bytes, size_t len, char *err, size_t errlen);
+    /* (optional) Speculative decoding with the checkpoint's MTP layer (model.draft_layers > 0),
+     * on a sequence made while model.spec_mtp was set (forward then keeps the MTP rows). The
+     * record holds positions 0..pos-1 and `id` is the token chosen for pos (not fed). Step 0
+     * drafts position pos + 1 from the main model's state and id; step j > 0 continues from step
+     * j - 1's output with id = the token drafted at pos + j. Writes the draft logits [vocab] and
+     * only state rows at or beyond the record's end (garbage to every later feed), so drafting
+     * never changes what the sequence is. */
+    int (*draft)(model *m, void *fam_seq, int pos, int id, int step, float *logits, char *err, size_t errlen);
     /* FLOPs of one token at position pos that no weight matrix of the table accounts for
      * (attention over the context, recurrences, convolutions); model_token_flops adds the
      * table's matrix FLOPs. */
@@ -161,6 +169,8 @@ struct model {
     tt_table weights;          /* the family's tensor table as loaded: the record, bytes, FLOPs */
     int n_validated;           /* tensors the family's load looked up and checked (dtype + shape) */
     model_markers markers;     /* all -1 / empty without a usable tokenizer */
+    int draft_layers;          /* MTP layers the family can draft with (0: no speculative decoding) */
+    int spec_mtp;              /* set by the caller before seq_new: sequences keep MTP rows (draft) */
     void *priv;                /* family data */
 };
 
@@ -205,6 +215,30 @@ int seq_feed_all(seq *s, const int *ids, int n, float *all_logits, char *err, si
  * (bad id, full context, repeated sequence) changes nothing; a failed forward or a non-finite
  * logit taints every sequence of the call. */
 int seq_feed_step(seq **seqs, const int *ids, int k, float **logits, char *err, size_t errlen);
+/* SPECULATIVE DECODING with the family's MTP layer (m->spec_mtp set before seq_new, ops->draft,
+ * a state that truncates). `next` is the token chosen for position st.len (not fed yet). Drafts
+ * k tokens, one MTP step each (draft token = smp's choice from the draft distribution q), feeds
+ * next and the k drafts in ONE forward call with every row's logits (p), accepts the longest
+ * prefix the rule keeps and truncates the rest out of the state and the record, so rejected
+ * tokens never enter it and the state is what feeding the accepted ids alone would have made.
+ *   greedy (smp NULL or temperature <= 0): draft j is kept iff it is the argmax of p at its
+ *     position, so the emitted tokens are bit-identical to plain greedy decoding;
+ *   sampled: draft d is kept with probability min(1, p(d) / q(d)); the first rejection draws the
+ *     next token from norm(max(0, p - q)); with every draft kept it comes from p of the last row.
+ *     p and q are the sampler's filtered distributions (sampler_dist); deterministic per seed.
+ * out[0..*n_out) gets the tokens that entered the record (next, then the kept drafts, k + 1 at
+ * most); *pending the token chosen for the position after them (not fed); rows ([k + 1][vocab],
+ * or NULL) the verify rows 0..n_out-1: row i is the distribution out[i + 1] (for the last row,
+ * *pending) was chosen from; *accepted the drafts kept (n_out - 1). -1 with err
+ * (state tainted when the failure came after it started changing). */
+#define SPEC_MAX_DRAFT 8
+/* One MTP draft step on s (ops->draft at pos = st.len): the draft logits of position st.len + 1 +
+ * step, id being the token at st.len + step. Changes no row of the record. */
+int seq_draft(seq *s, int id, int step, float *logits, char *err, size_t errlen);
+struct sampler;   /* core/sampler.h */
+int seq_spec_step(seq *s, int next, int k, struct sampler *smp, int *out, int *n_out, int *pending, float *rows,
+                  int *accepted, char *err, size_t errlen);
+
 /* seq_feed behind the reuse layer's feed callback (state/reuse.h), so state/ never calls up. */
 reuse_feeder seq_feeder(seq *s);
 /* A whole prompt the way one-slot callers (cairn run --chat, bench reuse) take it: the reuse

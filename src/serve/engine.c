@@ -5,10 +5,12 @@
  * one chunk, then every decoding request by one token in ONE forward call over all of them
  * (seq_feed_step), so dense, attention and shared-expert weights stream from memory once per
  * step for all conversations; each conversation's tokens stay bit-identical to running it
- * alone (model.h). stdin is polled with a zero-timeout select between steps, so CANCEL, STOP and
+ * alone (model.h). With --spec mtp a decoding request without a grammar instead takes
+ * speculative steps of its own (seq_spec_step: the MTP layer drafts, one forward call verifies),
+ * which emit the same tokens plain decoding would (bit-identical when greedy). stdin is polled with a zero-timeout select between steps, so CANCEL, STOP and
  * new SUBMITs are seen during long prefills and decodes. With nothing active it blocks on
  * stdin. EOF lets in-flight requests finish, then exits 0. CAIRN_STEP_LOG=1 logs on stderr each
- * decode step that batched several slots.
+ * decode step that batched several slots, and each speculative step's kept drafts.
  *
  * Frames go to stdout, one fflush per frame; logs go to stderr. A request's reply is ACCEPT,
  * DATA*, DONE, or a single ERROR. A failure after a slot's state started changing taints that
@@ -37,7 +39,7 @@
 typedef struct {
     const char *model_dir, *kv_dir;
     int slots, ctx, kv_share, threads;
-    long ckpt_mb;
+    long ckpt_mb, draft;    /* draft: --spec mtp drafts per speculative step, 0 = off */
     double expert_cache_mb;
     numerics num;
 } engine_opts;
@@ -71,6 +73,7 @@ typedef struct {
     store *cs;
     float *logits, *logprobs, *top_lps;
     float *step_logits;  /* [slots][vocab]: one batched decode step's logits */
+    float *spec_rows;    /* [draft + 1][vocab]: one speculative step's verify rows, NULL without --spec */
     request **stepping;  /* [slots]: the requests of that step */
     int log_steps;
     int *top_ids;
@@ -169,25 +172,57 @@ static void refuse(engine *e, request *r, const char *code, const char *detail) 
     request_free(e, r);
 }
 
-/* Sample from e->logits. The token is emitted but not fed: it enters the state only if
- * generation continues (so the record never claims a token the state does not hold). With a
- * grammar, every token it does not allow is masked out first (so logprobs are those of the
- * constrained distribution) and the matcher moves past the chosen one. */
+/* Take token t, chosen from e->logits: emitted but not fed, it enters the state only if
+ * generation continues (so the record never claims a token the state does not hold). Returns 1
+ * when the request ended with it (and was freed). */
+static int take_token(engine *e, request *r, int t) {
+    if (r->generated == 0) r->t_first = now_seconds();
+    if (model_is_eos(e->m, t)) return finish(e, r, 0), 1;
+    if (r->g && tokmask_feed(&r->km, t))
+        return fail(e, r, "ENGINE_ERROR", "sampled a token the grammar mask had excluded"), 1;
+    sampler_note(&r->smp, &t, 1, 1);
+    emit_token(e, r, t);
+    r->token = t;
+    r->generated++;
+    if (r->generated >= r->sub.max_tokens) return finish(e, r, 1), 1;
+    return 0;
+}
+
+/* Sample from e->logits and take the token. With a grammar, every token it does not allow is
+ * masked out first (so logprobs are those of the constrained distribution) and the matcher moves
+ * past the chosen one. */
 static void sample_next(engine *e, request *r) {
     if (r->g && tokmask_apply(&r->km, e->logits) == 0)
         return refuse(e, r, "GRAMMAR_DEAD_END", gm_overflowed(r->km.m)
                                                     ? "the grammar is too ambiguous (over 4096 parses at once) to continue"
                                                     : "no token of this vocabulary can continue the grammar here");
-    int t = sampler_pick(&r->smp, e->logits);    /* seq_feed has checked every logit is finite */
-    if (r->generated == 0) r->t_first = now_seconds();
-    if (model_is_eos(e->m, t)) return finish(e, r, 0);
-    if (r->g && tokmask_feed(&r->km, t))
-        return fail(e, r, "ENGINE_ERROR", "sampled a token the grammar mask had excluded");
-    sampler_note(&r->smp, &t, 1, 1);
-    emit_token(e, r, t);
-    r->token = t;
-    r->generated++;
-    if (r->generated >= r->sub.max_tokens) finish(e, r, 1);
+    take_token(e, r, sampler_pick(&r->smp, e->logits));    /* seq_feed has checked every logit is finite */
+}
+
+/* Drafts this request may take in a speculative step: none with a grammar (a draft would have to
+ * follow the mask too), with logit bias or penalties (the adjusted distribution of each verify row
+ * depends on the drafts before it), or when fewer than two tokens remain. */
+static int spec_drafts(const engine *e, const request *r) {
+    return r->g || r->smp.adjusted ? 0 : (int)MIN(e->o.draft, r->sub.max_tokens - r->generated - 1);
+}
+
+/* One speculative step of r: feeds r->token and the kept drafts, takes each kept draft and then
+ * the next chosen token from its verify row. A draft that ends the request (EOS, max_tokens) is
+ * first cut back out of the state, since plain decoding never feeds the token it ends on. */
+static void spec_step(engine *e, request *r) {
+    char err[256];
+    int out[SPEC_MAX_DRAFT + 1], n, kept, next, want = spec_drafts(e, r);
+    size_t v = (size_t)e->m->vocab_size;
+    state *st = &e->seqs[r->slot]->st;
+    if (seq_spec_step(e->seqs[r->slot], r->token, want, &r->smp, out, &n, &next, e->spec_rows, &kept, err, sizeof err))
+        return fail(e, r, "ENGINE_ERROR", err);
+    if (e->log_steps) fprintf(stderr, "spec: slot %d kept %d of %d drafts\n", r->slot, kept, want);
+    for (int i = 1; i <= n; i++) {
+        int t = i < n ? out[i] : next;
+        memcpy(e->logits, e->spec_rows + (size_t)(i - 1) * v, v * sizeof *e->logits);
+        if (i < n && (model_is_eos(e->m, t) || r->generated + 1 >= r->sub.max_tokens)) state_truncate(st, st->len - (n - i));
+        if (take_token(e, r, t)) return;
+    }
 }
 
 /* A generating request whose next token can enter its slot: it joins the batched decode step. */
@@ -543,8 +578,12 @@ static void run_loop(engine *e) {
             poll_input(e, 0);
         }
         int k = 0;
-        for (int i = 0; i < e->o.slots; i++)
-            if (e->active[i] && decoding(e, e->active[i])) e->stepping[k++] = e->active[i];
+        for (int i = 0; i < e->o.slots; i++) {
+            request *r = e->active[i];
+            if (!r || !decoding(e, r)) continue;
+            if (e->o.draft && spec_drafts(e, r) > 0) spec_step(e, r);
+            else e->stepping[k++] = r;
+        }
         if (k) decode_step(e, e->stepping, k);
     }
 }
@@ -562,6 +601,8 @@ static void usage(FILE *f) {
             "  --kv-dir DIR       save each slot's state before every turn's DONE, reload at start-up\n"
             "  --numerics qat|exact  activation numerics (default qat)\n"
             "  --threads N        worker threads (default: online cores)\n"
+            "  --spec mtp         speculative decoding with the checkpoint's MTP layer (CAPS draft=K)\n"
+            "  --draft K          drafts per speculative step with --spec (default 2, at most 8)\n"
             CLI_EXPERT_CACHE_HELP
             "                     (with --kv-dir, the expert usage counts that choose the pinned experts\n"
             "                     are kept there)\n"
@@ -570,6 +611,7 @@ static void usage(FILE *f) {
 
 static int parse_flags(int argc, char **argv, engine_opts *o) {
     *o = (engine_opts){.slots = 1, .ckpt_mb = 512, .kv_share = 1, .num = NUMERICS_QAT};
+    int spec = 0;
     for (int i = 1; i < argc; i += 2) {     /* every flag takes a value */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         long l;
@@ -582,6 +624,10 @@ static int parse_flags(int argc, char **argv, engine_opts *o) {
         else if (!strcmp(a, "--ckpt-mb")) { if (cli_int("engine", a, v, 0, 1L << 30, &o->ckpt_mb)) return -1; }
         else if (!strcmp(a, "--kv-share")) { if (cli_int("engine", a, v, 0, 1, &l)) return -1; o->kv_share = (int)l; }
         else if (!strcmp(a, "--threads")) { if (cli_int("engine", a, v, 1, 1024, &l)) return -1; o->threads = (int)l; }
+        else if (!strcmp(a, "--spec")) {
+            if (strcmp(v, "mtp")) { fprintf(stderr, "cairn engine: bad value for --spec: '%s' (mtp)\n", v); return -1; }
+            spec = 1;
+        } else if (!strcmp(a, "--draft")) { if (cli_int("engine", a, v, 1, SPEC_MAX_DRAFT, &o->draft)) return -1; }
         else if (!strcmp(a, "--expert-cache-mb")) { if (cli_expert_cache_mb("engine", v, &o->expert_cache_mb)) return -1; }
         else if (!strcmp(a, "--numerics")) {
             int n = cli_numerics(v);
@@ -590,6 +636,8 @@ static int parse_flags(int argc, char **argv, engine_opts *o) {
         } else { fprintf(stderr, "cairn engine: unknown flag '%s' (see cairn engine --help)\n", a); return -1; }
     }
     if (!o->model_dir) { fprintf(stderr, "cairn engine: -m DIR is required (see cairn engine --help)\n"); return -1; }
+    if (o->draft && !spec) { fprintf(stderr, "cairn engine: --draft needs --spec mtp\n"); return -1; }
+    if (spec && !o->draft) o->draft = 2;
     return 0;
 }
 
@@ -628,6 +676,9 @@ static int engine_open(engine *e, char *err, size_t errlen) {
     if (!(e->m = model_open(e->o.model_dir, e->o.num, 1, err, errlen))) return -1;
     int ctx = e->o.ctx ? e->o.ctx : MIN(4096, e->m->max_ctx);
     if (ctx > e->m->max_ctx) return errf(err, errlen, "--ctx %d exceeds the model's max_position_embeddings %d", ctx, e->m->max_ctx);
+    if (e->o.draft && !(e->m->draft_layers && e->m->ops->draft))
+        return errf(err, errlen, "--spec mtp: %s has no MTP layer this engine can draft with", e->o.model_dir);
+    e->m->spec_mtp = e->o.draft > 0;
     e->seqs = xcalloc((size_t)e->o.slots, sizeof *e->seqs);
     e->states = xcalloc((size_t)e->o.slots, sizeof *e->states);
     e->active = xcalloc((size_t)e->o.slots, sizeof *e->active);
@@ -640,6 +691,7 @@ static int engine_open(engine *e, char *err, size_t errlen) {
     e->logits = xmalloc((size_t)v * sizeof *e->logits);
     e->logprobs = xmalloc((size_t)v * sizeof *e->logprobs);
     e->step_logits = xmalloc((size_t)e->o.slots * v * sizeof *e->step_logits);
+    if (e->o.draft) e->spec_rows = xmalloc((size_t)(e->o.draft + 1) * v * sizeof *e->spec_rows);
     e->stepping = xcalloc((size_t)e->o.slots, sizeof *e->stepping);
     e->top_ids = xmalloc(WIRE_LOGPROBS_MAX * sizeof *e->top_ids);
     e->bias_ids = xmalloc(WIRE_BIAS_ENTRIES * sizeof *e->bias_ids);
@@ -670,6 +722,7 @@ static void engine_close(engine *e) {
     free(e->logits);
     free(e->logprobs);
     free(e->step_logits);
+    free(e->spec_rows);
     free(e->stepping);
     free(e->top_ids);
     free(e->bias_ids);
@@ -702,7 +755,7 @@ int cmd_engine(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
     wire_caps caps = {.slots = e.o.slots, .ctx = e.seqs[0]->st.cap, .logprobs = WIRE_LOGPROBS_MAX, .ids = 1,
                       .truncate = e.m->ops->truncates, .checkpoints = e.cs != NULL,
-                      .grammar = e.vocab != NULL};
+                      .grammar = e.vocab != NULL, .draft = (int)e.o.draft};
     snprintf(caps.numerics, sizeof caps.numerics, "%s", e.o.num == NUMERICS_EXACT ? "exact" : "qat");
     snprintf(caps.family, sizeof caps.family, "%s", e.m->ops->name);
     char h[WIRE_HEADER_MAX];

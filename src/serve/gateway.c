@@ -121,7 +121,8 @@ static void usage(FILE *f) {
             "  --engine PATH            engine binary (default: this cairn)\n"
             "  --allow-insecure-bind    allow a non-loopback bind without --api-key\n"
             "  --no-webui               do not serve the chat page at / (the API alone)\n"
-            "  --numerics M, --threads N, --ckpt-mb N, --kv-dir DIR, --kv-share 0|1, --expert-cache-mb N\n"
+            "  --numerics M, --threads N, --ckpt-mb N, --kv-dir DIR, --kv-share 0|1, --expert-cache-mb N,\n"
+            "  --spec mtp, --draft K\n"
             "                           passed through to the engine\n");
 }
 
@@ -149,7 +150,7 @@ static int add_cors_origin(serve_opts *o, const char *v) {
 
 static int parse_flags(int argc, char **argv, serve_opts *o) {
     static const char *const passthrough[] = {"--numerics", "--threads", "--ckpt-mb", "--kv-dir", "--kv-share",
-                                              "--expert-cache-mb"};
+                                              "--expert-cache-mb", "--spec", "--draft"};
     *o = (serve_opts){.host = "127.0.0.1", .port = 8080, .slots = 2, .max_tokens = 1024, .max_queue = 8,
                       .max_conn = 64, .max_conn_ip = 16, .read_timeout = 30, .max_header = 32768,
                       .max_body = 4 << 20, .queue_timeout = 300, .keepalive = 10, .grace = 30, .reply_ids = 1,

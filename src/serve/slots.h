@@ -8,8 +8,9 @@
  * ROUTING (slots_acquire): an explicit pin waits for its slot. Otherwise, among FREE slots:
  *   1. a slot whose record is a prefix of the prompt (the same conversation, one turn on),
  *      longest record first;
- *   2. a slot sharing a prefix with the prompt covering at least half of its record
- *      (regenerate, edit of the last message);
+ *   2. a slot sharing a prefix with the prompt covering at least half of its record (edit of
+ *      the last message), or holding the whole prompt as a prefix (regenerate: the same prompt
+ *      again, however long the reply it replaces);
  *   3. a slot that holds nothing;
  *   4. the least recently used slot.
  * A request never waits for a busy slot while another is free unless it is pinned.
@@ -47,6 +48,11 @@ void slots_forget_all(slots *s);
  * RECORD); out-of-range slots are ignored. */
 void slots_learn(slots *s, int i, const char *record, size_t n);
 void slots_close(slots *s);
+/* The slot kept for `user` (the OpenAI `user` / Anthropic `metadata.user_id` of a request),
+ * assigned on first sight: each user gets a slot of their own while there are at most as many
+ * users as slots (a hash modulo the slot count made two users share one in 1 of n cases, and
+ * each evicted the other's conversation); past that, the user seen least recently gives theirs up. */
+int slots_for_user(slots *s, const char *user, size_t n);
 
 /* Snapshot for /health and /metrics. */
 typedef struct {

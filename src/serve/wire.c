@@ -492,9 +492,9 @@ size_t wire_fmt_control(char *out, wire_kind kind, const char *id) {
 size_t wire_fmt_caps(char *out, const wire_caps *c) {
     return (size_t)snprintf(out, WIRE_HEADER_MAX,
                             "CAPS vision=%d slots=%d ctx=%d logprobs=%d ids=%d family=%s truncate=%d checkpoints=%d "
-                            "grammar=%d numerics=%s\n",
+                            "grammar=%d numerics=%s draft=%d\n",
                             c->vision, c->slots, c->ctx, c->logprobs, c->ids, c->family, c->truncate, c->checkpoints,
-                            c->grammar, c->numerics);
+                            c->grammar, c->numerics, c->draft);
 }
 
 size_t wire_fmt_idle_stat(char *out, double rss_gb) {
@@ -559,7 +559,7 @@ static void parse_caps(const fields *f, wire_caps *c) {
         int *num = !strcmp(key, "vision") ? &c->vision : !strcmp(key, "slots") ? &c->slots : !strcmp(key, "ctx") ? &c->ctx
                  : !strcmp(key, "logprobs") ? &c->logprobs : !strcmp(key, "ids") ? &c->ids
                  : !strcmp(key, "truncate") ? &c->truncate : !strcmp(key, "checkpoints") ? &c->checkpoints
-                 : !strcmp(key, "grammar") ? &c->grammar : NULL;
+                 : !strcmp(key, "grammar") ? &c->grammar : !strcmp(key, "draft") ? &c->draft : NULL;
         if (num) parse_int(&v, 0, 0, 1 << 30, num);
         else if (!strcmp(key, "family")) field_str(&v, 0, c->family, sizeof c->family);
         else if (!strcmp(key, "numerics")) field_str(&v, 0, c->numerics, sizeof c->numerics);

@@ -164,6 +164,7 @@ typedef struct {
     int checkpoints;              /* a checkpoint store is configured */
     int grammar;                  /* SUBMIT may carry a grammar in its extension payload */
     char numerics[16];            /* "exact" or "qat" (--numerics) */
+    int draft;                    /* MTP speculative decoding: drafts per step (0 = off) */
 } wire_caps;
 size_t wire_fmt_caps(char *out, const wire_caps *c);
 /* "STAT 0 0.0 0.0 <rss_gb> 0 0": the idle statistics line after READY (protocol.md §1.2). */

@@ -32,6 +32,9 @@ static void test_routing(void) {
     }
     /* Regenerate (same prompt again) prefers the slot sharing most of its record. */
     CHECK(acquire(s, "<bos>SYS B<u>yo", -1) == b, "regenerate went elsewhere");
+    /* ... also when the reply it replaces is longer than the prompt (less than half of the record). */
+    release(s, b, "<bos>SYS B<u>yo<a>a reply far longer than the prompt that asked for it");
+    CHECK(acquire(s, "<bos>SYS B<u>yo", -1) == b, "regenerate after a long reply went elsewhere");
     release(s, b, "<bos>SYS B<u>yo<a>other reply");
     /* A third conversation evicts the least recently used slot (A's). */
     CHECK(acquire(s, "<bos>SYS C<u>new", -1) == a, "LRU eviction picked the wrong slot");
@@ -42,6 +45,23 @@ static void test_routing(void) {
     CHECK(slots_record_len(s, b) == 0 && slots_record_len(s, a) > 0, "records after release");
     slots_forget_all(s);
     CHECK(slots_record_len(s, a) == 0, "forget_all keeps a record");
+    slots_free(s);
+}
+
+/* Users get slots of their own while there are no more users than slots, whatever their names
+ * hash to; one user too many takes the slot of the user seen least recently. */
+static void test_users(void) {
+    slots *s = slots_new(3, 4);
+    release(s, acquire(s, "<bos>SYS A<u>hi", -1), "<bos>SYS A<u>hi<a>reply A");
+    int alice = slots_for_user(s, "alice", 5), bob = slots_for_user(s, "bob", 3);
+    int carol = slots_for_user(s, "carol", 5);
+    CHECK(alice != bob && bob != carol && alice != carol, "users share a slot (%d %d %d)", alice, bob, carol);
+    CHECK(slots_record_len(s, alice) == 0 && slots_record_len(s, bob) == 0,
+          "a new user took the slot holding a conversation while empty ones were spare");
+    for (int i = 0; i < 4; i++)
+        CHECK(slots_for_user(s, "alice", 5) == alice && slots_for_user(s, "carol", 5) == carol, "a user moved");
+    CHECK(slots_for_user(s, "dave", 4) == bob, "dave did not take the slot of the user seen least recently");
+    CHECK(slots_for_user(s, "bob", 3) == alice, "bob back did not take alice's slot (seen least recently)");
     slots_free(s);
 }
 
@@ -109,6 +129,7 @@ static void test_queue(void) {
 
 int main(void) {
     test_routing();
+    test_users();
     test_learned_records();
     test_queue();
     return TEST_END();

@@ -428,7 +428,7 @@ static void test_engine_frames_round_trip(void) {
     CHECK(o.kind == WIRE_OUT_ERROR && !strcmp(o.id, "q3") && !strcmp(o.error, "CONTEXT_EXCEEDED 300 128"), "ERROR");
 
     wire_caps c = {.vision = 0, .slots = 4, .ctx = 4096, .logprobs = 32, .ids = 1, .family = "fam-x", .truncate = 1,
-                   .checkpoints = 1, .grammar = 1, .numerics = "qat"};
+                   .checkpoints = 1, .grammar = 1, .numerics = "qat", .draft = 3};
     o = out_of(h, wire_fmt_caps(h, &c));
     CHECK(o.kind == WIRE_OUT_CAPS && !memcmp(&o.caps, &c, sizeof c), "CAPS round-trips: %s", h);
     o = out_of(h, wire_fmt_record(h, 5, 123456));

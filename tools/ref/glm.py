@@ -172,26 +172,53 @@ def indexer_types(cfg):
     return ["full" if max(i - off + 1, 0) % freq == 0 else "shared" for i in range(cfg["num_hidden_layers"])]
 
 
-def forward(cfg, w, ids):
-    """Logits [len(ids), vocab] of every position."""
-    pos = np.arange(len(ids))
+def settings(cfg):
     theta = cfg.get("rope_parameters", {}).get("rope_theta", cfg.get("rope_theta", 10000.0))
-    eps = cfg.get("rms_norm_eps", 1e-5)
+    return theta, cfg.get("rms_norm_eps", 1e-5)
+
+
+def layer(cfg, w, i, x, pos, sel, full, sparse):
+    """Decoder layer i (the MTP layer is i = num_hidden_layers) over rows x at positions pos."""
+    theta, eps = settings(cfg)
+    p = f"model.layers.{i}."
+    hn = rms(x, w[p + "input_layernorm.weight"], eps)
+    a, sel = attention(cfg, w, p + "self_attn.", hn, pos, theta, sel, full)
+    x = x + a
+    hn = rms(x, w[p + "post_attention_layernorm.weight"], eps)
+    return x + (moe(cfg, w, p + "mlp.", hn) if sparse else swiglu(w, p + "mlp.", hn)), sel
+
+
+def hidden(cfg, w, ids):
+    """Final hidden states [len(ids), hidden] after model.norm (what lm_head and the MTP layer read)."""
+    pos = np.arange(len(ids))
     types = indexer_types(cfg)
     dense = cfg.get("mlp_layer_types") or (["dense"] * cfg["first_k_dense_replace"] +
                                            ["sparse"] * (cfg["num_hidden_layers"] - cfg["first_k_dense_replace"]))
     x = w["model.embed_tokens.weight"][np.asarray(ids)]
     sel = None
     for i in range(cfg["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        hn = rms(x, w[p + "input_layernorm.weight"], eps)
-        full = types[i] == "full" or sel is None
-        a, sel = attention(cfg, w, p + "self_attn.", hn, pos, theta, sel, full)
-        x = x + a
-        hn = rms(x, w[p + "post_attention_layernorm.weight"], eps)
-        x = x + (moe(cfg, w, p + "mlp.", hn) if dense[i] == "sparse" else swiglu(w, p + "mlp.", hn))
-    x = rms(x, w["model.norm.weight"], eps)
-    return x @ w["lm_head.weight"].T
+        x, sel = layer(cfg, w, i, x, pos, sel, types[i] == "full" or sel is None, dense[i] == "sparse")
+    return rms(x, w["model.norm.weight"], settings(cfg)[1])
+
+
+def forward(cfg, w, ids):
+    """Logits [len(ids), vocab] of every position."""
+    return hidden(cfg, w, ids) @ w["lm_head.weight"].T
+
+
+def mtp_forward(cfg, w, ids):
+    """MTP draft logits [len(ids) - 1, vocab]: row p predicts token p + 2 from the final hidden state
+    of p and the token at p + 1 (DeepSeek-V3 MTP: eh_proj over [enorm(embed) ; hnorm(hidden)], one
+    decoder layer with its own indexer and MoE, shared_head.norm, the shared lm_head), MTP positions
+    p = 0 .. len(ids) - 2 attending to each other causally."""
+    n, eps = cfg["num_hidden_layers"], settings(cfg)[1]
+    p = f"model.layers.{n}."
+    h = hidden(cfg, w, ids)[:-1]
+    e = w["model.embed_tokens.weight"][np.asarray(ids[1:])]
+    x = np.concatenate([rms(e, w[p + "enorm.weight"], eps), rms(h, w[p + "hnorm.weight"], eps)], -1)
+    x = x @ w[p + "eh_proj.weight"].T
+    x, _ = layer(cfg, w, n, x, np.arange(len(ids) - 1), None, p + "self_attn.indexer.wq_b.weight" in w, True)
+    return rms(x, w[p + "shared_head.norm.weight"], eps) @ w["lm_head.weight"].T
 
 
 def main():

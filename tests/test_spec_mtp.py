@@ -1,0 +1,158 @@
+"""MTP speculative decoding (model.h seq_spec_step, the GLM-5 MTP layer in src/models/glm_forward.c)
+through tests/c/tool_spec on the tiny checkpoint:
+  - the MTP draft log-probs agree with the independent float64 reference (tools/ref/glm.py
+    mtp_forward), past index_topk too, so the MTP layer's own indexer selection is covered;
+  - greedy speculative output is bit-identical to plain greedy decoding;
+  - sampled speculative output is deterministic per seed, and the acceptance path fires (high
+    temperature makes draft and target distributions overlap, so drafts are kept);
+  - after speculative decoding the record is exactly the emitted tokens and every state part is
+    byte-identical to a cold sequence fed the same ids, whatever was drafted and rejected;
+  - `cairn run --spec mtp --draft K` prints exactly what plain greedy decoding prints, and refuses
+    a checkpoint without an MTP layer it can draft with;
+  - `cairn engine --spec mtp --draft K` says draft=K in CAPS, and every reply (greedy: ids, text,
+    logprobs; sampled at a seed; two turns on one slot, so the second reuses the state speculative
+    steps left) is what an engine without speculation sends; a sampled reply is the same at the same
+    seed run to run."""
+import json
+import re
+import os
+import subprocess
+import sys
+
+import pytest
+from engine_client import Engine
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tools", "ref"))
+import glm as ref  # noqa: E402
+
+TOOL = os.path.join(ROOT, "build", "tests", "tool_spec")
+BASE = 960
+LONG = [BASE + 2, BASE + 4, BASE + 7] + [(37 * i + 11) % 950 for i in range(36)] + [BASE + 8, BASE + 21]
+SHORT = [BASE + 2, BASE + 4, BASE + 7, 72, 105, 300, 400]
+
+
+def spec(model, temperature, seed, k, n, ids):
+    r = subprocess.run([TOOL, model, str(temperature), str(seed), str(k), str(n), ",".join(map(str, ids))],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def assert_exact_state(out, n):
+    assert len(out["spec"]) == n
+    assert out["record_ok"] == 1, "the record is not the prompt + the emitted tokens"
+    assert out["state_equal"] == 1, "state parts differ from a cold sequence fed the same ids"
+    assert out["logits_equal"] == 1, "the last verify row differs from the cold sequence's logits"
+
+
+def test_draft_logits_match_reference(tiny_glm):
+    cfg, w = ref.load(tiny_glm)
+    assert len(LONG) - 1 > cfg["index_topk"], "prompt too short to reach the MTP indexer"
+    r = subprocess.run([TOOL, tiny_glm, "draft", ",".join(map(str, LONG))], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    want = ref.log_softmax(ref.mtp_forward(cfg, w, LONG))
+    assert [row["pos"] for row in rows] == list(range(len(LONG) - 1))
+    for row, lp in zip(rows, want):
+        best = ref.top_indices(lp, 6)
+        assert row["top"][0][0] == best[0], f"MTP pos {row['pos']}: top-1 {row['top'][0][0]} != {best[0]}"
+        for tid, val in row["top"]:
+            assert abs(val - lp[tid]) <= 0.002, f"MTP pos {row['pos']} id {tid}: {val} vs reference {lp[tid]}"
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_greedy_is_bit_identical(tiny_glm, k):
+    out = spec(tiny_glm, 0, 1, k, 20, LONG)
+    assert out["spec"] == out["plain"]
+    assert out["drafted"] > 0 and out["steps"] > 0
+    assert_exact_state(out, 20)
+
+
+def test_sampled_is_deterministic_per_seed(tiny_glm):
+    a = spec(tiny_glm, 0.8, 7, 3, 20, SHORT)
+    b = spec(tiny_glm, 0.8, 7, 3, 20, SHORT)
+    c = spec(tiny_glm, 0.8, 8, 3, 20, SHORT)
+    assert a == b
+    assert c["spec"] != a["spec"], "a different seed gave the same tokens: the sampler is not in the loop"
+    for out in (a, c):
+        assert_exact_state(out, 20)
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_accepted_drafts_keep_the_state_exact(tiny_glm, k):
+    out = spec(tiny_glm, 50, 3, k, 24, LONG)
+    assert out["accepted"] > 0, "no draft was ever kept: the acceptance path did not run"
+    assert out["accepted"] < out["drafted"] or out["steps"] > 1
+    assert_exact_state(out, 24)
+
+
+def run(cairn, model, *extra, ids=SHORT):
+    return subprocess.run([cairn, "run", "-m", model, "--prompt-ids", ",".join(map(str, ids)), "-n", "24",
+                           "--temperature", "0", "--format", "jsonl", "--top-logprobs", "3", "--ignore-eos", *extra],
+                          capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("k", ["1", "4"])
+def test_run_spec_greedy_prints_what_plain_prints(cairn, tiny_glm, k):
+    plain, fast = run(cairn, tiny_glm), run(cairn, tiny_glm, "--spec", "mtp", "--draft", k)
+    assert plain.returncode == 0 and fast.returncode == 0, plain.stderr + fast.stderr
+    assert len(plain.stdout.splitlines()) == 24
+    assert fast.stdout == plain.stdout
+
+
+def test_run_spec_long_prompt_with_every_logit(cairn, tiny_glm):
+    """A prompt over one internal pass (64 rows) with every position's logits: the head's rows
+    and the MTP rows of one pass share the scratch, and the output is plain decoding's."""
+    ids = [(53 * i + 7) % 950 for i in range(90)]
+    plain = run(cairn, tiny_glm, "--echo-logprobs", "3", ids=ids)
+    fast = run(cairn, tiny_glm, "--echo-logprobs", "3", "--spec", "mtp", "--draft", "2", ids=ids)
+    assert plain.returncode == 0 and fast.returncode == 0, plain.stderr + fast.stderr
+    assert len(plain.stdout.splitlines()) == 90 + 24
+    assert fast.stdout == plain.stdout
+
+
+def test_run_spec_refusals(cairn, tiny_glm, tiny_kimi_k3):
+    r = run(cairn, tiny_kimi_k3, "--spec", "mtp")
+    assert r.returncode == 1 and "no MTP layer" in r.stderr
+    r = run(cairn, tiny_glm, "--draft", "2")
+    assert r.returncode == 2 and "--draft needs --spec mtp" in r.stderr
+    r = run(cairn, tiny_glm, "--spec", "eagle")
+    assert r.returncode == 2 and "--spec" in r.stderr
+
+
+def engine_turns(cairn, model, *args, log=None):
+    """Three requests: greedy with logprobs, sampled at a seed, and a second greedy turn on slot 0
+    extending the first one's record (ids, text, logprobs and DONE counts of each)."""
+    e = Engine(cairn, model, "--ctx", "256", "--slots", "2", *args, env={"CAIRN_STEP_LOG": "1"})
+    try:
+        a = e.generate(SHORT, 16, slot=0)
+        b = e.generate(LONG, 12, slot=1, temperature=0.9, extra=" seed=11")
+        c = e.generate(SHORT + a.fed() + [31, 32, 33], 10, slot=0)
+        hot = e.generate(LONG[:20], 13, slot=1, temperature=50, extra=" seed=5")     # drafts get kept
+        after = e.generate(LONG[:20] + [40, 41], 9, slot=1)
+    finally:
+        e.close()
+    assert hot.completion == 13, "kept drafts ran past max_tokens"
+    if log is not None:
+        log.extend((int(k), int(n)) for k, n in re.findall(r"spec: slot \d+ kept (\d+) of (\d+) drafts", e.read_stderr()))
+    return e.caps, [(r.ids, r.text, r.lps, r.done[3], r.done[7:10]) for r in (a, b, c, hot, after)]
+
+
+def test_engine_spec_replies_equal_plain(cairn, tiny_glm):
+    caps, plain = engine_turns(cairn, tiny_glm)
+    steps = []
+    spec_caps, spec = engine_turns(cairn, tiny_glm, "--spec", "mtp", "--draft", "3", log=steps)
+    _, again = engine_turns(cairn, tiny_glm, "--spec", "mtp", "--draft", "3")
+    assert " draft=0" in caps and " draft=3" in spec_caps, (caps, spec_caps)
+    assert plain[0][0] and len(plain[0][0]) == 16
+    assert [spec[i] for i in (0, 2, 4)] == [plain[i] for i in (0, 2, 4)], "greedy replies differ with speculation"
+    assert again == spec, "sampled speculative decoding is not deterministic per seed"
+    assert steps and all(n >= 1 for _, n in steps), "the engine took no speculative step"
+    assert any(k > 0 for k, _ in steps), "no draft was ever kept: the acceptance path did not run"
+
+
+def test_engine_spec_refuses_a_model_without_mtp(cairn, tiny_kimi_k3):
+    r = subprocess.run([cairn, "engine", "-m", tiny_kimi_k3, "--spec", "mtp"], capture_output=True, text=True,
+                       stdin=subprocess.DEVNULL)
+    assert r.returncode == 1 and "no MTP layer" in r.stderr

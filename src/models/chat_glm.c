@@ -94,13 +94,16 @@ static int render_tool_calls(chat_prompt *p, const cJSON *calls, int idx, char *
             return errf(err, errlen, "messages[%d].tool_calls[%d].function.name must be a string", idx, k);
         cJSON *parsed = cJSON_IsString(args) ? cJSON_Parse(args->valuestring) : NULL;
         const cJSON *obj = parsed ? parsed : args;
-        if (args && !cJSON_IsObject(obj)) {
+        if (args && !cJSON_IsObject(obj) && !(cJSON_IsString(args) && !parsed)) {
             cJSON_Delete(parsed);
             return errf(err, errlen, "messages[%d].tool_calls[%d].function.arguments must be a JSON object", idx, k);
         }
         chat_trusted(p, "<tool_call>");
         chat_untrusted_str(p, name->valuestring);
-        for (const cJSON *a = obj ? obj->child : NULL; a; a = a->next) {
+        /* arguments text that is not JSON at all — a call cut by max_tokens, sent back as this
+         * server returned it (chat_cut_arguments) — is written as the text it is */
+        if (!cJSON_IsObject(obj)) chat_untrusted_str(p, args ? args->valuestring : "");
+        for (const cJSON *a = cJSON_IsObject(obj) ? obj->child : NULL; a; a = a->next) {
             chat_trusted(p, "<arg_key>");
             chat_untrusted_str(p, a->string);
             chat_trusted(p, "</arg_key><arg_value>");

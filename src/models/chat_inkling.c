@@ -156,14 +156,15 @@ static void render_effort(chat_prompt *p, const chat_opts *o) {
     marker(p, "<|message_system|><|content_text|>Thinking effort level: %s" END, level);
 }
 
-/* {"name":NAME,"args":{sorted}}; arguments may be an object or its JSON text (the OpenAI shape). */
+/* {"name":NAME,"args":{sorted}}; arguments may be an object or its JSON text (the OpenAI shape), or
+ * text that is not JSON at all (a call cut by max_tokens, sent back as returned), written as is. */
 static int render_call(chat_prompt *p, const cJSON *item, int idx, int k, char *err, size_t errlen) {
     const cJSON *fn = cJSON_GetObjectItemCaseSensitive(item, "function"), *tc = fn ? fn : item;
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(tc, "name"), *args = cJSON_GetObjectItemCaseSensitive(tc, "arguments");
     if (!cJSON_IsString(name)) return errf(err, errlen, "messages[%d].tool_calls[%d].function.name must be a string", idx, k);
     cJSON *parsed = cJSON_IsString(args) && *args->valuestring ? cJSON_Parse(args->valuestring) : NULL;
     const cJSON *obj = parsed ? parsed : args;
-    if (obj && !cJSON_IsObject(obj) && !(cJSON_IsString(obj) && !*obj->valuestring)) {
+    if (obj && !cJSON_IsObject(obj) && !(cJSON_IsString(args) && !parsed)) {
         cJSON_Delete(parsed);
         return errf(err, errlen, "messages[%d].tool_calls[%d].function.arguments must be a JSON object", idx, k);
     }
@@ -176,6 +177,7 @@ static int render_call(chat_prompt *p, const cJSON *item, int idx, int k, char *
     chat_json_py_string(b, name->valuestring);
     sbuf_puts(b, ",\"args\":");
     if (cJSON_IsObject(obj)) json_sorted(b, obj);
+    else if (cJSON_IsString(args) && *args->valuestring) sbuf_puts(b, args->valuestring);   /* a cut call, as returned */
     else sbuf_puts(b, "{}");
     sbuf_puts(b, "}");
     chat_untrusted_since(p, at);

@@ -72,6 +72,12 @@ static void test_render_errors(void) {
                     "\"arguments\":\"[1]\"}}]}]",
                     NULL, 1, err);
     CHECK(!p && strstr(err, "arguments"), "err %s", err);
+    p = render_json("[{\"role\":\"assistant\",\"content\":\"\",\"tool_calls\":[{\"function\":{\"name\":\"f\","
+                    "\"arguments\":\"{\\\"q\\\":\\\"x\"}}]}]",
+                    NULL, 1, err);
+    CHECK(p && strstr(p, "<tool_call>f{\"q\":\"x</tool_call>"), "a cut call sent back is rendered as written: %s",
+          p ? p : err);
+    free(p);
     p = render_json("{\"role\":\"user\"}", NULL, 1, err);
     CHECK(!p && strstr(err, "array"), "err %s", err);
 }

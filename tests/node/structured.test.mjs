@@ -77,7 +77,8 @@ const MODEL_ID = basename(SERVED);
 
 let server, openai, anthropic;
 before(async () => {
-  server = await startServer(['--slots', String(SLOTS)], {}, { model: SERVED });
+  // the gateway's token cap raised to the budget: a forced reply of many calls must not be cut
+  server = await startServer(['--slots', String(SLOTS), '--max-tokens', String(CALL_BUDGET)], {}, { model: SERVED });
   openai = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'unused', maxRetries: 0 });
   anthropic = new Anthropic({ baseURL: server.url, apiKey: 'unused', maxRetries: 0 });
 });

@@ -2,7 +2,7 @@
 # make bench: every figure is a ratio measured in this one run (bandwidth fractions, fractions of
 # the measured FMA peak, warm/cold TTFT, batched/single decode, 2-thread/1-thread speed), then a
 # table of issue 12's targets with the measured figure beside each.
-# Bench models (>= 2 GB each) are generated once into build/models/.
+# Bench models (~2 GB each) are generated into build/models/ once per version of their generator.
 set -e
 cd "$(dirname "$0")/.."
 PY=/usr/bin/python3
@@ -10,7 +10,9 @@ OUT=build/bench
 mkdir -p $OUT
 for fam in deepseek_v4 glm inkling; do
     dir=build/models/$fam-bench-1234
-    [ -f "$dir/config.json" ] || { echo "bench: generating $dir (once)"; $PY tools/make_tiny.py $fam "$dir" --size bench; }
+    # once, and again when its generator changed since (a stale shape would bench the old model)
+    [ "$dir/config.json" -nt tools/tiny_$fam.py ] || {
+        echo "bench: generating $dir"; rm -rf "$dir"; $PY tools/make_tiny.py $fam "$dir" --size bench; }
 done
 echo "== kernels: matvec weight bytes/s / measured read bandwidth, batched GFLOP/s / measured FMA peak"
 build/cairn bench kernels

@@ -11,7 +11,15 @@ CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -Werror=im
 LDLIBS  := -lcjson -lpcre2-8 -lmicrohttpd -lpthread -lm
 BUILD   ?= build
 
-SRC      := $(shell find src -name '*.c' | sort)
+# MPI=1 (make mpi: build/mpi/cairn) links OpenMPI through mpicc and runs routed experts across
+# mpirun's ranks (src/core/cluster_mpi.c); the default build is one process and links no MPI.
+ifeq ($(MPI),1)
+CC       := mpicc
+CLUSTER  := src/core/cluster_mpi.c
+else
+CLUSTER  := src/core/cluster_none.c
+endif
+SRC      := $(filter-out src/core/cluster_%.c,$(shell find src -name '*.c' | sort)) $(CLUSTER)
 # The chat page (webui/, served at /) is one generated source: its files as C arrays.
 WEBUI_GEN := $(BUILD)/gen/webui_assets.c
 OBJ      := $(SRC:src/%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/gen/webui_assets.o
@@ -31,7 +39,7 @@ Q   =
 endif
 NPROC := $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: all deps test test-c run bench asan clean deepseek-v4-tiny-check fuzz fuzz-build soak
+.PHONY: all deps test test-c run bench asan clean deepseek-v4-tiny-check fuzz fuzz-build soak mpi
 all: $(BUILD)/cairn $(TEST_BIN)
 
 # Plain `make` checks the C libraries first, so a missing one is named with the command that
@@ -85,6 +93,7 @@ deps:
 test: deps
 	@$(MAKE) --no-print-directory all
 	@$(MAKE) --no-print-directory BUILD=build/portable SIMD=portable all
+	@$(MAKE) --no-print-directory mpi
 	@$(MAKE) --no-print-directory fuzz-build
 	$(PYTHON) -m pytest -q tests
 
@@ -104,6 +113,10 @@ $(BUILD)/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h $(LIB_OBJ)
 
 fuzz: deps fuzz-build
 	$(PYTHON) tests/fuzz/run.py --seconds $(FUZZ_TIME)
+
+# The expert-parallel binary (tests/test_mpi.py runs it under mpirun -np 2).
+mpi:
+	@$(MAKE) --no-print-directory BUILD=build/mpi MPI=1 build/mpi/cairn
 
 # Address/UB sanitizer build of everything (the loader's corrupt-file tests run under it).
 asan:

@@ -5,7 +5,8 @@ set -e
 # clang + libclang-rt-14-dev: the libFuzzer targets (make fuzz-build, run by make test).
 # chromium: the chat page's browser tests (driven by puppeteer-core, tests/node/webui.test.mjs).
 # nginx + libnginx-mod-http-js: replicas behind nginx (deploy/nginx.conf, tests/test_replicas.py).
-PKGS="build-essential libcjson-dev libpcre2-dev libmicrohttpd-dev python3-numpy python3-pytest nodejs npm clang libclang-rt-14-dev chromium nginx libnginx-mod-http-js"
+# openmpi-bin + libopenmpi-dev: expert parallelism (make mpi -> build/mpi/cairn, tests/test_mpi.py).
+PKGS="build-essential libcjson-dev libpcre2-dev libmicrohttpd-dev python3-numpy python3-pytest nodejs npm clang libclang-rt-14-dev chromium nginx libnginx-mod-http-js openmpi-bin libopenmpi-dev"
 if [ "$1" = "--build" ]; then
     missing=""
     for p in build-essential libcjson-dev libpcre2-dev libmicrohttpd-dev; do

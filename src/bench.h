@@ -35,6 +35,7 @@ typedef struct {
     long prompt, decode, threads;
     numerics num;
     double expert_cache_mb;    /* --expert-cache-mb: 0 = the mapping */
+    int mlock;                 /* --mlock: lock the dense weights (model_mlock) */
 } bench_opts;
 int bench_parse(const char *cmd, int argc, char **argv, void (*usage)(FILE *), bench_opts *o);
 int bench_argmax(const float *x, int n);

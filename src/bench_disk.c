@@ -25,7 +25,7 @@ static const size_t BANDWIDTH_BYTES = (size_t)1 << 30;   /* read for the disk ba
 
 typedef struct {
     double decode_tok_s, bytes_per_token, disk_fraction, hit_rate, expert_bytes_per_token;
-    size_t rss;
+    size_t rss, mlocked;
     int ids[MAX_IDS];
 } pass_result;
 
@@ -91,6 +91,7 @@ static int run_pass(const bench_opts *o, double mb, double disk_bw, pass_result 
     each_shard(o->model_dir, drop_cached, NULL);
     model *m = model_open(o->model_dir, o->num, 0, err, errlen);
     if (!m) return -1;
+    p->mlocked = o->mlock ? cli_mlock("bench", m) : 0;
     int rc = mb > 0 ? model_expert_cache(m, mb, NULL, err, errlen) : 0;
     seq *s = rc ? NULL : seq_new(m, (int)(o->prompt + o->decode + 1), err, errlen);
     if (!s) rc = -1;
@@ -125,8 +126,9 @@ static int run_pass(const bench_opts *o, double mb, double disk_bw, pass_result 
 static void print_pass(const char *name, const pass_result *p, int json) {
     if (json) {
         printf("\"%s\":{\"decode_tok_s\":%.4f,\"bytes_read_per_token\":%.0f,\"disk_read_fraction\":%.4f,"
-               "\"hit_rate\":%.4f,\"expert_bytes_read_per_token\":%.0f,\"rss_mb\":%.1f}", name, p->decode_tok_s,
-               p->bytes_per_token, p->disk_fraction, p->hit_rate, p->expert_bytes_per_token, p->rss / 1048576.0);
+               "\"hit_rate\":%.4f,\"expert_bytes_read_per_token\":%.0f,\"rss_mb\":%.1f,\"mlocked_bytes\":%zu}", name,
+               p->decode_tok_s, p->bytes_per_token, p->disk_fraction, p->hit_rate, p->expert_bytes_per_token,
+               p->rss / 1048576.0, p->mlocked);
         return;
     }
     printf("%-13s decode %8.3f tok/s  %9.1f MB read/token  %.3f of the disk bandwidth  hit rate %.3f  rss %.0f MB\n",

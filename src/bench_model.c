@@ -11,6 +11,7 @@
 
 #include "bench.h"
 #include "cli.h"
+#include "core/cluster.h"
 #include "core/kernels.h"
 #include "core/threads.h"
 #include "core/util.h"
@@ -19,13 +20,14 @@ typedef struct {
     double prefill_tok_s, prefill_gflops, decode_tok_s, bandwidth_gbs, decode_efficiency;
     double fma_peak_gflops, bf16_peak_gflops;    /* measured in this run (bench_peak.c) */
     double verify_cost_ratio;  /* one VERIFY_TOKENS-token forward call / one decode step */
-    size_t decode_bytes;
+    size_t decode_bytes, mlocked_bytes;
+    double mpi_bytes_per_token, mpi_messages_per_token;   /* decode, between the ranks (core/cluster.h) */
 } bench_result;
 
 static void usage(FILE *f) {
     fprintf(f,
             "usage: cairn bench -m DIR [--json] [--prompt N] [--decode N] [--threads N] [--numerics exact|qat]\n"
-            "                          [--expert-cache-mb N]\n"
+            "                          [--expert-cache-mb N] [--mlock]\n"
             "\n"
             "Measures, in one run: the read bandwidth (bench_stream_bytes: >= 1 GiB, 4x the LLC), prefill of an N-token prompt\n"
             "(default 64) in tok/s and GFLOP/s, greedy decode of N tokens (default 16) in tok/s, and\n"
@@ -38,7 +40,8 @@ static void usage(FILE *f) {
             "With --expert-cache-mb N: decode from disk instead (run it in a memory cgroup smaller than the\n"
             "checkpoint, as make bench does): the disk's read bandwidth, then for the mapping and for the\n"
             "expert cache, each after dropping the checkpoint's cached pages: decode tok/s, bytes read from\n"
-            "storage per token, that rate as a fraction of the disk bandwidth, and the cache's hit rate.\n");
+            "storage per token, that rate as a fraction of the disk bandwidth, and the cache's hit rate.\n"
+            "With --mlock: the dense weights are locked in memory first (mlocked_bytes in the JSON).\n");
 }
 
 int bench_parse(const char *cmd, int argc, char **argv, void (*usage)(FILE *), bench_opts *o) {
@@ -46,6 +49,7 @@ int bench_parse(const char *cmd, int argc, char **argv, void (*usage)(FILE *), b
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); exit(0); }
         if (!strcmp(a, "--json")) { o->json = 1; continue; }
+        if (!strcmp(a, "--mlock")) { o->mlock = 1; continue; }
         if (!v) { fprintf(stderr, "cairn %s: %s needs a value (or unknown flag)\n", cmd, a); return -1; }
         i++;
         if (!strcmp(a, "-m")) o->model_dir = v;
@@ -94,11 +98,14 @@ static int measure(model *m, const bench_opts *o, const int *ids, int timed, ben
     double t0 = now_seconds();
     int rc = seq_feed(s, ids, (int)o->prompt, logits, err, errlen);
     double t1 = now_seconds();
+    experts_stats x0, x1;
+    experts_get_stats(m->experts, &x0);
     for (long i = 0; timed && !rc && i < o->decode; i++) {
         int id = bench_argmax(logits, m->vocab_size);
         rc = seq_feed(s, &id, 1, logits, err, errlen);
     }
     double t2 = now_seconds();
+    experts_get_stats(m->experts, &x1);
     if (timed && !rc) rc = seq_feed(s, ids, VERIFY_TOKENS, logits, err, errlen);
     double t3 = now_seconds();
     if (timed && !rc) {
@@ -108,6 +115,8 @@ static int measure(model *m, const bench_opts *o, const int *ids, int timed, ben
         r->prefill_gflops = flops / (t1 - t0) / 1e9;
         r->decode_tok_s = o->decode / (t2 - t1);
         r->verify_cost_ratio = (t3 - t2) * r->decode_tok_s;
+        r->mpi_bytes_per_token = (double)(x1.bytes_sent + x1.bytes_received - x0.bytes_sent - x0.bytes_received) / o->decode;
+        r->mpi_messages_per_token = (double)(x1.messages - x0.messages) / o->decode;
     }
     free(logits);
     seq_free(s);
@@ -119,10 +128,12 @@ static void report(const bench_opts *o, const bench_result *r) {
         printf("{\"prefill_tok_s\":%.3f,\"prefill_gflops\":%.3f,\"fma_peak_gflops\":%.3f,"
                "\"prefill_vs_fma_peak\":%.4f,\"bf16_dot_peak_gflops\":%.3f,\"decode_tok_s\":%.3f,"
                "\"bandwidth_gbs\":%.3f,\"decode_efficiency\":%.6f,\"decode_bytes_per_token\":%zu,\"prompt\":%ld,"
-               "\"decode\":%ld,\"verify%d_cost_ratio\":%.3f,\"threads\":%d,\"simd\":\"%s\"}\n",
+               "\"decode\":%ld,\"verify%d_cost_ratio\":%.3f,\"threads\":%d,\"simd\":\"%s\",\"ranks\":%d,"
+               "\"mpi_bytes_per_token\":%.1f,\"mpi_messages_per_token\":%.2f,\"mlocked_bytes\":%zu}\n",
                r->prefill_tok_s, r->prefill_gflops, r->fma_peak_gflops, r->prefill_gflops / r->fma_peak_gflops,
                r->bf16_peak_gflops, r->decode_tok_s, r->bandwidth_gbs, r->decode_efficiency, r->decode_bytes,
-               o->prompt, o->decode, VERIFY_TOKENS, r->verify_cost_ratio, pool_threads(), kernels_simd_name());
+               o->prompt, o->decode, VERIFY_TOKENS, r->verify_cost_ratio, pool_threads(), kernels_simd_name(),
+               cluster_size(), r->mpi_bytes_per_token, r->mpi_messages_per_token, r->mlocked_bytes);
         return;
     }
     printf("read bandwidth      %10.2f GB/s\n", r->bandwidth_gbs);
@@ -136,6 +147,9 @@ static void report(const bench_opts *o, const bench_result *r) {
            pool_threads(), kernels_simd_name());
     printf("verify %d tokens     %10.2f  decode steps (one forward call; MTP speculation: cairn bench mtp)\n",
            VERIFY_TOKENS, r->verify_cost_ratio);
+    if (cluster_size() > 1)
+        printf("expert parallelism  %10d ranks  %8.1f KB/token between them, %.1f messages/token\n", cluster_size(),
+               r->mpi_bytes_per_token / 1e3, r->mpi_messages_per_token);
 }
 
 int bench_model(int argc, char **argv) {
@@ -154,6 +168,7 @@ int bench_model(int argc, char **argv) {
     int *ids = bench_prompt((int)o.prompt, m->vocab_size, 0);
     bench_result r = {0};
     r.decode_bytes = model_decode_bytes(m);
+    if (o.mlock) r.mlocked_bytes = cli_mlock("bench", m);
     int rc = measure(m, &o, ids, 0, &r, err, sizeof err);
     double bw = rc ? 0 : bench_read_bandwidth(bench_stream_bytes());
     if (!rc) rc = measure(m, &o, ids, 1, &r, err, sizeof err);

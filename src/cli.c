@@ -49,3 +49,10 @@ int cli_expert_cache_mb(const char *sub, const char *v, double *mb) {
     fprintf(stderr, "cairn %s: bad value for --expert-cache-mb: '%s' (expected MiB in (0, %d])\n", sub, v, 1 << 30);
     return -1;
 }
+
+size_t cli_mlock(const char *sub, model *m) {
+    char msg[512];
+    size_t locked = model_mlock(m, msg, sizeof msg);
+    fprintf(stderr, "cairn %s: --mlock: %s\n", sub, msg);
+    return locked;
+}

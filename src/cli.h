@@ -11,6 +11,7 @@ int cmd_engine(int argc, char **argv);   /* src/serve/engine.c */
 int cmd_serve(int argc, char **argv);    /* src/serve/gateway.c */
 int cmd_bench(int argc, char **argv);    /* src/cmd_bench.c   */
 int cmd_families(int argc, char **argv); /* src/cmd_families.c */
+int cmd_worker(int argc, char **argv);   /* src/cmd_worker.c: MPI ranks other than 0 */
 
 /* "--numerics exact|qat" value -> enum; -1 if unknown. */
 int cli_numerics(const char *s);
@@ -26,5 +27,13 @@ int cli_expert_cache_mb(const char *sub, const char *v, double *mb);
 /* mb > 0: switch m to the expert cache, usage counts kept in usage_dir (NULL: none); prints
  * "cairn SUB: ..." and returns -1 when the budget or model refuses. mb == 0: nothing. */
 int cli_expert_cache(const char *sub, model *m, double mb, const char *usage_dir);
+
+/* `--mlock`, spelled the same by run, engine, serve and bench. */
+#define CLI_MLOCK_HELP \
+    "  --mlock               lock the dense, shared and lookup weights in memory (model_mlock); refused\n" \
+    "                        with a message, and the run goes on unlocked, when RLIMIT_MEMLOCK or memory\n" \
+    "                        does not allow it\n"
+/* model_mlock with its outcome on stderr as "cairn SUB: --mlock: ..."; the bytes locked. */
+size_t cli_mlock(const char *sub, model *m);
 
 #endif

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "core/cluster.h"
 #include "core/sampler.h"
 #include "core/threads.h"
 #include "core/util.h"
@@ -31,6 +32,7 @@ typedef struct {
     long n_gen, top_logprobs, echo_logprobs, ctx, threads, snapshot_at;
     long draft;                /* --spec mtp: drafts per speculative step (0: no speculation) */
     double expert_cache_mb;
+    int mlock;
     int *chunks, nchunks;      /* --prefill-chunks sizes (heap) */
     int *report, nreport;      /* --weights-report positions (heap); report_on: the flag was given */
     int report_on;
@@ -98,6 +100,7 @@ static void usage(FILE *f) {
             "                         reads and computes (draft_bytes, draft_flops; 0 without MTP\n"
             "                         drafting), FLOPs of a token at positions P, Q, ...\n"
             CLI_EXPERT_CACHE_HELP
+            CLI_MLOCK_HELP
             "\n"
             "At exit a stats line is printed on stderr (prompt, generated, rss_mb, state bytes, tok/s).\n");
 }
@@ -137,6 +140,7 @@ static int parse_flags(int argc, char **argv, run_opts *o) {
         else if (!strcmp(a, "--raw")) { o->raw = 1; takes = 0; }
         else if (!strcmp(a, "--ignore-eos")) { o->ignore_eos = 1; takes = 0; }
         else if (!strcmp(a, "--validate-only")) { o->validate_only = 1; takes = 0; }
+        else if (!strcmp(a, "--mlock")) { o->mlock = 1; takes = 0; }
         else if (!v) { fprintf(stderr, "cairn run: %s needs a value (or unknown flag)\n", a); return -1; }
         else if (!strcmp(a, "-m")) o->model_dir = v;
         else if (!strcmp(a, "-p")) o->prompt = v;
@@ -703,12 +707,18 @@ static void print_stats(const runner *r) {
     double decode = r->st.decode_s > 0 ? r->st.decode_steps / r->st.decode_s : 0;
     fprintf(stderr,
             "cairn: prompt=%d generated=%d rss_mb=%.1f state_bytes_per_token=%zu state_fixed_bytes=%zu "
-            "prefill_tok_s=%.*f decode_tok_s=%.*f\n",
+            "prefill_tok_s=%.*f decode_tok_s=%.*f locked_bytes=%zu\n",
             r->st.prompt, r->st.generated, rss_bytes() / 1048576.0, st ? state_bytes_per_token(st) : 0,
-            st ? state_fixed_bytes(st) : 0, rate_decimals(prefill), prefill, rate_decimals(decode), decode);
+            st ? state_fixed_bytes(st) : 0, rate_decimals(prefill), prefill, rate_decimals(decode), decode,
+            r->m->locked_bytes);
     if (experts_cached(r->m->experts)) {
         char line[1024];
         experts_stats_line(r->m->experts, line, sizeof line);
+        fprintf(stderr, "cairn: %s\n", line);
+    }
+    if (cluster_size() > 1) {
+        char line[512];
+        experts_parallel_line(r->m->experts, line, sizeof line);
         fprintf(stderr, "cairn: %s\n", line);
     }
 }
@@ -752,6 +762,7 @@ int cmd_run(int argc, char **argv) {
     char err[512] = "";
     model *m = model_open(o.model_dir, o.num, isatty(2), err, sizeof err);
     if (!m) { fprintf(stderr, "cairn run: %s\n", err); return 1; }
+    if (o.mlock) cli_mlock("run", m);
     if (cli_expert_cache("run", m, o.expert_cache_mb, NULL)) {
         model_close(m);
         free(o.chunks);

@@ -63,10 +63,12 @@ class Reply:
 
 
 class Engine:
+    """cairn: the binary, or a command line that ends with it (e.g. mpirun ... build/mpi/cairn)."""
     def __init__(self, cairn, model, *args, env=None):
         e = dict(os.environ)
         e.update(env or {})
-        self.p = subprocess.Popen([cairn, "engine", "-m", model, *args], stdin=subprocess.PIPE,
+        cmd = list(cairn) if isinstance(cairn, (list, tuple)) else [cairn]
+        self.p = subprocess.Popen([*cmd, "engine", "-m", model, *args], stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=e, bufsize=0)
         self.buf = b""
         self.replies = {}

@@ -72,7 +72,7 @@ def test_engine_writes_only_owner_readable_state(cairn, tiny_dsv4, tmp_path):
     assert e.close() == 0
     assert stat.S_IMODE(os.stat(kv).st_mode) == 0o700
     names = sorted(os.listdir(kv))
-    assert names == ["slot-0.cairnkv", "slot-0.cairnkv.tail"], names
+    assert names == ["slot-0.cairnkv", "slot-0.cairnkv.ckpt", "slot-0.cairnkv.tail"], names
     for n in names:
         assert stat.S_IMODE(os.stat(os.path.join(kv, n)).st_mode) == 0o600, n
 

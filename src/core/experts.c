@@ -4,7 +4,13 @@
  * with it released. An entry is ABSENT, QUEUED (for the reader), LOADING (a pread in flight,
  * its bytes already counted against the budget) or READY. READY entries that are not pinned sit
  * in the LRU, least recently used first. `want == gen` marks an expert the current call has yet
- * to run: eviction spares it while anything else can go. */
+ * to run: eviction spares it while anything else can go.
+ *
+ * Across ranks, rank 0 packs one request per other rank and layer call:
+ *   int32 n, layer, din, dout, has_weight; int32 (expert, rows) x n; float in[rows][din] by
+ *   expert; float weight[rows] by expert when has_weight
+ * and the owner answers with float out[rows][dout] in the same order. A failed message is fatal:
+ * a cluster that lost a rank cannot produce the exact result, and MPI cannot carry on anyway. */
 #include "experts.h"
 
 #include <errno.h>
@@ -14,6 +20,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cluster.h"
 #include "util.h"
 
 enum { ABSENT, QUEUED, LOADING, READY };
@@ -51,6 +58,16 @@ struct experts {
     size_t slots_cap, start_cap;
     int *chosen, *fill;          /* this call's chosen experts, ascending; the next free slot of each */
     size_t chosen_cap, fill_cap;
+    int *mine, nmine;            /* ... of those, the ones this rank runs */
+    size_t mine_cap;
+    expert_fn fn;                /* experts_bind */
+    expert_scratch_fn scratch;
+    void *ctx;
+    arena sc;                    /* gathered rows and the expert function's scratch, grown on demand */
+    int rank, ranks;             /* cluster.h, read at experts_new */
+    void **msg;                  /* [ranks] request / reply buffers, and their capacities */
+    size_t *msg_cap;
+    int *rows_of;                /* [ranks] rows of this call's request to each rank */
     /* the cache */
     int cached;
     size_t budget, used, largest;
@@ -72,6 +89,11 @@ experts *experts_new(const st_file *st) {
     experts *x = xcalloc(1, sizeof *x);
     x->st = st;
     x->lru.next = x->lru.prev = &x->lru;
+    x->rank = cluster_rank();
+    x->ranks = cluster_size();
+    x->msg = xcalloc((size_t)x->ranks, sizeof *x->msg);
+    x->msg_cap = xcalloc((size_t)x->ranks, sizeof *x->msg_cap);
+    x->rows_of = xcalloc((size_t)x->ranks, sizeof *x->rows_of);
     pthread_mutex_init(&x->mu, NULL);
     pthread_cond_init(&x->work, NULL);
     pthread_cond_init(&x->done, NULL);
@@ -79,6 +101,12 @@ experts *experts_new(const st_file *st) {
 }
 
 int experts_count(const experts *x) { return x ? x->count : 0; }
+
+void experts_bind(experts *x, expert_fn fn, expert_scratch_fn scratch, void *ctx) {
+    x->fn = fn;
+    x->scratch = scratch;
+    x->ctx = ctx;
+}
 int experts_cached(const experts *x) { return x && x->cached; }
 
 /* ---- registration: where an expert's bytes are ---------------------------------------------- */
@@ -423,13 +451,13 @@ static void grow(int **p, size_t *cap, size_t n) {
 }
 
 /* Mark what this call needs, count hits, queue the missing reads in the order they are used,
- * then the next layer's likely experts. Lock held. */
-static void plan_reads(experts *x, int layer, int nchosen) {
+ * then the next layer's likely experts. list: this rank's experts of the call. Lock held. */
+static void plan_reads(experts *x, int layer, const int *list, int nchosen) {
     layer_set *l = &x->layers[layer];
     x->gen++;
     queue_clear(x);
     for (int i = 0; i < nchosen; i++) {
-        entry *en = l->at[x->chosen[i]];
+        entry *en = l->at[list[i]];
         en->want = x->gen;
         en->uses++;
         x->s.uses++;
@@ -453,7 +481,7 @@ static void plan_reads(experts *x, int layer, int nchosen) {
             }
         }
     }
-    memcpy(l->last, x->chosen, (size_t)nchosen * sizeof *l->last);
+    memcpy(l->last, list, (size_t)nchosen * sizeof *l->last);
     l->nlast = nchosen;
     pthread_cond_signal(&x->work);
 }
@@ -473,52 +501,251 @@ static void release(experts *x, entry *en) {
     if (en->state == READY) lru_push(x, en);
 }
 
-void experts_run(experts *x, int layer, const int *idx, int nk, expert_fn fn, void *ctx) {
+static void fatal(const char *err) {
+    fprintf(stderr, "cairn: expert parallelism: %s\n", err);
+    exit(70);
+}
+
+static int owner(const experts *x, int e) { return e % x->ranks; }
+
+/* Run each expert of x->mine (ascending) at layer: `one` gets its matrices, resident or read
+ * now when cached, the mapping otherwise. */
+typedef void (*run_one)(experts *x, void *arg, int layer, int e, const qmat *w);
+
+static void run_mine(experts *x, int layer, run_one one, void *arg) {
     layer_set *l = &x->layers[layer];
-    int E = l->n;
-    grow(&x->slots, &x->slots_cap, (size_t)nk);
-    grow(&x->start, &x->start_cap, (size_t)E + 1);
-    grow(&x->chosen, &x->chosen_cap, (size_t)E);
-    grow(&x->fill, &x->fill_cap, (size_t)E);
-    /* counting sort of the slots by expert: ascending experts, ascending slots within each */
-    memset(x->start, 0, ((size_t)E + 1) * sizeof *x->start);
-    for (int t = 0; t < nk; t++)
-        if (idx[t] >= 0 && idx[t] < E && l->at[idx[t]]) x->start[idx[t] + 1]++;
-    int nchosen = 0;
-    for (int e = 0; e < E; e++) {
-        if (x->start[e + 1]) x->chosen[nchosen++] = e;
-        x->start[e + 1] += x->start[e];
-    }
-    memcpy(x->fill, x->start, (size_t)E * sizeof *x->fill);
-    for (int t = 0; t < nk; t++)
-        if (idx[t] >= 0 && idx[t] < E && l->at[idx[t]]) x->slots[x->fill[idx[t]]++] = t;
     if (!x->cached) {
-        for (int i = 0; i < nchosen; i++) {
-            int e = x->chosen[i];
-            fn(ctx, e, l->at[e]->mapped, x->slots + x->start[e], x->start[e + 1] - x->start[e]);
-        }
+        for (int i = 0; i < x->nmine; i++) one(x, arg, layer, x->mine[i], l->at[x->mine[i]]->mapped);
         return;
     }
     pthread_mutex_lock(&x->mu);
-    plan_reads(x, layer, nchosen);
-    for (int i = 0; i < nchosen; i++) {
-        int e = x->chosen[i];
-        entry *en = l->at[e];
+    plan_reads(x, layer, x->mine, x->nmine);
+    for (int i = 0; i < x->nmine; i++) {
+        entry *en = l->at[x->mine[i]];
         const qmat *w = acquire(x, en);
         pthread_mutex_unlock(&x->mu);
-        fn(ctx, e, w, x->slots + x->start[e], x->start[e + 1] - x->start[e]);
+        one(x, arg, layer, x->mine[i], w);
         pthread_mutex_lock(&x->mu);
         release(x, en);
     }
     pthread_mutex_unlock(&x->mu);
 }
 
-void experts_gather(const float *x, int dim, int k, const int *slots, int cnt, float *out) {
-    for (int r = 0; r < cnt; r++) memcpy(out + (size_t)r * dim, x + (size_t)(slots[r] / k) * dim, (size_t)dim * sizeof *x);
+/* The arena ready for cnt rows of din in, dout out, weights and the expert function's scratch. */
+static arena *scratch_for(experts *x, int layer, int cnt, int din, int dout) {
+    size_t need = ((size_t)cnt * ((size_t)din + (size_t)dout + 1)) * sizeof(float) + 3 * 64 +
+                  x->scratch(x->ctx, layer, cnt);
+    if (need > x->sc.cap) {
+        arena_free(&x->sc);
+        if (arena_init(&x->sc, need + need / 2)) fatal("cannot allocate the experts' scratch");
+    }
+    x->sc.used = 0;
+    return &x->sc;
 }
 
-void experts_scatter(const float *y, int dim, const int *slots, int cnt, float *ex) {
-    for (int r = 0; r < cnt; r++) memcpy(ex + (size_t)slots[r] * dim, y + (size_t)r * dim, (size_t)dim * sizeof *y);
+typedef struct {
+    const experts_io *io;
+    const int *slots, *start;
+} local_job;
+
+/* Rank 0's own expert: gather its rows, run it, scatter its outputs. */
+static void run_local(experts *x, void *arg, int layer, int e, const qmat *w) {
+    const local_job *j = arg;
+    const experts_io *io = j->io;
+    const int *slots = j->slots + j->start[e];
+    int cnt = j->start[e + 1] - j->start[e];
+    arena *sc = scratch_for(x, layer, cnt, io->din, io->dout);
+    float *in = arena_take(sc, (size_t)cnt * io->din, sizeof(float));
+    float *out = arena_take(sc, (size_t)cnt * io->dout, sizeof(float));
+    float *wt = io->weight ? arena_take(sc, (size_t)cnt, sizeof(float)) : NULL;
+    for (int r = 0; r < cnt; r++) {
+        memcpy(in + (size_t)r * io->din, io->x + (size_t)(slots[r] / io->k) * io->din, (size_t)io->din * sizeof *in);
+        if (wt) wt[r] = io->weight[slots[r]];
+    }
+    x->fn(x->ctx, layer, e, w, in, wt, cnt, out, sc);
+    for (int r = 0; r < cnt; r++) {
+        int s = slots[r];
+        memcpy(io->out + ((size_t)(s / io->k) * io->out_k + (size_t)(s % io->k)) * io->dout, out + (size_t)r * io->dout,
+               (size_t)io->dout * sizeof *out);
+    }
+}
+
+enum { REQ_HEAD = 5 };   /* n, layer, din, dout, has_weight */
+
+static void *msg_room(experts *x, int r, size_t len) {
+    if (len > x->msg_cap[r]) {
+        x->msg[r] = xrealloc(x->msg[r], len);
+        x->msg_cap[r] = len;
+    }
+    return x->msg[r];
+}
+
+/* Pack and send rank r's request for this call: its chosen experts, their rows and weights. */
+static void send_request(experts *x, int r, int layer, const experts_io *io, const int *slots, const int *start,
+                         int nchosen, int *rows_out) {
+    int n = 0, rows = 0;
+    for (int i = 0; i < nchosen; i++)
+        if (owner(x, x->chosen[i]) == r) n++, rows += start[x->chosen[i] + 1] - start[x->chosen[i]];
+    *rows_out = rows;
+    if (!n) return;
+    size_t len = (REQ_HEAD + 2 * (size_t)n) * sizeof(int32_t) +
+                 (size_t)rows * ((size_t)io->din + (io->weight != NULL)) * sizeof(float);
+    char *m = msg_room(x, r, len);
+    int32_t *h = (int32_t *)m, *pair = h + REQ_HEAD;
+    h[0] = n, h[1] = layer, h[2] = io->din, h[3] = io->dout, h[4] = io->weight != NULL;
+    float *in = (float *)(pair + 2 * n), *wt = in + (size_t)rows * io->din;
+    for (int i = 0; i < nchosen; i++) {
+        int e = x->chosen[i];
+        if (owner(x, e) != r) continue;
+        *pair++ = e;
+        *pair++ = start[e + 1] - start[e];
+        for (int t = start[e]; t < start[e + 1]; t++) {
+            memcpy(in, io->x + (size_t)(slots[t] / io->k) * io->din, (size_t)io->din * sizeof *in);
+            in += io->din;
+            if (io->weight) *wt++ = io->weight[slots[t]];
+        }
+    }
+    char err[256];
+    if (cluster_send(r, CLUSTER_EXPERTS, m, len, err, sizeof err)) fatal(err);
+    x->s.remote_experts += (uint64_t)n;
+    x->s.remote_rows += (uint64_t)rows;
+    x->s.bytes_sent += len;
+    x->s.messages++;
+}
+
+/* Receive rank r's outputs and put each row in its slot. */
+static void take_reply(experts *x, int r, const experts_io *io, const int *slots, const int *start, int nchosen,
+                       int rows) {
+    char err[256];
+    int tag;
+    long len = cluster_recv(r, &tag, &x->msg[r], &x->msg_cap[r], err, sizeof err);
+    if (len < 0) fatal(err);
+    if (tag != CLUSTER_OUTPUT || (size_t)len != (size_t)rows * io->dout * sizeof(float)) {
+        snprintf(err, sizeof err, "rank %d answered %ld bytes (tag %d) for %d rows of %d", r, len, tag, rows, io->dout);
+        fatal(err);
+    }
+    x->s.bytes_received += (uint64_t)len;
+    x->s.messages++;
+    const float *y = x->msg[r];
+    for (int i = 0; i < nchosen; i++) {
+        int e = x->chosen[i];
+        if (owner(x, e) != r) continue;
+        for (int t = start[e]; t < start[e + 1]; t++, y += io->dout) {
+            int s = slots[t];
+            memcpy(io->out + ((size_t)(s / io->k) * io->out_k + (size_t)(s % io->k)) * io->dout, y,
+                   (size_t)io->dout * sizeof *y);
+        }
+    }
+}
+
+void experts_run(experts *x, int layer, const int *idx, int nk, const experts_io *io) {
+    layer_set *l = &x->layers[layer];
+    int E = l->n;
+    grow(&x->slots, &x->slots_cap, (size_t)nk);
+    grow(&x->start, &x->start_cap, (size_t)E + 1);
+    grow(&x->chosen, &x->chosen_cap, (size_t)E);
+    grow(&x->fill, &x->fill_cap, (size_t)E);
+    grow(&x->mine, &x->mine_cap, (size_t)E);
+    /* counting sort of the slots by expert: ascending experts, ascending slots within each */
+    memset(x->start, 0, ((size_t)E + 1) * sizeof *x->start);
+    for (int t = 0; t < nk; t++)
+        if (idx[t] >= 0 && idx[t] < E && l->at[idx[t]]) x->start[idx[t] + 1]++;
+    int nchosen = 0;
+    x->nmine = 0;
+    for (int e = 0; e < E; e++) {
+        if (x->start[e + 1]) {
+            x->chosen[nchosen++] = e;
+            if (owner(x, e) == 0) x->mine[x->nmine++] = e;
+        }
+        x->start[e + 1] += x->start[e];
+    }
+    memcpy(x->fill, x->start, (size_t)E * sizeof *x->fill);
+    for (int t = 0; t < nk; t++)
+        if (idx[t] >= 0 && idx[t] < E && l->at[idx[t]]) x->slots[x->fill[idx[t]]++] = t;
+    for (int r = 1; r < x->ranks; r++) send_request(x, r, layer, io, x->slots, x->start, nchosen, &x->rows_of[r]);
+    local_job j = {io, x->slots, x->start};
+    run_mine(x, layer, run_local, &j);
+    for (int r = 1; r < x->ranks; r++)
+        if (x->rows_of[r]) take_reply(x, r, io, x->slots, x->start, nchosen, x->rows_of[r]);
+}
+
+/* ---- the other ranks: answering requests ----------------------------------------------------- */
+
+typedef struct {
+    const int32_t *pair;
+    const float *in, *wt;
+    float *out;
+    int din, dout, at;    /* at: rows of the request before the current expert */
+} serve_job;
+
+/* Experts come in the request's (ascending) order, so each one's rows follow the previous one's. */
+static void run_served(experts *x, void *arg, int layer, int e, const qmat *w) {
+    serve_job *j = arg;
+    int cnt = j->pair[1];
+    j->pair += 2;
+    arena *sc = scratch_for(x, layer, cnt, 0, 0);
+    x->fn(x->ctx, layer, e, w, j->in + (size_t)j->at * j->din, j->wt ? j->wt + j->at : NULL, cnt,
+          j->out + (size_t)j->at * j->dout, sc);
+    j->at += cnt;
+    x->s.served_experts++;
+    x->s.served_rows += (uint64_t)cnt;
+}
+
+/* Check a request against this registry and point the job at its parts; the reply's size. */
+static long parse_request(experts *x, const char *m, long len, serve_job *j, int *layer, char *err, size_t errlen) {
+    if (len < (long)(REQ_HEAD * sizeof(int32_t))) return errf(err, errlen, "a request of %ld bytes has no header", len);
+    const int32_t *h = (const int32_t *)m;
+    int n = h[0], rows = 0;
+    *layer = h[1];
+    if (n < 1 || *layer < 0 || *layer >= x->nlayers || h[2] < 1 || h[3] < 1 || (h[4] != 0 && h[4] != 1) ||
+        len < (long)((REQ_HEAD + 2 * (size_t)n) * sizeof(int32_t)))
+        return errf(err, errlen, "a malformed request (%d experts at layer %d)", n, *layer);
+    layer_set *l = &x->layers[*layer];
+    const int32_t *pair = h + REQ_HEAD;
+    grow(&x->mine, &x->mine_cap, (size_t)n);
+    for (int i = 0; i < n; i++) {
+        int e = pair[2 * i], cnt = pair[2 * i + 1];
+        if (e < 0 || e >= l->n || !l->at[e] || owner(x, e) != x->rank || cnt < 1 || (i && e <= pair[2 * i - 2]))
+            return errf(err, errlen, "a request for layer %d expert %d, which this rank does not hold", *layer, e);
+        x->mine[i] = e;
+        rows += cnt;
+    }
+    x->nmine = n;
+    size_t want = (REQ_HEAD + 2 * (size_t)n) * sizeof(int32_t) + (size_t)rows * ((size_t)h[2] + (size_t)h[4]) * sizeof(float);
+    if ((size_t)len != want) return errf(err, errlen, "a request of %ld bytes where its header says %zu", len, want);
+    j->pair = pair;
+    j->din = h[2];
+    j->dout = h[3];
+    j->in = (const float *)(pair + 2 * n);
+    j->wt = h[4] ? j->in + (size_t)rows * j->din : NULL;
+    j->at = 0;
+    return (long)((size_t)rows * (size_t)j->dout * sizeof(float));
+}
+
+int experts_serve(experts *x, char *err, size_t errlen) {
+    void *req = NULL, *reply = NULL;
+    size_t req_cap = 0, reply_cap = 0;
+    int rc = 0;
+    for (;;) {
+        int tag, layer = 0;
+        long len = cluster_recv(0, &tag, &req, &req_cap, err, errlen);
+        if (len < 0 || tag == CLUSTER_STOP) {
+            rc = len < 0 ? -1 : 0;
+            break;
+        }
+        serve_job j;
+        long out = tag == CLUSTER_EXPERTS ? parse_request(x, req, len, &j, &layer, err, errlen)
+                                          : errf(err, errlen, "a message with tag %d", tag);
+        if (out < 0) { rc = -1; break; }
+        if ((size_t)out > reply_cap) reply = xrealloc(reply, reply_cap = (size_t)out);
+        j.out = reply;
+        run_mine(x, layer, run_served, &j);
+        x->s.served_requests++;
+        if (cluster_send(0, CLUSTER_OUTPUT, reply, (size_t)out, err, errlen)) { rc = -1; break; }
+    }
+    free(req);
+    free(reply);
+    return rc;
 }
 
 /* ---- reports and teardown ------------------------------------------------------------------- */
@@ -543,6 +770,20 @@ void experts_stats_line(const experts *x, char *buf, size_t len) {
              (unsigned long long)s.waits, (unsigned long long)s.reader_reads, (unsigned long long)s.predicted,
              (unsigned long long)s.predicted_reads, (unsigned long long)s.dropped, (unsigned long long)s.evictions,
              (unsigned long long)s.reads, (unsigned long long)s.bytes_read, (unsigned long long)s.read_errors);
+}
+
+void experts_parallel_line(const experts *x, char *buf, size_t len) {
+    experts_stats s;
+    experts_get_stats(x, &s);
+    if (x->rank == 0)
+        snprintf(buf, len, "expert-parallel: ranks=%d remote_experts=%llu remote_rows=%llu bytes_sent=%llu "
+                 "bytes_received=%llu messages=%llu", x->ranks, (unsigned long long)s.remote_experts,
+                 (unsigned long long)s.remote_rows, (unsigned long long)s.bytes_sent,
+                 (unsigned long long)s.bytes_received, (unsigned long long)s.messages);
+    else
+        snprintf(buf, len, "expert-parallel: rank=%d of %d served_requests=%llu served_experts=%llu served_rows=%llu",
+                 x->rank, x->ranks, (unsigned long long)s.served_requests, (unsigned long long)s.served_experts,
+                 (unsigned long long)s.served_rows);
 }
 
 void experts_free(experts *x) {
@@ -571,6 +812,12 @@ void experts_free(experts *x) {
     free(x->start);
     free(x->chosen);
     free(x->fill);
+    free(x->mine);
+    for (int r = 0; r < x->ranks; r++) free(x->msg[r]);
+    free(x->msg);
+    free(x->msg_cap);
+    free(x->rows_of);
+    arena_free(&x->sc);
     free(x->queue);
     free(x->usage_path);
     pthread_mutex_destroy(&x->mu);

@@ -1,12 +1,27 @@
 /* experts.h — the routed experts of a model and the one way a MoE layer reaches them: straight
  * from the checkpoint's mapping (the default), or through an expert cache that reads them with
- * pread into a memory budget, for checkpoints larger than RAM (`--expert-cache-mb N`).
+ * pread into a memory budget, for checkpoints larger than RAM (`--expert-cache-mb N`), and on
+ * the MPI rank that owns them when the model runs across processes (core/cluster.h).
  *
  * Every family registers each routed expert of each layer at load (experts_add: its matrices,
- * views into the mapping) and runs a layer's experts through experts_run, which groups the
- * layer's (token, rank) slots by expert and calls back once per chosen expert, in ascending
- * expert order, with the slots in ascending order and the expert's matrices. Dense weights are
- * not this module's business: they stay mmapped.
+ * views into the mapping) and binds the one function that runs an expert (experts_bind: gathered
+ * input rows in, output rows out, the model as its only context). A MoE layer hands experts_run
+ * its routing (the expert of each (token, rank) slot) and where the rows are (experts_io):
+ * experts_run groups the slots by expert, gathers each chosen expert's input rows, runs it once
+ * over them, in ascending expert order, and scatters its output rows to their slots. The layer
+ * then sums the slots in its own fixed order, so a token's result never depends on grouping,
+ * caching or which process ran an expert. Dense weights are not this module's business.
+ *
+ * EXPERT PARALLELISM (cluster_size() > 1, build/mpi/cairn under mpirun):
+ *  - Expert e of every layer belongs to rank e % cluster_size(); rank 0 runs everything else.
+ *  - Rank 0's experts_run sends each other rank, in one message, the layer, the (expert, rows)
+ *    list of its chosen experts, their gathered input rows and route weights; runs its own
+ *    experts meanwhile; then receives one output row per (slot, expert) and scatters it, exactly
+ *    where its own run would have put it. An expert's rows reach its owner in the same order and
+ *    number as on one process, and the kernels are bitwise deterministic (kernels.h), so output
+ *    is bit-identical to a single process.
+ *  - Every other rank runs experts_serve: it answers each request with the same expert function
+ *    over its own registry (mapped or cached) until rank 0 stops the cluster.
  *
  * THE CACHE (experts_cache):
  *  - An expert is read with as few preads as its layout allows: its matrices' codes and scales
@@ -26,7 +41,7 @@
  *    64 as on the mapping: the output is bit-identical to mmap, whatever the budget.
  *  - A failed read (I/O error, short file) falls back to the mapping for that call and is counted.
  *
- * THREADS: one forward call at a time per model (model.h); the callback may use the pool.
+ * THREADS: one forward call at a time per model (model.h); the expert function may use the pool.
  */
 #ifndef CAIRN_EXPERTS_H
 #define CAIRN_EXPERTS_H
@@ -34,6 +49,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "arena.h"
 #include "kernels.h"
 #include "safetensors.h"
 
@@ -55,6 +71,10 @@ typedef struct {
     uint64_t dropped;            /* read-aheads dropped: no room without evicting what the call needs */
     uint64_t evictions, pinned, reads, bytes_read, read_errors;
     size_t budget, resident;     /* bytes */
+    /* expert parallelism, rank 0: experts and rows sent to other ranks, bytes each way, messages */
+    uint64_t remote_experts, remote_rows, bytes_sent, bytes_received, messages;
+    /* expert parallelism, other ranks: requests answered, experts and rows run for rank 0 */
+    uint64_t served_requests, served_experts, served_rows;
 } experts_stats;
 
 experts *experts_new(const st_file *st);
@@ -70,19 +90,42 @@ int experts_count(const experts *x);          /* registered experts, all layers 
 int experts_cache(experts *x, size_t budget, const char *usage_path, uint64_t fingerprint, char *err, size_t errlen);
 int experts_cached(const experts *x);
 
-/* Called once per chosen expert e with its matrices w[nm] and the cnt slots s (ascending, each an
- * index into the idx array given to experts_run) that chose it. */
-typedef void (*expert_fn)(void *ctx, int e, const qmat *w, const int *slots, int cnt);
-/* idx[nk]: the expert of each (token, rank) slot of one layer call. */
-void experts_run(experts *x, int layer, const int *idx, int nk, expert_fn fn, void *ctx);
+/* One chosen expert's work: out[r] (dout floats) from in[r] (din floats) for its cnt rows;
+ * weight[r] is the route weight of row r's slot (NULL when the layer gave none). Scratch comes
+ * from sc. It may depend on nothing but its arguments and ctx (the model): the rank that owns the
+ * expert runs the same function on the same rows. */
+typedef void (*expert_fn)(void *ctx, int layer, int e, const qmat *w, const float *in, const float *weight, int cnt,
+                          float *out, arena *sc);
+/* The most scratch expert_fn takes from sc for cnt rows of layer. */
+typedef size_t (*expert_scratch_fn)(void *ctx, int layer, int cnt);
+/* The expert function of every registered expert (before the first experts_run / experts_serve). */
+void experts_bind(experts *x, expert_fn fn, expert_scratch_fn scratch, void *ctx);
 
-/* What a callback does around its expert: out[r] = x[slots[r] / k] (rows of dim floats: the token of
- * each slot, k slots per token), and ex[slots[r]] = y[r] (each result to its slot's row). */
-void experts_gather(const float *x, int dim, int k, const int *slots, int cnt, float *out);
-void experts_scatter(const float *y, int dim, const int *slots, int cnt, float *ex);
+/* Where one layer call's rows are: slot s (token s / k, rank s % k) reads row s / k of x and
+ * weight[s] (weight NULL: none), and its expert's output row lands at out[(s / k) * out_k + s % k]
+ * (out_k >= k leaves room for rows the layer adds itself, such as shared experts). */
+typedef struct {
+    const float *x;
+    int din, k;
+    const float *weight;
+    float *out;
+    int dout, out_k;
+} experts_io;
+
+/* idx[nk]: the expert of each (token, rank) slot of one layer call; slots naming no registered
+ * expert are skipped. */
+void experts_run(experts *x, int layer, const int *idx, int nk, const experts_io *io);
+
+/* Ranks other than 0: answer rank 0's expert requests until it stops the cluster. -1 with err if
+ * a request names an expert this registry does not hold (rank 0 and this rank opened different
+ * checkpoints). */
+int experts_serve(experts *x, char *err, size_t errlen);
 
 void experts_get_stats(const experts *x, experts_stats *out);
 /* One line "expert-cache: budget_mb=... hits=... ..." for stderr reports. */
 void experts_stats_line(const experts *x, char *buf, size_t len);
+/* One line "expert-parallel: ranks=... remote_experts=... bytes_sent=..." (rank 0) or
+ * "expert-parallel: rank=... served_experts=..." (other ranks) for stderr reports. */
+void experts_parallel_line(const experts *x, char *buf, size_t len);
 
 #endif

@@ -355,9 +355,7 @@ static void layout_scratch(arena *a, dsv4_seq *s, const dsv4_config *c) {
     s->moe_w = arena_take(a, C * k, F);
     s->moe_rw = arena_take(a, C * k, F);
     s->moe_idx = arena_take(a, C * k, sizeof(int));
-    s->moe_rows = arena_take(a, C * k, sizeof(int));
-    s->moe_xe = arena_take(a, C * c->dim, F);       /* an expert sees each token at most once */
-    s->moe_ge = arena_take(a, C * inter, F);
+    s->moe_ge = arena_take(a, C * inter, F);        /* the shared expert's rows (routed: core/experts.c) */
     s->moe_ue = arena_take(a, C * inter, F);
     s->moe_ye = arena_take(a, C * c->dim, F);
     s->moe_y = arena_take(a, C * k * c->dim, F);
@@ -450,4 +448,6 @@ const family_ops deepseek_v4_ops = {
     .seq_free = dsv4_seq_free,
     .forward = dsv4_forward,
     .extra_flops = dsv4_extra_flops,
+    .expert = dsv4_expert,
+    .expert_scratch = dsv4_expert_scratch,
 };

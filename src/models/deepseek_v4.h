@@ -139,9 +139,9 @@ struct dsv4_seq {
     float *tmp_hc;             /* [hc*dim] one token's residual copy */
     float *moe_logit;          /* [C][n_experts] gate logits */
     float *moe_score, *moe_biased;                 /* [n_experts] one token's scores */
-    float *moe_w, *moe_rw;     /* [C*k] route weights by (token, rank); gathered for one expert */
-    int *moe_idx, *moe_rows;   /* [C*k] chosen experts; (token, rank) rows gathered for one expert */
-    float *moe_xe, *moe_ge, *moe_ue, *moe_ye;     /* [C][..] one expert's gathered rows */
+    float *moe_w, *moe_rw;     /* [C*k] route weights by (token, rank); the shared expert's (1) */
+    int *moe_idx;              /* [C*k] chosen experts */
+    float *moe_ge, *moe_ue, *moe_ye;              /* [C][..] the shared expert's inner and output rows */
     float *moe_y;              /* [C][k][dim] routed outputs by rank */
     float *att_scores;         /* [n_heads][max_cand] scores, then weights */
     const float **cand;        /* [max_cand] candidate rows of one query */
@@ -173,6 +173,10 @@ void dsv4_attention(const dsv4_model *d, const dsv4_layer *L, int li, dsv4_seq *
 
 /* deepseek_v4_moe.c: x[n][dim] are ffn_norm outputs of the pass's rows (ids in s->row_id);
  * out[n][dim]. */
+/* One routed expert over gathered rows (core/experts.h expert_fn, ctx the model) and its scratch. */
+void dsv4_expert(void *ctx, int layer, int e, const qmat *w, const float *xe, const float *weight, int ne, float *ye,
+                 arena *sc);
+size_t dsv4_expert_scratch(void *ctx, int layer, int ne);
 void dsv4_moe(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s, int n, const float *x, float *out);
 
 /* chat_deepseek_v4.c: the template the descriptor points at. */

@@ -32,18 +32,19 @@ static void route(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s, int id,
     for (int k = 0; k < c->n_active; k++) w[k] = score[idx[k]] / sum * (float)c->route_scale;
 }
 
-/* ye[r] = w2 h(xe[r]) for ne gathered rows, h = bf16(weight * silu(min(g, lim)) * clip(u, lim)). */
+/* ye[r] = w2 h(xe[r]) for ne rows, h = bf16(weight * silu(min(g, lim)) * clip(u, lim)); ge and ue
+ * hold ne rows of the expert's inner width. */
 static void expert_run(const dsv4_model *d, const qmat *w1, const qmat *w3, const qmat *w2, const float *weight,
-                       dsv4_seq *s, int ne) {
+                       const float *xe, int ne, float *ge, float *ue, float *ye) {
     int inter = w1->rows;
     float lim = (float)d->c.swiglu_limit;
-    qmat_mul(w1, s->moe_xe, ne, s->moe_ge);
-    qmat_mul(w3, s->moe_xe, ne, s->moe_ue);
-    dsv4_bf16(d, s->moe_ge, (size_t)ne * inter);
-    dsv4_bf16(d, s->moe_ue, (size_t)ne * inter);
+    qmat_mul(w1, xe, ne, ge);
+    qmat_mul(w3, xe, ne, ue);
+    dsv4_bf16(d, ge, (size_t)ne * inter);
+    dsv4_bf16(d, ue, (size_t)ne * inter);
     for (int r = 0; r < ne; r++) {
-        float *g = s->moe_ge + (size_t)r * inter;
-        const float *u = s->moe_ue + (size_t)r * inter;
+        float *g = ge + (size_t)r * inter;
+        const float *u = ue + (size_t)r * inter;
         /* fminf/fmaxf by comparison (inlined, unlike the libm calls): the same values, NaN
          * included (it fails the comparison and gives the limit, as fminf/fmaxf do). */
         for (int k = 0; k < inter; k++) {
@@ -54,25 +55,26 @@ static void expert_run(const dsv4_model *d, const qmat *w1, const qmat *w3, cons
         dsv4_bf16(d, g, inter);
         dsv4_act_qdq(d, g, inter);
     }
-    qmat_mul(w2, s->moe_ge, ne, s->moe_ye);
-    dsv4_bf16(d, s->moe_ye, (size_t)ne * d->c.dim);
+    qmat_mul(w2, ge, ne, ye);
+    dsv4_bf16(d, ye, (size_t)ne * d->c.dim);
 }
 
-typedef struct {
-    const dsv4_model *d;
-    dsv4_seq *s;
-} routed_job;
+size_t dsv4_expert_scratch(void *ctx, int layer, int ne) {
+    const dsv4_model *d = ((const model *)ctx)->priv;
+    arena a = {0};
+    arena_take(&a, (size_t)ne * d->c.moe_inter, sizeof(float));
+    arena_take(&a, (size_t)ne * d->c.moe_inter, sizeof(float));
+    return a.used;
+}
 
-/* Routed expert e (its w1, w2, w3 in w, the tensor table's order) on the (token, rank) slots that chose it; results go to
- * moe_y[token][rank]. */
-static void run_routed(void *ctx, int e, const qmat *w, const int *slots, int ne) {
-    routed_job *j = ctx;
-    const dsv4_config *c = &j->d->c;
-    dsv4_seq *s = j->s;
-    for (int r = 0; r < ne; r++) s->moe_rw[r] = s->moe_w[slots[r]];
-    experts_gather(s->xq, c->dim, c->n_active, slots, ne, s->moe_xe);
-    expert_run(j->d, &w[0], &w[2], &w[1], s->moe_rw, s, ne);
-    experts_scatter(s->moe_ye, c->dim, slots, ne, s->moe_y);
+/* Routed expert e (its w1, w2, w3 in w, the tensor table's order) on ne gathered rows, each
+ * scaled inside by its route weight (core/experts.h expert_fn). */
+void dsv4_expert(void *ctx, int layer, int e, const qmat *w, const float *xe, const float *weight, int ne, float *ye,
+                 arena *sc) {
+    const dsv4_model *d = ((const model *)ctx)->priv;
+    float *ge = arena_take(sc, (size_t)ne * w[0].rows, sizeof(float));
+    float *ue = arena_take(sc, (size_t)ne * w[0].rows, sizeof(float));
+    expert_run(d, &w[0], &w[2], &w[1], weight, xe, ne, ge, ue, ye);
 }
 
 void dsv4_moe(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s, int n, const float *x, float *out) {
@@ -83,13 +85,13 @@ void dsv4_moe(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s, int n, cons
         route(d, L, s, s->row_id[t], s->moe_logit + (size_t)t * c->n_experts, s->moe_idx + t * k, s->moe_w + t * k);
     memcpy(s->xq, x, sizeof(float) * n * dim);
     for (int t = 0; t < n; t++) dsv4_act_qdq(d, s->xq + (size_t)t * dim, dim);
-    routed_job j = {d, s};
-    experts_run(d->experts, (int)(L - d->layers), s->moe_idx, n * k, run_routed, &j);
+    /* routed outputs land in moe_y[token][rank] */
+    experts_io io = {.x = s->xq, .din = dim, .k = k, .weight = s->moe_w, .out = s->moe_y, .dout = dim, .out_k = k};
+    experts_run(d->experts, (int)(L - d->layers), s->moe_idx, n * k, &io);
     int shared = L->sw1.data != NULL;
     if (shared) {
-        memcpy(s->moe_xe, s->xq, sizeof(float) * n * dim);
         for (int t = 0; t < n; t++) s->moe_rw[t] = 1.0f;
-        expert_run(d, &L->sw1, &L->sw3, &L->sw2, s->moe_rw, s, n);
+        expert_run(d, &L->sw1, &L->sw3, &L->sw2, s->moe_rw, s->xq, n, s->moe_ge, s->moe_ue, s->moe_ye);
     }
     for (int t = 0; t < n; t++) {
         const float *y = s->moe_y + (size_t)t * k * dim, *sh = s->moe_ye + (size_t)t * dim;

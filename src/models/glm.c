@@ -347,4 +347,6 @@ const family_ops glm_ops = {
     .forward = glm_forward,
     .draft = glm_draft,
     .extra_flops = glm_extra_flops,
+    .expert = glm_expert,
+    .expert_scratch = glm_expert_scratch,
 };

@@ -95,6 +95,10 @@ typedef struct {
 #define GLM_CHUNK 64   /* tokens per internal pass: bounds the scratch */
 
 size_t glm_scratch_bytes(const model *m, int ctx);
+/* One routed expert over gathered rows (core/experts.h expert_fn, ctx the model) and its scratch. */
+void glm_expert(void *ctx, int layer, int e, const qmat *w, const float *in, const float *weight, int cnt, float *out,
+                arena *sc);
+size_t glm_expert_scratch(void *ctx, int layer, int cnt);
 int glm_forward(model *m, const fwd_seg *segs, int nseg, char *err, size_t errlen);
 int glm_draft(model *m, void *fam_seq, int pos, int id, int step, float *logits, char *err, size_t errlen);
 

@@ -296,7 +296,7 @@ static void route(const glm_model *g, const glm_layer *l, const float *logits, i
 }
 
 typedef struct {
-    float *logits, *weight, *xin, *ex, *eout;
+    float *logits, *weight, *ex;
     int *idx;
 } moe_bufs;
 
@@ -305,27 +305,21 @@ static void moe_layout(arena *a, const glm_model *g, int n, moe_bufs *b) {
     b->logits = floats(a, (size_t)n * g->n_experts);
     b->weight = floats(a, n * K);
     b->idx = ints(a, n * K);
-    b->xin = floats(a, n * d);
     b->ex = floats(a, n * K * d);
-    b->eout = floats(a, n * d);
 }
 
-typedef struct {
-    const model *m;
-    const float *x;
-    moe_bufs *b;
-    arena *sc;
-} routed_job;
+/* Routed expert e (gate, up, down in w) on cnt gathered rows (core/experts.h expert_fn). */
+void glm_expert(void *ctx, int layer, int e, const qmat *w, const float *in, const float *weight, int cnt, float *out,
+                arena *sc) {
+    swiglu(ctx, &w[0], &w[1], &w[2], in, cnt, out, sc);
+}
 
-/* Routed expert e (gate, up, down in w) on the (token, rank) slots that chose it: ex[slot]. */
-static void run_routed(void *ctx, int e, const qmat *w, const int *slots, int cnt) {
-    routed_job *j = ctx;
-    const glm_model *g = j->m->priv;
-    experts_gather(j->x, g->dim, g->top_k, slots, cnt, j->b->xin);
-    size_t mark = arena_mark(j->sc);
-    swiglu(j->m, &w[0], &w[1], &w[2], j->b->xin, cnt, j->b->eout, j->sc);
-    arena_release(j->sc, mark);
-    experts_scatter(j->b->eout, g->dim, slots, cnt, j->b->ex);
+size_t glm_expert_scratch(void *ctx, int layer, int cnt) {
+    const glm_model *g = ((const model *)ctx)->priv;
+    arena a = {0};
+    float *p, *q;
+    swiglu_layout(&a, cnt, g->moe_inter, &p, &q);
+    return a.used;
 }
 
 static void moe(const model *m, const glm_layer *l, int li, const float *x, int n, float *y, arena *sc) {
@@ -338,9 +332,9 @@ static void moe(const model *m, const glm_layer *l, int li, const float *x, int 
     qmat_mul(&l->router, x, n, logits);
     for (int i = 0; i < n; i++)
         route(g, l, logits + (size_t)i * g->n_experts, idx + (size_t)i * K, weight + (size_t)i * K, sc);
-    /* each routed expert once over the tokens that chose it */
-    routed_job j = {m, x, &b, sc};
-    experts_run(g->experts, li, idx, n * K, run_routed, &j);
+    /* each routed expert once over the tokens that chose it; outputs land in ex[token][rank] */
+    experts_io io = {.x = x, .din = d, .k = K, .out = ex, .dout = d, .out_k = K};
+    experts_run(g->experts, li, idx, n * K, &io);
     swiglu(m, &l->gate, &l->up, &l->down, x, n, y, sc);      /* shared expert */
     for (int i = 0; i < n; i++) {
         float *yi = y + (size_t)i * d;
@@ -428,11 +422,8 @@ static size_t layer_bytes(const glm_model *g, const glm_layer *l, int n, int end
     moe_bufs mb;
     moe_layout(&a, g, n, &mb);
     size_t inner = a.used, peak;
-    route_layout(&a, g, &p, &q);
+    route_layout(&a, g, &p, &q);                      /* routed experts: core/experts.c's scratch */
     peak = a.used;
-    a.used = inner;
-    swiglu_layout(&a, n, g->moe_inter, &p, &q);      /* one routed expert's rows (at most n) */
-    peak = MAX(peak, a.used);
     a.used = inner;
     swiglu_layout(&a, n, l->gate.rows, &p, &q);      /* the shared expert */
     return MAX(peak, a.used);

@@ -430,4 +430,6 @@ const family_ops inkling_ops = {
     .forward = inkling_forward,
     .set_media = inkling_set_media,
     .extra_flops = inkling_extra_flops,
+    .expert = inkling_expert,
+    .expert_scratch = inkling_expert_scratch,
 };

@@ -132,6 +132,10 @@ typedef struct {
 } ink_rows;
 
 size_t inkling_scratch_bytes(const model *m, int ctx);
+/* One routed expert over gathered rows (core/experts.h expert_fn, ctx the model) and its scratch. */
+void inkling_expert(void *ctx, int layer, int e, const qmat *w, const float *in, const float *weight, int cnt,
+                    float *out, arena *sc);
+size_t inkling_expert_scratch(void *ctx, int layer, int cnt);
 int inkling_forward(model *m, const fwd_seg *segs, int nseg, char *err, size_t errlen);
 
 #endif

@@ -28,7 +28,7 @@
 typedef struct {
     float *x, *hn, *delta, *branch, *heads;          /* [n][D], heads [n][H*hd] */
     float *q, *kv, *raw, *kp, *vp, *r, *work;        /* attention */
-    float *logits, *gam, *xin, *eout, *ex, *g1, *act, *fused, *choice;   /* MLP */
+    float *logits, *gam, *eout, *ex, *g1, *act, *fused, *choice;   /* MLP (routed experts: core/experts.c's scratch) */
     int *idx;
     float *head_hn;
 } ink_bufs;
@@ -54,7 +54,7 @@ static void chunk_layout(arena *a, const ink_model *g, int n, int end, ink_bufs 
     b->work = floats(a, hmax * (hdmax + extmax + (size_t)MAX(g->window, end)));
     b->logits = floats(a, (size_t)n * (g->n_experts + g->n_shared)), b->gam = floats(a, n * ks);
     b->idx = arena_take(a, (size_t)n * g->top_k, sizeof(int));
-    b->xin = floats(a, nd), b->eout = floats(a, nd), b->ex = floats(a, n * ks * g->dim), b->g1 = floats(a, (size_t)n);
+    b->eout = floats(a, nd), b->ex = floats(a, n * ks * g->dim), b->g1 = floats(a, (size_t)n);
     b->act = floats(a, n * imax), b->fused = floats(a, n * 2 * imax), b->choice = floats(a, (size_t)g->n_experts);
     b->head_hn = floats(a, (size_t)g->dim);
 }
@@ -226,10 +226,11 @@ static void attention(const model *m, int li, const ink_rows *rw, const float *h
 
 /* ---- MLP -------------------------------------------------------------------------------- */
 
-/* y[n][D] = down(silu(gate x) * up x * gamma) for the layout's gate/up rows; gamma NULL = 1. */
-static void glu(const model *m, const ink_glu *u, const float *x, int n, const float *gamma, float *y, ink_bufs *bf) {
+/* y[n][D] = down(silu(gate x) * up x * gamma) for the layout's gate/up rows; gamma NULL = 1.
+ * act holds n rows of the inner width, f n rows of twice that. */
+static void glu(const model *m, const ink_glu *u, const float *x, int n, const float *gamma, float *y, float *act,
+                float *f) {
     int in = u->inter;
-    float *act = bf->act, *f = bf->fused;
     if (u->layout == GLU_SPLIT) {
         project(m, &u->gate, x, n, act);
         project(m, &u->up, x, n, f);
@@ -261,26 +262,23 @@ static void route(const ink_model *g, const ink_layer *l, const float *logits, i
     for (int k = 0; k < K + g->n_shared; k++) gam[k] = gam[k] / sum * g->route_scale * *l->router_scale;
 }
 
-typedef struct {
-    const model *m;
-    const ink_layer *l;
-    const float *x;
-    ink_bufs *b;
-} routed_job;
+/* Routed expert e (its matrices w, in ink_glu_mats order) on cnt gathered rows (core/experts.h
+ * expert_fn); its route weight is applied by the layer's sum. */
+void inkling_expert(void *ctx, int layer, int e, const qmat *w, const float *in, const float *weight, int cnt,
+                    float *out, arena *sc) {
+    const model *m = ctx;
+    const ink_model *g = m->priv;
+    ink_glu u = ink_glu_with(&g->layers[layer].experts[e], w);
+    float *act = floats(sc, (size_t)cnt * u.inter), *fused = floats(sc, (size_t)cnt * 2 * u.inter);
+    glu(m, &u, in, cnt, NULL, out, act, fused);
+}
 
-/* Routed expert e (its matrices w, in ink_glu_mats order) on the slots that chose it. */
-static void run_routed(void *ctx, int e, const qmat *w, const int *slots, int cnt) {
-    routed_job *j = ctx;
-    const ink_model *g = j->m->priv;
-    int d = g->dim, K = g->top_k, S = g->n_shared;
-    ink_bufs *b = j->b;
-    experts_gather(j->x, d, K, slots, cnt, b->xin);
-    ink_glu u = ink_glu_with(&j->l->experts[e], w);
-    glu(j->m, &u, b->xin, cnt, NULL, b->eout, b);
-    for (int r = 0; r < cnt; r++) {
-        int t = slots[r];
-        memcpy(b->ex + ((size_t)(t / K) * (K + S) + t % K) * d, b->eout + (size_t)r * d, (size_t)d * sizeof *b->ex);
-    }
+size_t inkling_expert_scratch(void *ctx, int layer, int cnt) {
+    const ink_model *g = ((const model *)ctx)->priv;
+    arena a = {0};
+    floats(&a, (size_t)cnt * g->moe_inter);
+    floats(&a, (size_t)cnt * 2 * g->moe_inter);
+    return a.used;
 }
 
 static void moe(const model *m, const ink_layer *l, const float *x, int n, float *y, ink_bufs *b) {
@@ -292,11 +290,11 @@ static void moe(const model *m, const ink_layer *l, const float *x, int n, float
     for (int i = 0; i < n; i++)
         route(g, l, logits + (size_t)i * R, idx + (size_t)i * K, gam + (size_t)i * (K + S), b->choice);
     /* each routed expert once over the tokens that chose it; outputs land in ex[token][slot] */
-    routed_job j = {m, l, x, b};
-    experts_run(g->experts, (int)(l - g->layers), idx, n * K, run_routed, &j);
+    experts_io io = {.x = x, .din = d, .k = K, .out = ex, .dout = d, .out_k = K + S};
+    experts_run(g->experts, (int)(l - g->layers), idx, n * K, &io);
     for (int s = 0; s < S; s++) {
         for (int i = 0; i < n; i++) g1[i] = gam[(size_t)i * (K + S) + K + s];
-        glu(m, &l->shared[s], x, n, g1, eout, b);
+        glu(m, &l->shared[s], x, n, g1, eout, b->act, b->fused);
         for (int i = 0; i < n; i++) memcpy(ex + ((size_t)i * (K + S) + K + s) * d, eout + (size_t)i * d, (size_t)d * sizeof *ex);
     }
     for (int i = 0; i < n; i++)
@@ -312,7 +310,7 @@ static void moe(const model *m, const ink_layer *l, const float *x, int n, float
 static void mlp(const model *m, const ink_layer *l, const float *x, int n, float *y, ink_bufs *b) {
     const ink_model *g = m->priv;
     if (l->sparse) return moe(m, l, x, n, y, b);
-    glu(m, &l->mlp, x, n, NULL, y, b);
+    glu(m, &l->mlp, x, n, NULL, y, b->act, b->fused);
     for (size_t k = 0; k < (size_t)n * g->dim; k++) y[k] *= *l->mlp_scale;
     act_round(m, y, (size_t)n * g->dim);
 }

@@ -361,4 +361,6 @@ const family_ops kimi_k3_ops = {
     .seq_free = k3_seq_free,
     .forward = k3_forward,
     .extra_flops = k3_extra_flops,
+    .expert = k3_expert,
+    .expert_scratch = k3_expert_scratch,
 };

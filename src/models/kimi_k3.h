@@ -102,6 +102,10 @@ float *k3_floats(arena *a, size_t n);
 size_t k3_kda_scratch(const k3_model *k, int n);
 size_t k3_mla_scratch(const k3_model *k, int n, int end);
 size_t k3_ffn_scratch(const k3_model *k, const k3_layer *l, int n);
+/* One routed expert over gathered latent rows (core/experts.h expert_fn, ctx the model) and its scratch. */
+void k3_expert(void *ctx, int layer, int e, const qmat *w, const float *in, const float *weight, int cnt, float *out,
+               arena *sc);
+size_t k3_expert_scratch(void *ctx, int layer, int cnt);
 size_t k3_scratch_bytes(const model *m, int ctx);
 /* Rounds activations to BF16 under default numerics (no-op with --numerics exact). */
 void k3_round(const model *m, float *x, size_t n);

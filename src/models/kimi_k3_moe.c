@@ -52,7 +52,7 @@ static void route(const k3_model *k, const k3_layer *l, const float *logits, flo
 /* The buffers of one latent-MoE pass over n tokens (the experts' SiTU-GLU takes its own after). */
 typedef struct {
     float *logits, *weight, *score, *choice;
-    float *z, *zin, *ex, *eout, *agg, *shared;   /* latent inputs, expert outputs [n][top_k][latent], ... */
+    float *z, *ex, *agg, *shared;   /* latent inputs, expert outputs [n][top_k][latent], ... */
     int *idx;
 } moe_bufs;
 
@@ -63,9 +63,7 @@ static void moe_layout(arena *a, const k3_model *k, int n, moe_bufs *b) {
     b->score = k3_floats(a, (size_t)k->n_experts);
     b->choice = k3_floats(a, (size_t)k->n_experts);
     b->z = k3_floats(a, (size_t)n * lat);
-    b->zin = k3_floats(a, (size_t)n * lat);
     b->ex = k3_floats(a, nk * lat);
-    b->eout = k3_floats(a, (size_t)n * lat);
     b->agg = k3_floats(a, (size_t)n * lat);
     b->shared = k3_floats(a, (size_t)n * k->dim);
     b->idx = arena_take(a, nk, sizeof(int));
@@ -81,25 +79,24 @@ size_t k3_ffn_scratch(const k3_model *k, const k3_layer *l, int n) {
     moe_bufs b;
     moe_layout(&a, k, n, &b);
     size_t held = a.used;
-    /* an expert sees each token at most once: at most n rows; then the shared experts over n */
-    glu_layout(&a, n, MAX(k->moe_inter, k->moe_inter * k->n_shared), &g);
+    /* the shared experts over n rows (routed experts: core/experts.c's scratch) */
+    glu_layout(&a, n, k->moe_inter * k->n_shared, &g);
     return MAX(held, a.used);
 }
 
-typedef struct {
-    const model *m;
-    moe_bufs *b;
-    arena *sc;
-} routed_job;
+/* Routed expert e (w1, w2, w3 in w: the table's order) on cnt gathered latent rows
+ * (core/experts.h expert_fn). */
+void k3_expert(void *ctx, int layer, int e, const qmat *w, const float *in, const float *weight, int cnt, float *out,
+               arena *sc) {
+    situ_glu(ctx, &w[0], &w[2], &w[1], in, cnt, out, sc);
+}
 
-/* Routed expert e (w1, w3, w2 in w) on the latent inputs of the slots that chose it. */
-static void run_routed(void *ctx, int e, const qmat *w, const int *slots, int cnt) {
-    routed_job *j = ctx;
-    const k3_model *k = j->m->priv;
-    moe_bufs *b = j->b;
-    experts_gather(b->z, k->latent, k->top_k, slots, cnt, b->zin);
-    situ_glu(j->m, &w[0], &w[2], &w[1], b->zin, cnt, b->eout, j->sc);   /* table order: w1, w2, w3 */
-    experts_scatter(b->eout, k->latent, slots, cnt, b->ex);
+size_t k3_expert_scratch(void *ctx, int layer, int cnt) {
+    const k3_model *k = ((const model *)ctx)->priv;
+    arena a = {0};
+    glu_bufs g;
+    glu_layout(&a, cnt, k->moe_inter, &g);
+    return a.used;
 }
 
 static void latent_moe(const model *m, const k3_layer *l, const float *x, int n, float *y, arena *sc) {
@@ -113,8 +110,8 @@ static void latent_moe(const model *m, const k3_layer *l, const float *x, int n,
         route(k, l, b.logits + (size_t)t * k->n_experts, b.score, b.choice, b.idx + (size_t)t * K, b.weight + (size_t)t * K);
     k3_project(m, &l->lat_down, x, n, b.z);
     /* Each expert runs once over the tokens that chose it; results land in ex[token][slot]. */
-    routed_job j = {m, &b, sc};
-    experts_run(k->experts, (int)(l - k->layers), b.idx, n * K, run_routed, &j);
+    experts_io io = {.x = b.z, .din = lat, .k = K, .out = b.ex, .dout = lat, .out_k = K};
+    experts_run(k->experts, (int)(l - k->layers), b.idx, n * K, &io);
     for (int t = 0; t < n; t++)
         for (int c = 0; c < lat; c++) {
             float acc = 0.0f;

@@ -1,9 +1,13 @@
 #include "model.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include "../core/config.h"
 #include "../core/experts.h"
@@ -101,6 +105,11 @@ model *model_open(const char *dir, numerics num, int progress, char *err, size_t
     if (config_int_or(m->config, "max_position_embeddings", 4096, &m->max_ctx, err, errlen)) goto fail;
     tt_init(&m->weights, m->st, err, errlen);
     if (m->ops->load(m, err, errlen) || register_experts(m, err, errlen)) goto fail;
+    if (experts_count(m->experts) && (!m->ops->expert || !m->ops->expert_scratch)) {
+        errf(err, errlen, "family %s has routed experts but no expert function", m->ops->name);
+        goto fail;
+    }
+    experts_bind(m->experts, m->ops->expert, m->ops->expert_scratch, m);
     m->n_validated = m->weights.count;
     m->weights.err = NULL;     /* the caller's buffer is gone after open */
     m->weights.errlen = 0;
@@ -114,6 +123,67 @@ int model_expert_cache(model *m, double mb, const char *usage_dir, char *err, si
     char path[4096];
     if (usage_dir) snprintf(path, sizeof path, "%s/expert_usage.bin", usage_dir);
     return experts_cache(m->experts, (size_t)(mb * 1048576.0), usage_dir ? path : NULL, m->fingerprint, err, errlen);
+}
+
+typedef struct {
+    uintptr_t lo, hi;
+} span;
+
+static int by_lo(const void *a, const void *b) {
+    const span *p = a, *q = b;
+    return p->lo < q->lo ? -1 : p->lo > q->lo;
+}
+
+/* The page spans of every non-routed tensor the decode step reads, sorted and merged. */
+static int dense_spans(const model *m, span **out) {
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    span *sp = xmalloc(((size_t)m->weights.n + 1) * sizeof *sp);
+    int n = 0;
+    for (int i = 0; i < m->weights.n; i++) {
+        const tt_entry *e = &m->weights.list[i];
+        if (e->role == TT_ROUTED || e->role == TT_IDLE || !e->t->nbytes) continue;
+        uintptr_t lo = (uintptr_t)e->t->data;
+        sp[n++] = (span){lo / page * page, (lo + e->t->nbytes + page - 1) / page * page};
+    }
+    qsort(sp, (size_t)n, sizeof *sp, by_lo);
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        if (k && sp[i].lo <= sp[k - 1].hi) sp[k - 1].hi = MAX(sp[k - 1].hi, sp[i].hi);
+        else sp[k++] = sp[i];
+    }
+    *out = sp;
+    return k;
+}
+
+size_t model_mlock(model *m, char *msg, size_t msglen) {
+    span *sp;
+    int n = dense_spans(m, &sp);
+    size_t total = 0, avail = (size_t)sysconf(_SC_AVPHYS_PAGES) * (size_t)sysconf(_SC_PAGESIZE);
+    for (int i = 0; i < n; i++) total += sp[i].hi - sp[i].lo;
+    struct rlimit rl = {0};
+    getrlimit(RLIMIT_MEMLOCK, &rl);
+    int i = 0, e = 0;
+    if (total > avail / 2) {
+        snprintf(msg, msglen, "not locked: the dense weights are %zu bytes, more than half the %zu bytes of memory "
+                 "available", total, avail);
+        i = -1;
+    } else {
+        while (i < n && !mlock((void *)sp[i].lo, sp[i].hi - sp[i].lo)) i++;
+        e = errno;
+    }
+    if (i >= 0 && i < n) {
+        while (i--) munlock((void *)sp[i].lo, sp[i].hi - sp[i].lo);
+        if (rl.rlim_cur == RLIM_INFINITY)
+            snprintf(msg, msglen, "not locked: mlock of %zu bytes of dense weights failed: %s", total, strerror(e));
+        else
+            snprintf(msg, msglen, "not locked: the dense weights are %zu bytes and RLIMIT_MEMLOCK allows %llu (raise "
+                     "`ulimit -l`, or run with CAP_IPC_LOCK): %s", total, (unsigned long long)rl.rlim_cur, strerror(e));
+    }
+    m->locked_bytes = i == n ? total : 0;
+    if (!n) snprintf(msg, msglen, "not locked: the model has no dense weights in its mapping");
+    else if (m->locked_bytes) snprintf(msg, msglen, "locked %zu bytes of dense weights (%d spans)", total, n);
+    free(sp);
+    return m->locked_bytes;
 }
 
 void model_close(model *m) {

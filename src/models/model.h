@@ -29,8 +29,9 @@
  *              every tensor, fills the family's structs, and is the record the weight bytes per
  *              token and the matrix FLOPs are counted from (model_decode_bytes,
  *              model_token_flops). model_open registers every routed expert (TT_ROUTED rows) with
- *              core/experts.h, and a MoE layer runs its chosen experts through experts_run
- *              (m->experts), so the expert cache (--expert-cache-mb) serves every family.
+ *              core/experts.h and binds the family's `expert` function; a MoE layer runs its
+ *              chosen experts through experts_run (m->experts), so the expert cache
+ *              (--expert-cache-mb) and expert parallelism over MPI serve every family.
  *   seq_new  — declare the parts of one sequence state (state_add_part) for `ctx` positions and
  *              return the family's per-sequence handle (pointers into those parts + scratch).
  *   scratch_bytes — the most scratch a forward call can take at `ctx` positions (any n: a family
@@ -140,6 +141,12 @@ typedef struct {
      * (attention over the context, recurrences, convolutions); model_token_flops adds the
      * table's matrix FLOPs. */
     double (*extra_flops)(const model *m, int pos);
+    /* One routed expert over its gathered rows, and the scratch it takes (core/experts.h
+     * expert_fn / expert_scratch_fn; ctx is the model). model_open binds them to m->experts, so
+     * the expert cache and the ranks of an MPI run (core/cluster.h) run the same function. NULL
+     * only for a family without routed experts. */
+    expert_fn expert;
+    expert_scratch_fn expert_scratch;
 } family_ops;
 
 /* Role-marker token ids of a loaded model (family_turns resolved against its tokenizer; -1 or
@@ -168,6 +175,7 @@ struct model {
     uint64_t fingerprint;      /* st_fingerprint: identifies the checkpoint for persisted state */
     tt_table weights;          /* the family's tensor table as loaded: the record, bytes, FLOPs */
     int n_validated;           /* tensors the family's load looked up and checked (dtype + shape) */
+    size_t locked_bytes;       /* model_mlock */
     model_markers markers;     /* all -1 / empty without a usable tokenizer */
     int draft_layers;          /* MTP layers the family can draft with (0: no speculative decoding) */
     int spec_mtp;              /* set by the caller before seq_new: sequences keep MTP rows (draft) */
@@ -181,6 +189,12 @@ void model_close(model *m);
  * the mapping; usage_dir (NULL: none) keeps the usage counts that pick the pinned experts
  * (`expert_usage.bin`, the engine's --kv-dir). Before the first forward. -1 with err. */
 int model_expert_cache(model *m, double mb, const char *usage_dir, char *err, size_t errlen);
+/* --mlock: lock the checkpoint pages of every dense, shared and lookup tensor of the table in
+ * memory (routed experts are the expert cache's business), so the page cache never evicts what
+ * every token reads. Refused — nothing locked, a message in msg naming the bytes against the
+ * limit — when they exceed RLIMIT_MEMLOCK (without CAP_IPC_LOCK) or half the memory available.
+ * Returns the bytes locked (0 when refused); m->locked_bytes keeps it; munmap unlocks. */
+size_t model_mlock(model *m, char *msg, size_t msglen);
 int model_is_eos(const model *m, int id);
 /* Weight bytes a decode step reads (dense + active experts), for bandwidth reports, and the
  * FLOPs of one token at position pos (for prefill GFLOP/s): the tensor table's count, plus the

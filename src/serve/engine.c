@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "../cli.h"
+#include "../core/cluster.h"
 #include "../core/grammar.h"
 #include "../core/sampler.h"
 #include "../core/threads.h"
@@ -41,6 +42,7 @@ typedef struct {
     int slots, ctx, kv_share, threads;
     long ckpt_mb, draft;    /* draft: --spec mtp drafts per speculative step, 0 = off */
     double expert_cache_mb;
+    int mlock;
     numerics num;
 } engine_opts;
 
@@ -111,7 +113,9 @@ static double rss_gb(void) { return (double)rss_bytes() / (1024.0 * 1024.0 * 102
 static void save_slot(engine *e, int slot) {
     if (!e->o.kv_dir) return;
     char err[512];
-    if (persist_save(e->o.kv_dir, slot, &e->seqs[slot]->st, e->m->fingerprint, err, sizeof err))
+    const state *st = &e->seqs[slot]->st;
+    if (persist_save(e->o.kv_dir, slot, st, e->m->fingerprint, err, sizeof err) ||
+        persist_save_checkpoints(e->o.kv_dir, slot, e->cs, st, e->m->fingerprint, err, sizeof err))
         fprintf(stderr, "cairn engine: kv-dir: %s\n", err);
 }
 
@@ -606,17 +610,20 @@ static void usage(FILE *f) {
             CLI_EXPERT_CACHE_HELP
             "                     (with --kv-dir, the expert usage counts that choose the pinned experts\n"
             "                     are kept there)\n"
+            CLI_MLOCK_HELP
             "Environment: CAIRN_PREFIX_LOG=1 logs the reuse decision per request on stderr.\n");
 }
 
 static int parse_flags(int argc, char **argv, engine_opts *o) {
     *o = (engine_opts){.slots = 1, .ckpt_mb = 512, .kv_share = 1, .num = NUMERICS_QAT};
     int spec = 0;
-    for (int i = 1; i < argc; i += 2) {     /* every flag takes a value */
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    for (int i = 1; i < argc;) {
+        const char *a = argv[i++], *v;
         long l;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); exit(0); }
-        if (!v) { fprintf(stderr, "cairn engine: %s needs a value (or unknown flag)\n", a); return -1; }
+        if (!strcmp(a, "--mlock")) { o->mlock = 1; continue; }
+        if (i == argc) { fprintf(stderr, "cairn engine: %s needs a value (or unknown flag)\n", a); return -1; }
+        v = argv[i++];                      /* every other flag takes a value */
         if (!strcmp(a, "-m")) o->model_dir = v;
         else if (!strcmp(a, "--kv-dir")) o->kv_dir = v;
         else if (!strcmp(a, "--slots")) { if (cli_int("engine", a, v, 1, 64, &l)) return -1; o->slots = (int)l; }
@@ -647,6 +654,10 @@ static void load_slots(engine *e) {
         int rc = persist_load(e->o.kv_dir, i, &e->seqs[i]->st, e->m->fingerprint, err, sizeof err);
         if (rc < 0) fprintf(stderr, "cairn engine: kv-dir: ignoring %s\n", err);
         if (rc > 0) fprintf(stderr, "cairn engine: kv-dir: slot %d resumed with %d tokens\n", i, e->seqs[i]->st.len);
+        int ck = rc > 0 && e->cs ? persist_load_checkpoints(e->o.kv_dir, i, e->cs, &e->seqs[i]->st, e->m->fingerprint,
+                                                            err, sizeof err) : 0;
+        if (ck < 0) fprintf(stderr, "cairn engine: kv-dir: ignoring %s\n", err);
+        if (ck > 0) fprintf(stderr, "cairn engine: kv-dir: slot %d resumed %d checkpoints\n", i, ck);
     }
 }
 
@@ -674,6 +685,7 @@ static int engine_open(engine *e, char *err, size_t errlen) {
     /* the load progress bar goes to stderr (a terminal, or CAIRN_PROGRESS=1): under cairn serve it
      * is the banner's first line, before the engine is ready */
     if (!(e->m = model_open(e->o.model_dir, e->o.num, 1, err, errlen))) return -1;
+    if (e->o.mlock) cli_mlock("engine", e->m);
     int ctx = e->o.ctx ? e->o.ctx : MIN(4096, e->m->max_ctx);
     if (ctx > e->m->max_ctx) return errf(err, errlen, "--ctx %d exceeds the model's max_position_embeddings %d", ctx, e->m->max_ctx);
     if (e->o.draft && !(e->m->draft_layers && e->m->ops->draft))
@@ -734,6 +746,11 @@ static void engine_close(engine *e) {
     if (e->m && experts_cached(e->m->experts)) {
         char line[1024];
         experts_stats_line(e->m->experts, line, sizeof line);
+        fprintf(stderr, "cairn engine: %s\n", line);
+    }
+    if (e->m && cluster_size() > 1) {
+        char line[512];
+        experts_parallel_line(e->m->experts, line, sizeof line);
         fprintf(stderr, "cairn engine: %s\n", line);
     }
     model_close(e->m);

@@ -122,7 +122,7 @@ static void usage(FILE *f) {
             "  --allow-insecure-bind    allow a non-loopback bind without --api-key\n"
             "  --no-webui               do not serve the chat page at / (the API alone)\n"
             "  --numerics M, --threads N, --ckpt-mb N, --kv-dir DIR, --kv-share 0|1, --expert-cache-mb N,\n"
-            "  --spec mtp, --draft K\n"
+            "  --mlock, --spec mtp, --draft K\n"
             "                           passed through to the engine\n");
 }
 
@@ -162,6 +162,11 @@ static int parse_flags(int argc, char **argv, serve_opts *o) {
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); exit(0); }
         else if (!strcmp(a, "--allow-insecure-bind")) { o->allow_insecure = 1; continue; }
         else if (!strcmp(a, "--no-webui")) { o->no_webui = 1; continue; }
+        else if (!strcmp(a, "--mlock")) {
+            if (o->n_engine_args + 1 > MAX_ENGINE_ARGS) return -1;
+            o->engine_args[o->n_engine_args++] = (char *)a;
+            continue;
+        }
         if (!v) { fprintf(stderr, "cairn serve: %s needs a value\n", a); return -1; }
         i++;
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->model_dir = v;

@@ -275,6 +275,38 @@ static uint64_t tail_checksum(const tail_head *h, const unsigned char *payload) 
     return fnv64(fnv64(FNV64_INIT, h, offsetof(tail_head, checksum)), payload, h->bytes);
 }
 
+/* Write path anew through path.tmp (mode 0600): write(f, ctx), flush, fsync, rename over path.
+ * The caller syncs the directory. A failure leaves path as it was. */
+static int replace_file(const char *path, int (*write)(FILE *f, void *ctx, char *err, size_t errlen), void *ctx,
+                        char *err, size_t errlen) {
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    int tfd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    FILE *f = tfd >= 0 ? fdopen(tfd, "wb") : NULL;
+    if (!f && tfd >= 0) close(tfd);
+    if (!f) return errf(err, errlen, "cannot create %s: %s", tmp, strerror(errno));
+    int rc = write(f, ctx, err, errlen);
+    if (rc == 0 && ((fault_point(), fflush(f)) || (fault_point(), fsync(fileno(f)))))
+        rc = errf(err, errlen, "writing %s: %s", tmp, strerror(errno));
+    if (fclose(f) && rc == 0) rc = errf(err, errlen, "closing %s: %s", tmp, strerror(errno));
+    if (rc == 0 && (fault_point(), rename(tmp, path))) rc = errf(err, errlen, "rename %s -> %s: %s", tmp, path, strerror(errno));
+    if (rc) unlink(tmp);
+    return rc;
+}
+
+typedef struct {
+    const tail_head *h;
+    const void *payload;
+    size_t bytes;
+} tail_job;
+
+static int write_tail(FILE *f, void *ctx, char *err, size_t errlen) {
+    const tail_job *j = ctx;
+    if (fwrite(j->h, sizeof *j->h, 1, f) != 1 || (fault_point(), fflush(f)) || fwrite(j->payload, j->bytes, 1, f) != 1)
+        return errf(err, errlen, "writing a tail file: %s", strerror(errno));
+    return 0;
+}
+
 /* Rewrite the tail file for s (a temporary file renamed over it), or remove it when the layout
  * needs none at this length. Runs after the rows up to s->len are committed. */
 static int save_tail(slot_file *sf, const state *s, const char *dir, const char *path, char *err, size_t errlen) {
@@ -296,20 +328,8 @@ static int save_tail(slot_file *sf, const state *s, const char *dir, const char 
     tail_head h = {.ident = ident_of(TAIL_MAGIC, sf->fingerprint, sf->layout), .len = (uint64_t)s->len,
                    .chain = chain, .bytes = bytes};
     h.checksum = tail_checksum(&h, payload);
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    int tfd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    FILE *f = tfd >= 0 ? fdopen(tfd, "wb") : NULL;
-    if (!f && tfd >= 0) close(tfd);
-    int rc = f ? 0 : errf(err, errlen, "cannot create %s: %s", tmp, strerror(errno));
-    if (f) {
-        if (fwrite(&h, sizeof h, 1, f) != 1 || (fault_point(), fflush(f)) || fwrite(payload, bytes, 1, f) != 1 ||
-            (fault_point(), fflush(f)) || (fault_point(), fsync(fileno(f))))
-            rc = errf(err, errlen, "writing %s: %s", tmp, strerror(errno));
-        if (fclose(f) && rc == 0) rc = errf(err, errlen, "closing %s: %s", tmp, strerror(errno));
-        if (rc == 0 && (fault_point(), rename(tmp, path))) rc = errf(err, errlen, "rename %s -> %s: %s", tmp, path, strerror(errno));
-        if (rc) unlink(tmp);
-    }
+    tail_job j = {&h, payload, bytes};
+    int rc = replace_file(path, write_tail, &j, err, errlen);
     free(payload);
     if (rc) return rc;
     sync_dir(dir);
@@ -484,4 +504,84 @@ int persist_load(const char *dir, int slot, state *s, uint64_t fingerprint, char
     fclose(f);
     if (len < 0) return errf(err, errlen, "%s: %s", rows_path, why);
     return len > 0;
+}
+
+/* ---- checkpoints beside a slot -------------------------------------------------------------- */
+
+static const char CKPT_MAGIC[8] = "CAIRNCK1";
+
+static void ckpt_path(const char *dir, int slot, char *path, size_t cap) {
+    snprintf(path, cap, "%s/slot-%d.cairnkv.ckpt", dir, slot);
+}
+
+typedef struct {
+    const snapshot **snaps;
+    int n;
+    uint64_t fingerprint;
+} ckpt_job;
+
+static int write_ckpts(FILE *f, void *ctx, char *err, size_t errlen) {
+    const ckpt_job *j = ctx;
+    uint32_t n = (uint32_t)j->n;
+    if (fwrite(CKPT_MAGIC, sizeof CKPT_MAGIC, 1, f) != 1 || fwrite(&n, sizeof n, 1, f) != 1)
+        return errf(err, errlen, "writing a checkpoint file: %s", strerror(errno));
+    for (int i = 0; i < j->n; i++) {
+        fault_point();
+        if (snapshot_write(j->snaps[i], j->fingerprint, f, err, errlen)) return -1;
+    }
+    return 0;
+}
+
+int persist_save_checkpoints(const char *dir, int slot, const store *cs, const state *s, uint64_t fingerprint,
+                             char *err, size_t errlen) {
+    char path[4096];
+    if (slot < 0) return errf(err, errlen, "bad slot %d", slot);
+    ckpt_path(dir, slot, path, sizeof path);
+    const snapshot *snaps[PERSIST_CHECKPOINTS];
+    int n = cs && state_usable(s) ? store_owned(cs, slot, s, snaps, PERSIST_CHECKPOINTS) : 0;
+    if (!n) return remove_file(path, err, errlen);
+    ckpt_job j = {snaps, n, fingerprint};
+    if (replace_file(path, write_ckpts, &j, err, errlen)) return -1;
+    sync_dir(dir);
+    return 0;
+}
+
+int persist_load_checkpoints(const char *dir, int slot, store *cs, const state *s, uint64_t fingerprint, char *err,
+                             size_t errlen) {
+    char path[4096];
+    if (slot < 0) return errf(err, errlen, "bad slot %d", slot);
+    ckpt_path(dir, slot, path, sizeof path);
+    FILE *f = fopen(path, "rb");
+    if (!f) return errno == ENOENT ? 0 : errf(err, errlen, "cannot open %s: %s", path, strerror(errno));
+    char magic[sizeof CKPT_MAGIC], why[256] = "";
+    uint32_t n = 0;
+    snapshot *snaps[PERSIST_CHECKPOINTS];
+    int got = 0;
+    if (fread(magic, sizeof magic, 1, f) != 1 || fread(&n, sizeof n, 1, f) != 1 || memcmp(magic, CKPT_MAGIC, sizeof magic))
+        errf(why, sizeof why, "not a checkpoint file (bad magic or truncated)");
+    else if (n < 1 || n > PERSIST_CHECKPOINTS)
+        errf(why, sizeof why, "announces %u checkpoints (1..%d)", n, PERSIST_CHECKPOINTS);
+    /* every checkpoint is checked by snapshot_read (fingerprint, layout, checksum) and must be one
+     * the resumed record holds; one bad one refuses the file, so nothing of a mix is kept */
+    while (!why[0] && got < (int)n) {
+        char e2[200];
+        snapshot *snap = snapshot_read(f, fingerprint, e2, sizeof e2);
+        if (!snap) errf(why, sizeof why, "checkpoint %d: %s", got, e2);
+        else if (snapshot_has_rows(snap) || snapshot_len(snap) > s->len ||
+                 memcmp(snapshot_ids(snap), s->ids, (size_t)snapshot_len(snap) * sizeof(int))) {
+            snapshot_free(snap);
+            errf(why, sizeof why, "checkpoint %d is not of the resumed record", got);
+        } else {
+            snaps[got++] = snap;
+        }
+    }
+    if (!why[0] && fgetc(f) != EOF) errf(why, sizeof why, "trailing bytes after %u checkpoints", n);
+    fclose(f);
+    if (why[0]) {
+        while (got--) snapshot_free(snaps[got]);
+        return errf(err, errlen, "%s: %s", path, why);
+    }
+    int kept = 0;
+    for (int i = 0; i < got; i++) kept += store_put(cs, snaps[i], slot);
+    return kept;
 }

@@ -1,8 +1,8 @@
 /* persist.h — `--kv-dir DIR`: each slot's state survives an engine restart, and a turn costs
  * only the bytes of the positions it added.
  *
- * THE FILES (mode 0600: they hold conversations; these three names are all that is ever written
- * in DIR). DIR/slot-N.cairnkv holds the slot's ROWS parts append-only, one RECORD per position
+ * THE FILES (mode 0600: they hold conversations; these names, and each one's .tmp, are all that
+ * is ever written in DIR). DIR/slot-N.cairnkv holds the slot's ROWS parts append-only, one RECORD per position
  * in order:
  *     int32 id | the ROWS rows completed at this position | uint64 chain
  * A span-1 part contributes a row at every position; a span-r part the row that position pos
@@ -20,6 +20,14 @@
  * chain value at L-1, which binds it to exactly those ids and rows. Loading resumes at L (rows
  * past it are ignored), or at count when the layout needs no tail there. A state with RING or
  * RECUR parts and no matching tail file does not resume.
+ *
+ * CHECKPOINTS: DIR/slot-N.cairnkv.ckpt holds the deepest PERSIST_CHECKPOINTS light checkpoints
+ * (state.h snapshots without rows: RING and RECUR parts at a turn boundary) the slot made and its
+ * record still holds, so a restarted slot of a state that cannot truncate can still rewind to
+ * them (an edited or regenerated turn). Rewritten whole after each save (temporary file, fsync,
+ * rename); each checkpoint carries snapshot_write's own fingerprint, layout hash and checksum,
+ * and loading puts them back into the store only if every one verifies and is a prefix of the
+ * resumed record (state_restore checks that again before using one).
  *
  * A TURN: the module remembers, per slot, the ids and chain values of the records it wrote or
  * loaded (12 bytes a position). Saving finds the common prefix k of those ids and the state's
@@ -45,6 +53,9 @@
 #include <stdint.h>
 
 #include "state.h"
+#include "store.h"
+
+#define PERSIST_CHECKPOINTS 4    /* checkpoints kept beside each slot */
 
 /* Save s for slot: append what the file lacks, then rewrite the tail file if the layout has one. */
 int persist_save(const char *dir, int slot, const state *s, uint64_t fingerprint, char *err, size_t errlen);
@@ -52,6 +63,14 @@ int persist_save(const char *dir, int slot, const state *s, uint64_t fingerprint
  * stream straight into the part buffers with no second copy of a possibly huge state.
  * 1: s now holds the saved state; 0: nothing saved; -1: refused (err says why), s still empty. */
 int persist_load(const char *dir, int slot, state *s, uint64_t fingerprint, char *err, size_t errlen);
+/* After persist_save: rewrite slot's checkpoint file from cs (owner slot, held by s's record;
+ * cs NULL or none held: the file is removed). */
+int persist_save_checkpoints(const char *dir, int slot, const store *cs, const state *s, uint64_t fingerprint,
+                             char *err, size_t errlen);
+/* After persist_load resumed slot into s: put its saved checkpoints back into cs. Returns how many
+ * the store kept; 0 when there is no file; -1 with err when the file is refused (nothing kept). */
+int persist_load_checkpoints(const char *dir, int slot, store *cs, const state *s, uint64_t fingerprint, char *err,
+                             size_t errlen);
 /* Forget what this process knows about slot files (frees it). The next save of each slot
  * rewrites its file from scratch, as after a restart. */
 void persist_forget(void);

@@ -120,5 +120,21 @@ void store_drop_stale(store *cs, int owner, const state *s) {
         if (cs->e[i].owner == owner && !snapshot_has_rows(cs->e[i].snap) && !record_holds(s, cs->e[i].snap)) drop(cs, i);
 }
 
+int store_owned(const store *cs, int owner, const state *s, const snapshot **out, int max) {
+    int n = 0;
+    for (int i = 0; i < cs->n; i++) {
+        const snapshot *snap = cs->e[i].snap;
+        if (cs->e[i].owner != owner || snapshot_has_rows(snap) || !record_holds(s, snap)) continue;
+        /* insertion into out, deepest first, keeping the max deepest */
+        int at = n < max ? n++ : max;
+        while (at > 0 && snapshot_len(out[at - 1]) < snapshot_len(snap)) {
+            if (at < max) out[at] = out[at - 1];
+            at--;
+        }
+        if (at < max) out[at] = snap;
+    }
+    return n;
+}
+
 size_t store_bytes(const store *cs) { return cs->bytes; }
 int store_count(const store *cs) { return cs->n; }

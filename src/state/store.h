@@ -37,6 +37,10 @@ int store_restore(store *cs, state *s, const int *ids, int u, int min_len, int o
 /* Drop owner's light checkpoints whose ids s's record no longer holds. */
 void store_drop_stale(store *cs, int owner, const state *s);
 
+/* The deepest (at most max) light checkpoints owner made whose ids s's record holds, deepest
+ * first, into out (views: the store keeps them). Returns how many. */
+int store_owned(const store *cs, int owner, const state *s, const snapshot **out, int max);
+
 size_t store_bytes(const store *cs);
 int store_count(const store *cs);
 

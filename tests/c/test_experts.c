@@ -1,6 +1,7 @@
 /* test_experts.c — the expert cache against the mapping on a checkpoint written here: 2 layers of
  * 6 experts, each three F32 matrices whose bytes differ everywhere. Every callback must see exactly
- * the mapped bytes (cached or not), slots grouped by ascending expert; an expert whose tensors are
+ * the mapped bytes (cached or not), its rows gathered in ascending slot order with their weights, and
+ * every output row must land in its slot (slots grouped by ascending expert); an expert whose tensors are
  * adjacent is one read, one with a gap over EXPERTS_MERGE_GAP two; a two-expert budget evicts; the
  * usage counts saved at free pin experts on the next start; a budget below two experts is refused. */
 #include "core/experts.h"
@@ -64,10 +65,16 @@ typedef struct {
     int layer, last_e, calls, bad;
 } seen;
 
-static void check_expert(void *ctx, int e, const qmat *w, const int *slots, int cnt) {
+enum { K = 4, OUT_K = K + 1, DOUT = 3 };
+
+/* Checks the matrices are the mapped bytes at the mapping's alignment and that the rows come
+ * gathered in ascending slot order (weight[slot] = slot, x[token][0] = token); writes
+ * (expert, slot, token) as each row's output. */
+static void check_expert(void *ctx, int layer, int e, const qmat *w, const float *in, const float *weight, int cnt,
+                         float *out, arena *sc) {
     seen *s = ctx;
     char name[64];
-    s->bad += e <= s->last_e;
+    s->bad += e <= s->last_e || layer != s->layer;
     s->last_e = e;
     s->calls++;
     for (int k = 0; k < 3; k++) {
@@ -75,18 +82,33 @@ static void check_expert(void *ctx, int e, const qmat *w, const int *slots, int 
         s->bad += memcmp(w[k].data, st_find(s->st, name)->data, MAT) != 0;
         s->bad += ((uintptr_t)w[k].data - (uintptr_t)st_find(s->st, name)->data) % 64 != 0;
     }
-    for (int r = 1; r < cnt; r++) s->bad += slots[r] <= slots[r - 1];
+    float *tmp = arena_take(sc, (size_t)cnt, sizeof(float));   /* the scratch it asked for is there */
+    for (int r = 0; r < cnt; r++) {
+        tmp[r] = weight[r];
+        s->bad += (r && weight[r] <= weight[r - 1]) || in[2 * r] != (float)((int)weight[r] / K) || in[2 * r + 1] != 7;
+        out[r * DOUT] = (float)e, out[r * DOUT + 1] = tmp[r], out[r * DOUT + 2] = in[2 * r];
+    }
 }
 
-/* Runs `steps` layer calls cycling through patterns of chosen experts (4, 4, 3 and 3 distinct);
- * returns the mistakes seen. */
+static size_t check_scratch(void *ctx, int layer, int cnt) { return (size_t)cnt * sizeof(float) + 64; }
+
+/* Runs `steps` layer calls cycling through patterns of chosen experts (4, 4, 3 and 3 distinct)
+ * for one token of K slots; returns the mistakes seen, every slot's output row checked. */
 static int drive(experts *x, const st_file *st, int steps) {
-    static const int pat[][4] = {{0, 1, 2, 3}, {4, 5, 0, 1}, {2, 2, 5, 3}, {1, 0, 4, 0}};
+    static const int pat[][K] = {{0, 1, 2, 3}, {4, 5, 0, 1}, {2, 2, 5, 3}, {1, 0, 4, 0}};
+    static const float xin[2] = {0, 7}, weight[K] = {0, 1, 2, 3};
     int bad = 0;
     for (int i = 0; i < steps; i++) {
         seen s = {st, i % LAYERS, -1, 0, 0};
-        experts_run(x, s.layer, pat[i % 4], 4, check_expert, &s);
+        float out[OUT_K * DOUT];
+        for (int c = 0; c < OUT_K * DOUT; c++) out[c] = -1;
+        experts_bind(x, check_expert, check_scratch, &s);
+        experts_io io = {.x = xin, .din = 2, .k = K, .weight = weight, .out = out, .dout = DOUT, .out_k = OUT_K};
+        experts_run(x, s.layer, pat[i % 4], K, &io);
         bad += s.bad + (s.calls == 0);
+        for (int t = 0; t < K; t++)
+            bad += out[t * DOUT] != (float)pat[i % 4][t] || out[t * DOUT + 1] != (float)t || out[t * DOUT + 2] != 0;
+        for (int c = K * DOUT; c < OUT_K * DOUT; c++) bad += out[c] != -1;   /* the layer's own row untouched */
     }
     return bad;
 }

@@ -693,14 +693,24 @@ static int chat_repl(runner *r, char *err, size_t errlen) {
 
 /* ---- main --------------------------------------------------------------------------------- */
 
+/* Decimals that keep three significant digits of a rate (at least two; never an exponent, so
+ * 0.00417 tok/s of a real-shape decode step is not printed as 0.00). */
+static int rate_decimals(double v) {
+    int d = 2;
+    for (double x = v; x > 0 && x < 10 && d < 9; x *= 10) d++;
+    return d;
+}
+
 static void print_stats(const runner *r) {
     const state *st = r->s ? &r->s->st : NULL;
+    double prefill = r->st.prefill_s > 0 ? r->st.prompt / r->st.prefill_s : 0;
+    double decode = r->st.decode_s > 0 ? r->st.decode_steps / r->st.decode_s : 0;
     fprintf(stderr,
             "cairn: prompt=%d generated=%d rss_mb=%.1f state_bytes_per_token=%zu state_fixed_bytes=%zu "
-            "prefill_tok_s=%.2f decode_tok_s=%.2f locked_bytes=%zu\n",
+            "prefill_tok_s=%.*f decode_tok_s=%.*f locked_bytes=%zu\n",
             r->st.prompt, r->st.generated, rss_bytes() / 1048576.0, st ? state_bytes_per_token(st) : 0,
-            st ? state_fixed_bytes(st) : 0, r->st.prefill_s > 0 ? r->st.prompt / r->st.prefill_s : 0,
-            r->st.decode_s > 0 ? r->st.decode_steps / r->st.decode_s : 0, r->m->locked_bytes);
+            st ? state_fixed_bytes(st) : 0, rate_decimals(prefill), prefill, rate_decimals(decode), decode,
+            r->m->locked_bytes);
     if (experts_cached(r->m->experts)) {
         char line[1024];
         experts_stats_line(r->m->experts, line, sizeof line);

@@ -77,6 +77,8 @@ void gm_set_mask(gm *m, int s, const uint64_t *mask, int words);
  * cache is also bounded by 2^20 stack nodes and 64 MiB of masks). */
 int gm_rebuilds(const gm *m);
 void gm_set_cache_limit(gm *m, int states);
+/* Closures computed so far: one per (state, byte class) first seen, not per byte. */
+long gm_closures(const gm *m);
 /* 1 once some state had more than 4096 live parses (a grammar too ambiguous to match in bounded
  * time and memory): those transitions are treated as rejections. */
 int gm_overflowed(const gm *m);

@@ -6,7 +6,12 @@
  * references on top into the first position of each alternative and pops finished alternatives
  * (a reference in tail position pushes no continuation, so right recursion keeps stacks flat).
  * A state is the sorted set of its stack ids, interned too, with a lazily filled table of its
- * 256 byte transitions — after warm-up, matching a byte is one lookup.
+ * 256 byte transitions — after warm-up, matching a byte is one lookup. Bytes that advance exactly
+ * the same stacks of a state lead to the same next state, so the bytes are grouped into those
+ * classes when the table is made, and the first transition computed for a byte fills its whole
+ * class: one closure per class instead of one per byte. (A token mask walks every byte of the
+ * vocabulary's trie from states it has not seen — inside a bounded string each position is a new
+ * state — so closures were most of a cache miss's cost.)
  */
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +31,7 @@ typedef struct {
     int off, n;                   /* stack ids in pool[off .. off + n) */
     int accepting, can_continue;
     int *trans;                   /* [256] or NULL; UNKNOWN until computed */
+    unsigned char *cls;           /* [256] byte classes (with trans), NULL past 64 stacks */
     uint64_t *mask;
 } gstate;
 
@@ -50,6 +56,7 @@ struct gm {
     size_t mask_bytes;            /* held by cached masks */
     int states_limit;
     int overflow;                 /* a closure went past STACKS_MAX / CLOSURE_WORK_MAX */
+    long closures;
     /* closure scratch */
     int *work, nwork, capwork;
     int *out, nout, capout;
@@ -165,6 +172,7 @@ static int by_int(const void *a, const void *b) {
  * result is interned as a state. GM_DEAD when nothing survives. */
 static int closure(gm *m) {
     const grammar *g = m->g;
+    m->closures++;
     m->nout = 0;
     if (++m->stamp == 0) {
         memset(m->seen, 0, (size_t)m->capseen * sizeof *m->seen);
@@ -212,11 +220,14 @@ static int initial_state(gm *m) {
 
 /* ---- cache ------------------------------------------------------------------------------- */
 
+static void state_tables_free(gstate *s) {
+    free(s->trans);
+    free(s->cls);
+    free(s->mask);
+}
+
 static void cache_reset(gm *m) {
-    for (int i = 0; i < m->nstates; i++) {
-        free(m->states[i].trans);
-        free(m->states[i].mask);
-    }
+    for (int i = 0; i < m->nstates; i++) state_tables_free(&m->states[i]);
     m->nnodes = 1;                    /* node 0: the empty stack */
     m->nodes[0] = (gnode){-1, -1};
     m->nstates = 0;
@@ -273,10 +284,7 @@ gm *gm_new(const grammar *g) {
 
 void gm_free(gm *m) {
     if (!m) return;
-    for (int i = 0; i < m->nstates; i++) {
-        free(m->states[i].trans);
-        free(m->states[i].mask);
-    }
+    for (int i = 0; i < m->nstates; i++) state_tables_free(&m->states[i]);
     free(m->nodes);
     free(m->node_tab.slot);
     free(m->states);
@@ -290,12 +298,30 @@ void gm_free(gm *m) {
 
 int gm_state(const gm *m) { return m->cur; }
 
+/* The transition table of state s, with its bytes grouped by the stacks they advance. */
+static void make_table(gm *m, gstate *st) {
+    st->trans = xmalloc(256 * sizeof(int));
+    for (int i = 0; i < 256; i++) st->trans[i] = UNKNOWN;
+    if (st->n > 64) return;
+    st->cls = xmalloc(256);
+    uint64_t sigs[256];
+    int nsigs = 0;
+    for (int b = 0; b < 256; b++) {
+        uint64_t sig = 0;
+        for (int i = 0; i < st->n; i++) {
+            int id = m->pool[st->off + i];
+            if (id && byteset_has(&m->g->sets[m->g->sym[m->nodes[id].pos].arg], (unsigned char)b)) sig |= 1ULL << i;
+        }
+        int c = 0;
+        while (c < nsigs && sigs[c] != sig) c++;
+        if (c == nsigs) sigs[nsigs++] = sig;
+        st->cls[b] = (unsigned char)c;
+    }
+}
+
 int gm_next(gm *m, int s, unsigned char b) {
     if (s < 0) return GM_DEAD;
-    if (!m->states[s].trans) {
-        m->states[s].trans = xmalloc(256 * sizeof(int));
-        for (int i = 0; i < 256; i++) m->states[s].trans[i] = UNKNOWN;
-    }
+    if (!m->states[s].trans) make_table(m, &m->states[s]);
     int t = m->states[s].trans[b];
     if (t != UNKNOWN) return t;
     m->nwork = 0;
@@ -307,7 +333,11 @@ int gm_next(gm *m, int s, unsigned char b) {
             push(&m->work, &m->nwork, &m->capwork, node(m, pos + 1, m->nodes[id].next));
     }
     t = m->nwork ? closure(m) : GM_DEAD;
-    m->states[s].trans[b] = t;        /* states[] may have moved: index again */
+    gstate *st = &m->states[s];       /* states[] may have moved: index again */
+    if (!st->cls) st->trans[b] = t;
+    else
+        for (int i = 0; i < 256; i++)
+            if (st->cls[i] == st->cls[b]) st->trans[i] = t;
     return t;
 }
 
@@ -336,6 +366,8 @@ void gm_set_mask(gm *m, int s, const uint64_t *mask, int words) {
 }
 
 int gm_rebuilds(const gm *m) { return m->rebuilds; }
+
+long gm_closures(const gm *m) { return m->closures; }
 
 int gm_overflowed(const gm *m) { return m->overflow; }
 

@@ -1,8 +1,12 @@
 /* tokmask.c — vocabulary trie and per-state token masks (see tokmask.h).
  *
- * The trie is stored first-child / next-sibling in one array; tokens ending at a node are a run
- * of ids in ends[]. The walk is an explicit DFS of (trie node, matcher state) pairs, so its depth
- * is the longest token, never the vocabulary size.
+ * The trie is built first-child / next-sibling, then laid out breadth-first so that a node's
+ * children are one contiguous run (nodes[kids .. kids + nkids)): a mask computed on a cache miss
+ * walks the vocabulary's trie, and inside a bounded string (maxLength: every position its own
+ * matcher state, so every step misses) that walk is the whole cost of the step — contiguous
+ * siblings keep it in cache lines it has already loaded. Tokens ending at a node are a run of ids
+ * in ends[]. The walk is an explicit DFS of (trie node, matcher state) pairs, so its depth is the
+ * longest token, never the vocabulary size; its stacks are allocated once per request.
  */
 #include "tokmask.h"
 
@@ -12,14 +16,21 @@
 
 #include "util.h"
 
-typedef struct {
+typedef struct {                  /* a trie node while building */
     int child, sibling;           /* -1 when none */
     int end_off, end_n;           /* ids ending here: ends[end_off .. + end_n) */
+    unsigned char byte;
+} bnode;
+
+typedef struct {                  /* a trie node laid out */
+    int kids, nkids;              /* children: nodes[kids .. kids + nkids) */
+    int end_off, end_n;
     unsigned char byte;
 } tnode;
 
 struct tokvocab {
     int vocab, words;             /* logits width; 64-bit words of a mask */
+    bnode *build;                 /* while building */
     tnode *nodes;
     int nnodes;
     int *ends;
@@ -32,20 +43,38 @@ struct tokvocab {
 };
 
 static int trie_child(tokvocab *v, int parent, unsigned char b, int *cap) {
-    for (int c = v->nodes[parent].child; c >= 0; c = v->nodes[c].sibling)
-        if (v->nodes[c].byte == b) return c;
-    if (v->nnodes == *cap) v->nodes = xrealloc(v->nodes, (size_t)(*cap *= 2) * sizeof *v->nodes);
+    for (int c = v->build[parent].child; c >= 0; c = v->build[c].sibling)
+        if (v->build[c].byte == b) return c;
+    if (v->nnodes == *cap) v->build = xrealloc(v->build, (size_t)(*cap *= 2) * sizeof *v->build);
     int c = v->nnodes++;
-    v->nodes[c] = (tnode){.child = -1, .sibling = v->nodes[parent].child, .byte = b};
-    v->nodes[parent].child = c;
+    v->build[c] = (bnode){.child = -1, .sibling = v->build[parent].child, .byte = b};
+    v->build[parent].child = c;
     return c;
+}
+
+/* The built trie renumbered breadth-first into v->nodes (the root stays node 0). */
+static void lay_out_breadth_first(tokvocab *v) {
+    v->nodes = xmalloc((size_t)v->nnodes * sizeof *v->nodes);
+    int *from = xmalloc((size_t)v->nnodes * sizeof *from), n = 1;
+    from[0] = 0;
+    for (int i = 0; i < n; i++) {
+        const bnode *src = &v->build[from[i]];
+        v->nodes[i] = (tnode){.kids = n, .end_off = src->end_off, .end_n = src->end_n, .byte = src->byte};
+        for (int c = src->child; c >= 0; c = v->build[c].sibling) {
+            from[n++] = c;
+            v->nodes[i].nkids++;
+        }
+    }
+    free(v->build);
+    v->build = NULL;
+    free(from);
 }
 
 /* Node of each ordinary token, then the ids grouped by node (counting sort). */
 static void build_trie(tokvocab *v) {
     int cap = 1024;
-    v->nodes = xmalloc((size_t)cap * sizeof *v->nodes);
-    v->nodes[0] = (tnode){.child = -1, .sibling = -1};
+    v->build = xmalloc((size_t)cap * sizeof *v->build);
+    v->build[0] = (bnode){.child = -1, .sibling = -1};
     v->nnodes = 1;
     int *at = xmalloc((size_t)v->vocab * sizeof *at);
     for (int id = 0; id < v->vocab; id++) {
@@ -57,17 +86,18 @@ static void build_trie(tokvocab *v) {
         v->depth = MAX(v->depth, v->nbytes[id]);
     }
     for (int id = 0; id < v->vocab; id++)
-        if (at[id] >= 0) v->nodes[at[id]].end_n++;
+        if (at[id] >= 0) v->build[at[id]].end_n++;
     int off = 0;
     for (int n = 0; n < v->nnodes; n++) {
-        v->nodes[n].end_off = off;
-        off += v->nodes[n].end_n;
-        v->nodes[n].end_n = 0;
+        v->build[n].end_off = off;
+        off += v->build[n].end_n;
+        v->build[n].end_n = 0;
     }
     v->ends = xmalloc((size_t)(off + 1) * sizeof *v->ends);
     for (int id = 0; id < v->vocab; id++)
-        if (at[id] >= 0) v->ends[v->nodes[at[id]].end_off + v->nodes[at[id]].end_n++] = id;
+        if (at[id] >= 0) v->ends[v->build[at[id]].end_off + v->build[at[id]].end_n++] = id;
     free(at);
+    lay_out_breadth_first(v);
 }
 
 tokvocab *tokvocab_new(const tokenizer *t, int vocab, const int *stop_ids, int nstop) {
@@ -116,6 +146,7 @@ static int is_stop(const tokvocab *v, int id) {
 void tokmask_init(tokmask *k, const tokvocab *v, const grammar *g) {
     *k = (tokmask){.v = v, .g = g, .m = gm_new(g)};
     k->bits = xmalloc((size_t)v->words * sizeof *k->bits);
+    k->walk = xmalloc(3 * (size_t)(v->depth + 2) * sizeof *k->walk);
     k->specials = xmalloc(sizeof *k->specials);
     for (int id = 0; id < v->vocab; id++) {
         if (!v->special[id] || is_stop(v, id) || v->nbytes[id] <= 0) continue;
@@ -129,6 +160,8 @@ void tokmask_free(tokmask *k) {
     gm_free(k->m);
     free(k->specials);
     free(k->bits);
+    free(k->walk);
+    k->walk = NULL;
     k->m = NULL;
     k->specials = NULL;
     k->bits = NULL;
@@ -145,25 +178,25 @@ static int accepts(gm *m, int s, const unsigned char *b, int n) {
 static void compute_mask(tokmask *k, int s, uint64_t *bits) {
     const tokvocab *v = k->v;
     memset(bits, 0, (size_t)v->words * sizeof *bits);
-    int cap = v->depth + 2, top = 0;
-    int *node = xmalloc((size_t)cap * sizeof *node), *st = xmalloc((size_t)cap * sizeof *st);
-    node[0] = v->nodes[0].child;
+    int top = 0, *next = k->walk, *last = k->walk + v->depth + 2, *st = k->walk + 2 * (v->depth + 2);
+    next[0] = v->nodes[0].kids;        /* children still to visit at each depth: next .. last */
+    last[0] = next[0] + v->nodes[0].nkids;
     st[0] = s;
     while (top >= 0) {
-        int c = node[top];
-        if (c < 0) { top--; continue; }
-        node[top] = v->nodes[c].sibling;
-        int t = gm_next(k->m, st[top], v->nodes[c].byte);
+        int c = next[top];
+        if (c == last[top]) { top--; continue; }
+        next[top]++;
+        const tnode *nd = &v->nodes[c];
+        int t = gm_next(k->m, st[top], nd->byte);
         if (t < 0) continue;
-        for (int i = 0; i < v->nodes[c].end_n; i++) set_bit(bits, v->ends[v->nodes[c].end_off + i]);
-        if (v->nodes[c].child >= 0 && gm_can_continue(k->m, t)) {
+        for (int i = 0; i < nd->end_n; i++) set_bit(bits, v->ends[nd->end_off + i]);
+        if (nd->nkids && gm_can_continue(k->m, t)) {
             top++;
-            node[top] = v->nodes[c].child;
+            next[top] = nd->kids;
+            last[top] = nd->kids + nd->nkids;
             st[top] = t;
         }
     }
-    free(node);
-    free(st);
     for (int i = 0; i < k->nspecials; i++) {
         int id = k->specials[i];
         if (accepts(k->m, s, v->bytes[id], v->nbytes[id])) set_bit(bits, id);

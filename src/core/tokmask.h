@@ -39,6 +39,7 @@ typedef struct {
     int *specials;                /* special ids whose text is a literal of the grammar */
     int nspecials;
     uint64_t *bits;               /* scratch mask */
+    int *walk;                    /* scratch stacks of the trie walk */
     long steps, cache_hits;       /* tokmask_apply calls; those answered from the cache */
 } tokmask;
 

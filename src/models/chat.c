@@ -109,6 +109,58 @@ void chat_json_py_string(sbuf *b, const char *s) {
     sbuf_put(b, "\"", 1);
 }
 
+/* A JSON string left open: the quote that would close it was never generated. */
+static void json_open_string(sbuf *b, const char *s, size_t n) {
+    char *z = xmalloc(n + 1);
+    memcpy(z, s, n);
+    z[n] = 0;
+    chat_json_py_string(b, z);
+    b->len--;
+    b->p[b->len] = 0;
+    free(z);
+}
+
+/* Can these bytes begin a JSON value (a family that writes values as JSON text)? */
+static int json_value_start(const char *v, size_t n) {
+    static const char *const words[] = {"true", "false", "null"};
+    if (!n || strchr("\"{[-0123456789", v[0])) return 1;
+    for (int i = 0; i < 3; i++)
+        if (n <= strlen(words[i]) && !memcmp(v, words[i], n)) return 1;
+    return 0;
+}
+
+const char *chat_find(const char *s, const char *end, const char *needle) {
+    return s < end ? memmem(s, (size_t)(end - s), needle, strlen(needle)) : NULL;
+}
+
+size_t chat_cut_marker(const char *s, size_t n, const char *marker) {
+    for (size_t k = strlen(marker) - 1; k >= 1; k--)
+        if (k <= n && !memcmp(s + n - k, marker, k)) return n - k;
+    return n;
+}
+
+char *chat_cut_arguments(const char *done, const char *item_sep, const char *key_sep, const char *key, int key_done,
+                         const char *value, size_t value_n, int value_string) {
+    sbuf b = {0};
+    size_t n = strlen(done);
+    sbuf_put(&b, done, n ? n - 1 : 0);   /* the '}' the model did not write */
+    if (!n) sbuf_puts(&b, "{");
+    if (key) {
+        if (n > 2) sbuf_puts(&b, item_sep);
+        json_open_string(&b, key, strlen(key));
+        if (key_done) {
+            sbuf_puts(&b, "\"");
+            sbuf_puts(&b, key_sep);
+        }
+    }
+    if (key && key_done && value) {
+        while (value_n && (*value == ' ' || *value == '\n' || *value == '\t' || *value == '\r')) value++, value_n--;
+        if (value_string || !json_value_start(value, value_n)) json_open_string(&b, value, value_n);
+        else sbuf_put(&b, value, value_n);
+    }
+    return sbuf_take(&b);
+}
+
 /* cJSON keeps only a double: integral values print as integers, others in the shortest form
  * that reads back exactly (what Python's float repr prints). */
 static void json_py_number(sbuf *b, double v) {

@@ -42,6 +42,7 @@ typedef struct {
     char *reasoning;              /* heap strings, NULL when absent */
     char *content;
     cJSON *tool_calls;            /* OpenAI tool_calls array or NULL */
+    int cut_call;                 /* 1: the reply ended inside its last tool call (chat_cut_arguments) */
 } chat_reply;
 
 /* How a family writes tool calls, for grammars that force them (tool_grammar.c). Every field
@@ -167,5 +168,20 @@ int chat_content_walk(const cJSON *content, int idx, const chat_content_rule *ru
  * `text`[0..n) as its k-th call; the id ("call_" + 24 hex) is a hash of the text and k, so
  * parsing the same reply again gives the same ids. */
 cJSON *chat_tool_call(const char *name, const char *arguments_json, const char *text, size_t n, int k);
+/* The arguments of a tool call the end of the reply cut off, as far as the model wrote them and
+ * left open, never completed: a prefix of the JSON the whole call would have had (what OpenAI
+ * sends for a call cut by max_tokens). `done` is the JSON object of the arguments finished before
+ * the cut, in the family's own spacing (item_sep / key_sep between them); `key` the argument
+ * being written (NULL: the cut fell between arguments), key_done once its name was closed;
+ * `value` its value text so far (NULL: not begun), value_string when the family's syntax marks
+ * it a string (written as an open JSON string), else JSON text that is kept as written — unless
+ * it cannot begin a JSON value, then it too is taken as a string. Heap string. */
+/* n once a trailing, cut-off start of `marker` (a proper prefix of it) is removed from s[0..n):
+ * a reply that ends inside a marker written as several tokens. */
+size_t chat_cut_marker(const char *s, size_t n, const char *marker);
+/* The first needle in [s, end), or NULL (memmem: one call, not a compare per byte). */
+const char *chat_find(const char *s, const char *end, const char *needle);
+char *chat_cut_arguments(const char *done, const char *item_sep, const char *key_sep, const char *key, int key_done,
+                         const char *value, size_t value_n, int value_string);
 
 #endif

@@ -445,13 +445,6 @@ done:
 
 /* ---- parsing a reply ----------------------------------------------------------------------- */
 
-static const char *find_in(const char *s, const char *end, const char *needle) {
-    size_t m = strlen(needle);
-    for (const char *p = s; p + m <= end; p++)
-        if (!memcmp(p, needle, m)) return p;
-    return NULL;
-}
-
 /* Copy of [s, e) without BOS/EOS/think markers (the encoder never lets them into text). */
 static char *clean_text(const char *s, const char *e) {
     static const char *markers[] = {BOS, EOS, THINK, THINK_END};
@@ -494,21 +487,35 @@ static void random_call_id(char out[32]) {
     for (size_t i = 0; i < sizeof r; i++) snprintf(out + 5 + 2 * i, 3, "%02x", r[i]);
 }
 
-/* Parameters of one invoke body as the encoder's argument JSON: {"k": v, ...}. */
-static char *invoke_arguments(const char *p, const char *end) {
+/* Parameters of one invoke body as the encoder's argument JSON: {"k": v, ...}. cut: the reply
+ * ended inside the invoke, and the parameter it ended in is passed on as far as it was written
+ * (chat_cut_arguments), never completed. */
+static char *invoke_arguments(const char *p, const char *end, int cut) {
     sbuf b = {0};
     sbuf_puts(&b, "{");
     int n = 0;
-    const char *q;
-    while ((q = find_in(p, end, PARAM_OPEN))) {
-        const char *name = q + strlen(PARAM_OPEN), *name_end = find_in(name, end, "\"");
-        if (!name_end) break;
-        const char *attr = name_end + 1, *val = find_in(attr, end, ">");
-        if (!val) break;
+    const char *q, *open_val = NULL;
+    char *open_key = NULL;
+    int key_done = 0, open_string = 0;
+    size_t open_n = 0;
+    while ((q = chat_find(p, end, PARAM_OPEN))) {
+        const char *name = q + strlen(PARAM_OPEN), *name_end = chat_find(name, end, "\"");
+        const char *attr = name_end ? name_end + 1 : end, *val = name_end ? chat_find(attr, end, ">") : NULL;
+        const char *val_end = val ? chat_find(val + 1, end, PARAM_CLOSE) : NULL;
+        if (!val_end) {
+            if (cut) {
+                open_key = strndup(name, (size_t)((name_end ? name_end : end) - name));
+                key_done = name_end != NULL;
+                if (val) {
+                    open_val = val + 1;
+                    open_n = chat_cut_marker(open_val, (size_t)(end - open_val), PARAM_CLOSE);
+                    open_string = chat_find(attr, val, "string=\"true\"") != NULL;
+                }
+            }
+            break;
+        }
         val++;
-        const char *val_end = find_in(val, end, PARAM_CLOSE);
-        if (!val_end) break;
-        int is_string = find_in(attr, val, "string=\"true\"") != NULL;
+        int is_string = chat_find(attr, val, "string=\"true\"") != NULL;
         char *key = strndup(name, (size_t)(name_end - name)), *raw = strndup(val, (size_t)(val_end - val));
         cJSON *json = is_string ? NULL : cJSON_ParseWithOpts(raw, NULL, 1);
         if (n++) sbuf_puts(&b, ", ");
@@ -522,18 +529,26 @@ static char *invoke_arguments(const char *p, const char *end) {
         p = val_end + strlen(PARAM_CLOSE);
     }
     sbuf_puts(&b, "}");
-    return b.p;
+    if (!cut) return b.p;
+    char *args = chat_cut_arguments(b.p, ", ", ": ", open_key, key_done, open_val, open_n, open_string);
+    free(open_key);
+    sbuf_free(&b);
+    return args;
 }
 
-/* Complete invokes between p and end as OpenAI tool calls; a cut-off invoke is ignored. */
-static cJSON *parse_calls(const char *p, const char *end) {
+/* Invokes between p and end as OpenAI tool calls; one the reply's end cut off (no closing
+ * invoke and no block close after it) is the last, with its arguments as far as they go. */
+static cJSON *parse_calls(const char *p, const char *end, int block_closed, chat_reply *out) {
     cJSON *calls = cJSON_CreateArray();
     const char *q;
-    while ((q = find_in(p, end, INVOKE_OPEN))) {
-        const char *name = q + strlen(INVOKE_OPEN), *name_end = find_in(name, end, "\">");
-        const char *close = name_end ? find_in(name_end, end, INVOKE_CLOSE) : NULL;
-        if (!close) break;
-        char *fname = strndup(name, (size_t)(name_end - name)), *args = invoke_arguments(name_end + 2, close);
+    while ((q = chat_find(p, end, INVOKE_OPEN))) {
+        const char *name = q + strlen(INVOKE_OPEN), *name_end = chat_find(name, end, "\">");
+        const char *close = name_end ? chat_find(name_end, end, INVOKE_CLOSE) : NULL;
+        if (!close && block_closed) break;
+        const char *stop = close ? close : end;
+        char *fname = strndup(name, (size_t)((name_end ? name_end : end) - name));
+        char *args = name_end ? invoke_arguments(name_end + 2, stop, !close) : xstrdup("");
+        if (!name_end) fname[chat_cut_marker(fname, strlen(fname), "\">")] = 0;
         char id[32];
         random_call_id(id);
         cJSON *call = cJSON_CreateObject(), *fn = cJSON_CreateObject();
@@ -545,6 +560,8 @@ static cJSON *parse_calls(const char *p, const char *end) {
         cJSON_AddItemToArray(calls, call);
         free(fname);
         free(args);
+        out->cut_call = !close;
+        if (!close) break;
         p = close + strlen(INVOKE_CLOSE);
     }
     if (cJSON_GetArraySize(calls) == 0) {
@@ -557,27 +574,27 @@ static cJSON *parse_calls(const char *p, const char *end) {
 static void dsv4_parse(const char *text, size_t n, int thinking, chat_reply *out) {
     memset(out, 0, sizeof *out);
     const char *p = text, *end = text + n;
-    const char *block = find_in(text, end, CALLS_OPEN);
+    const char *block = chat_find(text, end, CALLS_OPEN);
     if (thinking) {
-        const char *close = find_in(text, block ? block : end, THINK_END);
+        const char *close = chat_find(text, block ? block : end, THINK_END);
         const char *r_end = close ? close : block ? block : end;
         out->reasoning = clean_text(text, r_end);
         p = close ? close + strlen(THINK_END) : r_end;
     }
-    const char *eos = find_in(p, block ? block : end, EOS);
+    const char *eos = chat_find(p, block ? block : end, EOS);
     const char *c_end = eos ? eos : block ? block : end;
     if (block && c_end == block && c_end - p >= 2 && !memcmp(c_end - 2, "\n\n", 2)) c_end -= 2;
     if (!block && !eos) c_end = p + cut_partial_block(p, (size_t)(end - p));
     out->content = clean_text(p, c_end);
     if (block) {
-        const char *close = find_in(block, end, CALLS_CLOSE);
-        out->tool_calls = parse_calls(block + strlen(CALLS_OPEN), close ? close : end);
+        const char *close = chat_find(block, end, CALLS_CLOSE);
+        out->tool_calls = parse_calls(block + strlen(CALLS_OPEN), close ? close : end, close != NULL, out);
     }
 }
 
 /* Bytes before the first <｜User｜> or <｜Assistant｜>: BOS, effort paragraph, system text, tools. */
 static size_t dsv4_system_prefix_bytes(const char *prompt, size_t n) {
-    const char *end = prompt + n, *u = find_in(prompt, end, USER), *a = find_in(prompt, end, ASSISTANT);
+    const char *end = prompt + n, *u = chat_find(prompt, end, USER), *a = chat_find(prompt, end, ASSISTANT);
     const char *first = !u ? a : !a ? u : u < a ? u : a;
     return first ? (size_t)(first - prompt) : 0;
 }

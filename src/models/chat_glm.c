@@ -94,13 +94,16 @@ static int render_tool_calls(chat_prompt *p, const cJSON *calls, int idx, char *
             return errf(err, errlen, "messages[%d].tool_calls[%d].function.name must be a string", idx, k);
         cJSON *parsed = cJSON_IsString(args) ? cJSON_Parse(args->valuestring) : NULL;
         const cJSON *obj = parsed ? parsed : args;
-        if (args && !cJSON_IsObject(obj)) {
+        if (args && !cJSON_IsObject(obj) && !(cJSON_IsString(args) && !parsed)) {
             cJSON_Delete(parsed);
             return errf(err, errlen, "messages[%d].tool_calls[%d].function.arguments must be a JSON object", idx, k);
         }
         chat_trusted(p, "<tool_call>");
         chat_untrusted_str(p, name->valuestring);
-        for (const cJSON *a = obj ? obj->child : NULL; a; a = a->next) {
+        /* arguments text that is not JSON at all — a call cut by max_tokens, sent back as this
+         * server returned it (chat_cut_arguments) — is written as the text it is */
+        if (!cJSON_IsObject(obj)) chat_untrusted_str(p, args ? args->valuestring : "");
+        for (const cJSON *a = cJSON_IsObject(obj) ? obj->child : NULL; a; a = a->next) {
             chat_trusted(p, "<arg_key>");
             chat_untrusted_str(p, a->string);
             chat_trusted(p, "</arg_key><arg_value>");
@@ -115,12 +118,7 @@ static int render_tool_calls(chat_prompt *p, const cJSON *calls, int idx, char *
     return 0;
 }
 
-static const char *find_in(const char *s, size_t n, const char *needle) {
-    size_t m = strlen(needle);
-    for (size_t i = 0; i + m <= n; i++)
-        if (!memcmp(s + i, needle, m)) return s + i;
-    return NULL;
-}
+static const char *find_in(const char *s, size_t n, const char *needle) { return chat_find(s, s + n, needle); }
 
 static const char *rfind_in(const char *s, size_t n, const char *needle) {
     size_t m = strlen(needle);
@@ -246,20 +244,37 @@ static cJSON *arg_value(const char *v, size_t n) {
     return j;
 }
 
-static cJSON *parse_call(const char *s, const char *end, const char *text, size_t text_n, int k) {
+/* One <tool_call> body [s, end); cut: the reply ended inside it (no </tool_call>), so the
+ * argument being written is passed on as far as it goes (chat_cut_arguments). */
+static cJSON *parse_call(const char *s, const char *end, int cut, const char *text, size_t text_n, int k) {
     const char *name_end = find_in(s, (size_t)(end - s), "<arg_key>");
-    char *name = dup_stripped(s, (size_t)((name_end ? name_end : end) - s));
+    size_t name_n = name_end ? (size_t)(name_end - s) : (size_t)(end - s);
+    if (cut && !name_end) name_n = chat_cut_marker(s, chat_cut_marker(s, name_n, "<arg_key>"), "</tool_call>");
+    char *name = dup_stripped(s, name_n);
     cJSON *args = cJSON_CreateObject();
-    const char *p = s, *kv, *vv;
-    size_t kn, vn;
+    const char *p = s, *kv, *vv = NULL;
+    size_t kn, vn = 0;
+    char *key = NULL;
+    int key_done = 0, value_done = 1;
     while (take_tag(&p, end, "<arg_key>", "</arg_key>", &kv, &kn)) {
-        char *key = dup_stripped(kv, kn);
-        cJSON *val = take_tag(&p, end, "<arg_value>", "</arg_value>", &vv, &vn) ? arg_value(vv, vn) : cJSON_CreateString("");
-        cJSON_AddItemToObject(args, key, val);
         free(key);
+        key_done = p > kv + kn;
+        key = dup_stripped(kv, key_done ? kn : chat_cut_marker(kv, kn, "</arg_key>"));
+        int has_value = key_done && take_tag(&p, end, "<arg_value>", "</arg_value>", &vv, &vn);
+        if (!has_value) vv = NULL;
+        value_done = has_value && p > vv + vn;
+        if (!cut || value_done) cJSON_AddItemToObject(args, key, has_value ? arg_value(vv, vn) : cJSON_CreateString(""));
     }
     char *args_json = cJSON_PrintUnformatted(args);
+    if (cut) {
+        char *whole = args_json;
+        int open = key && !value_done;
+        size_t open_n = vv ? chat_cut_marker(vv, vn, "</arg_value>") : 0;
+        args_json = !name_end ? xstrdup("") : chat_cut_arguments(whole, ",", ":", open ? key : NULL, key_done, vv, open_n, 0);
+        free(whole);
+    }
     cJSON *call = chat_tool_call(name, args_json, text, text_n, k);
+    free(key);
     free(name);
     free(args_json);
     cJSON_Delete(args);
@@ -295,8 +310,10 @@ static void glm_parse(const char *text, size_t n, int thinking, chat_reply *out)
     out->tool_calls = cJSON_CreateArray();
     const char *p = first_call, *v;
     size_t vn;
-    for (int k = 0; take_tag(&p, end, "<tool_call>", "</tool_call>", &v, &vn); k++)
-        cJSON_AddItemToArray(out->tool_calls, parse_call(v, v + vn, text, n, k));
+    for (int k = 0; take_tag(&p, end, "<tool_call>", "</tool_call>", &v, &vn); k++) {
+        out->cut_call = p == v + vn;   /* no </tool_call>: the reply ended inside it */
+        cJSON_AddItemToArray(out->tool_calls, parse_call(v, v + vn, out->cut_call, text, n, k));
+    }
     size_t a, len;
     strip(out->content, strlen(out->content), &a, &len);
     if (!len) { free(out->content); out->content = NULL; }

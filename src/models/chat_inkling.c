@@ -156,14 +156,15 @@ static void render_effort(chat_prompt *p, const chat_opts *o) {
     marker(p, "<|message_system|><|content_text|>Thinking effort level: %s" END, level);
 }
 
-/* {"name":NAME,"args":{sorted}}; arguments may be an object or its JSON text (the OpenAI shape). */
+/* {"name":NAME,"args":{sorted}}; arguments may be an object or its JSON text (the OpenAI shape), or
+ * text that is not JSON at all (a call cut by max_tokens, sent back as returned), written as is. */
 static int render_call(chat_prompt *p, const cJSON *item, int idx, int k, char *err, size_t errlen) {
     const cJSON *fn = cJSON_GetObjectItemCaseSensitive(item, "function"), *tc = fn ? fn : item;
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(tc, "name"), *args = cJSON_GetObjectItemCaseSensitive(tc, "arguments");
     if (!cJSON_IsString(name)) return errf(err, errlen, "messages[%d].tool_calls[%d].function.name must be a string", idx, k);
     cJSON *parsed = cJSON_IsString(args) && *args->valuestring ? cJSON_Parse(args->valuestring) : NULL;
     const cJSON *obj = parsed ? parsed : args;
-    if (obj && !cJSON_IsObject(obj) && !(cJSON_IsString(obj) && !*obj->valuestring)) {
+    if (obj && !cJSON_IsObject(obj) && !(cJSON_IsString(args) && !parsed)) {
         cJSON_Delete(parsed);
         return errf(err, errlen, "messages[%d].tool_calls[%d].function.arguments must be a JSON object", idx, k);
     }
@@ -176,6 +177,7 @@ static int render_call(chat_prompt *p, const cJSON *item, int idx, int k, char *
     chat_json_py_string(b, name->valuestring);
     sbuf_puts(b, ",\"args\":");
     if (cJSON_IsObject(obj)) json_sorted(b, obj);
+    else if (cJSON_IsString(args) && *args->valuestring) sbuf_puts(b, args->valuestring);   /* a cut call, as returned */
     else sbuf_puts(b, "{}");
     sbuf_puts(b, "}");
     chat_untrusted_since(p, at);
@@ -268,13 +270,6 @@ static int inkling_render(const cJSON *messages, const cJSON *tools, const chat_
 
 /* ---- parsing a reply -------------------------------------------------------------------- */
 
-static const char *find_in(const char *s, const char *end, const char *needle) {
-    size_t m = strlen(needle);
-    for (const char *p = s; p + m <= end; p++)
-        if (!memcmp(p, needle, m)) return p;
-    return NULL;
-}
-
 static void append(char **dst, const char *s, size_t n) {
     size_t old = *dst ? strlen(*dst) : 0;
     *dst = xrealloc(*dst, old + n + 1);
@@ -282,13 +277,20 @@ static void append(char **dst, const char *s, size_t n) {
     (*dst)[old + n] = 0;
 }
 
-static void add_call(chat_reply *out, const char *name, size_t nn, const char *body, size_t bn, int k) {
+/* One call: NAME, then its JSON body. cut: the reply ended inside the body (no END after it),
+ * so the arguments are the text written after "args": — as far as the model went, not
+ * completed (chat_cut_arguments' rule). */
+static void add_call(chat_reply *out, const char *name, size_t nn, const char *body, size_t bn, int cut, int k) {
     char *js = xmalloc(bn + 1);
     memcpy(js, body, bn);
     js[bn] = 0;
     cJSON *j = cJSON_Parse(js), *args = cJSON_GetObjectItemCaseSensitive(j, "args");
     const cJSON *jname = cJSON_GetObjectItemCaseSensitive(j, "name");
-    char *args_json = cJSON_IsObject(args) ? cJSON_PrintUnformatted(args) : xstrdup("{}"), id[32];
+    const char *written = strstr(js, "\"args\":");
+    char id[32], *args_json = cJSON_IsObject(args) ? cJSON_PrintUnformatted(args)
+                            : cut ? xstrdup(written ? written + 7 : "")
+                                  : xstrdup("{}");
+    out->cut_call = cut;
     uint64_t h = fnv64(FNV64_INIT, body, bn);
     snprintf(id, sizeof id, "call_%016llx%08x", (unsigned long long)h, (unsigned)(fnv64(h, &k, sizeof k) & 0xffffffffu));
     cJSON *call = cJSON_CreateObject(), *fn = cJSON_CreateObject();
@@ -321,10 +323,10 @@ static void inkling_parse(const char *text, size_t n, int thinking, chat_reply *
         int type = -1;
         const char *at = NULL;
         for (int i = 0; i < 3; i++) {
-            const char *f = find_in(p, end, types[i]);
+            const char *f = chat_find(p, end, types[i]);
             if (f && (!at || f < at)) at = f, type = i;
         }
-        const char *stop = find_in(p, end, END);
+        const char *stop = chat_find(p, end, END);
         if (!at || (stop && stop < at)) {
             /* after a message header, text before its content type is a name still arriving (a
              * tool call's): not content. Text with no header at all is plain content. */
@@ -333,19 +335,20 @@ static void inkling_parse(const char *text, size_t n, int thinking, chat_reply *
             p = stop ? stop + strlen(END) : end;
             continue;
         }
-        const char *body = at + strlen(types[type]), *close = find_in(body, end, END);
+        const char *body = at + strlen(types[type]), *close = chat_find(body, end, END);
         size_t bn = (size_t)((close ? close : end) - body);
+        if (!close && type == 2) bn = chat_cut_marker(body, bn, END);   /* a call cut inside its END */
         if (type == 0) append(&out->reasoning, body, bn);
         else if (type == 1) append(&out->content, body, bn);
-        else add_call(out, p, (size_t)(at - p), body, bn, k++);
+        else add_call(out, p, (size_t)(at - p), body, bn, !close, k++);
         p = close ? close + strlen(END) : end;
     }
 }
 
 /* The system part: everything before the first user message, when system messages lead. */
 static size_t inkling_system_prefix_bytes(const char *prompt, size_t n) {
-    const char *user = find_in(prompt, prompt + n, "<|message_user|>");
-    if (!user || !find_in(prompt, user, "<|message_system|>")) return 0;
+    const char *user = chat_find(prompt, prompt + n, "<|message_user|>");
+    if (!user || !chat_find(prompt, user, "<|message_system|>")) return 0;
     return (size_t)(user - prompt);
 }
 

@@ -305,10 +305,6 @@ static int k3_render(const cJSON *messages, const cJSON *tools, const chat_opts 
 
 /* ---- parsing a reply -------------------------------------------------------------------- */
 
-static const char *find(const char *s, const char *end, const char *needle) {
-    return s < end ? memmem(s, (size_t)(end - s), needle, strlen(needle)) : NULL;
-}
-
 /* Does [s, end) start with lit? (The reply text is not NUL-terminated: never read past end.) */
 static int starts(const char *s, const char *end, const char *lit) {
     size_t n = strlen(lit);
@@ -317,7 +313,7 @@ static int starts(const char *s, const char *end, const char *lit) {
 
 static const char *find_last(const char *s, const char *end, const char *needle) {
     const char *last = NULL;
-    for (const char *p = s; (p = find(p, end, needle)); p++) last = p;
+    for (const char *p = s; (p = chat_find(p, end, needle)); p++) last = p;
     return last;
 }
 
@@ -332,10 +328,10 @@ static char *span(const char *s, const char *e) {
 static char *attr_value(const char *s, const char *e, const char *key) {
     char pat[64];
     snprintf(pat, sizeof pat, " %s=\"", key);
-    const char *v = find(s, e, pat);
+    const char *v = chat_find(s, e, pat);
     if (!v) return xstrdup("");
     v += strlen(pat);
-    const char *q = find(v, e, "\"");
+    const char *q = chat_find(v, e, "\"");
     sbuf b = {0};
     static const char *ent[][2] = {{"&amp;", "&"}, {"&quot;", "\""}, {"&lt;", "<"}, {"&gt;", ">"}};
     const char *stop = q ? q : e;
@@ -349,22 +345,35 @@ static char *attr_value(const char *s, const char *e, const char *key) {
     return out ? out : xstrdup("");
 }
 
-/* One <|open|>call ...<|sep|> ... <|close|>call<|sep|> block [s, e) -> an OpenAI tool call. */
-static cJSON *parse_call(const char *s, const char *e, const char *text, size_t n, int k) {
-    const char *body = find(s, e, SEP);
+/* One <|open|>call ...<|sep|> ... <|close|>call<|sep|> block [s, e) -> an OpenAI tool call.
+ * cut: the reply ended inside it, and the argument it ended in is passed on as far as it was
+ * written (chat_cut_arguments); k3_parse has already dropped a tag whose header was cut. */
+static cJSON *parse_call(const char *s, const char *e, int cut, const char *text, size_t n, int k) {
+    const char *body = chat_find(s, e, SEP);
     body = body ? body + strlen(SEP) : e;
     char *name = attr_value(s, body, "tool");
     cJSON *args = cJSON_CreateObject();
-    char *raw = NULL;
-    for (const char *p = body, *a; (a = find(p, e, OPEN "argument")) || (a = find(p, e, OPEN "json"));) {
+    char *raw = NULL, *open_key = NULL, *open_val = NULL;
+    int open_string = 0;
+    for (const char *p = body, *a; (a = chat_find(p, e, OPEN "argument")) || (a = chat_find(p, e, OPEN "json"));) {
         int json = starts(a, e, OPEN "json");
-        const char *v = find(a, e, SEP), *ve;
+        const char *v = chat_find(a, e, SEP), *ve;
         v = v ? v + strlen(SEP) : e;
-        ve = find(v, e, json ? CLOSE "json" SEP : CLOSE "argument" SEP);
+        ve = chat_find(v, e, json ? CLOSE "json" SEP : CLOSE "argument" SEP);
+        int closed = ve != NULL;
         if (!ve) ve = e;
-        if (json) { free(raw); raw = span(v, ve); }
+        if (json) {
+            free(raw);
+            raw = span(v, closed ? ve : v + chat_cut_marker(v, (size_t)(ve - v), CLOSE "json" SEP));
+        }
         else {
             char *key = attr_value(a, v, "key"), *type = attr_value(a, v, "type"), *val = span(v, ve);
+            if (cut && !closed) {
+                val[chat_cut_marker(val, strlen(val), CLOSE "argument" SEP)] = 0;
+                open_key = key, open_val = val, open_string = !strcmp(type, "string");
+                free(type);
+                break;
+            }
             cJSON *j = strcmp(type, "string") ? cJSON_Parse(val) : NULL;
             cJSON_AddItemToObject(args, key, j ? j : cJSON_CreateString(val));
             free(key);
@@ -374,7 +383,16 @@ static cJSON *parse_call(const char *s, const char *e, const char *text, size_t 
         p = ve < e ? ve + 1 : e;
     }
     char *args_json = raw ? raw : cJSON_PrintUnformatted(args);
+    if (cut && !raw) {
+        char *whole = args_json;
+        args_json = body == e ? xstrdup("")
+                              : chat_cut_arguments(whole, ",", ":", open_key, 1, open_val,
+                                                   open_val ? strlen(open_val) : 0, open_string);
+        free(whole);
+    }
     cJSON *call = chat_tool_call(name, args_json, text, n, k);
+    free(open_key);
+    free(open_val);
     free(name);
     free(args_json);
     cJSON_Delete(args);
@@ -389,24 +407,25 @@ static void k3_parse(const char *text, size_t n, int thinking, chat_reply *out) 
     memset(out, 0, sizeof *out);
     const char *p = text, *end = text + n, *m;
     const char *lo = find_last(p, end, OPEN), *lc = find_last(p, end, CLOSE), *tag = lo > lc ? lo : lc;
-    if (tag && !find(tag, end, SEP)) end = tag;
-    if ((m = find(p, end, CLOSE "message" SEP))) end = m;
-    if ((m = find(p, end, EOM))) end = m;
+    if (tag && !chat_find(tag, end, SEP)) end = tag;
+    if ((m = chat_find(p, end, CLOSE "message" SEP))) end = m;
+    if ((m = chat_find(p, end, EOM))) end = m;
     if (thinking) {
-        const char *r = find(p, end, CLOSE "think" SEP);
+        const char *r = chat_find(p, end, CLOSE "think" SEP);
         out->reasoning = span(p, r ? r : end);
         if (!r) return;
         p = r + strlen(CLOSE "think" SEP);
     }
     if (starts(p, end, OPEN "response" SEP)) p += strlen(OPEN "response" SEP);
-    const char *tools = find(p, end, OPEN "tools" SEP), *ce = find(p, tools ? tools : end, CLOSE "response" SEP);
+    const char *tools = chat_find(p, end, OPEN "tools" SEP), *ce = chat_find(p, tools ? tools : end, CLOSE "response" SEP);
     out->content = span(p, ce ? ce : tools ? tools : end);
     if (!tools) return;
     out->tool_calls = cJSON_CreateArray();
     const char *c = tools, *ce2;
-    for (int k = 0; (c = find(c, end, OPEN "call")); k++) {
-        ce2 = find(c, end, CLOSE "call" SEP);
-        cJSON_AddItemToArray(out->tool_calls, parse_call(c, ce2 ? ce2 : end, text, n, k));
+    for (int k = 0; (c = chat_find(c, end, OPEN "call")); k++) {
+        ce2 = chat_find(c, end, CLOSE "call" SEP);
+        out->cut_call = !ce2;
+        cJSON_AddItemToArray(out->tool_calls, parse_call(c, ce2 ? ce2 : end, !ce2, text, n, k));
         c = ce2 ? ce2 + strlen(CLOSE "call" SEP) : end;
     }
     if (!*out->content) { free(out->content); out->content = NULL; }
@@ -415,7 +434,7 @@ static void k3_parse(const char *text, size_t n, int thinking, chat_reply *out) 
 /* The stable head of a prompt: the global option messages and system messages before the first
  * user message. */
 static size_t k3_system_prefix_bytes(const char *prompt, size_t n) {
-    const char *user = find(prompt, prompt + n, OPEN "message role=\"user\"" SEP);
+    const char *user = chat_find(prompt, prompt + n, OPEN "message role=\"user\"" SEP);
     return user ? (size_t)(user - prompt) : 0;
 }
 

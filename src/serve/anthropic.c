@@ -265,10 +265,12 @@ static int parse_request(serve_ctx *sc, const cJSON *body, am_call *k, http_err 
 
 /* ---- responses ----------------------------------------------------------------------------- */
 
+/* A reply cut by the budget is max_tokens even when it holds tool calls: the last of them may
+ * be unfinished (chat_reply.cut_call). */
 static const char *stop_reason(const turn *t, int ncalls) {
-    if (ncalls) return "tool_use";
     if (t->out.stopped) return "stop_sequence";
     if (t->length_limited) return "max_tokens";
+    if (ncalls) return "tool_use";
     return "end_turn";
 }
 
@@ -284,7 +286,32 @@ static cJSON *usage_json(const turn *t, int final) {
     return u;
 }
 
-static cJSON *tool_use_block(const cJSON *call, int with_input) {
+/* The members of a JSON object that `prefix` (the arguments of a call cut off mid-way) wrote
+ * out completely, as an object: the input of a cut tool_use holds what the model wrote and
+ * nothing it did not (the stream sends the prefix itself). */
+static cJSON *written_members(const char *prefix) {
+    size_t last = 0;             /* bytes up to the end of the last complete member */
+    int depth = 0, in_string = 0;
+    for (size_t i = 0; prefix[i]; i++) {
+        char c = prefix[i];
+        if (in_string) {
+            if (c == '\\' && prefix[i + 1]) i++;
+            else if (c == '"') in_string = 0;
+        } else if (c == '"') in_string = 1;
+        else if (c == '{' || c == '[') depth++;
+        else if (c == '}' || c == ']') {
+            if (--depth == 0) return cJSON_Parse(prefix);   /* the object was closed after all */
+        } else if (c == ',' && depth == 1) last = i;
+    }
+    char *closed = xmalloc(last + 2);
+    memcpy(closed, prefix, last);
+    memcpy(closed + last, "}", 2);
+    cJSON *o = last ? cJSON_Parse(closed) : NULL;
+    free(closed);
+    return o;
+}
+
+static cJSON *tool_use_block(const cJSON *call, int with_input, int cut) {
     const cJSON *fn = cJSON_GetObjectItemCaseSensitive(call, "function");
     const cJSON *id = cJSON_GetObjectItemCaseSensitive(call, "id");
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
@@ -293,7 +320,9 @@ static cJSON *tool_use_block(const cJSON *call, int with_input) {
     cJSON_AddStringToObject(b, "type", "tool_use");
     cJSON_AddStringToObject(b, "id", cJSON_IsString(id) ? id->valuestring : "toolu_0");
     cJSON_AddStringToObject(b, "name", cJSON_IsString(name) ? name->valuestring : "");
-    cJSON *input = with_input && cJSON_IsString(args) ? cJSON_Parse(args->valuestring) : NULL;
+    cJSON *input = !with_input || !cJSON_IsString(args) ? NULL
+                 : cut ? written_members(args->valuestring)
+                       : cJSON_Parse(args->valuestring);
     cJSON_AddItemToObject(b, "input", input ? input : cJSON_CreateObject());
     return b;
 }
@@ -333,7 +362,7 @@ static cJSON *message_json(am_call *k, int final) {
         cJSON_AddItemToArray(content, b);
     }
     const cJSON *call;
-    cJSON_ArrayForEach(call, cr.tool_calls) cJSON_AddItemToArray(content, tool_use_block(call, 1));
+    cJSON_ArrayForEach(call, cr.tool_calls) cJSON_AddItemToArray(content, tool_use_block(call, 1, cr.cut_call && !call->next));
     cJSON_AddStringToObject(m, "stop_reason", stop_reason(&k->call.t, ncalls));
     set_stop_sequence(m, &k->call.t);
     cJSON_AddItemToObject(m, "usage", usage_json(&k->call.t, 1));
@@ -403,7 +432,7 @@ static void stream_end(am_call *k, sbuf *out, const chat_reply *cr) {
     block_stop(k, out);
     const cJSON *call;
     cJSON_ArrayForEach(call, cr->tool_calls) {
-        block_start(k, out, tool_use_block(call, 0));
+        block_start(k, out, tool_use_block(call, 0, 0));
         const cJSON *args = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(call, "function"), "arguments");
         cJSON *ev = typed("content_block_delta"), *d = typed("input_json_delta");
         cJSON_AddNumberToObject(ev, "index", k->index);

@@ -627,12 +627,13 @@ static void usage(FILE *f) {
 static int parse_flags(int argc, char **argv, engine_opts *o) {
     *o = (engine_opts){.slots = 1, .ckpt_mb = 512, .kv_share = 1, .num = NUMERICS_QAT};
     int spec = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    for (int i = 1; i < argc;) {
+        const char *a = argv[i++], *v;
         long l;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); exit(0); }
         if (!strcmp(a, "--mlock")) { o->mlock = 1; continue; }
-        if (!v) { fprintf(stderr, "cairn engine: %s needs a value (or unknown flag)\n", a); return -1; }
+        if (i == argc) { fprintf(stderr, "cairn engine: %s needs a value (or unknown flag)\n", a); return -1; }
+        v = argv[i++];                      /* every other flag takes a value */
         if (!strcmp(a, "-m")) o->model_dir = v;
         else if (!strcmp(a, "--kv-dir")) o->kv_dir = v;
         else if (!strcmp(a, "--slots")) { if (cli_int("engine", a, v, 1, 64, &l)) return -1; o->slots = (int)l; }
@@ -650,7 +651,6 @@ static int parse_flags(int argc, char **argv, engine_opts *o) {
             if (n < 0) { fprintf(stderr, "cairn engine: bad value for --numerics: '%s' (exact or qat)\n", v); return -1; }
             o->num = (numerics)n;
         } else { fprintf(stderr, "cairn engine: unknown flag '%s' (see cairn engine --help)\n", a); return -1; }
-        i++;
     }
     if (!o->model_dir) { fprintf(stderr, "cairn engine: -m DIR is required (see cairn engine --help)\n"); return -1; }
     if (o->draft && !spec) { fprintf(stderr, "cairn engine: --draft needs --spec mtp\n"); return -1; }

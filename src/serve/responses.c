@@ -380,7 +380,7 @@ static cJSON *reasoning_item(const rs_call *k, const char *text) {
     return r;
 }
 
-static cJSON *call_item(const cJSON *tc, int i, const char *args) {
+static cJSON *call_item(const cJSON *tc, int i, const char *args, const char *status) {
     const cJSON *fn = cJSON_GetObjectItemCaseSensitive(tc, "function");
     const cJSON *id = cJSON_GetObjectItemCaseSensitive(tc, "id"), *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
     cJSON *c = cJSON_CreateObject();
@@ -391,7 +391,7 @@ static cJSON *call_item(const cJSON *tc, int i, const char *args) {
     cJSON_AddStringToObject(c, "call_id", cJSON_IsString(id) ? id->valuestring : fid);
     cJSON_AddStringToObject(c, "name", cJSON_IsString(name) ? name->valuestring : "");
     cJSON_AddStringToObject(c, "arguments", args);
-    cJSON_AddStringToObject(c, "status", "completed");
+    cJSON_AddStringToObject(c, "status", status);
     return c;
 }
 
@@ -400,15 +400,23 @@ static const char *call_args(const cJSON *tc) {
     return cJSON_IsString(a) ? a->valuestring : "{}";
 }
 
+/* The token budget ended the reply (the response is incomplete, max_output_tokens). */
+static int cut_off(const rs_call *k) { return k->call.t.length_limited && !k->call.t.out.stopped; }
+
+/* The status of a finished reply's output item: the last one is where a cut by the budget fell
+ * (a call's arguments then stop where the model was, chat_reply.cut_call). */
+static const char *item_status(const rs_call *k, int last) { return last && cut_off(k) ? "incomplete" : "completed"; }
+
 /* The output items of a finished reply. */
 static cJSON *output_items(const rs_call *k, const chat_reply *cr) {
     cJSON *out = cJSON_CreateArray();
     int ncalls = cr->tool_calls ? cJSON_GetArraySize(cr->tool_calls) : 0;
     if (cr->reasoning && *cr->reasoning) cJSON_AddItemToArray(out, reasoning_item(k, cr->reasoning));
-    if ((cr->content && *cr->content) || !ncalls) cJSON_AddItemToArray(out, message_item(k, cr->content ? cr->content : "", "completed"));
+    if ((cr->content && *cr->content) || !ncalls)
+        cJSON_AddItemToArray(out, message_item(k, cr->content ? cr->content : "", item_status(k, !ncalls)));
     for (int i = 0; i < ncalls; i++) {
         const cJSON *tc = cJSON_GetArrayItem(cr->tool_calls, i);
-        cJSON_AddItemToArray(out, call_item(tc, i, call_args(tc)));
+        cJSON_AddItemToArray(out, call_item(tc, i, call_args(tc), item_status(k, i == ncalls - 1)));
     }
     return out;
 }
@@ -420,7 +428,7 @@ static cJSON *response_json(const rs_call *k, cJSON *output, int done) {
     cJSON_AddStringToObject(r, "id", k->id);
     cJSON_AddStringToObject(r, "object", "response");
     cJSON_AddNumberToObject(r, "created_at", (double)k->created);
-    int incomplete = done && t->length_limited && !t->out.stopped;
+    int incomplete = done && cut_off(k);
     cJSON_AddStringToObject(r, "status", !done ? "in_progress" : incomplete ? "incomplete" : "completed");
     cJSON_AddNullToObject(r, "error");
     if (incomplete) cJSON_AddStringToObject(cJSON_AddObjectToObject(r, "incomplete_details"), "reason", "max_output_tokens");
@@ -531,14 +539,13 @@ static void stream_end(rs_call *k, sbuf *out) {
     if (k->text_open) {
         part_event(k, out, "response.output_text.done", k->msg_id, k->outputs - 1, "text", cJSON_CreateString(text));
         part_event(k, out, "response.content_part.done", k->msg_id, k->outputs - 1, "part", text_part(text));
-        item_event(k, out, "response.output_item.done", k->outputs - 1, message_item(k, text, "completed"));
+        item_event(k, out, "response.output_item.done", k->outputs - 1, message_item(k, text, item_status(k, !ncalls)));
     }
     for (int i = 0; i < ncalls; i++) {
         const cJSON *tc = cJSON_GetArrayItem(cr.tool_calls, i);
-        cJSON *item = call_item(tc, i, "");
+        cJSON *item = call_item(tc, i, "", "in_progress");
         char item_id[80];
         snprintf(item_id, sizeof item_id, "%s", cJSON_GetObjectItemCaseSensitive(item, "id")->valuestring);
-        cJSON_ReplaceItemInObjectCaseSensitive(item, "status", cJSON_CreateString("in_progress"));
         int index = k->outputs++;
         item_event(k, out, "response.output_item.added", index, item);
         cJSON *ev = cJSON_CreateObject();
@@ -551,7 +558,7 @@ static void stream_end(rs_call *k, sbuf *out) {
         cJSON_AddNumberToObject(ev, "output_index", index);
         cJSON_AddStringToObject(ev, "arguments", call_args(tc));
         event(k, out, "response.function_call_arguments.done", ev);
-        item_event(k, out, "response.output_item.done", index, call_item(tc, i, call_args(tc)));
+        item_event(k, out, "response.output_item.done", index, call_item(tc, i, call_args(tc), item_status(k, i == ncalls - 1)));
     }
     chat_reply_free(&cr);
     cJSON *r = finish(k);

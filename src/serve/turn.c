@@ -428,8 +428,8 @@ void turn_parse(const turn *t, chat_reply *cr) {
 }
 
 const char *turn_finish_reason(const turn *t, int has_tool_calls) {
-    if (has_tool_calls) return "tool_calls";
     if (t->length_limited && !t->out.stopped) return "length";
+    if (has_tool_calls) return "tool_calls";
     return "stop";
 }
 

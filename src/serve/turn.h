@@ -131,7 +131,9 @@ void turn_error(const turn *t, http_err *e);
  * everything is content, as generated. */
 void turn_parse(const turn *t, chat_reply *cr);
 
-/* OpenAI-style finish reason: "tool_calls" (has_tools), "length" or "stop". */
+/* OpenAI-style finish reason: "length" when the token budget cut the reply (even one holding
+ * tool calls: the last may be unfinished, chat_reply.cut_call), else "tool_calls" (has_tool_calls)
+ * or "stop". */
 const char *turn_finish_reason(const turn *t, int has_tool_calls);
 
 /* The text of one token id for logprob tables (heap, valid UTF-8). */

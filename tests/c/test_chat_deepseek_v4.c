@@ -228,7 +228,13 @@ static void test_parse(void) {
     chat_reply_free(&r);
 
     parse("Sure.\n\n<" DS "tool_calls>\n<" DS "invoke name=\"f\">\n<" DS "param", 0, &r);
-    CHECK(r.content && !strcmp(r.content, "Sure.") && !r.tool_calls, "cut-off call dropped: [%s]", r.content);
+    CHECK(r.content && !strcmp(r.content, "Sure.") && cJSON_GetArraySize(r.tool_calls) == 1 && r.cut_call &&
+              !strcmp(call_field(&r, 0, "name"), "f") && !strcmp(call_field(&r, 0, "arguments"), "{"),
+          "a cut-off call keeps what was written (arguments left open): [%s]", r.content);
+    chat_reply_free(&r);
+    parse("<" DS "tool_calls>\n<" DS "invoke name=\"f\">\n<" DS "parameter name=\"s\" string=\"true\">a \"b</" DS "para", 0, &r);
+    CHECK(r.cut_call && !strcmp(call_field(&r, 0, "arguments"), "{\"s\": \"a \\\"b"),
+          "cut inside a string value, before its close marker: %s", r.tool_calls ? call_field(&r, 0, "arguments") : "-");
     chat_reply_free(&r);
     parse("Sure.\n\n<" DS "tool", 0, &r);
     CHECK(r.content && !strcmp(r.content, "Sure."), "cut-off block start removed: [%s]", r.content);

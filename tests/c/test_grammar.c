@@ -126,6 +126,23 @@ static void test_cache(void) {
     CHECK(grammar_has_literal(g, "a", 1) && !grammar_has_literal(g, "ab", 2), "literals recorded as written");
     gm_free(m);
     grammar_free(g);
+    /* bytes that advance the same parses share one closure: the first of a class fills it */
+    const char *classes = "root ::= [a-z]{0,3} \"!\"";
+    g = grammar_parse(classes, strlen(classes), err, sizeof err);
+    m = gm_new(g);
+    s0 = gm_state(m);
+    long before = gm_closures(m);
+    int t = gm_next(m, s0, 'q');
+    long after_q = gm_closures(m);
+    CHECK(after_q == before + 1, "one closure for the first letter");
+    int same = 1;
+    for (int b = 'a'; b <= 'z'; b++) same &= gm_next(m, s0, (unsigned char)b) == t;
+    CHECK(same && gm_closures(m) == after_q, "every other letter of its class is already known: %ld closures",
+          gm_closures(m) - after_q);
+    CHECK(gm_next(m, s0, '!') != t && gm_closures(m) == after_q + 1 && gm_next(m, s0, '?') == GM_DEAD,
+          "another class, another closure; a byte no parse takes is dead");
+    gm_free(m);
+    grammar_free(g);
 }
 
 /* A tiny cache limit forces rebuilds mid-input; answers must not change. */

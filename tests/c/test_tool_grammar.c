@@ -2,7 +2,9 @@
  * syntax: random sentences of the grammar (a seeded walk over the bytes it allows) must parse back
  * through the family's OWN reply parser as tool calls of the allowed functions whose arguments
  * are JSON objects with the required keys; exactly one call when parallel calls are off;
- * reasoning first in thinking mode, never containing the text that ends it. */
+ * reasoning first in thinking mode, never containing the text that ends it. A reply cut at any
+ * byte (max_tokens) parses to the calls before the cut unchanged and a last one marked cut whose
+ * arguments are the ones written so far, never completed or made up (chat_cut_arguments). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -107,6 +109,44 @@ static int calls_ok(const cJSON *calls, const char *only, int *ncalls) {
     return 1;
 }
 
+static const char *call_field(const cJSON *calls, int i, const char *key) {
+    return cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(
+        cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(calls, i), "function"), key));
+}
+
+static int starts_with(const char *s, const char *prefix) { return !strncmp(s, prefix, strlen(prefix)); }
+
+/* Cut reply text[0..n) (which parses to complete calls) at every byte. strict: the last call's
+ * arguments must be a prefix of the whole call's (values whose JSON text the parser keeps as
+ * written); otherwise they either do not parse or are the whole call's arguments. 0 = all good. */
+static int check_cuts(const family_ops *f, const char *text, size_t n, int strict) {
+    chat_reply whole;
+    f->chat->parse(text, n, 0, &whole);
+    int calls = cJSON_GetArraySize(whole.tool_calls), bad = whole.cut_call || !calls;
+    for (size_t i = 0; i < n && !bad; i++) {
+        chat_reply r;
+        f->chat->parse(text, i, 0, &r);
+        int k = r.tool_calls ? cJSON_GetArraySize(r.tool_calls) : 0;
+        bad = k > calls;
+        for (int j = 0; j < k && !bad; j++) {
+            const char *name = call_field(r.tool_calls, j, "name"), *args = call_field(r.tool_calls, j, "arguments");
+            const char *full_name = call_field(whole.tool_calls, j, "name"), *full = call_field(whole.tool_calls, j, "arguments");
+            int same = !strcmp(name, full_name) && !strcmp(args, full);
+            if (j < k - 1) { bad = !same; continue; }
+            cJSON *a = cJSON_Parse(args), *b = cJSON_Parse(full);
+            bad = !starts_with(full_name, name) || (!same && !r.cut_call) ||
+                  (strict ? !starts_with(full, args) : a && !cJSON_Compare(a, b, 1));
+            cJSON_Delete(a);
+            cJSON_Delete(b);
+        }
+        if (bad) printf("%s: reply cut after %zu bytes: %s\n  -> %s (cut_call %d)\n", f->name, i, text,
+                        r.tool_calls ? cJSON_PrintUnformatted(r.tool_calls) : "no calls", r.cut_call);
+        chat_reply_free(&r);
+    }
+    chat_reply_free(&whole);
+    return bad;
+}
+
 static void check_family(const family_ops *f, const cJSON *tools) {
     const chat_template *t = f->chat;
     struct { const char *choice; int parallel, thinking; } modes[] = {
@@ -148,6 +188,7 @@ static void check_family(const family_ops *f, const cJSON *tools) {
             }
             if (modes[k].thinking && r.reasoning && strstr(r.reasoning, t->tools->think_end)) bad = 1;
             if (r.content && strstr(r.content, t->tools->calls_start)) bad = 1;
+            if (!bad && forced && !modes[k].thinking && i < 20 && check_cuts(f, s.p, s.len, 0)) bad = 1;
             multi |= n > 1;
             with_calls += n > 0;
             chat_reply_free(&r);
@@ -161,6 +202,10 @@ static void check_family(const family_ops *f, const cJSON *tools) {
         grammar_free(g);
         grammar_free(one);
         sbuf_free(&think);
+    }
+    if (t->example) {
+        const char *reply = t->example->reply;
+        CHECK(!check_cuts(f, reply, strlen(reply), 1), "%s: the example call cut anywhere keeps what was written", f->name);
     }
     /* reasoning cannot contain its own end marker: after it the calls must begin */
     grammar *g = tool_grammar(t, tools, "required", 1, 1);

@@ -5,7 +5,8 @@
  * beyond the sanitizers: a complete frame's payload and extension lie inside what was pushed, and
  * every span lies inside its prompt. Every line of the input is also read as an engine output
  * header (wire_parse_out, the gateway's side): a logprob table never exceeds its bound and a
- * payload length never exceeds the protocol's 65536. */
+ * payload length never exceeds the protocol's 65536 (a RECORD's, a slot's whole text: its own
+ * WIRE_RECORD_MAX). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,7 +32,8 @@ static void check_output_lines(const char *in, size_t n) {
         const char *nl = memchr(in + at, '\n', n - at);
         size_t len = nl ? (size_t)(nl - in) - at : n - at;
         wire_out o;
-        if (wire_parse_out(in + at, len, &o) == 0 && (o.k < 0 || o.k > WIRE_LOGPROBS_MAX || o.payload > 65536))
+        if (wire_parse_out(in + at, len, &o) == 0 &&
+            (o.k < 0 || o.k > WIRE_LOGPROBS_MAX || o.payload > (o.kind == WIRE_OUT_RECORD ? WIRE_RECORD_MAX : 65536)))
             abort();
         at += len + 1;
     }

@@ -77,7 +77,8 @@ const MODEL_ID = basename(SERVED);
 
 let server, openai, anthropic;
 before(async () => {
-  server = await startServer(['--slots', String(SLOTS)], {}, { model: SERVED });
+  // the gateway's token cap raised to the budget: a forced reply of many calls must not be cut
+  server = await startServer(['--slots', String(SLOTS), '--max-tokens', String(CALL_BUDGET)], {}, { model: SERVED });
   openai = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'unused', maxRetries: 0 });
   anthropic = new Anthropic({ baseURL: server.url, apiKey: 'unused', maxRetries: 0 });
 });
@@ -245,6 +246,72 @@ for (const stream of [false, true]) {
     }
   });
 }
+
+// A forced call cut by max_tokens: OpenAI says length and sends the arguments as far as the model
+// wrote them (as OpenAI does), Anthropic says max_tokens with the members written completely, the
+// Responses API is incomplete — never tool_calls / tool_use with made-up {} arguments. Greedy, so a
+// cut reply is a prefix of the uncut one.
+test('a forced tool call cut by max_tokens reports the cut and only what was written', async () => {
+  // arguments as written so far: they either do not parse yet, or they are the uncut call's
+  const asWritten = (args, whole, what) => {
+    assert.notEqual(args, '{}', `${what}: made-up empty arguments`);
+    let parsed;
+    try { parsed = JSON.parse(args); } catch { return 1; }
+    assert.deepEqual(parsed, whole, `${what}: complete-looking arguments ${args}`);
+    return 0;
+  };
+  const base = { model: MODEL_ID, messages: user('use the weather tool'), tools: TOOLS, tool_choice: { type: 'function', function: { name: 'weather' } }, temperature: 0 };
+  const ant = { model: MODEL_ID, messages: user('use the weather tool'), tools: ANTHROPIC_TOOLS, tool_choice: { type: 'tool', name: 'weather' }, temperature: 0 };
+  const whole = await openai.chat.completions.create({ ...base, max_tokens: CALL_BUDGET });
+  assert.equal(whole.choices[0].finish_reason, 'tool_calls');
+  const calls = whole.choices[0].message.tool_calls.map((c) => ({ name: c.function.name, args: JSON.parse(c.function.arguments) }));
+  const wholeA = await anthropic.messages.create({ ...ant, max_tokens: CALL_BUDGET });
+  assert.equal(wholeA.stop_reason, 'tool_use');
+  const uses = wholeA.content.filter((b) => b.type === 'tool_use');
+  const n = Math.min(whole.usage.completion_tokens, wholeA.usage.output_tokens);
+  let cutInArgs = 0;
+  for (const max_tokens of [1, Math.floor(n / 3), Math.floor(n / 2), Math.floor((3 * n) / 4), n - 1].filter((m, i, a) => m >= 1 && a.indexOf(m) === i)) {
+    const what = `max_tokens ${max_tokens} of ${n}`;
+    const r = await openai.chat.completions.create({ ...base, max_tokens });
+    const ch = r.choices[0];
+    assert.equal(ch.finish_reason, 'length', what);
+    for (const [i, c] of (ch.message.tool_calls ?? []).entries()) {
+      assert.ok(calls[i].name.startsWith(c.function.name), `${what}: ${c.function.name} does not start ${calls[i].name}`);
+      cutInArgs += asWritten(c.function.arguments, calls[i].args, `${what} call ${i}`);
+    }
+    const s = await openai.chat.completions.create({ ...base, max_tokens, stream: true });
+    let finish = null;
+    const streamed = [];
+    for await (const chunk of s) {
+      const c = chunk.choices[0];
+      if (c?.finish_reason) finish = c.finish_reason;
+      for (const d of c?.delta?.tool_calls ?? []) streamed[d.index] = (streamed[d.index] ?? '') + (d.function?.arguments ?? '');
+    }
+    assert.equal(finish, 'length', what);
+    assert.deepEqual(streamed, (ch.message.tool_calls ?? []).map((c) => c.function.arguments), `${what}: stream and not agree`);
+    const m = await anthropic.messages.create({ ...ant, max_tokens });
+    assert.equal(m.stop_reason, 'max_tokens', what);
+    for (const [i, b] of m.content.filter((b) => b.type === 'tool_use').entries()) {
+      assert.ok(uses[i].name.startsWith(b.name), what);
+      for (const [key, v] of Object.entries(b.input)) assert.deepEqual(v, uses[i].input[key], `${what}: input member ${key} was not written so`);
+    }
+    const events = await anthropic.messages.create({ ...ant, max_tokens, stream: true });
+    let stop = null, block = -1;
+    const partial = [];
+    for await (const ev of events) {
+      if (ev.type === 'message_delta') stop = ev.delta.stop_reason;
+      if (ev.type === 'content_block_start' && ev.content_block.type === 'tool_use') partial[++block] = '';
+      if (ev.type === 'content_block_delta' && ev.delta.type === 'input_json_delta') partial[block] += ev.delta.partial_json;
+    }
+    assert.equal(stop, 'max_tokens', what);
+    for (const [i, p] of partial.entries()) if (p !== '') asWritten(p, uses[i].input, `${what} anthropic stream block ${i}`);
+  }
+  assert.ok(cutInArgs > 0, 'no cut fell inside the arguments');
+  const resp = await openai.responses.create({ model: MODEL_ID, input: 'Hello', max_output_tokens: 2, temperature: 0 });
+  assert.equal(resp.status, 'incomplete');
+  assert.equal(resp.incomplete_details.reason, 'max_output_tokens');
+  assert.equal(resp.output.at(-1).status, 'incomplete');
+});
 
 test('a raw GBNF grammar field constrains chat and completions', async () => {
   const grammar = 'root ::= "id-" [0-9]{3} ("-" [a-z]{2})?';

@@ -47,8 +47,13 @@ if [ -n "$missing" ]; then
 fi
 # Node packages used as real-world oracles and clients in tests (puppeteer-core drives the
 # Debian chromium above; it downloads no browser of its own).
-if [ ! -d tests/node/node_modules/openai ] || [ ! -d tests/node/node_modules/@huggingface/tokenizers ] ||
-   [ ! -d tests/node/node_modules/puppeteer-core ]; then
-    echo "deps: npm install (tests/node)"
+# Every dependency package.json names must be there: a tree installed before one was added
+# (ajv, say) would otherwise pass this check and fail the tests that need it.
+node_missing=""
+for d in $(sed -n '/"dependencies"/,/}/s/^ *"\([^"]*\)": *".*/\1/p' tests/node/package.json); do
+    [ -d "tests/node/node_modules/$d" ] || node_missing="$node_missing $d"
+done
+if [ -n "$node_missing" ]; then
+    echo "deps: npm install (tests/node:$node_missing)"
     (cd tests/node && npm install --no-audit --no-fund --loglevel=error >/dev/null)
 fi

@@ -264,6 +264,7 @@ static int forward_batch(seq **seqs, fwd_seg *segs, int n, char *err, size_t err
     for (int i = 0; i < n; i++) {
         if (failed) state_taint(&seqs[i]->st);
         else state_record(&seqs[i]->st, segs[i].ids, segs[i].pos0, segs[i].n);
+        if (!failed && holds_media_token(seqs[i], segs[i].ids, segs[i].n)) state_taint(&seqs[i]->st);    /* as feed */
     }
     return failed ? -1 : 0;
 }
@@ -352,7 +353,7 @@ static int spec_accept(spec_job *j, spec_work *w, char *err, size_t errlen) {
         break;
     }
     if (j->k && kept == w->k) chosen = spec_choose(j->smp, w->verify + (size_t)w->k * vocab, vocab, NULL, w->p, resid);
-    if (state_truncate(&s->st, L + 1 + kept)) {
+    if (kept < w->k && state_truncate(&s->st, L + 1 + kept)) {     /* a plain step drops nothing */
         state_taint(&s->st);
         return errf(err, errlen, "speculative decoding: the state cannot drop the %d rejected drafts", w->k - kept);
     }

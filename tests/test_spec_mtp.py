@@ -20,7 +20,7 @@ import subprocess
 import sys
 
 import pytest
-from engine_client import Engine
+from engine_client import Engine, cold
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools", "ref"))
@@ -156,3 +156,49 @@ def test_engine_spec_refuses_a_model_without_mtp(cairn, tiny_kimi_k3):
     r = subprocess.run([cairn, "engine", "-m", tiny_kimi_k3, "--spec", "mtp"], capture_output=True, text=True,
                        stdin=subprocess.DEVNULL)
     assert r.returncode == 1 and "no MTP layer" in r.stderr
+
+
+def test_engine_speculating_slots_share_one_forward_call(cairn, tiny_glm):
+    """Three slots decode at once with --spec mtp: every step verifies each slot's next token and
+    drafts in ONE forward call beside the others (the step log shows the batch and each slot's
+    kept drafts inside it), and each reply is what a lone engine sends (greedy: what an engine
+    without speculation sends)."""
+    prompts = [LONG, SHORT, LONG[:20] + [40, 41]]
+    params = [(14, 0.0, ""), (9, 0.0, ""), (12, 50.0, " seed=5")]      # the hot one keeps drafts
+    spec_args = ("--ctx", "256", "--spec", "mtp", "--draft", "2")
+    e = Engine(cairn, tiny_glm, "--slots", "3", "--kv-share", "0", *spec_args, env={"CAIRN_STEP_LOG": "1"})
+    try:
+        frames = []
+        e.send = frames.append          # the three SUBMITs reach the engine in one write
+        reps = [e.submit("s%d" % i, ids=p, max_tokens=mt, slot=i, temperature=t, extra=x)
+                for i, (p, (mt, t, x)) in enumerate(zip(prompts, params))]
+        del e.send
+        e.send(b"".join(frames))
+        for i in range(3):
+            e.collect("s%d" % i)
+    finally:
+        e.close()
+    lines = e.read_stderr().splitlines()
+    shared = [i for i, line in enumerate(lines) if line.startswith("step: 3 slots decoded in one forward call,")
+              and len({l.split()[2] for l in lines[i + 1:i + 4] if l.startswith("spec: slot ")}) == 3]
+    assert shared, "no step verified all three slots' drafts in one forward call:\n" + "\n".join(lines[-40:])
+    assert any(int(m) > 0 for m in re.findall(r"spec: slot 2 kept (\d+)", "\n".join(lines))), "no draft kept"
+    for i, (p, (mt, t, x)) in enumerate(zip(prompts, params)):
+        alone = cold(cairn, tiny_glm, ids=p, max_tokens=mt, temperature=t, extra=x, args=spec_args)
+        assert reps[i].error is None and alone.error is None
+        assert (reps[i].ids, reps[i].lps, reps[i].text) == (alone.ids, alone.lps, alone.text), f"slot {i} differs"
+        if t == 0:
+            plain = cold(cairn, tiny_glm, ids=p, max_tokens=mt, args=("--ctx", "256"))
+            assert (reps[i].ids, reps[i].lps) == (plain.ids, plain.lps), f"slot {i} differs from plain decoding"
+
+
+def test_bench_mtp_reports_costs_timed_in_its_decode(cairn, tiny_glm):
+    r = subprocess.run([cairn, "bench", "mtp", "-m", tiny_glm, "--prompt", "8", "--decode", "8", "--draft", "3",
+                        "--json"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    b = json.loads(r.stdout)
+    assert b["draft"] == 3 and 0 <= b["mtp_acceptance"] <= 1
+    for key in ("mtp_verify_cost_ratio", "mtp_draft_cost_ratio", "decode_tok_s", "spec_tok_s",
+                "projected_speedup_at_0_8"):
+        assert b[key] > 0, key
+    assert b["mtp_other_cost_ratio"] >= 0

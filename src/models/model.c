@@ -311,28 +311,45 @@ int seq_feed_all(seq *s, const int *ids, int n, float *all_logits, char *err, si
     return feed(s, ids, n, NULL, all_logits, err, errlen);
 }
 
+/* What a batched call refuses before it touches anything: sequence i of another model or
+ * context size than sequence 0, a sequence given twice, a bad id. */
+static int check_batch(seq *const *seqs, int i, const int *ids, int n, char *err, size_t errlen) {
+    if (seqs[i]->m != seqs[0]->m || seqs[i]->st.cap != seqs[0]->st.cap)
+        return errf(err, errlen, "batched step: sequences of different models or context sizes");
+    for (int j = 0; j < i; j++)
+        if (seqs[j] == seqs[i]) return errf(err, errlen, "batched step: sequence %d appears twice", i);
+    return check_ids(seqs[i], ids, n, err, errlen);
+}
+
+/* One forward call over segs[n] (segment i on seqs[i], with every row's logits or the last
+ * row's); records each segment's ids, or taints every sequence of the call when it failed. */
+static int forward_batch(seq **seqs, fwd_seg *segs, int n, char *err, size_t errlen) {
+    model *m = seqs[0]->m;
+    int failed = m->ops->forward(m, segs, n, err, errlen);
+    for (int i = 0; i < n && !failed; i++) {
+        const fwd_seg *g = &segs[i];
+        failed = check_finite(g->all_logits, g->n, m->vocab_size, g->pos0, err, errlen) ||
+                 check_finite(g->logits, 1, m->vocab_size, g->pos0 + g->n - 1, err, errlen);
+    }
+    for (int i = 0; i < n; i++) {
+        if (failed) state_taint(&seqs[i]->st);
+        else state_record(&seqs[i]->st, segs[i].ids, segs[i].pos0, segs[i].n);
+        if (!failed && holds_media_token(seqs[i], segs[i].ids, segs[i].n)) state_taint(&seqs[i]->st);    /* as feed */
+    }
+    return failed ? -1 : 0;
+}
+
 int seq_feed_step(seq **seqs, const int *ids, int k, float **logits, char *err, size_t errlen) {
     if (k == 1) return seq_feed(seqs[0], ids, 1, logits[0], err, errlen);
-    model *m = seqs[0]->m;
     fwd_seg *segs = xmalloc(sizeof *segs * (size_t)k);
     int rc = 0;
     for (int i = 0; i < k && !rc; i++) {
-        if (seqs[i]->m != m || seqs[i]->st.cap != seqs[0]->st.cap)
-            rc = errf(err, errlen, "batched step: sequences of different models or context sizes");
-        else rc = check_ids(seqs[i], ids + i, 1, err, errlen);
-        for (int j = 0; j < i && !rc; j++)
-            if (seqs[j] == seqs[i]) rc = errf(err, errlen, "batched step: sequence %d appears twice", i);
+        rc = check_batch(seqs, i, ids + i, 1, err, errlen);
         segs[i] = (fwd_seg){seqs[i]->fam, ids + i, seqs[i]->st.len, 1, logits[i], NULL};
     }
-    int failed = !rc && m->ops->forward(m, segs, k, err, errlen);    /* a refused step touched nothing */
-    for (int i = 0; i < k && !rc && !failed; i++)
-        failed = check_finite(logits[i], 1, m->vocab_size, segs[i].pos0, err, errlen);
-    for (int i = 0; i < k && !rc; i++) {
-        if (failed) state_taint(&seqs[i]->st);
-        else state_record(&seqs[i]->st, ids + i, segs[i].pos0, 1);
-    }
+    if (!rc) rc = forward_batch(seqs, segs, k, err, errlen);    /* a refused step touched nothing */
     free(segs);
-    return rc || failed ? -1 : 0;
+    return rc;
 }
 
 /* The token that follows a verify row: greedy its argmax; sampled a draw from p (resid NULL) or
@@ -355,59 +372,107 @@ int seq_draft(seq *s, int id, int step, float *logits, char *err, size_t errlen)
     return check_finite(logits, 1, m->vocab_size, s->st.len + step + 1, err, errlen);
 }
 
-int seq_spec_step(seq *s, int next, int k, sampler *smp, int *out, int *n_out, int *pending, float *rows,
-                  int *accepted, char *err, size_t errlen) {
-    model *m = s->m;
-    int vocab = m->vocab_size, L = s->st.len, greedy = !smp || smp->p.temperature <= 0;
-    if (k < 1 || k > SPEC_MAX_DRAFT) return errf(err, errlen, "speculative decoding: draft length %d outside [1, %d]", k, SPEC_MAX_DRAFT);
-    if (L + k + 1 > s->st.cap) k = MAX(0, s->st.cap - L - 1);     /* the last positions: fewer drafts */
-    if (check_ids(s, &next, 1, err, errlen)) return -1;
-    int ids[SPEC_MAX_DRAFT + 1];
-    ids[0] = next;
-    float *verify = xmalloc(sizeof(float) * (size_t)(k + 1) * vocab);
-    float *q = greedy ? NULL : xmalloc(sizeof(float) * (size_t)k * vocab);
-    float *p = greedy ? NULL : xmalloc(sizeof(float) * 2 * (size_t)vocab), *resid = p ? p + vocab : NULL;
-    int rc = 0;
-    for (int j = 0; j < k && !rc; j++) {      /* drafts write only rows past the record */
-        if ((rc = seq_draft(s, ids[j], j, verify, err, errlen))) break;
-        if (greedy) ids[j + 1] = sampler_argmax(verify, vocab);
+/* One job's working buffers: the ids it feeds (next, then the drafts), the verify rows, and for
+ * sampling the draft distributions q and the scratch p / resid. */
+typedef struct {
+    int ids[SPEC_MAX_DRAFT + 1], k, greedy;
+    float *verify, *q, *p;
+} spec_work;
+
+/* Drafts j's tokens (k fewer at the end of the context): they write only rows past the record. */
+static int spec_draft(spec_job *j, spec_work *w, char *err, size_t errlen) {
+    seq *s = j->s;
+    int vocab = s->m->vocab_size;
+    double t0 = now_seconds();
+    w->greedy = !j->smp || j->smp->p.temperature <= 0;
+    w->k = MIN(j->k, MAX(0, s->st.cap - s->st.len - 1));
+    w->ids[0] = j->next;
+    w->verify = xmalloc(sizeof(float) * (size_t)(w->k + 1) * vocab);
+    w->q = w->greedy ? NULL : xmalloc(sizeof(float) * (size_t)MAX(w->k, 1) * vocab);
+    w->p = w->greedy ? NULL : xmalloc(sizeof(float) * 2 * (size_t)vocab);
+    for (int i = 0; i < w->k; i++) {
+        if (seq_draft(s, w->ids[i], i, w->verify, err, errlen)) return -1;
+        if (w->greedy) w->ids[i + 1] = sampler_argmax(w->verify, vocab);
         else {
-            sampler_dist(smp, verify, q + (size_t)j * vocab);
-            ids[j + 1] = sampler_draw(smp, q + (size_t)j * vocab);
+            sampler_dist(j->smp, w->verify, w->q + (size_t)i * vocab);
+            w->ids[i + 1] = sampler_draw(j->smp, w->q + (size_t)i * vocab);
         }
     }
-    if (!rc) rc = seq_feed_all(s, ids, k + 1, verify, err, errlen);
-    int kept = 0, chosen = -1;
-    for (; !rc && kept < k; kept++) {         /* draft kept + 1 sits at verify row kept */
-        const float *row = verify + (size_t)kept * vocab;
-        int d = ids[kept + 1];
-        if (greedy) {
+    j->draft_s = now_seconds() - t0;
+    return 0;
+}
+
+/* After the verify forward: keeps the longest prefix of drafts the rule accepts, chooses the
+ * token after it and cuts the rejected drafts out of the state. */
+static int spec_accept(spec_job *j, spec_work *w, char *err, size_t errlen) {
+    seq *s = j->s;
+    int vocab = s->m->vocab_size, kept = 0, chosen = -1, L = s->st.len - w->k - 1;
+    float *resid = w->p ? w->p + vocab : NULL;
+    for (; j->k && kept < w->k; kept++) {        /* draft kept + 1 sits at verify row kept */
+        const float *row = w->verify + (size_t)kept * vocab;
+        int d = w->ids[kept + 1];
+        if (w->greedy) {
             chosen = sampler_argmax(row, vocab);
             if (chosen != d) break;
             continue;
         }
-        sampler_dist(smp, row, p);
-        const float *qj = q + (size_t)kept * vocab;
-        if (sampler_uniform(smp) * qj[d] < p[d]) continue;
-        chosen = spec_choose(smp, row, vocab, qj, p, resid);
+        sampler_dist(j->smp, row, w->p);
+        const float *qj = w->q + (size_t)kept * vocab;
+        if (sampler_uniform(j->smp) * qj[d] < w->p[d]) continue;
+        chosen = spec_choose(j->smp, row, vocab, qj, w->p, resid);
         break;
     }
-    if (!rc && kept == k) chosen = spec_choose(smp, verify + (size_t)k * vocab, vocab, NULL, p, resid);
-    if (!rc && state_truncate(&s->st, L + 1 + kept)) {
+    if (j->k && kept == w->k) chosen = spec_choose(j->smp, w->verify + (size_t)w->k * vocab, vocab, NULL, w->p, resid);
+    if (kept < w->k && state_truncate(&s->st, L + 1 + kept)) {     /* a plain step drops nothing */
         state_taint(&s->st);
-        rc = errf(err, errlen, "speculative decoding: the state cannot drop the %d rejected drafts", k - kept);
+        return errf(err, errlen, "speculative decoding: the state cannot drop the %d rejected drafts", w->k - kept);
     }
-    if (!rc) {
-        memcpy(out, ids, sizeof(int) * (size_t)(kept + 1));
-        *n_out = kept + 1;
-        *pending = chosen;
-        *accepted = kept;
-        if (rows) memcpy(rows, verify, sizeof(float) * (size_t)(kept + 1) * vocab);
+    memcpy(j->out, w->ids, sizeof(int) * (size_t)(kept + 1));
+    j->n_out = kept + 1;
+    j->pending = chosen;
+    j->accepted = kept;
+    if (j->rows) memcpy(j->rows, w->verify, sizeof(float) * (size_t)(kept + 1) * vocab);
+    return 0;
+}
+
+int seq_spec_steps(spec_job *jobs, int n, char *err, size_t errlen) {
+    seq **seqs = xmalloc(sizeof *seqs * (size_t)n);
+    fwd_seg *segs = xmalloc(sizeof *segs * (size_t)n);
+    spec_work *w = xcalloc((size_t)n, sizeof *w);
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        seqs[i] = jobs[i].s;
+        if (jobs[i].k < 0 || jobs[i].k > SPEC_MAX_DRAFT)
+            rc = errf(err, errlen, "speculative decoding: draft length %d outside [0, %d]", jobs[i].k, SPEC_MAX_DRAFT);
+        else rc = check_batch(seqs, i, &jobs[i].next, 1, err, errlen);
     }
-    free(verify);
-    free(q);
-    free(p);
+    for (int i = 0; i < n && !rc; i++) rc = spec_draft(&jobs[i], &w[i], err, errlen);
+    double t0 = now_seconds();
+    for (int i = 0; i < n && !rc; i++) segs[i] = (fwd_seg){seqs[i]->fam, w[i].ids, seqs[i]->st.len, w[i].k + 1, NULL, w[i].verify};
+    if (!rc) rc = forward_batch(seqs, segs, n, err, errlen);
+    for (int i = 0; i < n && !rc; i++) jobs[i].verify_s = now_seconds() - t0;
+    for (int i = 0; i < n && !rc; i++) rc = spec_accept(&jobs[i], &w[i], err, errlen);
+    for (int i = 0; i < n; i++) {
+        free(w[i].verify);
+        free(w[i].q);
+        free(w[i].p);
+    }
+    free(w);
+    free(segs);
+    free(seqs);
     return rc ? -1 : 0;
+}
+
+int seq_spec_step(seq *s, int next, int k, sampler *smp, int *out, int *n_out, int *pending, float *rows,
+                  int *accepted, char *err, size_t errlen) {
+    if (k < 1) return errf(err, errlen, "speculative decoding: draft length %d outside [1, %d]", k, SPEC_MAX_DRAFT);
+    spec_job j = {.s = s, .next = next, .k = k, .smp = smp, .rows = rows};
+    if (seq_spec_steps(&j, 1, err, errlen)) return -1;
+    memcpy(out, j.out, sizeof(int) * (size_t)j.n_out);
+    *n_out = j.n_out;
+    *pending = j.pending;
+    *accepted = j.accepted;
+    return 0;
 }
 
 static int feed_cb(void *user, const int *ids, int n, float *logits, char *err, size_t errlen) {

@@ -252,6 +252,24 @@ int seq_draft(seq *s, int id, int step, float *logits, char *err, size_t errlen)
 struct sampler;   /* core/sampler.h */
 int seq_spec_step(seq *s, int next, int k, struct sampler *smp, int *out, int *n_out, int *pending, float *rows,
                   int *accepted, char *err, size_t errlen);
+/* Speculative steps of several sequences sharing ONE verify forward call (the batched decode step
+ * of model.h's seq_feed_step, with k + 1 rows per sequence): each job drafts its own tokens, then
+ * one call verifies every job's next + drafts, then each job accepts as seq_spec_step does. By
+ * chunking invariance every job's tokens, rows and state are bit-identical to its own
+ * seq_spec_step. A job with k = 0 is a plain decode step: next is fed, rows[0] gets its logits
+ * and pending is -1 (the caller chooses, e.g. through a grammar mask). A refused call (bad id,
+ * full context, a sequence twice, a failed draft) changes no record; a failed forward taints
+ * every sequence of the call. */
+typedef struct {
+    seq *s;
+    int next;                  /* in: the token chosen for position st.len (not fed yet) */
+    int k;                     /* in: drafts to take, 0..SPEC_MAX_DRAFT (fewer at the end of the context) */
+    struct sampler *smp;       /* in: NULL or temperature <= 0: greedy */
+    float *rows;               /* in: NULL or [k + 1][vocab], out: the verify rows 0..n_out-1 */
+    int out[SPEC_MAX_DRAFT + 1], n_out, pending, accepted;   /* out, as seq_spec_step's */
+    double draft_s, verify_s;  /* out: seconds this job spent drafting; the shared verify call took */
+} spec_job;
+int seq_spec_steps(spec_job *jobs, int n, char *err, size_t errlen);
 
 /* seq_feed behind the reuse layer's feed callback (state/reuse.h), so state/ never calls up. */
 reuse_feeder seq_feeder(seq *s);

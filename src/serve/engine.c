@@ -3,12 +3,14 @@
  *
  * One thread owns every model state. Each turn of the loop advances every prefilling request by
  * one chunk, then every decoding request by one token in ONE forward call over all of them
- * (seq_feed_step), so dense, attention and shared-expert weights stream from memory once per
+ * (seq_spec_steps), so dense, attention and shared-expert weights stream from memory once per
  * step for all conversations; each conversation's tokens stay bit-identical to running it
- * alone (model.h). With --spec mtp a decoding request without a grammar instead takes
- * speculative steps of its own (seq_spec_step: the MTP layer drafts, one forward call verifies),
- * which emit the same tokens plain decoding would (bit-identical when greedy). stdin is polled with a zero-timeout select between steps, so CANCEL, STOP and
- * new SUBMITs are seen during long prefills and decodes. With nothing active it blocks on
+ * alone (model.h). With --spec mtp a decoding request without a grammar, bias or penalties
+ * instead takes a speculative step inside that same call (seq_spec_steps: its MTP layer drafts
+ * first, and the call verifies its next token + drafts beside the other slots' tokens), which
+ * emits the same tokens plain decoding would (bit-identical when greedy). stdin is polled with a
+ * zero-timeout select between steps, so CANCEL, STOP and new SUBMITs are seen during long
+ * prefills and decodes. With nothing active it blocks on
  * stdin. EOF lets in-flight requests finish, then exits 0. CAIRN_STEP_LOG=1 logs on stderr each
  * decode step: how many slots its one forward call decoded and the weight bytes that call
  * streamed (kernels_streamed: dense, and routed experts), so a test can see the weights read
@@ -77,8 +79,7 @@ typedef struct {
     request **active;    /* per slot, NULL when idle */
     store *cs;
     float *logits, *logprobs, *top_lps;
-    float *step_logits;  /* [slots][vocab]: one batched decode step's logits */
-    float *spec_rows;    /* [draft + 1][vocab]: one speculative step's verify rows, NULL without --spec */
+    float *step_logits;  /* [slots][draft + 1][vocab]: one batched decode step's rows */
     request **stepping;  /* [slots]: the requests of that step */
     int log_steps;
     int *top_ids;
@@ -213,25 +214,6 @@ static int spec_drafts(const engine *e, const request *r) {
     return r->g || r->smp.adjusted ? 0 : (int)MIN(e->o.draft, r->sub.max_tokens - r->generated - 1);
 }
 
-/* One speculative step of r: feeds r->token and the kept drafts, takes each kept draft and then
- * the next chosen token from its verify row. A draft that ends the request (EOS, max_tokens) is
- * first cut back out of the state, since plain decoding never feeds the token it ends on. */
-static void spec_step(engine *e, request *r) {
-    char err[256];
-    int out[SPEC_MAX_DRAFT + 1], n, kept, next, want = spec_drafts(e, r);
-    size_t v = (size_t)e->m->vocab_size;
-    state *st = &e->seqs[r->slot]->st;
-    if (seq_spec_step(e->seqs[r->slot], r->token, want, &r->smp, out, &n, &next, e->spec_rows, &kept, err, sizeof err))
-        return fail(e, r, "ENGINE_ERROR", err);
-    if (e->log_steps) fprintf(stderr, "spec: slot %d kept %d of %d drafts\n", r->slot, kept, want);
-    for (int i = 1; i <= n; i++) {
-        int t = i < n ? out[i] : next;
-        memcpy(e->logits, e->spec_rows + (size_t)(i - 1) * v, v * sizeof *e->logits);
-        if (i < n && (model_is_eos(e->m, t) || r->generated + 1 >= r->sub.max_tokens)) state_truncate(st, st->len - (n - i));
-        if (take_token(e, r, t)) return;
-    }
-}
-
 /* A generating request whose next token can enter its slot: it joins the batched decode step. */
 static int decoding(const engine *e, const request *r) {
     const state *st = &e->seqs[r->slot]->st;
@@ -257,24 +239,41 @@ static void step(engine *e, request *r) {
     finish(e, r, !r->stop);
 }
 
-/* One token for each of the k decoding requests, in one forward call. A failure taints every
- * slot of the call (seq_feed_step), so each of its requests fails. */
+/* Takes what a request's job of the step produced: with no drafts, the next token sampled from
+ * its row (grammar, bias and penalties apply there); else each kept draft and then the chosen
+ * token, each from its verify row. A draft that ends the request (EOS, max_tokens) is first cut
+ * back out of the state, since plain decoding never feeds the token it ends on. */
+static void take_job(engine *e, request *r, const spec_job *j) {
+    size_t v = (size_t)e->m->vocab_size;
+    state *st = &e->seqs[r->slot]->st;
+    if (!j->k) {
+        memcpy(e->logits, j->rows, v * sizeof *e->logits);
+        return sample_next(e, r);
+    }
+    if (e->log_steps) fprintf(stderr, "spec: slot %d kept %d of %d drafts\n", r->slot, j->accepted, j->k);
+    for (int i = 1; i <= j->n_out; i++) {
+        int t = i < j->n_out ? j->out[i] : j->pending;
+        memcpy(e->logits, j->rows + (size_t)(i - 1) * v, v * sizeof *e->logits);
+        if (i < j->n_out && (model_is_eos(e->m, t) || r->generated + 1 >= r->sub.max_tokens))
+            state_truncate(st, st->len - (j->n_out - i));
+        if (take_token(e, r, t)) return;
+    }
+}
+
+/* One step for each of the k decoding requests, in ONE forward call: one token each, or with
+ * --spec a speculative step's next + drafts for the requests that may draft (seq_spec_steps).
+ * A failure taints every slot of the call, so each of its requests fails. */
 static void decode_step(engine *e, request **rs, int k) {
     char err[256];
-    seq *seqs[64];
-    int ids[64];
-    float *logits[64];
-    size_t v = (size_t)e->m->vocab_size;
-    for (int i = 0; i < k; i++) {
-        seqs[i] = e->seqs[rs[i]->slot];
-        ids[i] = rs[i]->token;
-        logits[i] = e->step_logits + (size_t)i * v;
-    }
+    spec_job jobs[64];
+    size_t rows = (size_t)(e->o.draft + 1) * (size_t)e->m->vocab_size;
+    for (int i = 0; i < k; i++)
+        jobs[i] = (spec_job){.s = e->seqs[rs[i]->slot], .next = rs[i]->token, .k = e->o.draft ? spec_drafts(e, rs[i]) : 0,
+                             .smp = &rs[i]->smp, .rows = e->step_logits + (size_t)i * rows};
     unsigned long long dense0, routed0, dense1, routed1;
     kernels_streamed(&dense0, &routed0);
-    int rc = seq_feed_step(seqs, ids, k, logits, err, sizeof err);
+    int rc = seq_spec_steps(jobs, k, err, sizeof err);
     kernels_streamed(&dense1, &routed1);
-    { FILE *tf = getenv("K3INK_TRACE2") ? fopen(getenv("K3INK_TRACE2"), "a") : NULL; if (tf) { fprintf(tf, "STEP %d\n", k); fclose(tf);} }
     if (e->log_steps)
         fprintf(stderr, "step: %d slots decoded in one forward call, weight bytes streamed: dense %llu routed %llu\n",
                 k, dense1 - dense0, routed1 - routed0);
@@ -282,10 +281,7 @@ static void decode_step(engine *e, request **rs, int k) {
         for (int i = 0; i < k; i++) fail(e, rs[i], "ENGINE_ERROR", err);
         return;
     }
-    for (int i = 0; i < k; i++) {
-        memcpy(e->logits, logits[i], v * sizeof *e->logits);
-        sample_next(e, rs[i]);
-    }
+    for (int i = 0; i < k; i++) take_job(e, rs[i], &jobs[i]);
 }
 
 /* ---- prompts ------------------------------------------------------------------------------ */
@@ -592,12 +588,8 @@ static void run_loop(engine *e) {
             poll_input(e, 0);
         }
         int k = 0;
-        for (int i = 0; i < e->o.slots; i++) {
-            request *r = e->active[i];
-            if (!r || !decoding(e, r)) continue;
-            if (e->o.draft && spec_drafts(e, r) > 0) spec_step(e, r);
-            else e->stepping[k++] = r;
-        }
+        for (int i = 0; i < e->o.slots; i++)
+            if (e->active[i] && decoding(e, e->active[i])) e->stepping[k++] = e->active[i];
         if (k) decode_step(e, e->stepping, k);
     }
 }
@@ -712,8 +704,7 @@ static int engine_open(engine *e, char *err, size_t errlen) {
     int v = e->m->vocab_size;
     e->logits = xmalloc((size_t)v * sizeof *e->logits);
     e->logprobs = xmalloc((size_t)v * sizeof *e->logprobs);
-    e->step_logits = xmalloc((size_t)e->o.slots * v * sizeof *e->step_logits);
-    if (e->o.draft) e->spec_rows = xmalloc((size_t)(e->o.draft + 1) * v * sizeof *e->spec_rows);
+    e->step_logits = xmalloc((size_t)e->o.slots * (size_t)(e->o.draft + 1) * v * sizeof *e->step_logits);
     e->stepping = xcalloc((size_t)e->o.slots, sizeof *e->stepping);
     e->top_ids = xmalloc(WIRE_LOGPROBS_MAX * sizeof *e->top_ids);
     e->bias_ids = xmalloc(WIRE_BIAS_ENTRIES * sizeof *e->bias_ids);
@@ -744,7 +735,6 @@ static void engine_close(engine *e) {
     free(e->logits);
     free(e->logprobs);
     free(e->step_logits);
-    free(e->spec_rows);
     free(e->stepping);
     free(e->top_ids);
     free(e->bias_ids);

@@ -186,6 +186,6 @@ int param_slot(const serve_ctx *sc, const cJSON *body, const char *user, turn_re
     rq->pinned_slot = -1;
     if (param_int(body, "cache_slot", 0, sc->nslots - 1, &slot, &present, e)) return -1;
     if (present) rq->pinned_slot = (int)slot;
-    else if (user && *user) rq->pinned_slot = slots_for_user(sc->sl, user, strlen(user));
+    else if (user && *user) rq->pinned_slot = (int)(fnv64(FNV64_INIT, user, strlen(user)) % (uint64_t)sc->nslots);
     return 0;
 }

@@ -1,7 +1,6 @@
 #include "slots.h"
 
 #include <errno.h>
-#include <stdint.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,9 +13,6 @@ typedef struct {
     size_t len;
     int busy;
     unsigned long last_used;      /* tick of the last acquire, for LRU */
-    uint64_t owner;               /* hash of the user the slot is kept for (owned != 0) */
-    int owned;
-    unsigned long owner_seen;     /* tick of that user's last request */
 } slot_state;
 
 /* A queued request. Granting happens under the lock in arrival order. */
@@ -165,37 +161,6 @@ int slots_acquire(slots *s, const char *prompt, size_t n, int pinned, double tim
     pthread_mutex_unlock(&s->mu);
     if (rc == SLOTS_OK) *slot = w.granted - 1;
     return rc;
-}
-
-/* Of two slots kept for nobody, the one to give a new user: one holding nothing before one
- * holding a conversation, then the least recently used. */
-static int spare_before(const slot_state *a, const slot_state *b) {
-    if ((a->len == 0) != (b->len == 0)) return a->len == 0;
-    return a->last_used < b->last_used;
-}
-
-/* The slot to keep for a user: theirs if they have one; else a spare one (spare_before); else
- * the one whose user was seen least recently. Called with the lock held. */
-static int owner_slot(slots *s, uint64_t user) {
-    int spare = -1, stale = 0;
-    for (int i = 0; i < s->n; i++) {
-        slot_state *t = &s->slot[i];
-        if (t->owned && t->owner == user) return i;
-        if (!t->owned && (spare < 0 || spare_before(t, &s->slot[spare]))) spare = i;
-        if (t->owner_seen < s->slot[stale].owner_seen) stale = i;
-    }
-    return spare >= 0 ? spare : stale;
-}
-
-int slots_for_user(slots *s, const char *user, size_t n) {
-    uint64_t h = fnv64(FNV64_INIT, user, n);
-    pthread_mutex_lock(&s->mu);
-    int i = owner_slot(s, h);
-    s->slot[i].owner = h;
-    s->slot[i].owned = 1;
-    s->slot[i].owner_seen = ++s->tick;
-    pthread_mutex_unlock(&s->mu);
-    return i;
 }
 
 /* What slot t is known to hold (NULL or n = 0: nothing known). Called with the lock held. */

@@ -48,11 +48,6 @@ void slots_forget_all(slots *s);
  * RECORD); out-of-range slots are ignored. */
 void slots_learn(slots *s, int i, const char *record, size_t n);
 void slots_close(slots *s);
-/* The slot kept for `user` (the OpenAI `user` / Anthropic `metadata.user_id` of a request),
- * assigned on first sight: each user gets a slot of their own while there are at most as many
- * users as slots (a hash modulo the slot count made two users share one in 1 of n cases, and
- * each evicted the other's conversation); past that, the user seen least recently gives theirs up. */
-int slots_for_user(slots *s, const char *user, size_t n);
 
 /* Snapshot for /health and /metrics. */
 typedef struct {

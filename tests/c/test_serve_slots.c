@@ -48,23 +48,6 @@ static void test_routing(void) {
     slots_free(s);
 }
 
-/* Users get slots of their own while there are no more users than slots, whatever their names
- * hash to; one user too many takes the slot of the user seen least recently. */
-static void test_users(void) {
-    slots *s = slots_new(3, 4);
-    release(s, acquire(s, "<bos>SYS A<u>hi", -1), "<bos>SYS A<u>hi<a>reply A");
-    int alice = slots_for_user(s, "alice", 5), bob = slots_for_user(s, "bob", 3);
-    int carol = slots_for_user(s, "carol", 5);
-    CHECK(alice != bob && bob != carol && alice != carol, "users share a slot (%d %d %d)", alice, bob, carol);
-    CHECK(slots_record_len(s, alice) == 0 && slots_record_len(s, bob) == 0,
-          "a new user took the slot holding a conversation while empty ones were spare");
-    for (int i = 0; i < 4; i++)
-        CHECK(slots_for_user(s, "alice", 5) == alice && slots_for_user(s, "carol", 5) == carol, "a user moved");
-    CHECK(slots_for_user(s, "dave", 4) == bob, "dave did not take the slot of the user seen least recently");
-    CHECK(slots_for_user(s, "bob", 3) == alice, "bob back did not take alice's slot (seen least recently)");
-    slots_free(s);
-}
-
 /* A restarted engine reports the slots it resumed (RECORD): their conversations find them again,
  * and a new conversation takes a slot that holds nothing rather than a resumed one. */
 static void test_learned_records(void) {
@@ -129,7 +112,6 @@ static void test_queue(void) {
 
 int main(void) {
     test_routing();
-    test_users();
     test_learned_records();
     test_queue();
     return TEST_END();

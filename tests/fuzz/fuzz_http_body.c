@@ -18,14 +18,11 @@
 #include "models/model.h"
 #include "serve/anthropic.h"
 #include "serve/openai.h"
-#include "serve/slots.h"
 
 static tokenizer *tok;
-static slots *sl;                 /* a `user` field takes a slot of its own from here */
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     tok = fuzz_tokenizer("fuzz_http_body");
-    sl = slots_new(2, 4);
     return 0;
 }
 
@@ -44,7 +41,7 @@ static void check(const serve_ctx *sc, const turn_req *rq, int rc, const http_er
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
     int api = data[0] % 3, tpl_i = data[0] / 3 % 4;
-    serve_ctx sc = {.nslots = 2, .sl = sl, .model_id = "m", .family = "fuzz", .tok = tok, .max_tokens = 64};
+    serve_ctx sc = {.nslots = 2, .model_id = "m", .family = "fuzz", .tok = tok, .max_tokens = 64};
     sc.tpl = tpl_i < family_count() ? family_at(tpl_i)->chat : NULL;
     cJSON *body = cJSON_ParseWithLength((const char *)data + 1, size - 1);
     if (!body) return 0;

@@ -38,6 +38,9 @@ typedef struct {
     int mlock;                 /* --mlock: lock the dense weights (model_mlock) */
 } bench_opts;
 int bench_parse(const char *cmd, int argc, char **argv, void (*usage)(FILE *), bench_opts *o);
+/* The model the options name, with --mlock and --expert-cache-mb applied as every bench applies them
+ * (*mlocked, if not NULL, gets the bytes locked); NULL with "cairn CMD: ..." on stderr. */
+model *bench_open(const char *cmd, const bench_opts *o, size_t *mlocked);
 int bench_argmax(const float *x, int n);
 /* bench -m DIR --expert-cache-mb N: decode from disk through the mapping and the expert cache
  * (src/bench_disk.c). */

@@ -65,13 +65,9 @@ int bench_concurrency(int argc, char **argv) {
     if (bench_parse("bench concurrency", argc, argv, usage, &o)) return 2;
     if (o.decode > 64) { fprintf(stderr, "cairn bench concurrency: --decode is at most 64\n"); return 2; }
     if (o.threads) pool_set_threads((int)o.threads);
+    model *m = bench_open("bench concurrency", &o, NULL);
+    if (!m) return 1;
     char err[512] = "";
-    model *m = model_open(o.model_dir, o.num, 0, err, sizeof err);
-    if (!m) { fprintf(stderr, "cairn bench concurrency: %s\n", err); return 1; }
-    if (cli_expert_cache("bench concurrency", m, o.expert_cache_mb, NULL)) {
-        model_close(m);
-        return 1;
-    }
     static const int ks[] = {1, 2, 4, 8};
     static int alone[MAX_CONV][64], together[MAX_CONV][64];
     double tok_s[4] = {0};

@@ -67,6 +67,19 @@ int bench_parse(const char *cmd, int argc, char **argv, void (*usage)(FILE *), b
     return 0;
 }
 
+model *bench_open(const char *cmd, const bench_opts *o, size_t *mlocked) {
+    char err[512] = "";
+    model *m = model_open(o->model_dir, o->num, 0, err, sizeof err);
+    if (!m) { fprintf(stderr, "cairn %s: %s\n", cmd, err); return NULL; }
+    size_t locked = o->mlock ? cli_mlock(cmd, m) : 0;
+    if (mlocked) *mlocked = locked;
+    if (cli_expert_cache(cmd, m, o->expert_cache_mb, NULL)) {
+        model_close(m);
+        return NULL;
+    }
+    return m;
+}
+
 int *bench_prompt(int n, int vocab, uint64_t seed) {
     int *ids = xmalloc(sizeof(int) * n);
     uint64_t x = 0x9e3779b97f4a7c15ULL ^ seed;
@@ -157,18 +170,17 @@ int bench_model(int argc, char **argv) {
     if (bench_parse("bench", argc, argv, usage, &o)) return 2;
     if (o.threads) pool_set_threads((int)o.threads);
     if (o.expert_cache_mb > 0) return bench_disk(&o);
+    bench_result r = {0};
+    model *m = bench_open("bench", &o, &r.mlocked_bytes);
+    if (!m) return 1;
     char err[512] = "";
-    model *m = model_open(o.model_dir, o.num, 0, err, sizeof err);
-    if (!m) { fprintf(stderr, "cairn bench: %s\n", err); return 1; }
     if (o.prompt + o.decode + 1 > m->max_ctx) {
         fprintf(stderr, "cairn bench: --prompt + --decode exceed the model's %d positions\n", m->max_ctx);
         model_close(m);
         return 2;
     }
     int *ids = bench_prompt((int)o.prompt, m->vocab_size, 0);
-    bench_result r = {0};
     r.decode_bytes = model_decode_bytes(m);
-    if (o.mlock) r.mlocked_bytes = cli_mlock("bench", m);
     int rc = measure(m, &o, ids, 0, &r, err, sizeof err);
     double bw = rc ? 0 : bench_read_bandwidth(bench_stream_bytes());
     if (!rc) rc = measure(m, &o, ids, 1, &r, err, sizeof err);

@@ -146,13 +146,9 @@ int bench_mtp(int argc, char **argv) {
     free(rest);
     if (bad) return 2;
     if (o.threads) pool_set_threads((int)o.threads);
+    model *m = bench_open("bench mtp", &o, NULL);
+    if (!m) return 1;
     char err[512] = "";
-    model *m = model_open(o.model_dir, o.num, 0, err, sizeof err);
-    if (!m) { fprintf(stderr, "cairn bench mtp: %s\n", err); return 1; }
-    if (cli_expert_cache("bench mtp", m, o.expert_cache_mb, NULL)) {
-        model_close(m);
-        return 1;
-    }
     int ctx = (int)(o.prompt + o.decode + k + 2);
     if (!m->draft_layers || !m->ops->draft) {
         fprintf(stderr, "cairn bench mtp: %s has no MTP layer this engine can draft with\n", o.model_dir);

@@ -141,7 +141,7 @@ def test_cancel_during_prefill_and_decode_keeps_the_record_consistent(spawn, cai
 def test_engine_killed_mid_stream_ends_the_stream_cleanly(family_model, tmp_path, api):
     s = Server(family_model.model, str(tmp_path), ["--ctx", "1024", "--kv-dir", str(tmp_path / "kv")])
     try:
-        pid = s.health()["engine"]["pid"]
+        pid = s.engine_pid()
         path = "/v1/chat/completions" if api == "openai" else "/v1/messages"
         body = {"messages": [{"role": "user", "content": "a long answer"}], "max_tokens": 900, "stream": True,
                 "temperature": 0}
@@ -161,7 +161,7 @@ def test_engine_killed_mid_stream_ends_the_stream_cleanly(family_model, tmp_path
         else:
             events = [x[7:] for x in rest if x.startswith("event: ")]
             assert events[-2:] == ["error", "message_stop"], rest[-6:]
-        wait_until(lambda: s.health()["engine"]["up"] and s.health()["engine"]["pid"] != pid, what="engine restart")
+        s.wait_restarts(1)
         st, _, b = s.json("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "after"}],
                                                            "max_tokens": 4, "temperature": 0})
         assert st == 200 and b["usage"]["completion_tokens"] == 4, b

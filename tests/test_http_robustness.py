@@ -84,6 +84,22 @@ class Server:
     def health(self):
         return self.json("GET", "/health")[2]
 
+    def engine_pid(self):
+        """The running engine's pid, never 0: while the engine restarts /health reports pid 0, and
+        os.kill(0, SIGKILL) would kill the test's own process group (pytest and make with it)."""
+        wait_until(lambda: self.health()["engine"]["up"], what="engine up")
+        pid = self.health()["engine"]["pid"]
+        assert pid > 0, self.health()
+        return pid
+
+    def wait_restarts(self, n):
+        """Wait until the gateway has restarted the engine n times in all and the new one is up; one
+        /health read per check, so "up" and "restarts" describe the same moment."""
+        def done():
+            e = self.health()["engine"]
+            return e["up"] and e["pid"] > 0 and e["restarts"] >= n
+        wait_until(done, what=f"engine restart {n}")
+
     def stop(self):
         if self.p.poll() is None:
             self.p.send_signal(signal.SIGTERM)
@@ -365,7 +381,7 @@ def test_real_engine_killed_mid_request_recovers(servers, family_model):
     # fresh prompt (the engine was killed all the same and restarts); the test fails if no kill
     # ever lands mid-stream.
     for attempt in range(8):
-        pid = s.health()["engine"]["pid"]
+        pid = s.engine_pid()
         c = s.conn()
         body = chat_body(f"a long answer, take {attempt}", max_tokens=900, stream=True)
         c.request("POST", "/v1/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
@@ -376,7 +392,7 @@ def test_real_engine_killed_mid_request_recovers(servers, family_model):
         os.kill(pid, signal.SIGKILL)
         events = [json.loads(x[6:]) for x in lines if x.startswith("data: {")]
         c.close()
-        wait_until(lambda: s.health()["engine"]["up"] and s.health()["engine"]["pid"] != pid, what="engine restart")
+        s.wait_restarts(attempt + 1)
         if "error" in events[-1]:
             break
         assert events[-1]["choices"][0]["finish_reason"], events[-1]   # it ended before the kill

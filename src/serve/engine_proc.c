@@ -339,7 +339,7 @@ static void reap(eng *e) {
     pthread_mutex_unlock(&e->mu);
     /* Its stdout ended or went out of sync: make sure it is gone, unless it is shutting down
      * gracefully (eng_stop kills it after the grace period). */
-    if (!stopping) kill(pid, SIGKILL);
+    if (!stopping && pid > 0) kill(pid, SIGKILL);
     int st = 0;
     while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
     if (WIFSIGNALED(st) && WTERMSIG(st) != SIGKILL)

@@ -432,12 +432,14 @@ def test_kv_dir_survives_kill_9(spawn, cairn, model, words, tmp_path):
     assert "resumed with" in r.read_stderr()
 
 
-def test_bench_reuse_json(cairn, model):
+def test_bench_reuse_json(cairn, family_model):
     """`cairn bench reuse` drives the same reuse path: every turn from the second reuses the previous
     prompt and the fed reply, and every warm first token equals the cold one (ratios are only shape-checked:
-    timings on a shared machine are not asserted)."""
-    r = subprocess.run([cairn, "bench", "reuse", "-m", model, "--turns", "4", "--system", "10", "--user", "6",
-                        "--reply", "5", "--repeat", "1", "--json"], capture_output=True, text=True)
+    timings on a shared machine are not asserted). The warm arm pays what the engine pays: a state that
+    cannot truncate takes its light checkpoints on every turn, a rows-only one needs none after the
+    system prompt's."""
+    r = subprocess.run([cairn, "bench", "reuse", "-m", family_model.model, "--turns", "4", "--system", "10", "--user",
+                        "6", "--reply", "5", "--repeat", "2", "--json"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     turns = json.loads(r.stdout)["turns"]
     assert len(turns) == 4 and turns[0]["reused"] == 0
@@ -445,3 +447,5 @@ def test_bench_reuse_json(cairn, model):
         assert cur["reused"] == prev["prompt_tokens"] + 5 - 1
         assert cur["prompt_tokens"] == prev["prompt_tokens"] + 5 + 6 + 2
     assert all(t["exact"] and t["warm_over_cold"] > 0 and t["warm_over_tail"] > 0 for t in turns)
+    assert turns[0]["checkpoints"] >= 1
+    assert all((t["checkpoints"] >= 1) == family_model.extend_only for t in turns[1:]), turns

@@ -33,6 +33,7 @@
 
 #include "../core/kernels.h"
 #include "../core/ops.h"
+#include "mla.h"
 #include "model.h"
 
 extern const chat_template kimi_k3_chat;
@@ -51,6 +52,7 @@ typedef struct {
 
 typedef struct {
     qmat q_a, q_b, kv_a, kv_b, g, o;
+    mla_absorbed absorbed;                   /* kv_b for absorbed attention (mla.h) */
     const float *q_a_norm, *kv_a_norm;
 } k3_mla;
 

@@ -136,39 +136,43 @@ static void run_indexer(const model *m, const glm_layer *l, int li, const rows_i
 
 typedef struct {
     const glm_model *g;
-    const glm_layer *l;
-    const float *q;          /* this token's [heads][nope + rope], roped */
+    mla_pass pass;
+    int i;                   /* the row */
+    const float *q;          /* this row's [heads][nope + rope], roped */
     const float *rows;       /* the attended latent + rope rows, contiguous */
     int cnt;
     float *work;             /* [heads][mla_work_floats] */
     size_t work_stride;
-    float *out;              /* this token's [heads * v_dim] */
 } attn_job;
 
 static void attend_head(void *ctx, int h) {
     attn_job *j = ctx;
     const glm_model *g = j->g;
-    mla_attend_head(&j->l->mla, h, g->rope, j->q + (size_t)h * (g->nope + g->rope), j->rows, j->cnt,
-                    1.0f / sqrtf((float)(g->nope + g->rope)), j->work + (size_t)h * j->work_stride,
-                    j->out + (size_t)h * g->v_dim);
+    int qk = g->nope + g->rope;
+    mla_attend_head(&j->pass, h, j->i, g->rope, j->q + (size_t)h * qk + g->nope, j->rows, j->cnt,
+                    1.0f / sqrtf((float)qk), j->work + (size_t)h * j->work_stride);
 }
 
-/* j->work, and the rows an indexer selection is gathered into (NULL without one). */
-static float *attend_layout(arena *a, const glm_model *g, int end, int sel_cap, attn_job *j) {
+/* The pass's MLA buffers, j->work, and the rows an indexer selection is gathered into (NULL
+ * without one). */
+static float *attend_layout(arena *a, const glm_model *g, const glm_layer *l, int n, int end, int sel_cap,
+                            attn_job *j) {
     int row_len = g->kv_lora + g->rope;
+    mla_pass_layout(a, &l->mla, n, &j->pass);
     j->work_stride = mla_work_floats(g->kv_lora, g->rope, end);
     j->work = floats(a, (size_t)g->n_heads * j->work_stride);
     return sel_cap > 1 ? floats(a, (size_t)sel_cap * row_len) : NULL;
 }
 
-/* Every row in order: the attended rows are all t <= pos of the row's sequence (already
- * contiguous in its state) or the indexer's selection gathered into one buffer, then heads run
- * in parallel. */
+/* Queries of every row through W_uk^T, then every row in order: the attended rows are all
+ * t <= pos of the row's sequence (already contiguous in its state) or the indexer's selection
+ * gathered into one buffer, heads in parallel; then every row's latents through W_uv. */
 static void attend(const glm_model *g, const glm_layer *l, int li, const rows_info *ri, const float *q,
                    const selection *sel, int n, float *out, arena *sc) {
     int row_len = g->kv_lora + g->rope, qk = g->nope + g->rope;
-    attn_job j = {.g = g, .l = l};
-    float *gathered = attend_layout(sc, g, ri->end, sel->cap, &j);
+    attn_job j = {.g = g};
+    float *gathered = attend_layout(sc, g, l, n, ri->end, sel->cap, &j);
+    mla_queries(&j.pass, q, g->rope);
     for (int i = 0; i < n; i++) {
         int k = sel->nsel[i];
         const float *state_rows = ri->seq[i]->kv[li];
@@ -182,10 +186,11 @@ static void attend(const glm_model *g, const glm_layer *l, int li, const rows_in
             j.rows = gathered;
             j.cnt = k;
         }
+        j.i = i;
         j.q = q + (size_t)i * g->n_heads * qk;
-        j.out = out + (size_t)i * g->n_heads * g->v_dim;
         pool_run(g->n_heads, attend_head, &j);
     }
+    mla_values(&j.pass, out);
 }
 
 /* out[n][dim] = o_proj(attention(hn)); writes this layer's row of every row's position. */
@@ -389,7 +394,7 @@ static size_t layer_bytes(const glm_model *g, const glm_layer *l, int n, int end
     float *p, *q;
     attention_layout(&a, g, n, &ab);
     if (g->has_indexer && l->full_indexer) indexer_layout(&a, g, n, end, &ib);
-    attend_layout(&a, g, end, sel_cap, &j);
+    attend_layout(&a, g, l, n, end, sel_cap, &j);
     if (!l->sparse) {
         swiglu_layout(&a, n, l->gate.rows, &p, &q);
         return a.used;

@@ -133,7 +133,8 @@ def test_broken_tensor_is_refused_by_name(cairn, tiny_glm, tmp_path, name):
 @pytest.mark.parametrize("change, key", [({"n_group": 8}, "n_group"), ({"kv_lora_rank": None}, "kv_lora_rank"),
                                          ({"indexer_types": ["full", "sometimes", "full", "shared"]}, "indexer_types[1]"),
                                          ({"qk_rope_head_dim": 7}, "qk_rope_head_dim"),
-                                         ({"rope_parameters": {"rope_type": "yarn"}}, "rope_type")])
+                                         ({"rope_parameters": {"rope_type": "yarn"}}, "rope_type"),
+                                         ({"num_hidden_layers": 10_000_000}, "num_hidden_layers")])
 def test_bad_config_is_refused_by_key(cairn, tiny_glm, tmp_path, change, key):
     copy_checkpoint(tiny_glm, tmp_path, config=change)
     r = subprocess.run([cairn, "run", "-m", str(tmp_path), "--validate-only"], capture_output=True, text=True)

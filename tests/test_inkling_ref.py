@@ -206,7 +206,8 @@ def test_broken_tensor_is_refused_by_name(cairn, tiny, tmp_path, name):
 @pytest.mark.parametrize("change,key", [({"layer_types": ["hybrid_sliding"] * 5 + ["global"]}, "layer_types[5]"),
                                         ({"num_experts_per_tok": 99}, "num_experts_per_tok"),
                                         ({"log_scaling_n_floor": 0}, "log_scaling_n_floor"),
-                                        ({"mlp_layer_types": ["dense", "moe"]}, "mlp_layer_types[1]")])
+                                        ({"mlp_layer_types": ["dense", "moe"]}, "mlp_layer_types[1]"),
+                                        ({"num_hidden_layers": 10_000_000}, "num_hidden_layers")])
 def test_bad_config_is_refused_by_key(cairn, tiny, tmp_path, change, key):
     copy_checkpoint(tiny, tmp_path, text_change=change)
     r = subprocess.run([cairn, "run", "-m", str(tmp_path), "--validate-only"], capture_output=True, text=True)

@@ -200,7 +200,8 @@ def test_missing_tensor_is_refused_by_name(cairn, tiny_kimi_k3, tmp_path):
                                          ({"hidden_act": "silu"}, "hidden_act"),
                                          ({"mla_use_nope": False}, "mla_use_nope"),
                                          ({"routed_expert_hidden_size": 40}, "routed_expert_hidden_size"),
-                                         ({"linear_attn_config.kda_layers": [1, 9]}, "kda_layers")])
+                                         ({"linear_attn_config.kda_layers": [1, 9]}, "kda_layers"),
+                                         ({"num_hidden_layers": 10_000_000}, "num_hidden_layers")])
 def test_bad_config_is_refused_by_key(cairn, tiny_kimi_k3, tmp_path, change, key):
     copy_with(tiny_kimi_k3, str(tmp_path), text_change=change)
     r = subprocess.run([cairn, "run", "-m", str(tmp_path), "--validate-only"], capture_output=True, text=True)

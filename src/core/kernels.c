@@ -63,8 +63,6 @@ const char *wformat_name(wformat f) {
 
 static size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 
-size_t kernel_nibble_row_bytes(const qmat *w) { return ceil_div((size_t)w->cols, 2); }
-
 size_t qmat_data_bytes(const qmat *w) {
     size_t rows = (size_t)w->rows, cols = (size_t)w->cols;
     switch (w->fmt) {
@@ -129,26 +127,6 @@ float *kernel_scratch(size_t n) {
     return scratch;
 }
 
-float kernel_weight(const qmat *w, int r, int c) {
-    if (c >= w->cols) return 0.0f;
-    size_t cols = (size_t)w->cols;
-    switch (w->fmt) {
-    case WF_F32: return ((const float *)w->data)[(size_t)r * cols + c];
-    case WF_BF16: return bf16_to_f32(((const uint16_t *)w->data)[(size_t)r * cols + c]);
-    case WF_FP8: return kernel_fp8_lut[((const uint8_t *)w->data)[(size_t)r * cols + c]];
-    case WF_I8_ROW: return (float)((const int8_t *)w->data)[(size_t)r * cols + c];
-    case WF_FP4:
-    case WF_NVFP4:
-    case WF_I4_ROW:
-    case WF_I4_G64: {
-        uint8_t byte = ((const uint8_t *)w->data)[(size_t)r * kernel_nibble_row_bytes(w) + (size_t)c / 2];
-        int code = c & 1 ? byte >> 4 : byte & 15;
-        return kernel_nibble_is_e2m1(w->fmt) ? kernel_fp4_lut[code] : kernel_i4_lut[code];
-    }
-    }
-    return 0.0f;
-}
-
 static void weight_row(const qmat *w, int r, float *out) {
     for (int c = 0; c < w->cols; c++) out[c] = kernel_weight(w, r, c);
 }
@@ -210,10 +188,29 @@ void kernel_nibble_permute_x(const float *x, int cols, int width, float *out) {
     for (int c = full; c < cols; c++) out[c] = x[c];
 }
 
+/* One group of 4 columns from c, all inside the row: rule 4's partial, codes read straight from
+ * the row bytes (c is a multiple of 4, so the group is two whole bytes). */
+static inline float nibble_group(const uint8_t *row, const float *lut, int c, const float *x) {
+    uint8_t lo = row[c / 2], hi = row[c / 2 + 1];
+    float p = lut[lo & 15] * x[c];
+    p = fmaf(lut[lo >> 4], x[c + 1], p);
+    p = fmaf(lut[hi & 15], x[c + 2], p);
+    return fmaf(lut[hi >> 4], x[c + 3], p);
+}
+
 void kernel_nibble_blocks(const qmat *w, int r, int b0, const float *x, float acc[16]) {
     const void *srow = kernel_nibble_scale_row(w, r);
-    int blocks = (w->cols + 31) / 32;
-    for (int b = b0; b < blocks; b++) {
+    const uint8_t *row = kernel_row_ptr(w, r);
+    const float *lut = kernel_nibble_is_e2m1(w->fmt) ? kernel_fp4_lut : kernel_i4_lut;
+    int blocks = (w->cols + 31) / 32, whole = w->cols / 32;
+    for (int b = b0; b < whole; b++)
+        for (int g = 0; g < 8; g++) {
+            int lane = 8 * (g / 4) + 4 * (b % 2) + g % 4;
+            float p = nibble_group(row, lut, 32 * b + 4 * g, x);
+            acc[lane] = fmaf(p, kernel_nibble_scale(w->fmt, srow, b, g / 4), acc[lane]);
+        }
+    /* the last, partial block: per element, zero past the row's end */
+    for (int b = whole > b0 ? whole : b0; b < blocks; b++) {
         for (int g = 0; g < 8; g++) {
             int c = 32 * b + 4 * g;
             float scale = c < w->cols ? kernel_nibble_scale(w->fmt, srow, b, g / 4) : 0.0f;

@@ -44,6 +44,7 @@
 #define CAIRN_KERNELS_PATH_H
 
 #include "kernels.h"
+#include "quant.h"
 
 typedef struct {
     const char *name;
@@ -84,13 +85,12 @@ extern float kernel_nvfp4_scale_lut[256];
 
 /* Scale factor of FP8 weight (r, c) in rule 1: its block's scale * 2^8 (E8M0 or F32 grid). */
 float kernel_fp8_scale(const qmat *w, int r, int c);
-size_t kernel_nibble_row_bytes(const qmat *w);   /* ceil(cols / 2): FP4, I4_ROW, I4_G64 */
+static inline size_t kernel_nibble_row_bytes(const qmat *w) {   /* ceil(cols / 2): the nibble formats */
+    return ((size_t)w->cols + 1) / 2;
+}
 size_t kernel_scale_row_len(const qmat *w);      /* scales per scale row (FP8: per 128 rows; I4_G64: groups;
                                                   * NVFP4: 16-column sub-blocks) */
 
-/* Weight factor (r, c) of rule 1 (unscaled for the scaled formats); 0 for c >= cols (the zero
- * padding). */
-float kernel_weight(const qmat *w, int r, int c);
 
 /* Rule 4 for nibble-format row r over blocks [b0, end): adds into acc[16]. x holds the input
  * for those columns at their own positions (kernel_nibble_permute_x leaves the tail in place). */
@@ -132,6 +132,30 @@ static inline int kernel_is_nibbles(wformat f) {
 
 /* The nibble formats whose codes are E2M1 (kernel_fp4_lut), not integers. */
 static inline int kernel_nibble_is_e2m1(wformat f) { return f == WF_FP4 || f == WF_NVFP4; }
+
+/* Weight factor (r, c) of rule 1 (unscaled for the scaled formats); 0 for c >= cols (the zero
+ * padding). Inline: the scalar paths and the SIMD tails call it per element, and inlined into
+ * their loops the format switch is hoisted out (on the tiny test models, whose widths are not
+ * multiples of 16, an out-of-line call per weight was a quarter of the decode time). */
+static inline float kernel_weight(const qmat *w, int r, int c) {
+    if (c >= w->cols) return 0.0f;
+    size_t cols = (size_t)w->cols;
+    switch (w->fmt) {
+    case WF_F32: return ((const float *)w->data)[(size_t)r * cols + c];
+    case WF_BF16: return bf16_to_f32(((const uint16_t *)w->data)[(size_t)r * cols + c]);
+    case WF_FP8: return kernel_fp8_lut[((const uint8_t *)w->data)[(size_t)r * cols + c]];
+    case WF_I8_ROW: return (float)((const int8_t *)w->data)[(size_t)r * cols + c];
+    case WF_FP4:
+    case WF_NVFP4:
+    case WF_I4_ROW:
+    case WF_I4_G64: {
+        uint8_t byte = ((const uint8_t *)w->data)[(size_t)r * kernel_nibble_row_bytes(w) + (size_t)c / 2];
+        int code = c & 1 ? byte >> 4 : byte & 15;
+        return kernel_nibble_is_e2m1(w->fmt) ? kernel_fp4_lut[code] : kernel_i4_lut[code];
+    }
+    }
+    return 0.0f;
+}
 
 /* Byte offset of column c within a row (nibble formats: c even). */
 static inline size_t kernel_col_bytes(wformat f, int c) {

@@ -274,7 +274,8 @@ static int dsv4_load(model *m, char *err, size_t errlen) {
     dsv4_model *d = xcalloc(1, sizeof *d);
     m->priv = d;
     d->experts = m->experts;
-    if (parse_config(m->config, &d->c, err, errlen)) return -1;
+    if (parse_config(m->config, &d->c, err, errlen) || model_check_layers(m, d->c.n_layers + d->c.n_mtp, err, errlen))
+        return -1;
     const dsv4_config *c = &d->c;
     d->qat = m->num == NUMERICS_QAT;
     m->vocab_size = c->vocab;

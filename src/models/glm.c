@@ -255,7 +255,9 @@ static int glm_load(model *m, char *err, size_t errlen) {
     g->experts = m->experts;
     const cJSON *c = m->config;
     tt_table *w = &m->weights;
-    if (read_dims(g, c, err, errlen) || read_routing(g, c, err, errlen) || read_rope(g, c, err, errlen)) return -1;
+    if (read_dims(g, c, err, errlen) || model_check_layers(m, g->n_layers, err, errlen) ||
+        read_routing(g, c, err, errlen) || read_rope(g, c, err, errlen))
+        return -1;
     g->layers = xcalloc((size_t)g->n_layers, sizeof *g->layers);
     if (read_mlp_types(g, c, err, errlen) || read_indexer(g, c, err, errlen)) return -1;
     fill_dims(g);

@@ -304,7 +304,7 @@ static int inkling_load(model *m, char *err, size_t errlen) {
     m->priv = g;
     g->experts = m->experts;
     const cJSON *t = text_config(m->config);
-    if (read_dims(g, t, err, errlen)) return -1;
+    if (read_dims(g, t, err, errlen) || model_check_layers(m, g->n_layers, err, errlen)) return -1;
     g->layers = xcalloc((size_t)g->n_layers, sizeof *g->layers);
     if (read_layer_types(g, t, err, errlen) || read_mlp_types(g, t, err, errlen) ||
         read_audio(g, m->config, err, errlen) || read_generation(m, t, err, errlen))

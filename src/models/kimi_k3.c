@@ -262,7 +262,9 @@ static int k3_load(model *m, char *err, size_t errlen) {
     k->experts = m->experts;
     const cJSON *c = config_get(m->config, "text_config");
     if (!c) c = m->config;
-    if (read_dims(k, c, err, errlen) || read_options(k, c, err, errlen)) return -1;
+    if (read_dims(k, c, err, errlen) || model_check_layers(m, k->n_layers, err, errlen) ||
+        read_options(k, c, err, errlen))
+        return -1;
     k->layers = xcalloc((size_t)k->n_layers, sizeof *k->layers);
     if (read_layer_kinds(k, c, err, errlen)) return -1;
     if (config_int_or(c, "max_position_embeddings", m->max_ctx, &m->max_ctx, err, errlen)) return -1;

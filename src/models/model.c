@@ -210,6 +210,13 @@ int model_is_eos(const model *m, int id) {
     return 0;
 }
 
+int model_check_layers(const model *m, int n_layers, char *err, size_t errlen) {
+    if (n_layers > st_count(m->st))
+        return errf(err, errlen, "config.json: num_hidden_layers %d, but the checkpoint holds only %d tensors", n_layers,
+                    st_count(m->st));
+    return 0;
+}
+
 seq *seq_new(model *m, int ctx, char *err, size_t errlen) {
     seq *s = xcalloc(1, sizeof *s);
     s->m = m;

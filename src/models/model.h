@@ -196,6 +196,10 @@ int model_expert_cache(model *m, double mb, const char *usage_dir, char *err, si
  * Returns the bytes locked (0 when refused); m->locked_bytes keeps it; munmap unlocks. */
 size_t model_mlock(model *m, char *msg, size_t msglen);
 int model_is_eos(const model *m, int id);
+/* For a family's load, before it sizes anything by the layer count: every layer holds at least one
+ * tensor, so a config.json num_hidden_layers above the checkpoint's tensor count is refused by name
+ * (a fuzzed 10E6 layers asked calloc for 7.7 GB). 0, or -1 with err. */
+int model_check_layers(const model *m, int n_layers, char *err, size_t errlen);
 /* Weight bytes a decode step reads (dense + active experts), for bandwidth reports, and the
  * FLOPs of one token at position pos (for prefill GFLOP/s): the tensor table's count, plus the
  * family's extra_flops. */

@@ -4,7 +4,8 @@
  * close the engine gets to the machine's limit (1.0 = every byte at memory speed).
  *
  * The weights are paged in by one untimed prefill first, so the timed runs measure compute and
- * memory, not the disk. */
+ * memory, not the disk. With more than one thread the timed run is repeated on one thread, and
+ * the ratios of the two speeds are the thread scaling of prefill and decode. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +21,7 @@ typedef struct {
     double prefill_tok_s, prefill_gflops, decode_tok_s, bandwidth_gbs, decode_efficiency;
     double fma_peak_gflops, bf16_peak_gflops;    /* measured in this run (bench_peak.c) */
     double verify_cost_ratio;  /* one VERIFY_TOKENS-token forward call / one decode step */
+    double scaling_prefill, scaling_decode;   /* tok/s on all threads / on one (0: one thread only) */
     size_t decode_bytes, mlocked_bytes;
     double mpi_bytes_per_token, mpi_messages_per_token;   /* decode, between the ranks (core/cluster.h) */
 } bench_result;
@@ -34,8 +36,10 @@ static void usage(FILE *f) {
             "decode efficiency = weight bytes per decode step x decode tok/s / read bandwidth.\n"
             "Prefill GFLOP/s is also given as a fraction of the f32 FMA (and BF16 dot) peak measured here,\n"
             "and one 4-token forward call (a speculative verify step) as a multiple of one decode step.\n"
+            "With more than one thread (--threads N, default every core) prefill and decode are timed again\n"
+            "on one thread: thread scaling = tok/s on N threads / tok/s on one.\n"
             "--json prints {prefill_tok_s, prefill_gflops, prefill_vs_fma_peak, decode_tok_s, bandwidth_gbs,\n"
-            "decode_efficiency, ...}.\n"
+            "decode_efficiency, thread_scaling_prefill, thread_scaling_decode, ...}.\n"
             "\n"
             "With --expert-cache-mb N: decode from disk instead (run it in a memory cgroup smaller than the\n"
             "checkpoint, as make bench does): the disk's read bandwidth, then for the mapping and for the\n"
@@ -142,11 +146,13 @@ static void report(const bench_opts *o, const bench_result *r) {
                "\"prefill_vs_fma_peak\":%.4f,\"bf16_dot_peak_gflops\":%.3f,\"decode_tok_s\":%.3f,"
                "\"bandwidth_gbs\":%.3f,\"decode_efficiency\":%.6f,\"decode_bytes_per_token\":%zu,\"prompt\":%ld,"
                "\"decode\":%ld,\"verify%d_cost_ratio\":%.3f,\"threads\":%d,\"simd\":\"%s\",\"ranks\":%d,"
-               "\"mpi_bytes_per_token\":%.1f,\"mpi_messages_per_token\":%.2f,\"mlocked_bytes\":%zu}\n",
+               "\"mpi_bytes_per_token\":%.1f,\"mpi_messages_per_token\":%.2f,\"mlocked_bytes\":%zu,"
+               "\"thread_scaling_prefill\":%.3f,\"thread_scaling_decode\":%.3f}\n",
                r->prefill_tok_s, r->prefill_gflops, r->fma_peak_gflops, r->prefill_gflops / r->fma_peak_gflops,
                r->bf16_peak_gflops, r->decode_tok_s, r->bandwidth_gbs, r->decode_efficiency, r->decode_bytes,
                o->prompt, o->decode, VERIFY_TOKENS, r->verify_cost_ratio, pool_threads(), kernels_simd_name(),
-               cluster_size(), r->mpi_bytes_per_token, r->mpi_messages_per_token, r->mlocked_bytes);
+               cluster_size(), r->mpi_bytes_per_token, r->mpi_messages_per_token, r->mlocked_bytes,
+               r->scaling_prefill, r->scaling_decode);
         return;
     }
     printf("read bandwidth      %10.2f GB/s\n", r->bandwidth_gbs);
@@ -158,6 +164,9 @@ static void report(const bench_opts *o, const bench_result *r) {
     printf("decode  (%4ld tok)  %10.2f tok/s  %8.1f MB/token\n", o->decode, r->decode_tok_s, r->decode_bytes / 1e6);
     printf("decode efficiency   %10.3f  (weight bytes/s over read bandwidth; %d threads, %s)\n", r->decode_efficiency,
            pool_threads(), kernels_simd_name());
+    if (r->scaling_prefill > 0)
+        printf("thread scaling      %10.2f  prefill, %.2f decode (%d threads / 1)\n", r->scaling_prefill,
+               r->scaling_decode, pool_threads());
     printf("verify %d tokens     %10.2f  decode steps (one forward call; MTP speculation: cairn bench mtp)\n",
            VERIFY_TOKENS, r->verify_cost_ratio);
     if (cluster_size() > 1)
@@ -184,6 +193,15 @@ int bench_model(int argc, char **argv) {
     int rc = measure(m, &o, ids, 0, &r, err, sizeof err);
     double bw = rc ? 0 : bench_read_bandwidth(bench_stream_bytes());
     if (!rc) rc = measure(m, &o, ids, 1, &r, err, sizeof err);
+    int threads = pool_threads();
+    if (!rc && threads > 1) {
+        bench_result one = r;
+        pool_set_threads(1);
+        rc = measure(m, &o, ids, 1, &one, err, sizeof err);
+        pool_set_threads(threads);
+        r.scaling_prefill = r.prefill_tok_s / one.prefill_tok_s;
+        r.scaling_decode = r.decode_tok_s / one.decode_tok_s;
+    }
     r.fma_peak_gflops = bench_fma_peak() * 1e-9;
     r.bf16_peak_gflops = bench_bf16_dot_peak() * 1e-9;
     if (!rc) {

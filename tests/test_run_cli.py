@@ -123,6 +123,18 @@ def test_bench_model_json(cairn, tiny_dsv4):
     assert abs(r["decode_efficiency"] - want) <= 1e-3 * want + 1e-4
 
 
+def test_bench_model_thread_scaling(cairn, tiny_dsv4):
+    """On two threads the run is timed again on one (thread_scaling_* > 0); on one thread there is
+    nothing to compare, and the JSON says so with 0."""
+    args = ("bench", "-m", tiny_dsv4, "--json", "--prompt", 8, "--decode", 2)
+    two = json.loads(ok(cairn, *args, "--threads", 2).stdout.decode())
+    assert two["threads"] == 2
+    assert two["thread_scaling_prefill"] > 0 and two["thread_scaling_decode"] > 0
+    one = json.loads(ok(cairn, *args, "--threads", 1).stdout.decode())
+    assert one["threads"] == 1
+    assert one["thread_scaling_prefill"] == 0 and one["thread_scaling_decode"] == 0
+
+
 def test_unusable_tokenizer_leaves_token_ids_working(cairn, tiny_dsv4, tmp_path):
     """A tokenizer.json cairn cannot read must not cost the weights: token-id prompts give the same
     output as with the tokenizer, and a text prompt is refused with a reason."""

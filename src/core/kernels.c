@@ -16,10 +16,11 @@
 #include "util.h"
 
 /* Output rows per task. Matvec: a few rows interleaved give the SIMD paths independent FMA
- * chains. Batched: enough to amortise the task call, few enough that a task's dequantized rows
- * stay in L2 while all input rows stream past them. */
+ * chains. Batched: every task reads all n input rows (and FP8 scales them per 128-row block on
+ * each thread that meets the block), so enough rows to amortise that input traffic, few enough
+ * that a task's dequantized rows stay in L2 while the input rows stream past them. */
 #define VEC_ROWS_PER_TASK 4
-#define MUL_ROWS_PER_TASK 12    /* a multiple of every path's tile height (2, 3, 4) */
+#define MUL_ROWS_PER_TASK 48    /* a multiple of every path's tile height (2, 3, 4) */
 
 float kernel_fp8_lut[256];
 float kernel_fp8_scale_lut[256];

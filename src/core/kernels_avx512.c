@@ -13,9 +13,13 @@
  * chunk decodes into four vectors, term t of every lane (kernel_nibble_permute_x width 16), by
  * one vpermps table lookup each, so a chunk is four FMAs of partials and one FMA by the scale
  * vector. Batched calls decode each weight row once into that layout (codes and the chunk's
- * scale vector) and run a NIB_R x NIB_X register tile of (weight row, input row) pairs over the
- * whole row: MoE experts see a handful of tokens each, and every one of them reuses the decoded
- * tile instead of decoding the weights again. */
+ * scale vector) and run a NIB_R x NIB_X register tile of (weight row, input row) pairs over
+ * column ranges of MUL_CHUNK, the pairs' lanes kept in memory between ranges as the rule-2 tile
+ * keeps them: MoE experts see a handful of tokens each, and every one of them reuses the decoded
+ * tile instead of decoding the weights again. Both tiles load each input vector once into a
+ * register for all weight rows of the tile (folded into every FMA, the loads would compete with
+ * the FMAs for the load ports). Range sizes, task sizes and tile shapes only change which
+ * partial sums sit in registers or memory, never the order in which a lane adds its terms. */
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 
 #include <immintrin.h>
@@ -29,7 +33,7 @@
 #define VEC_ROWS 4
 #define FEW_X 4          /* inputs per register pass of dot_rows: VEC_ROWS x FEW_X accumulators */
 #define FEW_BATCH 8      /* batches up to this many inputs decode in registers (two passes of 4) */
-#define MUL_CHUNK 256
+#define MUL_CHUNK 512     /* columns per range: measured best of 128..whole row (bench kernels, 2048 cols) */
 #define MUL_XROWS 6       /* input rows per pass (one tile's width): few enough that their lines share L1 sets */
 #define TILE_R 4
 #define TILE_X 6
@@ -217,18 +221,19 @@ INLINE void nibble_dot_rows(const qmat *w, wformat f, int r, int NR, const float
 #define NIB_CHUNK_FLOATS 80
 #define NIB_R 2
 #define NIB_X 6
+#define NIB_KC 32           /* chunks per column range: the range's decoded rows and inputs fit L1 */
 
-/* NR weight rows (decoded, ldw floats apart) x NX input rows over every full chunk, each pair's
- * 16 lanes in a register for the whole row; results to y[j * ldy + i]. */
-INLINE void nibble_tile(const qmat *w, int r, const float *wb, int ldw, const float *x, int NR, int NX, float *y,
-                        int ldy) {
-    const int cols = w->cols, chunks = cols / 64;
-    __m512 acc[NIB_R][NIB_X];
+/* NR weight rows (decoded, ldw floats apart) x NX input rows over chunks [k0, k1); each pair's
+ * 16 lanes stay in a register over the range and in acc[(input row * nr_all + weight row) * 16]
+ * between ranges (as tile() keeps them), so a range's decoded weights and inputs stay in L1. */
+INLINE void nibble_tile(const float *wb, int ldw, const float *x, int cols, int k0, int k1, int NR, int NX,
+                        float *acc, int nr_all) {
+    __m512 a[NIB_R][NIB_X];
     #pragma GCC unroll 2
     for (int i = 0; i < NR; i++)
         #pragma GCC unroll 6
-        for (int j = 0; j < NX; j++) acc[i][j] = _mm512_setzero_ps();
-    for (int k = 0; k < chunks; k++) {
+        for (int j = 0; j < NX; j++) a[i][j] = _mm512_load_ps(acc + ((size_t)j * nr_all + i) * 16);
+    for (int k = k0; k < k1; k++) {
         const float *wk = wb + (size_t)k * NIB_CHUNK_FLOATS;
         __m512 p[NIB_R][NIB_X];
         #pragma GCC unroll 4
@@ -239,6 +244,7 @@ INLINE void nibble_tile(const qmat *w, int r, const float *wb, int ldw, const fl
             #pragma GCC unroll 6
             for (int j = 0; j < NX; j++) {
                 __m512 xv = _mm512_loadu_ps(x + (size_t)j * cols + 64 * k + 16 * t);
+                __asm__("" : "+v"(xv));   /* one load per input, not one folded into each row's FMA */
                 #pragma GCC unroll 2
                 for (int i = 0; i < NR; i++) p[i][j] = t ? _mm512_fmadd_ps(wv[i], xv, p[i][j]) : _mm512_mul_ps(wv[i], xv);
             }
@@ -247,21 +253,20 @@ INLINE void nibble_tile(const qmat *w, int r, const float *wb, int ldw, const fl
         for (int i = 0; i < NR; i++) {
             __m512 scale = _mm512_load_ps(wk + (size_t)i * ldw + 64);
             #pragma GCC unroll 6
-            for (int j = 0; j < NX; j++) acc[i][j] = _mm512_fmadd_ps(p[i][j], scale, acc[i][j]);
+            for (int j = 0; j < NX; j++) a[i][j] = _mm512_fmadd_ps(p[i][j], scale, a[i][j]);
         }
     }
     #pragma GCC unroll 2
     for (int i = 0; i < NR; i++)
         #pragma GCC unroll 6
-        for (int j = 0; j < NX; j++)
-            y[(size_t)j * ldy + i] = nibble_finish(w, r + i, chunks * 64, x + (size_t)j * cols, acc[i][j]);
+        for (int j = 0; j < NX; j++) _mm512_store_ps(acc + ((size_t)j * nr_all + i) * 16, a[i][j]);
 }
 
 #define NIB_CASE(nr, nx) \
-    case (nr) * 8 + (nx): nibble_tile(w, r, wb, ldw, x, nr, nx, y, ldy); break
+    case (nr) * 8 + (nx): nibble_tile(wb, ldw, x, cols, k0, k1, nr, nx, acc, nr_all); break
 
-static void nibble_tile_any(const qmat *w, int r, const float *wb, int ldw, const float *x, int nr, int nx, float *y,
-                            int ldy) {
+static void nibble_tile_any(const float *wb, int ldw, const float *x, int cols, int k0, int k1, int nr, int nx,
+                            float *acc, int nr_all) {
     switch (nr * 8 + nx) {
         NIB_CASE(1, 1); NIB_CASE(1, 2); NIB_CASE(1, 3); NIB_CASE(1, 4); NIB_CASE(1, 5); NIB_CASE(1, 6);
         NIB_CASE(2, 1); NIB_CASE(2, 2); NIB_CASE(2, 3); NIB_CASE(2, 4); NIB_CASE(2, 5); NIB_CASE(2, 6);
@@ -284,14 +289,24 @@ INLINE void nibble_decode_row(const qmat *w, wformat f, int r, float *out) {
 }
 
 static void nibble_rows_mul(const qmat *w, int r0, int r1, const float *x, int n, float *y, int ldy) {
-    const int ldw = w->cols / 64 * NIB_CHUNK_FLOATS, nr = r1 - r0;
-    float *wb = kernel_scratch((size_t)nr * ldw + 16);
+    const int cols = w->cols, chunks = cols / 64, ldw = chunks * NIB_CHUNK_FLOATS, nr = r1 - r0;
+    float *wb = kernel_scratch((size_t)nr * ldw + (size_t)NIB_X * nr * 16);
+    float *acc = wb + (size_t)nr * ldw;
     for (int r = r0; r < r1; r++)
         KERNEL_FOR_EACH_FORMAT(w->fmt, (void)0, nibble_decode_row(w, F, r, wb + (size_t)(r - r0) * ldw))
-    for (int j = 0; j < n; j += NIB_X)
-        for (int i = 0; i < nr; i += NIB_R)
-            nibble_tile_any(w, r0 + i, wb + (size_t)i * ldw, ldw, x + (size_t)j * w->cols, MIN(NIB_R, nr - i),
-                            MIN(NIB_X, n - j), y + (size_t)j * ldy + i, ldy);
+    for (int j0 = 0; j0 < n; j0 += NIB_X) {
+        int nx = MIN(NIB_X, n - j0);
+        const float *xg = x + (size_t)j0 * cols;
+        memset(acc, 0, sizeof(float) * (size_t)nx * nr * 16);
+        for (int k0 = 0; k0 < chunks; k0 += NIB_KC)
+            for (int i = 0; i < nr; i += NIB_R)
+                nibble_tile_any(wb + (size_t)i * ldw, ldw, xg, cols, k0, MIN(k0 + NIB_KC, chunks), MIN(NIB_R, nr - i),
+                                nx, acc + (size_t)i * 16, nr);
+        for (int j = 0; j < nx; j++)
+            for (int i = 0; i < nr; i++)
+                y[(size_t)(j0 + j) * ldy + i] = nibble_finish(w, r0 + i, chunks * 64, xg + (size_t)j * cols,
+                                                              _mm512_load_ps(acc + ((size_t)j * nr + i) * 16));
+    }
 }
 
 #define FEW_CASE(nx)                                                                                      \

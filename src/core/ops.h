@@ -40,5 +40,10 @@ void topk(const float *x, int n, int k, int *idx);
 void hadamard(float *x, int n);
 /* Dot product with a fixed order (for attention scores). */
 float dot_f32(const float *a, const float *b, int n);
+/* out[c] = sum_k w[k] * rows[k * stride + c] for c < width, k ascending, one fmaf per term from
+ * +0 (attention's weighted sum of value rows). Each output is its own chain, so the compiler's
+ * vector code and the scalar code of a build without SIMD give the same bits. */
+void weighted_rows(float *restrict out, const float *restrict w, const float *restrict rows, int count, size_t stride,
+                   int width);
 
 #endif

@@ -242,6 +242,8 @@ static int load_mtp(tt_table *w, glm_model *g, const cJSON *c, char *err, size_t
 static void glm_free(model *m) {
     glm_model *g = m->priv;
     if (!g) return;
+    for (int i = 0; g->layers && i < g->n_layers; i++) mla_absorbed_free(&g->layers[i].mla);
+    mla_absorbed_free(&g->mtp.mla);
     free(g->layers);
     free(g);
     m->priv = NULL;
@@ -263,6 +265,10 @@ static int glm_load(model *m, char *err, size_t errlen) {
         if (load_layer(w, g, &g->layers[i], i, 0)) return -1;
     tt_group grp = {.prefix = "", .dst = g, .dims = g->dims, .layer = -1};
     if (tt_load(w, top, N(top), &grp) || load_mtp(w, g, c, err, errlen)) return -1;
+    for (int i = 0; i < g->n_layers + g->has_mtp; i++) {
+        glm_layer *l = i < g->n_layers ? &g->layers[i] : &g->mtp;
+        if (mla_absorb(&l->mla, &l->kv_b, g->n_heads, g->nope, g->v_dim, g->kv_lora, err, errlen)) return -1;
+    }
     m->vocab_size = g->vocab;
     m->draft_layers = g->has_mtp;
     return 0;

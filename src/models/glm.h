@@ -37,11 +37,13 @@
 
 #include "../core/kernels.h"
 #include "../core/ops.h"
+#include "mla.h"
 #include "model.h"
 
 typedef struct {
     float *attn_norm, *ffn_norm, *q_a_norm, *kv_a_norm;     /* f32 copies of the norm weights */
     qmat q_a, q_b, kv_a, kv_b, o;
+    mla_absorbed mla;                                        /* kv_b for absorbed attention (mla.h) */
     int full_indexer;                                        /* runs its own indexer (else reuses) */
     qmat idx_wq_b, idx_wk, idx_weights;
     float *idx_knorm_w, *idx_knorm_b;

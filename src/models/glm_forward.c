@@ -9,7 +9,8 @@
  * ATTENTION uses the absorbed MLA form for every token (prefill and decode alike, so a chunk's
  * split never changes the arithmetic): per head, q_abs = W_uk^T q_nope over the latent,
  * score_t = [q_abs | q_rope] . [latent_t | rope_t] / sqrt(qk_head_dim) (one kernel call over the
- * attended rows), then the softmax-weighted latent goes through W_uv. The positions attended are all t <= pos until there are more than
+ * attended rows), then the softmax-weighted latent goes through W_uv (mla.h; W_uk^T is the
+ * layer's copy made at load). The positions attended are all t <= pos until there are more than
  * index_topk of them; from then on the DSA indexer's top-k (ascending positions). */
 #include <math.h>
 #include <stdlib.h>
@@ -135,65 +136,43 @@ static void run_indexer(const model *m, const glm_layer *l, int li, const rows_i
 
 typedef struct {
     const glm_model *g;
-    const glm_layer *l;
-    float *w;                /* [heads][nope + v_dim][kv_lora]: kv_b_proj dequantized per head */
-    const float *q;          /* this token's [heads][nope + rope], roped */
+    mla_pass pass;
+    int i;                   /* the row */
+    const float *q;          /* this row's [heads][nope + rope], roped */
     const float *rows;       /* the attended latent + rope rows, contiguous */
     int cnt;
-    float *work;             /* [heads][row_len + kv_lora + cnt_max] */
+    float *work;             /* [heads][mla_work_floats] */
     size_t work_stride;
-    float *out;              /* this token's [heads * v_dim] */
 } attn_job;
 
-static void dequant_head(void *ctx, int h) {
-    attn_job *j = ctx;
-    int kvl = j->g->kv_lora, per_head = j->g->nope + j->g->v_dim;
-    for (int r = 0; r < per_head; r++) qmat_row(&j->l->kv_b, h * per_head + r, j->w + ((size_t)h * per_head + r) * kvl);
-}
-
-/* One head of one token: qcat = [W_uk^T q_nope | q_rope] scores every attended row in one kernel
- * call (latent . q_abs + rope . q_rope as a single dot), then the softmax-weighted latent goes
- * through W_uv. */
 static void attend_head(void *ctx, int h) {
     attn_job *j = ctx;
     const glm_model *g = j->g;
-    int kvl = g->kv_lora, row_len = kvl + g->rope;
-    const float *w_uk = j->w + (size_t)h * (g->nope + g->v_dim) * kvl, *w_uv = w_uk + (size_t)g->nope * kvl;
-    const float *qn = j->q + (size_t)h * (g->nope + g->rope);
-    float *qcat = j->work + (size_t)h * j->work_stride, *c_lat = qcat + row_len, *score = c_lat + kvl;
-    memset(qcat, 0, (size_t)kvl * sizeof *qcat);
-    for (int d = 0; d < g->nope; d++)
-        for (int c = 0; c < kvl; c++) qcat[c] += qn[d] * w_uk[(size_t)d * kvl + c];
-    memcpy(qcat + kvl, qn + g->nope, (size_t)g->rope * sizeof *qcat);
-    qmat rows = rows_matrix(j->rows, j->cnt, row_len);
-    qmat_vec(&rows, qcat, score);
-    float scale = 1.0f / sqrtf((float)(g->nope + g->rope));
-    for (int k = 0; k < j->cnt; k++) score[k] *= scale;
-    softmax(score, j->cnt);
-    memset(c_lat, 0, (size_t)kvl * sizeof *c_lat);
-    for (int k = 0; k < j->cnt; k++)
-        for (int c = 0; c < kvl; c++) c_lat[c] += score[k] * j->rows[(size_t)k * row_len + c];
-    for (int d = 0; d < g->v_dim; d++) j->out[(size_t)h * g->v_dim + d] = dot_f32(w_uv + (size_t)d * kvl, c_lat, kvl);
+    int qk = g->nope + g->rope;
+    mla_attend_head(&j->pass, h, j->i, g->rope, j->q + (size_t)h * qk + g->nope, j->rows, j->cnt,
+                    1.0f / sqrtf((float)qk), j->work + (size_t)h * j->work_stride);
 }
 
-/* j->w and j->work, and the rows an indexer selection is gathered into (NULL without one). */
-static float *attend_layout(arena *a, const glm_model *g, int end, int sel_cap, attn_job *j) {
+/* The pass's MLA buffers, j->work, and the rows an indexer selection is gathered into (NULL
+ * without one). */
+static float *attend_layout(arena *a, const glm_model *g, const glm_layer *l, int n, int end, int sel_cap,
+                            attn_job *j) {
     int row_len = g->kv_lora + g->rope;
-    j->work_stride = (size_t)row_len + g->kv_lora + end;
-    j->w = floats(a, (size_t)g->n_heads * (g->nope + g->v_dim) * g->kv_lora);
+    mla_pass_layout(a, &l->mla, n, &j->pass);
+    j->work_stride = mla_work_floats(g->kv_lora, g->rope, end);
     j->work = floats(a, (size_t)g->n_heads * j->work_stride);
     return sel_cap > 1 ? floats(a, (size_t)sel_cap * row_len) : NULL;
 }
 
-/* Every row in order: the attended rows are all t <= pos of the row's sequence (already
- * contiguous in its state) or the indexer's selection gathered into one buffer, then heads run
- * in parallel. */
+/* Queries of every row through W_uk^T, then every row in order: the attended rows are all
+ * t <= pos of the row's sequence (already contiguous in its state) or the indexer's selection
+ * gathered into one buffer, heads in parallel; then every row's latents through W_uv. */
 static void attend(const glm_model *g, const glm_layer *l, int li, const rows_info *ri, const float *q,
                    const selection *sel, int n, float *out, arena *sc) {
     int row_len = g->kv_lora + g->rope, qk = g->nope + g->rope;
-    attn_job j = {.g = g, .l = l};
-    float *gathered = attend_layout(sc, g, ri->end, sel->cap, &j);
-    pool_run(g->n_heads, dequant_head, &j);
+    attn_job j = {.g = g};
+    float *gathered = attend_layout(sc, g, l, n, ri->end, sel->cap, &j);
+    mla_queries(&j.pass, q, g->rope);
     for (int i = 0; i < n; i++) {
         int k = sel->nsel[i];
         const float *state_rows = ri->seq[i]->kv[li];
@@ -207,10 +186,11 @@ static void attend(const glm_model *g, const glm_layer *l, int li, const rows_in
             j.rows = gathered;
             j.cnt = k;
         }
+        j.i = i;
         j.q = q + (size_t)i * g->n_heads * qk;
-        j.out = out + (size_t)i * g->n_heads * g->v_dim;
         pool_run(g->n_heads, attend_head, &j);
     }
+    mla_values(&j.pass, out);
 }
 
 /* out[n][dim] = o_proj(attention(hn)); writes this layer's row of every row's position. */
@@ -414,7 +394,7 @@ static size_t layer_bytes(const glm_model *g, const glm_layer *l, int n, int end
     float *p, *q;
     attention_layout(&a, g, n, &ab);
     if (g->has_indexer && l->full_indexer) indexer_layout(&a, g, n, end, &ib);
-    attend_layout(&a, g, end, sel_cap, &j);
+    attend_layout(&a, g, l, n, end, sel_cap, &j);
     if (!l->sparse) {
         swiglu_layout(&a, n, l->gate.rows, &p, &q);
         return a.used;

@@ -248,6 +248,7 @@ static int load_layer(loader *ld, k3_layer *l, int i) {
 static void k3_free(model *m) {
     k3_model *k = m->priv;
     if (!k) return;
+    for (int i = 0; k->layers && i < k->n_layers; i++) mla_absorbed_free(&k->layers[i].mla.absorbed);
     free(k->layers);
     free(k);
     m->priv = NULL;
@@ -274,8 +275,12 @@ static int k3_load(model *m, char *err, size_t errlen) {
     if (m->bos_id < 0 && config_int_or(c, "bos_token_id", -1, &m->bos_id, err, errlen)) return -1;
     fill_dims(k);
     loader ld = {&m->weights, k, st_find(m->st, "language_model.model.embed_tokens.weight") ? "language_model." : ""};
-    for (int i = 0; i < k->n_layers; i++)
-        if (load_layer(&ld, &k->layers[i], i)) return -1;
+    for (int i = 0; i < k->n_layers; i++) {
+        k3_layer *l = &k->layers[i];
+        if (load_layer(&ld, l, i) ||
+            (!l->kda && mla_absorb(&l->mla.absorbed, &l->mla.kv_b, k->n_heads, k->nope, k->v_dim, k->kv_lora, err, errlen)))
+            return -1;
+    }
     if (load_group(&ld, -1, "", k, top, N(top), 0) || (k->res_block && load_group(&ld, -1, "", k, res_out, N(res_out), 0)))
         return -1;
     m->vocab_size = k->vocab;

@@ -33,6 +33,7 @@
 
 #include "../core/kernels.h"
 #include "../core/ops.h"
+#include "mla.h"
 #include "model.h"
 
 extern const chat_template kimi_k3_chat;
@@ -51,6 +52,7 @@ typedef struct {
 
 typedef struct {
     qmat q_a, q_b, kv_a, kv_b, g, o;
+    mla_absorbed absorbed;                   /* kv_b for absorbed attention (mla.h) */
     const float *q_a_norm, *kv_a_norm;
 } k3_mla;
 
@@ -100,7 +102,7 @@ typedef struct {
  * construction. A stage gives its buffers back (arena_release) when it returns. */
 float *k3_floats(arena *a, size_t n);
 size_t k3_kda_scratch(const k3_model *k, int n);
-size_t k3_mla_scratch(const k3_model *k, int n, int end);
+size_t k3_mla_scratch(const k3_model *k, const k3_layer *l, int n, int end);
 size_t k3_ffn_scratch(const k3_model *k, const k3_layer *l, int n);
 /* One routed expert over gathered latent rows (core/experts.h expert_fn, ctx the model) and its scratch. */
 void k3_expert(void *ctx, int layer, int e, const qmat *w, const float *in, const float *weight, int cnt, float *out,

@@ -82,7 +82,7 @@ size_t k3_scratch_bytes(const model *m, int ctx) {
     size_t held = a.used, body = 0;
     for (int li = 0; li < k->n_layers; li++) {
         const k3_layer *l = &k->layers[li];
-        body = MAX(body, l->kda ? k3_kda_scratch(k, n) : k3_mla_scratch(k, n, ctx));
+        body = MAX(body, l->kda ? k3_kda_scratch(k, n) : k3_mla_scratch(k, l, n, ctx));
         body = MAX(body, k3_ffn_scratch(k, l, n));
     }
     head_layout(&a, k, n, &hb);

@@ -8,8 +8,9 @@
  * The absorbed form is used for every token (prefill and decode alike, so chunk boundaries never
  * change the arithmetic): per head q_abs = W_uk^T q_nope over the latent scores every row in one
  * kernel call against [q_abs | q_rope], and the softmax-weighted latent goes through W_uv.
- * The projections and kv_b's dequantisation run once per pass over every row, whichever sequence
- * a row belongs to (k3_run); each row attends over its own sequence's rows. */
+ * Each head's work is mla_attend_head (mla.h: W_uk^T copied once at load, no per-call
+ * dequantisation). The projections run once per pass over every row, whichever sequence a row
+ * belongs to (k3_run); each row attends over its own sequence's rows. */
 #include <math.h>
 #include <string.h>
 
@@ -19,67 +20,47 @@
 
 typedef struct {
     const k3_model *k;
-    const k3_mla *a;
-    float *w;                /* [heads][nope + v_dim][kv_lora]: kv_b dequantized per head */
-    const float *q;          /* this token's [heads][nope + rope] */
+    mla_pass pass;
+    int i;                   /* the pass row */
+    const float *q;          /* this row's [heads][nope + rope] */
     const float *rows;       /* rows 0..cnt-1 of the layer's state part */
     int cnt;
     float *work;             /* [heads][work_stride] */
     size_t work_stride;
-    float *out;              /* this token's [heads * v_dim] */
 } mla_job;
-
-static void dequant_head(void *ctx, int h) {
-    mla_job *j = ctx;
-    int kvl = j->k->kv_lora, per = j->k->nope + j->k->v_dim;
-    for (int r = 0; r < per; r++) qmat_row(&j->a->kv_b, h * per + r, j->w + ((size_t)h * per + r) * kvl);
-}
 
 static void attend_head(void *ctx, int h) {
     mla_job *j = ctx;
     const k3_model *k = j->k;
-    int kvl = k->kv_lora, row = kvl + k->rope;
-    const float *w_uk = j->w + (size_t)h * (k->nope + k->v_dim) * kvl, *w_uv = w_uk + (size_t)k->nope * kvl;
-    const float *qh = j->q + (size_t)h * (k->nope + k->rope);
-    float *qcat = j->work + (size_t)h * j->work_stride, *lat = qcat + row, *score = lat + kvl;
-    memset(qcat, 0, (size_t)kvl * sizeof *qcat);
-    for (int d = 0; d < k->nope; d++)
-        for (int c = 0; c < kvl; c++) qcat[c] += qh[d] * w_uk[(size_t)d * kvl + c];
-    memcpy(qcat + kvl, qh + k->nope, (size_t)k->rope * sizeof *qcat);
-    qmat rows = {.fmt = WF_F32, .rows = j->cnt, .cols = row, .data = j->rows};
-    qmat_vec(&rows, qcat, score);
-    float scale = 1.0f / sqrtf((float)(k->nope + k->rope));
-    for (int t = 0; t < j->cnt; t++) score[t] *= scale;
-    softmax(score, j->cnt);
-    memset(lat, 0, (size_t)kvl * sizeof *lat);
-    for (int t = 0; t < j->cnt; t++)
-        for (int c = 0; c < kvl; c++) lat[c] += score[t] * j->rows[(size_t)t * row + c];
-    for (int d = 0; d < k->v_dim; d++) j->out[(size_t)h * k->v_dim + d] = dot_f32(w_uv + (size_t)d * kvl, lat, kvl);
+    int qk = k->nope + k->rope;
+    mla_attend_head(&j->pass, h, j->i, k->rope, j->q + (size_t)h * qk + k->nope, j->rows, j->cnt,
+                    1.0f / sqrtf((float)qk), j->work + (size_t)h * j->work_stride);
 }
 
 /* The buffers of one MLA layer pass over n tokens whose last position is below `end`. */
 typedef struct {
     float *qa, *q, *ckv, *heads, *gate;
-    float *w, *work;           /* kv_b per head; per-head [q_abs | q_rope | latent | scores] */
+    mla_pass pass;
+    float *work;               /* per head [q_abs | q_rope | scores] */
     size_t work_stride;
 } mla_bufs;
 
-static void mla_layout(arena *a, const k3_model *k, int n, int end, mla_bufs *b) {
+static void mla_layout(arena *a, const k3_model *k, const k3_mla *l, int n, int end, mla_bufs *b) {
     int qk = k->nope + k->rope, row = k->kv_lora + k->rope, hv = k->n_heads * k->v_dim;
     b->qa = k3_floats(a, (size_t)n * k->q_lora);
     b->q = k3_floats(a, (size_t)n * k->n_heads * qk);
     b->ckv = k3_floats(a, (size_t)n * row);
     b->heads = k3_floats(a, (size_t)n * hv);
     b->gate = k3_floats(a, (size_t)n * hv);
-    b->w = k3_floats(a, (size_t)k->n_heads * (k->nope + k->v_dim) * k->kv_lora);
-    b->work_stride = (size_t)row + k->kv_lora + end;
+    mla_pass_layout(a, &l->absorbed, n, &b->pass);
+    b->work_stride = mla_work_floats(k->kv_lora, k->rope, end);
     b->work = k3_floats(a, (size_t)k->n_heads * b->work_stride);
 }
 
-size_t k3_mla_scratch(const k3_model *k, int n, int end) {
+size_t k3_mla_scratch(const k3_model *k, const k3_layer *l, int n, int end) {
     arena a = {0};
     mla_bufs b;
-    mla_layout(&a, k, n, end, &b);
+    mla_layout(&a, k, &l->mla, n, end, &b);
     return a.used;
 }
 
@@ -91,14 +72,14 @@ void k3_mla_forward(const model *m, const k3_layer *l, int li, const k3_run *run
     for (int r = 0; r < nruns; r++) end = MAX(end, runs[r].pos0 + runs[r].n);
     size_t mark = arena_mark(sc);
     mla_bufs b;
-    mla_layout(sc, k, n, end, &b);
+    mla_layout(sc, k, a, n, end, &b);
     k3_project(m, &a->q_a, hn, n, b.qa);
     k3_rmsnorm_rows(m, b.qa, b.qa, a->q_a_norm, n, k->q_lora, 1e-6f);
     k3_project(m, &a->q_b, b.qa, n, b.q);
     k3_project(m, &a->kv_a, hn, n, b.ckv);
     k3_project(m, &a->g, hn, n, b.gate);
-    mla_job j = {.k = k, .a = a, .w = b.w, .work = b.work, .work_stride = b.work_stride};
-    pool_run(k->n_heads, dequant_head, &j);
+    mla_job j = {.k = k, .pass = b.pass, .work = b.work, .work_stride = b.work_stride};
+    mla_queries(&j.pass, b.q, k->rope);
     for (int r = 0; r < nruns; r++) {
         const k3_run *u = &runs[r];
         float *rows = u->s->kv[li];
@@ -112,11 +93,12 @@ void k3_mla_forward(const model *m, const k3_layer *l, int li, const k3_run *run
         j.rows = rows;
         for (int i = 0; i < u->n; i++) {
             j.cnt = u->pos0 + i + 1;
-            j.q = b.q + (size_t)(u->t0 + i) * k->n_heads * qk;
-            j.out = b.heads + (size_t)(u->t0 + i) * hv;
+            j.i = u->t0 + i;
+            j.q = b.q + (size_t)j.i * k->n_heads * qk;
             pool_run(k->n_heads, attend_head, &j);
         }
     }
+    mla_values(&j.pass, b.heads);
     k3_round(m, b.heads, (size_t)n * hv);
     for (size_t c = 0; c < (size_t)n * hv; c++) b.heads[c] *= sigmoidf(b.gate[c]);
     k3_round(m, b.heads, (size_t)n * hv);

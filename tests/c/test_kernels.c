@@ -380,6 +380,9 @@ int main(void) {
         {WF_I4_G64, 7, 130, 0},  {WF_I4_G64, 11, 200, 0}, {WF_I4_G64, 6, 4096, 0},
         {WF_NVFP4, 41, 96, 0},   {WF_NVFP4, 33, 80, 1},   {WF_NVFP4, 9, 48, 0},    {WF_NVFP4, 5, 16, 1},
         {WF_NVFP4, 130, 512, 1}, {WF_NVFP4, 7, 64, 0},    {WF_NVFP4, 11, 112, 1},  {WF_NVFP4, 6, 4096, 0},
+        /* batched column ranges (512 columns on AVX-512) with a partial last range and a tail */
+        {WF_F32, 9, 600, 0},     {WF_BF16, 50, 1030, 0},  {WF_FP8, 53, 1100, 0},   {WF_FP4, 13, 1120, 0},
+        {WF_NVFP4, 13, 1104, 1}, {WF_I4_G64, 50, 600, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         check_format(cases[i].fmt, cases[i].rows, cases[i].cols, cases[i].f32_scales);

@@ -1,4 +1,4 @@
-/* test_ops.c — norms, RoPE (plain and YaRN), activations, top-k, Hadamard, dot. */
+/* test_ops.c — norms, RoPE (plain and YaRN), activations, top-k, Hadamard, dot, weighted rows. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -207,6 +207,32 @@ static void test_dot(void) {
     CHECK(d == ds, "dot: SIMD and scalar agree bitwise");
 }
 
+/* weighted_rows: each column one fmaf chain over the rows in order from +0 (checked bitwise
+ * against that chain written column by column), full 16-column blocks and a tail, rows read at
+ * their stride, nothing written past `width`. */
+static void test_weighted_rows(void) {
+    enum { K = 5, W = 37, STRIDE = 41 };
+    float w[K], rows[K * STRIDE], out[W + 1];
+    for (int k = 0; k < K; k++) w[k] = rnd_float();
+    for (int i = 0; i < K * STRIDE; i++) rows[i] = rnd_float();
+    out[W] = 12345.0f;
+    weighted_rows(out, w, rows, K, STRIDE, W);
+    int bad = 0, off = 0;
+    for (int c = 0; c < W; c++) {
+        float acc = 0.0f;
+        double want = 0;
+        for (int k = 0; k < K; k++) {
+            acc = fmaf(w[k], rows[k * STRIDE + c], acc);
+            want += (double)w[k] * rows[k * STRIDE + c];
+        }
+        bad += memcmp(&acc, &out[c], sizeof acc) != 0;
+        off += fabs(out[c] - want) > 1e-5;
+    }
+    CHECK(bad == 0, "weighted_rows: %d columns differ from the in-order fmaf chain", bad);
+    CHECK(off == 0, "weighted_rows: %d columns off the double sum", off);
+    CHECK(out[W] == 12345.0f, "weighted_rows writes nothing past width");
+}
+
 int main(void) {
     test_norms();
     test_rope_tables();
@@ -215,5 +241,6 @@ int main(void) {
     test_topk();
     test_hadamard();
     test_dot();
+    test_weighted_rows();
     return TEST_END();
 }

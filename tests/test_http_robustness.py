@@ -87,10 +87,13 @@ class Server:
     def engine_pid(self):
         """The running engine's pid, never 0: while the engine restarts /health reports pid 0, and
         os.kill(0, SIGKILL) would kill the test's own process group (pytest and make with it)."""
-        wait_until(lambda: self.health()["engine"]["up"], what="engine up")
-        pid = self.health()["engine"]["pid"]
-        assert pid > 0, self.health()
-        return pid
+        seen = {}
+
+        def live():
+            seen.update(self.health()["engine"])      # one read: "up" and "pid" of the same moment
+            return seen["up"] and seen["pid"] > 0
+        wait_until(live, what="engine up")
+        return seen["pid"]
 
     def wait_restarts(self, n):
         """Wait until the gateway has restarted the engine n times in all and the new one is up; one

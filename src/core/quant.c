@@ -83,8 +83,26 @@ float e2m1_to_f32(uint8_t code) {
     return (code & 8) ? -v : v;
 }
 
+/* bf16_round on 16 values at once, on their bits, branch-free so that GCC's -O2 vectorizer
+ * (cheap cost model: constant trip count, no remainder) takes it: f32_to_bf16's NaN case (quiet
+ * bit set, truncated) selected per element, otherwise round to nearest even. The same bits as
+ * bf16_round; the residual stream and every projection output pass through here in QAT
+ * numerics, where the scalar loop was 4 % of a DeepSeek V4 prefill. */
+static void bf16_round16(float *x) {
+    uint32_t u[16];
+    memcpy(u, x, sizeof u);
+    for (int i = 0; i < 16; i++) {
+        uint32_t nan = (u[i] & 0xffff0000u) | 0x00400000u;
+        uint32_t rounded = (u[i] + 0x7fffu + ((u[i] >> 16) & 1)) & 0xffff0000u;
+        u[i] = (u[i] & 0x7fffffffu) > 0x7f800000u ? nan : rounded;
+    }
+    memcpy(x, u, sizeof u);
+}
+
 void bf16_round_vec(float *x, size_t n) {
-    for (size_t i = 0; i < n; i++) x[i] = bf16_round(x[i]);
+    size_t full = n / 16 * 16;
+    for (size_t i = 0; i < full; i += 16) bf16_round16(x + i);
+    for (size_t i = full; i < n; i++) x[i] = bf16_round(x[i]);
 }
 
 /* 2^ceil(log2(v)) for finite v > 0, computed exactly from the binary exponent (log2f can

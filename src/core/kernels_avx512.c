@@ -131,6 +131,30 @@ INLINE void decode_row(const qmat *w, wformat f, int r, float *out) {
     if (full < w->cols) tail_groups(w, r, full, NULL, _mm512_setzero_ps(), out);
 }
 
+/* The rows after a batched call's [r0, r1), streamed into L2 while its tiles compute: a
+ * task decodes its rows before it computes with them, and without this that decode waits on
+ * memory for each row (a BF16 row of 2048 columns is a whole 4 KiB page, where the hardware
+ * prefetcher stops): 19-27 % of a GLM prefill. The next rows are the next task's, whichever
+ * thread claims it (this core's L2 or the shared L3 serves it then). A few lines per tile call
+ * keep the prefetches from queueing up behind each other. Prefetches change no result. */
+typedef struct {
+    const char *next;
+    size_t lines, done, per_step;
+} row_stream;
+
+INLINE row_stream row_stream_after(const qmat *w, int r0, int r1, int steps) {
+    int end = MIN(w->rows, r1 + (r1 - r0));
+    row_stream s = {(const char *)kernel_row_ptr(w, r1), 0, 0, 0};
+    if (end > r1) s.lines = (size_t)(kernel_row_ptr(w, end) - kernel_row_ptr(w, r1) + 63) / 64;
+    s.per_step = (s.lines + (size_t)steps - 1) / (size_t)MAX(steps, 1);
+    return s;
+}
+
+INLINE void row_stream_step(row_stream *s) {
+    for (size_t k = 0; k < s->per_step && s->done < s->lines; k++, s->done++)
+        _mm_prefetch(s->next + 64 * s->done, _MM_HINT_T1);
+}
+
 /* ---- nibble formats (rule 4) ---- */
 
 /* The format's 16 weight factors, indexed by code (kernel_fp4_lut or kernel_i4_lut). */
@@ -294,12 +318,14 @@ static void nibble_rows_mul(const qmat *w, int r0, int r1, const float *x, int n
     float *acc = wb + (size_t)nr * ldw;
     for (int r = r0; r < r1; r++)
         KERNEL_FOR_EACH_FORMAT(w->fmt, (void)0, nibble_decode_row(w, F, r, wb + (size_t)(r - r0) * ldw))
+    row_stream next = row_stream_after(w, r0, r1, (n + NIB_X - 1) / NIB_X * ((chunks + NIB_KC - 1) / NIB_KC) *
+                                                      ((nr + NIB_R - 1) / NIB_R));
     for (int j0 = 0; j0 < n; j0 += NIB_X) {
         int nx = MIN(NIB_X, n - j0);
         const float *xg = x + (size_t)j0 * cols;
         memset(acc, 0, sizeof(float) * (size_t)nx * nr * 16);
         for (int k0 = 0; k0 < chunks; k0 += NIB_KC)
-            for (int i = 0; i < nr; i += NIB_R)
+            for (int i = 0; i < nr; i += NIB_R, row_stream_step(&next))
                 nibble_tile_any(wb + (size_t)i * ldw, ldw, xg, cols, k0, MIN(k0 + NIB_KC, chunks), MIN(NIB_R, nr - i),
                                 nx, acc + (size_t)i * 16, nr);
         for (int j = 0; j < nx; j++)
@@ -414,6 +440,8 @@ static void avx512_rows_mul(const qmat *w, int r0, int r1, const float *x, int n
     float *acc = wb + (size_t)nr * ldw;
     for (int r = r0; r < r1; r++)
         KERNEL_FOR_EACH_FORMAT(w->fmt, decode_row(w, F, r, wb + (size_t)(r - r0) * ldw), (void)0)
+    row_stream next = row_stream_after(w, r0, r1, (n + MUL_XROWS - 1) / MUL_XROWS * ((cols + MUL_CHUNK - 1) / MUL_CHUNK) *
+                                                      ((nr + TILE_R - 1) / TILE_R));
     for (int j0 = 0; j0 < n; j0 += MUL_XROWS) {
         int nx_all = n - j0 < MUL_XROWS ? n - j0 : MUL_XROWS;
         const float *xg = x + (size_t)j0 * cols;
@@ -421,7 +449,7 @@ static void avx512_rows_mul(const qmat *w, int r0, int r1, const float *x, int n
         for (int c0 = 0; c0 < cols; c0 += MUL_CHUNK) {
             int c1 = c0 + MUL_CHUNK < cols ? c0 + MUL_CHUNK : cols;
             for (int j = 0; j < nx_all; j += TILE_X)
-                for (int i = 0; i < nr; i += TILE_R)
+                for (int i = 0; i < nr; i += TILE_R, row_stream_step(&next))
                     tile_chunk(wb + (size_t)i * ldw, ldw, xg + (size_t)j * cols, cols, c0, c1,
                                nr - i < TILE_R ? nr - i : TILE_R, nx_all - j < TILE_X ? nx_all - j : TILE_X,
                                acc + ((size_t)j * nr + i) * 16, nr);

@@ -139,6 +139,27 @@ static void test_e8m0(void) {
     CHECK(isnan(e8m0_to_f32(255)), "255 is NaN");
 }
 
+/* The cases the branch-free rounding reaches through its bit arithmetic: infinities (whose
+ * spacing underflows for E2M1), NaN (kept, sign and all), the largest floats, f32 subnormals,
+ * signed zeros. */
+static void check_round_specials(void) {
+    float nan = nanf(""), big = 3.4028235e38f, sub = ldexpf(1, -140);
+    CHECK(e4m3_round(INFINITY) == 448 && e4m3_round(-INFINITY) == -448, "E4M3 of inf");
+    CHECK(e2m1_round(INFINITY) == 6 && e2m1_round(-INFINITY) == -6, "E2M1 of inf: %g", e2m1_round(INFINITY));
+    CHECK(e4m3_round(big) == 448 && e2m1_round(-big) == -6, "largest floats saturate");
+    CHECK(isnan(e4m3_round(nan)) && isnan(e2m1_round(-nan)) && signbit(e2m1_round(-nan)), "NaN stays NaN");
+    CHECK(e4m3_round(sub) == 0 && !signbit(e4m3_round(sub)) && signbit(e2m1_round(-sub)), "f32 subnormals");
+    CHECK(signbit(e4m3_round(-0.0f)) && e4m3_round(-0.0f) == 0 && !signbit(e2m1_round(0.0f)), "signed zeros");
+    CHECK(e4m3_round(ldexpf(1, -9)) == ldexpf(1, -9) && e4m3_round(ldexpf(1.5f, -10)) == ldexpf(1, -9),
+          "E4M3 smallest subnormal");
+    /* a NaN among finite values: its block is quantized, the NaN kept */
+    float v[20];
+    for (int i = 0; i < 20; i++) v[i] = 1.0f + i;
+    v[3] = nan;
+    act_qdq_e4m3(v, 20, 20);
+    CHECK(isnan(v[3]) && v[0] == 1.0f && v[19] == 20.0f, "QDQ with a NaN: %g %g", v[0], v[19]);
+}
+
 static void test_e2m1(void) {
     int bad = 0;
     for (int c = 0; c < 16; c++) {
@@ -160,6 +181,7 @@ static void test_e2m1(void) {
         if ((double)e2m1_round(v) != brute_round(v, e2m1_mags, 8)) bad_rand++;
     }
     CHECK(bad_rand == 0, "%d random values differ from the brute-force nearest E2M1", bad_rand);
+    check_round_specials();
 }
 
 /* The QDQ of quant.h written out directly, with the scale from double log2 and rounding by

@@ -19,7 +19,9 @@
  * tile instead of decoding the weights again. Both tiles load each input vector once into a
  * register for all weight rows of the tile (folded into every FMA, the loads would compete with
  * the FMAs for the load ports). Range sizes, task sizes and tile shapes only change which
- * partial sums sit in registers or memory, never the order in which a lane adds its terms. */
+ * partial sums sit in registers or memory, never the order in which a lane adds its terms.
+ * While a batched call's tiles compute, the rows after its own stream into L2 (row_stream), and
+ * its outputs are reduced 16 weight rows at a time (tree16x16), in rule 3's order. */
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 
 #include <immintrin.h>

@@ -2,7 +2,8 @@
  *
  * One zmm holds all 16 canonical lanes of an output, so a group of 16 columns is one FMA and
  * the tree starts by adding the two 256-bit halves (lanes i and i+8), exactly as the other paths
- * do. FP8 (unscaled) and BF16 decode as in the AVX2 path, 16 columns at a time. Matvec interleaves
+ * do. FP8 (unscaled) and BF16 decode as in the AVX2 path; matvec decodes 32 columns per step
+ * (FP8: one zmm of f16 patterns, two conversions). Matvec interleaves
  * four rows for independent FMA chains, decoding in registers; so do batches of up to FEW_BATCH
  * input rows (batched decode across conversations, MoE experts with few tokens), each decoded
  * vector serving up to FEW_X inputs. Larger batches run a 4x6 register tile (4 weight rows x 6

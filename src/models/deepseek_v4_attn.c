@@ -23,11 +23,11 @@ static void rope_tail(const dsv4_model *d, const dsv4_layer *L, float *x, int wi
     dsv4_bf16(d, x, width);
 }
 
-/* qr = q_norm(wq_a x) (also the indexer's query latent); q = wq_b qr with per-head RMS and RoPE. */
+/* qr (holding wq_a x) = q_norm(qr), also the indexer's query latent; q = wq_b qr with per-head
+ * RMS and RoPE. A CSA layer's indexer queries (idx_wq_b qr) come out of the same job. */
 static void project_query(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s, int n) {
     const dsv4_config *c = &d->c;
     int hd = c->head_dim, qw = c->n_heads * hd;
-    qmat_mul(&L->wq_a, s->xq, n, s->qr);
     for (int t = 0; t < n; t++) {
         float *qr = s->qr + (size_t)t * c->q_lora;
         dsv4_bf16(d, qr, c->q_lora);
@@ -35,7 +35,9 @@ static void project_query(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s,
         dsv4_bf16(d, qr, c->q_lora);
     }
     qdq_rows(d, s->qr, s->qrq, n, c->q_lora);
-    qmat_mul(&L->wq_b, s->qrq, n, s->q);
+    const qmat *w[] = {&L->wq_b, &L->idx_wq_b};
+    float *y[] = {s->q, s->iq};
+    qmat_mul_each(L->ratio == 4 ? 2 : 1, w, s->qrq, n, y);
     for (int t = 0; t < n; t++)
         for (int h = 0; h < c->n_heads; h++) {
             float *q = s->q + (size_t)t * qw + (size_t)h * hd;
@@ -46,10 +48,10 @@ static void project_query(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s,
         }
 }
 
-/* Window KV: kv_norm(wkv x), RoPE on the tail, E4M3 QDQ (blocks of 64) of the non-rope dims. */
+/* Window KV (kv holding wkv x): kv_norm, RoPE on the tail, E4M3 QDQ (blocks of 64) of the
+ * non-rope dims. */
 static void project_kv(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s, int n) {
     int hd = d->c.head_dim;
-    qmat_mul(&L->wkv, s->xq, n, s->kv);
     for (int t = 0; t < n; t++) {
         float *kv = s->kv + (size_t)t * hd;
         dsv4_bf16(d, kv, hd);
@@ -131,11 +133,11 @@ static void compress_indexer(const dsv4_model *d, const dsv4_layer *L, dsv4_laye
     indexer_quant(d, e, cp->width);
 }
 
-/* Indexer inputs of the pass: quantized per-head queries and head weights. */
+/* Indexer inputs of the pass, from iq (idx_wq_b qr) and iw (idx_wproj x): quantized per-head
+ * queries and scaled head weights. */
 static void project_indexer(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s, int n) {
     const dsv4_config *c = &d->c;
     int iw = c->idx_heads * c->idx_dim;
-    qmat_mul(&L->idx_wq_b, s->qrq, n, s->iq);
     for (int t = 0; t < n; t++)
         for (int h = 0; h < c->idx_heads; h++) {
             float *q = s->iq + (size_t)t * iw + (size_t)h * c->idx_dim;
@@ -143,12 +145,9 @@ static void project_indexer(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *
             rope_tail(d, L, q, c->idx_dim, s->row_pos[t], 0);
             indexer_quant(d, q, c->idx_dim);
         }
-    qmat_mul(&L->idx_wproj, s->x, n, s->iw);
     dsv4_bf16(d, s->iw, (size_t)n * c->idx_heads);
     float scale = (float)(1.0 / sqrt((double)c->idx_dim * c->idx_heads));
     for (int k = 0; k < n * c->idx_heads; k++) s->iw[k] *= scale;
-    qmat_mul(&L->idx_comp.wkv, s->x, n, s->ia);
-    qmat_mul(&L->idx_comp.wgate, s->x, n, s->is);
 }
 
 /* Top entries of I(t,s) = sum_h w_h relu(q_h . k_s) among the nvis visible ones of row t's
@@ -282,12 +281,15 @@ static void project_output(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s
 
 void dsv4_attention(const dsv4_model *d, const dsv4_layer *L, int li, dsv4_seq *s, int n, float *out) {
     qdq_rows(d, s->x, s->xq, n, d->c.dim);
+    /* The products of xq, then of x, each one pool job (one wait for all its matrices). */
+    const qmat *wq[] = {&L->wq_a, &L->wkv};
+    float *yq[] = {s->qr, s->kv};
+    qmat_mul_each(2, wq, s->xq, n, yq);
+    const qmat *wx[] = {&L->comp.wkv, &L->comp.wgate, &L->idx_wproj, &L->idx_comp.wkv, &L->idx_comp.wgate};
+    float *yx[] = {s->ca, s->cs, s->iw, s->ia, s->is};
+    qmat_mul_each(L->ratio == 4 ? 5 : L->ratio ? 2 : 0, wx, s->x, n, yx);
     project_query(d, L, s, n);
     project_kv(d, L, s, n);
-    if (L->ratio) {
-        qmat_mul(&L->comp.wkv, s->x, n, s->ca);
-        qmat_mul(&L->comp.wgate, s->x, n, s->cs);
-    }
     if (L->ratio == 4) project_indexer(d, L, s, n);
     attend_tokens(d, L, li, s, n);
     project_output(d, L, s, n, out);

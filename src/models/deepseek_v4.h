@@ -18,6 +18,10 @@
  *    emission, indexer, attention) run token by token in position order, and every reduction
  *    has one fixed order. So any split of a prompt into calls gives the same bits.
  *  - The number of valid compressed rows at position p is floor(p / ratio); no counter is kept.
+ *  - MTP (deepseek_v4_mtp.c): a sequence made with model.spec_mtp also holds MTP block 0's window
+ *    ring ("L<n_layers>.window") and "mtp.h"; both are written, and hooked for captures, at the
+ *    position whose feed completes them, so they rewind like every other part (state_rewind).
+ *    Drafting writes no state.
  *  - NUMERICS_QAT rounds to BF16 and quantize-dequantizes activations/KV exactly where spec §7/§7.1
  *    say; NUMERICS_EXACT skips all of those (dsv4_bf16 / dsv4_act_qdq become no-ops).
  */

@@ -62,6 +62,13 @@ static void project_kv(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s, in
     }
 }
 
+/* Float offset of position pos's window row in the ring: an MTP block's rows are slotted by the
+ * position whose feed writes them (pos + 1), so its ring holds what a layer's ring holds after
+ * the same feed and a capture or snapshot of it is exact. */
+static size_t ring_slot(const dsv4_model *d, const dsv4_layer *L, int pos) {
+    return (size_t)((pos + L->mtp) % d->c.window) * d->c.head_dim;
+}
+
 /* Column of feature f in slot j: CSA's last r slots (current window) pool the second half. */
 static int slot_col(const dsv4_compressor *cp, int j, int f) {
     return cp->coff == 2 && j >= cp->ratio ? cp->width + f : f;
@@ -175,7 +182,7 @@ static int gather_candidates(const dsv4_model *d, const dsv4_layer *L, const dsv
                              dsv4_seq *own, int t, int pos) {
     const dsv4_config *c = &d->c;
     int hd = c->head_dim, nc = 0;
-    for (int p = MAX(0, pos - c->window + 1); p <= pos; p++) own->cand[nc++] = ls->ring + (size_t)(p % c->window) * hd;
+    for (int p = MAX(0, pos - c->window + 1); p <= pos; p++) own->cand[nc++] = ls->ring + ring_slot(d, L, p);
     if (L->ratio == 4) {
         int k = indexer_select(d, ls, s, own, t, (pos + 1) / 4);
         for (int i = 0; i < k; i++) own->cand[nc++] = ls->clist + (size_t)own->idx_top[i] * hd;
@@ -223,8 +230,12 @@ static void attend_token(const dsv4_model *d, const dsv4_layer *L, const dsv4_la
 }
 
 /* Offer the layer's ring and partials to an armed capture before position pos changes them:
- * every write to them happens in attend_tokens, in position order, after this call. */
+ * every write to them happens in attend_tokens, in position order, after this call. An MTP
+ * block's row of position pos enters the state with the token at pos + 1 (deepseek_v4.h), and a
+ * draft step's private ring copy (ring_part -1) is no state at all. */
 static void capture_layer(const dsv4_layer *L, const dsv4_layer_state *ls, state *st, int pos) {
+    if (ls->ring_part < 0) return;
+    pos += L->mtp;
     state_capture(st, ls->ring_part, pos);
     if (L->ratio) {
         state_capture(st, ls->comp_part, pos);
@@ -247,7 +258,7 @@ static void attend_tokens(const dsv4_model *d, const dsv4_layer *L, int li, dsv4
         dsv4_layer_state *ls = &own->ls[li];
         int pos = s->row_pos[t];
         capture_layer(L, ls, own->st, pos);
-        memcpy(ls->ring + (size_t)(pos % c->window) * hd, s->kv + (size_t)t * hd, sizeof(float) * hd);
+        memcpy(ls->ring + ring_slot(d, L, pos), s->kv + (size_t)t * hd, sizeof(float) * hd);
         if (L->ratio) {
             int cw = L->comp.coff * hd;
             compress_main(d, L, ls, s->ca + (size_t)t * cw, s->cs + (size_t)t * cw, pos);
@@ -277,6 +288,17 @@ static void project_output(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s
     for (int t = 0; t < n; t++) dsv4_act_qdq(d, s->u + (size_t)t * uw, uw);
     qmat_mul(&L->wo_b, s->u, n, out);
     dsv4_bf16(d, out, (size_t)n * c->dim);
+}
+
+void dsv4_window_rows(const dsv4_model *d, const dsv4_layer *L, int li, dsv4_seq *s, int n) {
+    int hd = d->c.head_dim;
+    qdq_rows(d, s->x, s->xq, n, d->c.dim);
+    project_kv(d, L, s, n);
+    for (int t = 0; t < n; t++) {
+        dsv4_layer_state *ls = &s->row_seq[t]->ls[li];
+        capture_layer(L, ls, s->row_seq[t]->st, s->row_pos[t]);
+        memcpy(ls->ring + ring_slot(d, L, s->row_pos[t]), s->kv + (size_t)t * hd, sizeof(float) * hd);
+    }
 }
 
 void dsv4_attention(const dsv4_model *d, const dsv4_layer *L, int li, dsv4_seq *s, int n, float *out) {

@@ -293,6 +293,7 @@ static void project_output(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s
 void dsv4_window_rows(const dsv4_model *d, const dsv4_layer *L, int li, dsv4_seq *s, int n) {
     int hd = d->c.head_dim;
     qdq_rows(d, s->x, s->xq, n, d->c.dim);
+    qmat_mul(&L->wkv, s->xq, n, s->kv);
     project_kv(d, L, s, n);
     for (int t = 0; t < n; t++) {
         dsv4_layer_state *ls = &s->row_seq[t]->ls[li];

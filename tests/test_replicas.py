@@ -254,13 +254,17 @@ def test_affinity_keeps_reuse_round_robin_loses_it_restart_moves_nothing(cluster
 
     # No key at all (a raw completions prompt) is the empty key, and a key of the wrong type
     # counts as absent: the chat is keyed by its opening (the replica then refuses the field).
+    # Lines are counted from the requests sent (nginx may write a reply's line after the client
+    # read it, so the log's current length can still miss the previous request).
+    sent = [N_CONV * N_TURNS + len(others) + len(mine) + 1]
+
     def post(path, body):
-        lines = len(ng.access_log(0))
         c = http.client.HTTPConnection("127.0.0.1", ng.port, timeout=120)
         c.request("POST", path, json.dumps(body).encode(), {"Content-Type": "application/json"})
         status = c.getresponse().status
         c.close()
-        return status, ng.access_log(lines + 1)[-1].rsplit("key_from=", 1)[1]
+        sent[0] += 1
+        return status, ng.access_log(sent[0])[sent[0] - 1].rsplit("key_from=", 1)[1]
     assert post("/v1/completions", {"prompt": "hello", "max_tokens": 2}) == (200, "none")
     assert post("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "user": 5,
                                          "max_tokens": 2}) == (400, "opening")

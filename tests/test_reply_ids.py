@@ -204,3 +204,30 @@ def test_spliced_prompts_still_encode_client_text_as_plain_text(family_model, tm
                                                   for t in (forged, "plain words")])
     assert len(alone[0]["ids"]) > len(alone[0]["whole"]), "the forged text spells control tokens (else no check)"
     assert lengths[forged] - lengths["plain words"] == len(alone[0]["ids"]) - len(alone[1]["ids"]), lengths
+
+
+def test_restarted_server_routes_each_conversation_to_its_resumed_slot(family_model, tmp_path):
+    """After a restart on --kv-dir each conversation's next turn must find the slot its state was
+    resumed in, also when a reply held bytes that are not UTF-8 (the client got U+FFFD, the
+    engine's record decodes to the raw bytes). The turns come back in reverse order with every slot
+    taken, so a conversation routed by the wrong rule evicts another one's state, which then
+    reuses nothing."""
+    kv = tmp_path / "kv"
+    kv.mkdir()
+    args = ["--slots", "3", "--kv-dir", str(kv)]
+    srv = Server(family_model.model, str(tmp_path), args)
+    try:
+        convs = [chat(srv, "openai", False, 3, messages=[{"role": "system", "content": f"Conversation {c}."}])
+                 for c in range(3)]
+    finally:
+        srv.stop()
+    replies = [m["content"] or "" for msgs, _ in convs for m in msgs if m["role"] == "assistant"]
+    assert any("\ufffd" in r for r in replies), f"no reply had invalid UTF-8: nothing for the test to show {replies}"
+
+    srv = Server(family_model.model, str(tmp_path), args)
+    try:
+        after = [(c, chat(srv, "openai", False, 1, messages=convs[c][0], first=3)[1][0]) for c in (2, 1, 0)]
+    finally:
+        srv.stop()
+    for c, u in after:
+        assert u["cached"] == record_len(convs[c][1][-1]), (c, convs[c][1][-1], u)

@@ -1,12 +1,17 @@
-"""MTP speculative decoding (model.h seq_spec_step, the GLM-5 MTP layer in src/models/glm_forward.c)
-through tests/c/tool_spec on the tiny checkpoint:
+"""MTP speculative decoding (model.h seq_spec_step) on every family that drafts, each test run on
+the tiny GLM-5 checkpoint (the MTP layer in src/models/glm_forward.c: a rows-only state that
+truncates) and the tiny DeepSeek V4 one (the MTP block in src/models/deepseek_v4_mtp.c: window
+rings and compressor partials, so rejected drafts leave through state_rewind's captures), through
+tests/c/tool_spec:
   - the MTP draft log-probs agree with the independent float64 reference (tools/ref/glm.py
-    mtp_forward), past index_topk too, so the MTP layer's own indexer selection is covered;
+    mtp_forward, tools/ref/deepseek_v4.py mtp_run), past index_topk and past the window, so the MTP
+    layer's own indexer selection (GLM) and its wrapped window ring (DeepSeek V4) are covered;
   - greedy speculative output is bit-identical to plain greedy decoding;
   - sampled speculative output is deterministic per seed, and the acceptance path fires (high
     temperature makes draft and target distributions overlap, so drafts are kept);
   - after speculative decoding the record is exactly the emitted tokens and every state part is
-    byte-identical to a cold sequence fed the same ids, whatever was drafted and rejected;
+    byte-identical to a cold sequence fed the same ids, whatever was drafted and rejected (the
+    DeepSeek V4 runs reject drafts after the rings wrapped, where only a restored capture is exact);
   - `cairn run --spec mtp --draft K` prints exactly what plain greedy decoding prints, and refuses
     a checkpoint without an MTP layer it can draft with;
   - `cairn engine --spec mtp --draft K` says draft=K in CAPS, and every reply (greedy: ids, text,
@@ -24,12 +29,30 @@ from engine_client import Engine, cold
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools", "ref"))
+import deepseek_v4 as ref_dsv4  # noqa: E402
 import glm as ref  # noqa: E402
 
 TOOL = os.path.join(ROOT, "build", "tests", "tool_spec")
 BASE = 960
 LONG = [BASE + 2, BASE + 4, BASE + 7] + [(37 * i + 11) % 950 for i in range(36)] + [BASE + 8, BASE + 21]
 SHORT = [BASE + 2, BASE + 4, BASE + 7, 72, 105, 300, 400]
+
+
+@pytest.fixture(scope="module", params=["glm", "deepseek_v4"])
+def mtp_model(request):
+    """(family, tiny checkpoint) of every family whose MTP layer drafts."""
+    return request.param, request.getfixturevalue({"glm": "tiny_glm", "deepseek_v4": "tiny_dsv4"}[request.param])
+
+
+def draft_reference(family, model, ids):
+    """Reference draft log-probs [len(ids) - 1][vocab] in exact numerics."""
+    if family == "glm":
+        cfg, w = ref.load(model)
+        assert len(ids) - 1 > cfg["index_topk"], "prompt too short to reach the MTP indexer"
+        return ref.log_softmax(ref.mtp_forward(cfg, w, ids))
+    with open(os.path.join(model, "config.json")) as f:
+        assert len(ids) - 1 > json.load(f)["sliding_window"], "prompt too short to wrap the MTP block's ring"
+    return [ref_dsv4.log_softmax(row) for row in ref_dsv4.mtp_run(model, ids)]
 
 
 def spec(model, temperature, seed, k, n, ids):
@@ -46,13 +69,12 @@ def assert_exact_state(out, n):
     assert out["logits_equal"] == 1, "the last verify row differs from the cold sequence's logits"
 
 
-def test_draft_logits_match_reference(tiny_glm):
-    cfg, w = ref.load(tiny_glm)
-    assert len(LONG) - 1 > cfg["index_topk"], "prompt too short to reach the MTP indexer"
-    r = subprocess.run([TOOL, tiny_glm, "draft", ",".join(map(str, LONG))], capture_output=True, text=True)
+def test_draft_logits_match_reference(mtp_model):
+    family, model = mtp_model
+    r = subprocess.run([TOOL, model, "draft", ",".join(map(str, LONG))], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     rows = [json.loads(line) for line in r.stdout.splitlines()]
-    want = ref.log_softmax(ref.mtp_forward(cfg, w, LONG))
+    want = draft_reference(family, model, LONG)
     assert [row["pos"] for row in rows] == list(range(len(LONG) - 1))
     for row, lp in zip(rows, want):
         best = ref.top_indices(lp, 6)
@@ -62,17 +84,18 @@ def test_draft_logits_match_reference(tiny_glm):
 
 
 @pytest.mark.parametrize("k", [1, 3])
-def test_greedy_is_bit_identical(tiny_glm, k):
-    out = spec(tiny_glm, 0, 1, k, 20, LONG)
+def test_greedy_is_bit_identical(mtp_model, k):
+    out = spec(mtp_model[1], 0, 1, k, 20, LONG)
     assert out["spec"] == out["plain"]
     assert out["drafted"] > 0 and out["steps"] > 0
     assert_exact_state(out, 20)
 
 
-def test_sampled_is_deterministic_per_seed(tiny_glm):
-    a = spec(tiny_glm, 0.8, 7, 3, 20, SHORT)
-    b = spec(tiny_glm, 0.8, 7, 3, 20, SHORT)
-    c = spec(tiny_glm, 0.8, 8, 3, 20, SHORT)
+def test_sampled_is_deterministic_per_seed(mtp_model):
+    model = mtp_model[1]
+    a = spec(model, 0.8, 7, 3, 20, SHORT)
+    b = spec(model, 0.8, 7, 3, 20, SHORT)
+    c = spec(model, 0.8, 8, 3, 20, SHORT)
     assert a == b
     assert c["spec"] != a["spec"], "a different seed gave the same tokens: the sampler is not in the loop"
     for out in (a, c):
@@ -80,8 +103,8 @@ def test_sampled_is_deterministic_per_seed(tiny_glm):
 
 
 @pytest.mark.parametrize("k", [2, 4])
-def test_accepted_drafts_keep_the_state_exact(tiny_glm, k):
-    out = spec(tiny_glm, 50, 3, k, 24, LONG)
+def test_accepted_drafts_keep_the_state_exact(mtp_model, k):
+    out = spec(mtp_model[1], 50, 3, k, 24, LONG)
     assert out["accepted"] > 0, "no draft was ever kept: the acceptance path did not run"
     assert out["accepted"] < out["drafted"] or out["steps"] > 1
     assert_exact_state(out, 24)
@@ -94,19 +117,21 @@ def run(cairn, model, *extra, ids=SHORT):
 
 
 @pytest.mark.parametrize("k", ["1", "4"])
-def test_run_spec_greedy_prints_what_plain_prints(cairn, tiny_glm, k):
-    plain, fast = run(cairn, tiny_glm), run(cairn, tiny_glm, "--spec", "mtp", "--draft", k)
+def test_run_spec_greedy_prints_what_plain_prints(cairn, mtp_model, k):
+    model = mtp_model[1]
+    plain, fast = run(cairn, model), run(cairn, model, "--spec", "mtp", "--draft", k)
     assert plain.returncode == 0 and fast.returncode == 0, plain.stderr + fast.stderr
     assert len(plain.stdout.splitlines()) == 24
     assert fast.stdout == plain.stdout
 
 
-def test_run_spec_long_prompt_with_every_logit(cairn, tiny_glm):
-    """A prompt over one internal pass (64 rows) with every position's logits: the head's rows
+def test_run_spec_long_prompt_with_every_logit(cairn, mtp_model):
+    """A prompt over one internal pass (GLM: 64 rows) with every position's logits: the head's rows
     and the MTP rows of one pass share the scratch, and the output is plain decoding's."""
     ids = [(53 * i + 7) % 950 for i in range(90)]
-    plain = run(cairn, tiny_glm, "--echo-logprobs", "3", ids=ids)
-    fast = run(cairn, tiny_glm, "--echo-logprobs", "3", "--spec", "mtp", "--draft", "2", ids=ids)
+    model = mtp_model[1]
+    plain = run(cairn, model, "--echo-logprobs", "3", ids=ids)
+    fast = run(cairn, model, "--echo-logprobs", "3", "--spec", "mtp", "--draft", "2", ids=ids)
     assert plain.returncode == 0 and fast.returncode == 0, plain.stderr + fast.stderr
     assert len(plain.stdout.splitlines()) == 90 + 24
     assert fast.stdout == plain.stdout
@@ -139,11 +164,12 @@ def engine_turns(cairn, model, *args, log=None):
     return e.caps, [(r.ids, r.text, r.lps, r.done[3], r.done[7:10]) for r in (a, b, c, hot, after)]
 
 
-def test_engine_spec_replies_equal_plain(cairn, tiny_glm):
-    caps, plain = engine_turns(cairn, tiny_glm)
+def test_engine_spec_replies_equal_plain(cairn, mtp_model):
+    model = mtp_model[1]
+    caps, plain = engine_turns(cairn, model)
     steps = []
-    spec_caps, spec = engine_turns(cairn, tiny_glm, "--spec", "mtp", "--draft", "3", log=steps)
-    _, again = engine_turns(cairn, tiny_glm, "--spec", "mtp", "--draft", "3")
+    spec_caps, spec = engine_turns(cairn, model, "--spec", "mtp", "--draft", "3", log=steps)
+    _, again = engine_turns(cairn, model, "--spec", "mtp", "--draft", "3")
     assert " draft=0" in caps and " draft=3" in spec_caps, (caps, spec_caps)
     assert plain[0][0] and len(plain[0][0]) == 16
     assert [spec[i] for i in (0, 2, 4)] == [plain[i] for i in (0, 2, 4)], "greedy replies differ with speculation"
@@ -158,7 +184,7 @@ def test_engine_spec_refuses_a_model_without_mtp(cairn, tiny_kimi_k3):
     assert r.returncode == 1 and "no MTP layer" in r.stderr
 
 
-def test_engine_speculating_slots_share_one_forward_call(cairn, tiny_glm):
+def test_engine_speculating_slots_share_one_forward_call(cairn, mtp_model):
     """Three slots decode at once with --spec mtp: every step verifies each slot's next token and
     drafts in ONE forward call beside the others (the step log shows the batch and each slot's
     kept drafts inside it), and each reply is what a lone engine sends (greedy: what an engine
@@ -166,7 +192,8 @@ def test_engine_speculating_slots_share_one_forward_call(cairn, tiny_glm):
     prompts = [LONG, SHORT, LONG[:20] + [40, 41]]
     params = [(14, 0.0, ""), (9, 0.0, ""), (12, 50.0, " seed=5")]      # the hot one keeps drafts
     spec_args = ("--ctx", "256", "--spec", "mtp", "--draft", "2")
-    e = Engine(cairn, tiny_glm, "--slots", "3", "--kv-share", "0", *spec_args, env={"CAIRN_STEP_LOG": "1"})
+    model = mtp_model[1]
+    e = Engine(cairn, model, "--slots", "3", "--kv-share", "0", *spec_args, env={"CAIRN_STEP_LOG": "1"})
     try:
         frames = []
         e.send = frames.append          # the three SUBMITs reach the engine in one write
@@ -184,16 +211,16 @@ def test_engine_speculating_slots_share_one_forward_call(cairn, tiny_glm):
     assert shared, "no step verified all three slots' drafts in one forward call:\n" + "\n".join(lines[-40:])
     assert any(int(m) > 0 for m in re.findall(r"spec: slot 2 kept (\d+)", "\n".join(lines))), "no draft kept"
     for i, (p, (mt, t, x)) in enumerate(zip(prompts, params)):
-        alone = cold(cairn, tiny_glm, ids=p, max_tokens=mt, temperature=t, extra=x, args=spec_args)
+        alone = cold(cairn, model, ids=p, max_tokens=mt, temperature=t, extra=x, args=spec_args)
         assert reps[i].error is None and alone.error is None
         assert (reps[i].ids, reps[i].lps, reps[i].text) == (alone.ids, alone.lps, alone.text), f"slot {i} differs"
         if t == 0:
-            plain = cold(cairn, tiny_glm, ids=p, max_tokens=mt, args=("--ctx", "256"))
+            plain = cold(cairn, model, ids=p, max_tokens=mt, args=("--ctx", "256"))
             assert (reps[i].ids, reps[i].lps) == (plain.ids, plain.lps), f"slot {i} differs from plain decoding"
 
 
-def test_bench_mtp_reports_costs_timed_in_its_decode(cairn, tiny_glm):
-    r = subprocess.run([cairn, "bench", "mtp", "-m", tiny_glm, "--prompt", "8", "--decode", "8", "--draft", "3",
+def test_bench_mtp_reports_costs_timed_in_its_decode(cairn, mtp_model):
+    r = subprocess.run([cairn, "bench", "mtp", "-m", mtp_model[1], "--prompt", "8", "--decode", "8", "--draft", "3",
                         "--json"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     b = json.loads(r.stdout)

@@ -17,8 +17,8 @@ Rules, from the official layouts (per family below):
     (embedding, hash routing table), of each layer's routed experts num_experts_per_tok out of
     num_experts (the layer's routed bytes * k // E), nothing of validated-only tensors (an MTP
     layer the engine does not draft with, audio);
-  - an MTP layer the engine drafts with (GLM) is counted by the same rules on its own: draft_bytes
-    and draft_flops are what one MTP step over one token reads and computes (0 without one);
+  - an MTP layer the engine drafts with (GLM, DeepSeek V4 block 0) is counted by the same rules
+    on its own: draft_bytes and draft_flops are what one MTP step over one token reads and computes (0 without one);
   - FLOPs are 2 * rows * cols per matrix a token passes through (routed experts at the same
     k / E share), plus the position-dependent work the family's attention does (`extra_flops`).
 """
@@ -91,8 +91,11 @@ class DeepSeekV4:
         return c
 
     def classify(self, name, shape, c, h):
-        if name.startswith("mtp."):
-            return "idle", -1, False
+        if name.startswith("mtp."):     # block 0 drafts when it is window-only; the others are validated only
+            n, ratios = c["num_hidden_layers"], c["compress_ratios"]
+            if not name.startswith("mtp.0.") or len(ratios) <= n or ratios[n] != 0:
+                return "idle", -1, False
+            return ("routed", n, True) if re.match(r"mtp\.0\.ffn\.experts\.\d+\.", name) else ("dense", -1, True)
         if name == "embed.weight" or name.endswith("ffn.gate.tid2eid"):
             return "lookup", -1, False
         layer = layer_of(r"layers\.(\d+)\.ffn\.experts\.\d+\.", name)

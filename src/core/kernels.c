@@ -287,40 +287,47 @@ void kernels_force_scalar(int on) { force_scalar = on; }
 
 const char *kernels_simd_name(void) { return active_path()->name; }
 
+/* One matrix's rows [r0, r1) of a job, written to y[n][r1 - r0]; its tasks are indices
+ * [first, first + tasks) of the job. */
+typedef struct {
+    const qmat *w;
+    int r0, r1, first;
+    float *y;
+} mul_part;
+
+/* A pool job: the parts' tasks one after another, all over the same n input rows. `call`
+ * numbers the parts apart for prepared_x (part k is call + k). */
 typedef struct {
     const kernel_path *path;
-    const qmat *w;
-    int r0, r1, n;
+    mul_part part[QMAT_EACH_MAX];
+    int parts, n, rows_per_task;
     const float *x;
-    float *y;
     unsigned long long call;
 } mul_job;
 
-/* Rows [lo, hi) of a job, cut at FP8 scale-block boundaries so each piece has one scaled input. */
-static void job_rows(const mul_job *job, int lo, int hi) {
-    const qmat *w = job->w;
-    int ldy = job->r1 - job->r0;
+/* Rows [lo, hi) of part k, cut at FP8 scale-block boundaries so each piece has one scaled input. */
+static void job_rows(const mul_job *job, int k, int lo, int hi) {
+    const mul_part *p = &job->part[k];
+    const qmat *w = p->w;
+    int ldy = p->r1 - p->r0;
     while (lo < hi) {
         int end = hi;
         if (w->fmt == WF_FP8) end = MIN(hi, (lo / 128 + 1) * 128);
-        const float *x = prepared_x(job->path, w, lo, job->x, job->n, job->call);
-        float *y = job->y + (lo - job->r0);
+        const float *x = prepared_x(job->path, w, lo, job->x, job->n, job->call + (unsigned)k);
+        float *y = p->y + (lo - p->r0);
         if (job->n == 1) job->path->rows_vec(w, lo, end, x, y);
         else job->path->rows_mul(w, lo, end, x, job->n, y, ldy);
         lo = end;
     }
 }
 
-static void vec_task(void *ctx, int i) {
-    const mul_job *job = ctx;
-    int lo = job->r0 + i * VEC_ROWS_PER_TASK;
-    job_rows(job, lo, MIN(lo + VEC_ROWS_PER_TASK, job->r1));
-}
-
 static void mul_task(void *ctx, int i) {
     const mul_job *job = ctx;
-    int lo = job->r0 + i * MUL_ROWS_PER_TASK;
-    job_rows(job, lo, MIN(lo + MUL_ROWS_PER_TASK, job->r1));
+    int k = 0;
+    while (k + 1 < job->parts && i >= job->part[k + 1].first) k++;
+    const mul_part *p = &job->part[k];
+    int lo = p->r0 + (i - p->first) * job->rows_per_task;
+    job_rows(job, k, lo, MIN(lo + job->rows_per_task, p->r1));
 }
 
 static atomic_ullong streamed_dense, streamed_routed;
@@ -330,15 +337,41 @@ void kernels_streamed(unsigned long long *dense, unsigned long long *routed) {
     *routed = atomic_load(&streamed_routed);
 }
 
-void qmat_mul_rows(const qmat *w, int r0, int r1, const float *x, int n, float *y) {
+/* Parts with rows go into one job; each part's rows are read once whatever n (kernels.h). */
+static void run_parts(int count, const mul_part *parts, const float *x, int n) {
     static atomic_ullong calls;
-    if (r1 <= r0 || n <= 0) return;
-    if (w->source != QM_SCRATCH)
-        atomic_fetch_add(w->source == QM_ROUTED ? &streamed_routed : &streamed_dense,
-                         qmat_bytes(w) / (size_t)w->rows * (size_t)(r1 - r0));
-    mul_job job = {active_path(), w, r0, r1, n, x, y, atomic_fetch_add(&calls, 1) + 1};
-    if (n == 1) pool_run((r1 - r0 + VEC_ROWS_PER_TASK - 1) / VEC_ROWS_PER_TASK, vec_task, &job);
-    else pool_run((r1 - r0 + MUL_ROWS_PER_TASK - 1) / MUL_ROWS_PER_TASK, mul_task, &job);
+    if (n <= 0) return;
+    mul_job job = {.path = active_path(), .n = n, .x = x, .rows_per_task = n == 1 ? VEC_ROWS_PER_TASK : MUL_ROWS_PER_TASK};
+    int tasks = 0;
+    for (int k = 0; k < count; k++) {
+        const mul_part *p = &parts[k];
+        if (p->r1 <= p->r0) continue;
+        if (p->w->source != QM_SCRATCH)
+            atomic_fetch_add(p->w->source == QM_ROUTED ? &streamed_routed : &streamed_dense,
+                             qmat_bytes(p->w) / (size_t)p->w->rows * (size_t)(p->r1 - p->r0));
+        job.part[job.parts] = *p;
+        job.part[job.parts++].first = tasks;
+        tasks += (p->r1 - p->r0 + job.rows_per_task - 1) / job.rows_per_task;
+    }
+    if (!tasks) return;
+    job.call = atomic_fetch_add(&calls, (unsigned)job.parts) + 1;
+    pool_run(tasks, mul_task, &job);
+}
+
+void qmat_mul_rows(const qmat *w, int r0, int r1, const float *x, int n, float *y) {
+    mul_part p = {w, r0, r1, 0, y};
+    run_parts(1, &p, x, n);
+}
+
+void qmat_mul_each(int count, const qmat *const *w, const float *x, int n, float *const *y) {
+    if (count > QMAT_EACH_MAX) {
+        qmat_mul_each(QMAT_EACH_MAX, w, x, n, y);
+        qmat_mul_each(count - QMAT_EACH_MAX, w + QMAT_EACH_MAX, x, n, y + QMAT_EACH_MAX);
+        return;
+    }
+    mul_part p[QMAT_EACH_MAX];
+    for (int k = 0; k < count; k++) p[k] = (mul_part){w[k], 0, w[k]->rows, 0, y[k]};
+    run_parts(count, p, x, n);
 }
 
 void qmat_mul(const qmat *w, const float *x, int n, float *y) { qmat_mul_rows(w, 0, w->rows, x, n, y); }

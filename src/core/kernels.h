@@ -66,6 +66,12 @@ void qmat_mul(const qmat *w, const float *x, int n, float *y);
  * (used for the per-group wo_a projection and per-expert slices). */
 void qmat_mul_rows(const qmat *w, int r0, int r1, const float *x, int n, float *y);
 
+/* Y_k[n][W_k rows] = X[n][cols] W_k^T for `count` matrices of the same cols that read the same
+ * input (an expert's gate and up, projections of one hidden state), as one pool job: one wait
+ * for all of them instead of one per matrix. Each Y_k is bit-identical to qmat_mul(W_k). */
+#define QMAT_EACH_MAX 6
+void qmat_mul_each(int count, const qmat *const *w, const float *x, int n, float *const *y);
+
 /* Dequantize row r of W into out[cols] (embedding lookups, tests). */
 void qmat_row(const qmat *w, int r, float *out);
 

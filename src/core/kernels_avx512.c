@@ -2,7 +2,8 @@
  *
  * One zmm holds all 16 canonical lanes of an output, so a group of 16 columns is one FMA and
  * the tree starts by adding the two 256-bit halves (lanes i and i+8), exactly as the other paths
- * do. FP8 (unscaled) and BF16 decode as in the AVX2 path, 16 columns at a time. Matvec interleaves
+ * do. FP8 (unscaled) and BF16 decode as in the AVX2 path; matvec decodes 32 columns per step
+ * (FP8: one zmm of f16 patterns, two conversions). Matvec interleaves
  * four rows for independent FMA chains, decoding in registers; so do batches of up to FEW_BATCH
  * input rows (batched decode across conversations, MoE experts with few tokens), each decoded
  * vector serving up to FEW_X inputs. Larger batches run a 4x6 register tile (4 weight rows x 6
@@ -64,6 +65,22 @@ INLINE __m512 decode_step(wformat f, const uint8_t *row, int c) {
     if (f == WF_FP8) return dec16_fp8(row + c);
     __m128i codes = _mm_loadu_si128((const __m128i *)(row + c));
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(codes));
+}
+
+/* Weight factors of columns [c, c + 32) as two vectors. FP8 widens and shifts all 32 codes in
+ * one zmm of f16 patterns before the two conversions: per column that is half the integer work
+ * of two decode_step calls, and the FP8 matvec is bound by those shuffle and shift ports, not by
+ * memory. The values are decode_step's, so the reduction order does not move. */
+INLINE void decode_step2(wformat f, const uint8_t *row, int c, __m512 *lo, __m512 *hi) {
+    if (f != WF_FP8) {
+        *lo = decode_step(f, row, c);
+        *hi = decode_step(f, row, c + 16);
+        return;
+    }
+    __m512i b = _mm512_slli_epi16(_mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(row + c))), 8);
+    __m512i h = _mm512_and_si512(_mm512_srai_epi16(b, 1), _mm512_set1_epi16((short)0xbfff));
+    *lo = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
+    *hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
 }
 
 /* Columns [c, cols), fewer than 16, via the scalar dequantizer (zero-padded to 16). */
@@ -137,7 +154,7 @@ static void finish_rows(const qmat *w, int r0, int nr, const float *acc, float *
  * buffer first would cost more than it saves. Prefetches one row group ahead as the AVX2 path
  * does. */
 INLINE void dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, int NX, float *y, int ldy) {
-    const int cols = w->cols, full = cols / 16 * 16;
+    const int cols = w->cols, full = cols / 16 * 16, pairs = cols / 32 * 32;
     const size_t ahead = (size_t)(kernel_row_ptr(w, VEC_ROWS) - kernel_row_ptr(w, 0));
     const uint8_t *row[VEC_ROWS];
     __m512 acc[VEC_ROWS][FEW_X];
@@ -147,20 +164,34 @@ INLINE void dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, in
         #pragma GCC unroll 4
         for (int j = 0; j < NX; j++) acc[i][j] = _mm512_setzero_ps();
     }
-    for (int c = 0; c < full; c += 16) {
-        if (kernel_col_bytes(f, c) % 64 == 0) {
+    /* 32 columns per step; lane l still adds column c + l before c + 16 + l */
+    for (int c = 0; c < pairs; c += 32) {
+        #pragma GCC unroll 2
+        for (size_t b = (kernel_col_bytes(f, c) + 63) & ~(size_t)63; b < kernel_col_bytes(f, c + 32); b += 64) {
             #pragma GCC unroll 4
-            for (int i = 0; i < NR; i++)
-                _mm_prefetch((const char *)row[i] + kernel_col_bytes(f, c) + ahead, _MM_HINT_T0);
+            for (int i = 0; i < NR; i++) _mm_prefetch((const char *)row[i] + b + ahead, _MM_HINT_T0);
         }
-        __m512 xv[FEW_X];
+        __m512 xlo[FEW_X], xhi[FEW_X];
         #pragma GCC unroll 4
-        for (int j = 0; j < NX; j++) xv[j] = _mm512_loadu_ps(x + (size_t)j * cols + c);
+        for (int j = 0; j < NX; j++) {
+            xlo[j] = _mm512_loadu_ps(x + (size_t)j * cols + c);
+            xhi[j] = _mm512_loadu_ps(x + (size_t)j * cols + c + 16);
+        }
         #pragma GCC unroll 4
         for (int i = 0; i < NR; i++) {
-            __m512 wv = decode_step(f, row[i], c);
+            __m512 wlo, whi;
+            decode_step2(f, row[i], c, &wlo, &whi);
             #pragma GCC unroll 4
-            for (int j = 0; j < NX; j++) acc[i][j] = _mm512_fmadd_ps(wv, xv[j], acc[i][j]);
+            for (int j = 0; j < NX; j++) acc[i][j] = _mm512_fmadd_ps(whi, xhi[j], _mm512_fmadd_ps(wlo, xlo[j], acc[i][j]));
+        }
+    }
+    if (pairs < full) {   /* one group of 16 left before the tail */
+        #pragma GCC unroll 4
+        for (int i = 0; i < NR; i++) {
+            __m512 wv = decode_step(f, row[i], pairs);
+            #pragma GCC unroll 4
+            for (int j = 0; j < NX; j++)
+                acc[i][j] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + (size_t)j * cols + pairs), acc[i][j]);
         }
     }
     for (int i = 0; i < NR; i++)

@@ -9,19 +9,25 @@
  * instead of running an index of a new one; and before the caller writes a new job's n, fn and
  * ctx it closes the old one (a generation of its own with no index left), so a claim against the
  * old job cannot succeed with the new n. Workers spin briefly before sleeping because decode
- * issues thousands of small jobs per token and a condition-variable wake-up costs as much as a
- * small matvec.
+ * issues hundreds of small jobs per token and a scheduler wake-up costs as much as a small
+ * matvec. Sleeping is a futex on a word of its own (the generation for workers, the done count
+ * for the caller), and the other side makes the wake-up system call only when a sleeper has
+ * announced itself: a job that finds its workers spinning costs no lock and no system call, and
+ * its last call to finish touches only the done count.
  *
  * Only workers with part < `active` claim, so pool_set_threads can lower or raise the count
  * between jobs (tests compare thread counts). */
 #include "threads.h"
 
+#include <limits.h>
+#include <linux/futex.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #define POOL_MAX_THREADS 256
@@ -33,16 +39,15 @@ static struct {
     int created;                  /* threads running worker_main, plus the caller */
     int started;
     pthread_mutex_t run_lock;     /* serialises pool_run callers from different threads */
-    pthread_mutex_t lock;
-    pthread_cond_t wake;
-    pthread_cond_t done_cond;
     _Atomic uint64_t claim;       /* generation << 32 | next unclaimed index of the current job */
-    atomic_int done;              /* calls of the current job that have returned */
+    _Atomic uint32_t wake_word;   /* bumped after each new job is published: the workers' futex */
+    atomic_int sleepers;          /* workers in (or on their way into) a futex wait on wake_word */
+    _Atomic uint32_t done;        /* calls of the current job that have returned: the caller's futex */
+    atomic_int caller_sleeps;     /* the caller is in (or on its way into) a futex wait on done */
     atomic_int n, grain;          /* atomic: a late worker may read them as the next job sets them */
     pool_task fn;
     void *ctx;
-} pool = {.run_lock = PTHREAD_MUTEX_INITIALIZER, .lock = PTHREAD_MUTEX_INITIALIZER,
-          .wake = PTHREAD_COND_INITIALIZER, .done_cond = PTHREAD_COND_INITIALIZER};
+} pool = {.run_lock = PTHREAD_MUTEX_INITIALIZER};
 
 static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
 static _Thread_local int in_task;   /* set while this thread runs pool work: nested calls go serial */
@@ -56,6 +61,16 @@ static void cpu_relax(int spin) {
 }
 
 static unsigned claim_generation(uint64_t c) { return (unsigned)(c >> 32); }
+
+/* Sleep while *word == expected (the kernel compares atomically with the wake-up); returns at
+ * once if it differs, and may return spuriously: callers re-check their condition. */
+static void futex_wait(_Atomic uint32_t *word, uint32_t expected) {
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT_PRIVATE, expected, NULL, NULL, 0);
+}
+
+static void futex_wake_all(_Atomic uint32_t *word) {
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
 
 /* Claim and run index runs of job `gen` until none are left. The job's n, fn and ctx are read
  * only after a successful claim: the job cannot finish, and so cannot be replaced, before the
@@ -73,11 +88,10 @@ static void run_claims(unsigned gen) {
                                                    memory_order_acq_rel, memory_order_relaxed))
             continue;
         for (int i = next; i < hi; i++) pool.fn(pool.ctx, i);
-        if (atomic_fetch_add_explicit(&pool.done, hi - next, memory_order_acq_rel) + (hi - next) == n) {
-            pthread_mutex_lock(&pool.lock);
-            pthread_cond_signal(&pool.done_cond);
-            pthread_mutex_unlock(&pool.lock);
-        }
+        /* seq_cst pairs with pool_run's: either it sees the count or this sees it asleep */
+        if (atomic_fetch_add(&pool.done, (uint32_t)(hi - next)) + (uint32_t)(hi - next) == (uint32_t)n &&
+            atomic_load(&pool.caller_sleeps))
+            futex_wake_all(&pool.done);
     }
     in_task = 0;
 }
@@ -92,10 +106,15 @@ static unsigned wait_new_generation(unsigned seen) {
         if (g != seen) return g;
         cpu_relax(spin);
     }
-    pthread_mutex_lock(&pool.lock);
+    /* seq_cst pairs with pool_run's: either it sees this sleeper or this sees the new word */
+    atomic_fetch_add(&pool.sleepers, 1);
     unsigned g;
-    while ((g = current_generation()) == seen) pthread_cond_wait(&pool.wake, &pool.lock);
-    pthread_mutex_unlock(&pool.lock);
+    for (;;) {
+        uint32_t word = atomic_load(&pool.wake_word);
+        if ((g = current_generation()) != seen) break;
+        futex_wait(&pool.wake_word, word);
+    }
+    atomic_fetch_sub(&pool.sleepers, 1);
     return g;
 }
 
@@ -183,17 +202,20 @@ void pool_run(int n, pool_task fn, void *ctx) {
     pool.fn = fn;
     pool.ctx = ctx;
     atomic_store_explicit(&pool.done, 0, memory_order_relaxed);
-    pthread_mutex_lock(&pool.lock);
     atomic_store_explicit(&pool.claim, (uint64_t)gen << 32, memory_order_release);
-    pthread_cond_broadcast(&pool.wake);
-    pthread_mutex_unlock(&pool.lock);
+    atomic_fetch_add(&pool.wake_word, 1);
+    if (atomic_load(&pool.sleepers)) futex_wake_all(&pool.wake_word);
 
     run_claims(gen);
 
-    for (int spin = 0; spin < POOL_SPIN_ROUNDS && atomic_load_explicit(&pool.done, memory_order_acquire) < n; spin++)
+    for (int spin = 0; spin < POOL_SPIN_ROUNDS && atomic_load_explicit(&pool.done, memory_order_acquire) < (uint32_t)n;
+         spin++)
         cpu_relax(spin);
-    pthread_mutex_lock(&pool.lock);
-    while (atomic_load_explicit(&pool.done, memory_order_acquire) < n) pthread_cond_wait(&pool.done_cond, &pool.lock);
-    pthread_mutex_unlock(&pool.lock);
+    if (atomic_load_explicit(&pool.done, memory_order_acquire) < (uint32_t)n) {
+        atomic_store(&pool.caller_sleeps, 1);
+        uint32_t d;
+        while ((d = atomic_load(&pool.done)) < (uint32_t)n) futex_wait(&pool.done, d);
+        atomic_store(&pool.caller_sleeps, 0);
+    }
     pthread_mutex_unlock(&pool.run_lock);
 }

@@ -175,7 +175,7 @@ static void fill_dims(dsv4_model *d) {
 typedef struct {
     tt_table *w;
     dsv4_model *d;
-    int layer, idle;           /* for the record */
+    int layer, idle, draft;    /* for the record */
 } loader;
 
 /* Loads table t under prefix + sub into dst; dims are the model's with the given overrides. */
@@ -183,7 +183,8 @@ static int load(loader *ld, const char *prefix, const char *sub, void *dst, cons
     char p[128];
     snprintf(p, sizeof p, "%s%s", prefix, sub);
     tt_group g = {.prefix = p, .dst = dst, .dims = dims ? dims : ld->d->dims, .layer = ld->layer,
-                  .experts = ld->d->c.n_experts, .active = ld->d->c.n_active, .idle = ld->idle};
+                  .experts = ld->d->c.n_experts, .active = ld->d->c.n_active, .idle = ld->idle,
+                  .draft = ld->draft};
     return tt_load(ld->w, t, n, &g);
 }
 
@@ -227,7 +228,7 @@ static int load_ffn(loader *ld, dsv4_layer *L, const char *p) {
 }
 
 /* Layer l < n_layers is "layers.l."; MTP block i is "mtp.i." with ratio compress_ratios[n_layers+i]
- * (validated only, with its own tensors). */
+ * and its own tensors. Block 0 drafts (counted as draft weights); further blocks are validated only. */
 static int load_layer(tt_table *w, dsv4_model *d, int l) {
     const dsv4_config *c = &d->c;
     dsv4_layer *L = &d->layers[l];
@@ -237,8 +238,9 @@ static int load_layer(tt_table *w, dsv4_model *d, int l) {
     else snprintf(p, sizeof p, "layers.%d.", l);
     L->ratio = c->ratios[l];
     L->hash = !mtp && l < c->n_hash;
+    L->mtp = mtp;
     L->rope = L->ratio ? &d->rope_yarn : &d->rope_plain;
-    loader ld = {w, d, l, mtp};
+    loader ld = {w, d, l, mtp && l > c->n_layers, l == c->n_layers};
     if (load_hc(&ld, &L->hc_attn, nmix, p, "hc_attn_") || load_hc(&ld, &L->hc_ffn, nmix, p, "hc_ffn_") ||
         load(&ld, p, "", L, attention, N(attention), NULL) ||
         (L->ratio && load_compressor(&ld, &L->comp, L->ratio, c->head_dim, p, "attn.compressor.")) ||
@@ -281,12 +283,15 @@ static int dsv4_load(model *m, char *err, size_t errlen) {
     m->vocab_size = c->vocab;
     init_ropes(d);
     fill_dims(d);
-    loader ld = {&m->weights, d, -1, 0};
+    loader ld = {&m->weights, d, -1, 0, 0};
     if (load(&ld, "", "", d, top, N(top), NULL) || load_hc(&ld, &d->hc_head, c->hc, "", "hc_head_")) return -1;
     d->layers = xcalloc(c->n_layers + c->n_mtp, sizeof(dsv4_layer));
     d->mtp = xcalloc(c->n_mtp + 1, sizeof(dsv4_mtp));
     for (int l = 0; l < c->n_layers + c->n_mtp; l++)
         if (load_layer(&m->weights, d, l)) return -1;
+    /* the draft steps keep their own copy of the block's window ring (deepseek_v4_mtp.c); a block
+     * with compressors would need copies of those too, so such a checkpoint does not draft */
+    m->draft_layers = c->n_mtp > 0 && d->layers[c->n_layers].ratio == 0;
     return 0;
 }
 
@@ -325,7 +330,7 @@ static int layer_parts(state *st, const dsv4_config *c, const dsv4_layer *L, int
     return 0;
 }
 
-static void layout_scratch(arena *a, dsv4_seq *s, const dsv4_config *c) {
+static void layout_scratch(arena *a, dsv4_seq *s, const dsv4_config *c, int mtp) {
     size_t C = DSV4_CHUNK, F = sizeof(float), qw = (size_t)c->n_heads * c->head_dim, k = c->n_active;
     size_t inter = (size_t)MAX(c->moe_inter, c->n_shared * c->moe_inter), iw = (size_t)c->idx_heads * c->idx_dim;
     s->h = arena_take(a, C * c->hc * c->dim, F);
@@ -371,6 +376,7 @@ static void layout_scratch(arena *a, dsv4_seq *s, const dsv4_config *c) {
     s->row_pos = arena_take(a, C, sizeof(int));
     s->row_seq = arena_take(a, C, sizeof(dsv4_seq *));
     s->head_out = arena_take(a, (size_t)DSV4_HEAD_ROWS * c->vocab, F);
+    if (mtp) s->mtp_in = arena_take(a, C * c->hc * c->dim, F);
 }
 
 /* Most candidates any query can have: the window plus the largest compressed set. */
@@ -387,14 +393,33 @@ static void dsv4_seq_free(model *m, void *fam) {
     dsv4_seq *s = fam;
     if (!s) return;
     free(s->ls);
+    free(s->draft_ring);
+    free(s->draft_h);
     free(s);
+}
+
+/* Does a sequence made now run the MTP block (model.spec_mtp on a checkpoint that drafts)? */
+static int runs_mtp(const model *m) { return m->spec_mtp && m->draft_layers; }
+
+/* The MTP block's parts (deepseek_v4.h): its window ring like a layer's, and "mtp.h", a RING of
+ * one slot holding the last fed position's final 4-stream H, which the next position's MTP row
+ * (in a forward call, or the first draft step) reads. */
+static int mtp_parts(state *st, const dsv4_model *d, int ctx, dsv4_seq *s) {
+    const dsv4_config *c = &d->c;
+    s->mtp_h_part = st->nparts;
+    size_t hbytes = (size_t)c->hc * c->dim * sizeof(float);
+    if (!(s->mtp_h = state_add_part(st, PART_RING, "mtp.h", hbytes, 1, 1, 0))) return -1;
+    if (layer_parts(st, c, &d->layers[c->n_layers], c->n_layers, ctx, &s->ls[c->n_layers])) return -1;
+    s->draft_ring = xcalloc((size_t)c->window * c->head_dim, sizeof(float));
+    s->draft_h = xcalloc((size_t)c->hc * c->dim, sizeof(float));
+    return 0;
 }
 
 /* The scratch layout measured for ctx: every buffer, sized for DSV4_CHUNK tokens per pass. */
 static size_t dsv4_scratch_bytes(const model *m, int ctx) {
     dsv4_seq probe = {.ctx = ctx, .max_cand = max_candidates(m->priv, ctx)};
     arena measure = {0};
-    layout_scratch(&measure, &probe, &((const dsv4_model *)m->priv)->c);
+    layout_scratch(&measure, &probe, &((const dsv4_model *)m->priv)->c, runs_mtp(m));
     return measure.used;
 }
 
@@ -405,14 +430,20 @@ static void *dsv4_seq_new(model *m, state *st, int ctx, arena *scratch, char *er
     s->ctx = ctx;
     s->st = st;
     s->max_cand = max_candidates(d, ctx);
-    s->ls = xcalloc(d->c.n_layers, sizeof *s->ls);
+    s->mtp_h_part = -1;
+    s->ls = xcalloc(d->c.n_layers + 1, sizeof *s->ls);
     for (int l = 0; l < d->c.n_layers; l++)
         if (layer_parts(st, &d->c, &d->layers[l], l, ctx, &s->ls[l])) {
             errf(err, errlen, "deepseek_v4: out of memory for the state of layer %d (context %d)", l, ctx);
             dsv4_seq_free(m, s);
             return NULL;
         }
-    layout_scratch(scratch, s, &d->c);   /* for good: the buffers live as long as the sequence */
+    if (runs_mtp(m) && mtp_parts(st, d, ctx, s)) {
+        errf(err, errlen, "deepseek_v4: out of memory for the MTP block's state (context %d)", ctx);
+        dsv4_seq_free(m, s);
+        return NULL;
+    }
+    layout_scratch(scratch, s, &d->c, runs_mtp(m));   /* for good: the buffers live as long as the sequence */
     return s;
 }
 
@@ -448,6 +479,7 @@ const family_ops deepseek_v4_ops = {
     .seq_new = dsv4_seq_new,
     .seq_free = dsv4_seq_free,
     .forward = dsv4_forward,
+    .draft = dsv4_draft,
     .extra_flops = dsv4_extra_flops,
     .expert = dsv4_expert,
     .expert_scratch = dsv4_expert_scratch,

@@ -18,6 +18,10 @@
  *    emission, indexer, attention) run token by token in position order, and every reduction
  *    has one fixed order. So any split of a prompt into calls gives the same bits.
  *  - The number of valid compressed rows at position p is floor(p / ratio); no counter is kept.
+ *  - MTP (deepseek_v4_mtp.c): a sequence made with model.spec_mtp also holds MTP block 0's window
+ *    ring ("L<n_layers>.window") and "mtp.h"; both are written, and hooked for captures, at the
+ *    position whose feed completes them, so they rewind like every other part (state_rewind).
+ *    Drafting writes no state.
  *  - NUMERICS_QAT rounds to BF16 and quantize-dequantizes activations/KV exactly where spec §7/§7.1
  *    say; NUMERICS_EXACT skips all of those (dsv4_bf16 / dsv4_act_qdq become no-ops).
  */
@@ -69,6 +73,8 @@ typedef struct {
 typedef struct {
     int ratio;                 /* 0 window only, 4 CSA (+ indexer), other: HCA */
     int hash;                  /* routed by tid2eid */
+    int mtp;                   /* 1 for an MTP block: its row of position p enters the state with the
+                                * token at p + 1, so its ring slot and capture position are p + 1 */
     const rope_table *rope;
     dsv4_hc hc_attn, hc_ffn;
     const uint16_t *attn_norm, *ffn_norm, *q_norm, *kv_norm;
@@ -83,7 +89,7 @@ typedef struct {
     qmat sw1, sw2, sw3;        /* shared expert */
 } dsv4_layer;
 
-/* An MTP block's tensors beside its layer (spec §6): validated, not run. */
+/* An MTP block's tensors beside its layer (spec §6). Block 0 drafts (deepseek_v4_mtp.c). */
 typedef struct {
     qmat e_proj, h_proj;
     const uint16_t *enorm, *hnorm, *norm;
@@ -103,7 +109,7 @@ typedef struct {
     qmat embed, head;
     const uint16_t *norm;
     dsv4_hc hc_head;
-    dsv4_layer *layers;        /* n_layers + n_mtp (MTP validated, not run) */
+    dsv4_layer *layers;        /* n_layers + n_mtp (the MTP blocks after the main layers) */
     dsv4_mtp *mtp;             /* [n_mtp] */
     experts *experts;          /* the model's routed experts (core/experts.h), by layer index */
     int dims[DD_COUNT];
@@ -153,6 +159,12 @@ struct dsv4_seq {
     int *row_id, *row_pos;     /* [C] token id and absolute position of each row of the pass */
     dsv4_seq **row_seq;        /* [C] the sequence each row belongs to */
     float *head_out;           /* [DSV4_HEAD_ROWS][vocab] logits of a group of rows */
+    /* speculative decoding (model.spec_mtp, deepseek_v4_mtp.c); NULL / -1 otherwise */
+    float *mtp_h;              /* "mtp.h" RING part of one slot: the last fed position's 4-stream H */
+    int mtp_h_part;
+    float *mtp_in;             /* [C][hc*dim] scratch: each MTP row's H input */
+    float *draft_ring;         /* [window][head_dim] the MTP block's ring as the draft steps see it */
+    float *draft_h;            /* [hc*dim] the MTP block's output streams of the last draft step */
 };
 
 static inline void dsv4_bf16(const dsv4_model *d, float *x, size_t n) {
@@ -166,10 +178,27 @@ static inline void dsv4_act_qdq(const dsv4_model *d, float *x, size_t n) {
 /* deepseek_v4_forward.c */
 int dsv4_forward(model *m, const fwd_seg *segs, int nseg, char *err, size_t errlen);
 
+/* deepseek_v4_forward.c, shared with the MTP block: mHC around one block over the pass's n rows,
+ * and the HC head collapse + final norm of pass row t (hc_head / norm: the model's or a block's). */
+void dsv4_block(const dsv4_model *d, const dsv4_layer *L, int li, dsv4_seq *s, int n);
+void dsv4_hc_pre(const dsv4_model *d, const dsv4_hc *p, const uint16_t *norm, dsv4_seq *s, int n);
+void dsv4_head_state(const dsv4_model *d, const dsv4_hc *hc_head, const uint16_t *norm, const dsv4_seq *s, int t,
+                     const float *mix, float *y);
+float dsv4_rsqrt_mean_square(const float *x, int n, double eps);
+
+/* deepseek_v4_mtp.c: after a pass's main layers (s->h the final streams of its rows, row_* set),
+ * each MTP sequence's "mtp.h" advances and the MTP block's window rows of the positions the pass
+ * completes enter its state. dsv4_draft is the family's ops->draft. */
+void dsv4_mtp_rows(const dsv4_model *d, dsv4_seq *s, int n);
+int dsv4_draft(model *m, void *fam_seq, int pos, int id, int step, float *logits, char *err, size_t errlen);
+
 /* deepseek_v4_attn.c: s->x[n][dim] holds the attn_norm outputs of the pass's n rows (a row's
  * tokens of one sequence in position order); writes the attention sub-layer output of layer li
  * to out[n][dim] and advances each row's sequence state. */
 void dsv4_attention(const dsv4_model *d, const dsv4_layer *L, int li, dsv4_seq *s, int n, float *out);
+/* Only the window-ring writes of dsv4_attention (no compressor: a ratio-0 layer), for rows whose
+ * attention output nobody reads: the MTP block's rows in a forward call. */
+void dsv4_window_rows(const dsv4_model *d, const dsv4_layer *L, int li, dsv4_seq *s, int n);
 
 /* deepseek_v4_moe.c: x[n][dim] are ffn_norm outputs of the pass's rows (ids in s->row_id);
  * out[n][dim]. */

@@ -23,11 +23,11 @@ static void rope_tail(const dsv4_model *d, const dsv4_layer *L, float *x, int wi
     dsv4_bf16(d, x, width);
 }
 
-/* qr = q_norm(wq_a x) (also the indexer's query latent); q = wq_b qr with per-head RMS and RoPE. */
+/* qr (holding wq_a x) = q_norm(qr), also the indexer's query latent; q = wq_b qr with per-head
+ * RMS and RoPE. A CSA layer's indexer queries (idx_wq_b qr) come out of the same job. */
 static void project_query(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s, int n) {
     const dsv4_config *c = &d->c;
     int hd = c->head_dim, qw = c->n_heads * hd;
-    qmat_mul(&L->wq_a, s->xq, n, s->qr);
     for (int t = 0; t < n; t++) {
         float *qr = s->qr + (size_t)t * c->q_lora;
         dsv4_bf16(d, qr, c->q_lora);
@@ -35,7 +35,9 @@ static void project_query(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s,
         dsv4_bf16(d, qr, c->q_lora);
     }
     qdq_rows(d, s->qr, s->qrq, n, c->q_lora);
-    qmat_mul(&L->wq_b, s->qrq, n, s->q);
+    const qmat *w[] = {&L->wq_b, &L->idx_wq_b};
+    float *y[] = {s->q, s->iq};
+    qmat_mul_each(L->ratio == 4 ? 2 : 1, w, s->qrq, n, y);
     for (int t = 0; t < n; t++)
         for (int h = 0; h < c->n_heads; h++) {
             float *q = s->q + (size_t)t * qw + (size_t)h * hd;
@@ -46,10 +48,10 @@ static void project_query(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s,
         }
 }
 
-/* Window KV: kv_norm(wkv x), RoPE on the tail, E4M3 QDQ (blocks of 64) of the non-rope dims. */
+/* Window KV (kv holding wkv x): kv_norm, RoPE on the tail, E4M3 QDQ (blocks of 64) of the
+ * non-rope dims. */
 static void project_kv(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s, int n) {
     int hd = d->c.head_dim;
-    qmat_mul(&L->wkv, s->xq, n, s->kv);
     for (int t = 0; t < n; t++) {
         float *kv = s->kv + (size_t)t * hd;
         dsv4_bf16(d, kv, hd);
@@ -58,6 +60,13 @@ static void project_kv(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s, in
         rope_tail(d, L, kv, hd, s->row_pos[t], 0);
         if (d->qat) act_qdq_e4m3(kv, hd - d->c.rope_dim, 64);
     }
+}
+
+/* Float offset of position pos's window row in the ring: an MTP block's rows are slotted by the
+ * position whose feed writes them (pos + 1), so its ring holds what a layer's ring holds after
+ * the same feed and a capture or snapshot of it is exact. */
+static size_t ring_slot(const dsv4_model *d, const dsv4_layer *L, int pos) {
+    return (size_t)((pos + L->mtp) % d->c.window) * d->c.head_dim;
 }
 
 /* Column of feature f in slot j: CSA's last r slots (current window) pool the second half. */
@@ -131,11 +140,11 @@ static void compress_indexer(const dsv4_model *d, const dsv4_layer *L, dsv4_laye
     indexer_quant(d, e, cp->width);
 }
 
-/* Indexer inputs of the pass: quantized per-head queries and head weights. */
+/* Indexer inputs of the pass, from iq (idx_wq_b qr) and iw (idx_wproj x): quantized per-head
+ * queries and scaled head weights. */
 static void project_indexer(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s, int n) {
     const dsv4_config *c = &d->c;
     int iw = c->idx_heads * c->idx_dim;
-    qmat_mul(&L->idx_wq_b, s->qrq, n, s->iq);
     for (int t = 0; t < n; t++)
         for (int h = 0; h < c->idx_heads; h++) {
             float *q = s->iq + (size_t)t * iw + (size_t)h * c->idx_dim;
@@ -143,12 +152,9 @@ static void project_indexer(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *
             rope_tail(d, L, q, c->idx_dim, s->row_pos[t], 0);
             indexer_quant(d, q, c->idx_dim);
         }
-    qmat_mul(&L->idx_wproj, s->x, n, s->iw);
     dsv4_bf16(d, s->iw, (size_t)n * c->idx_heads);
     float scale = (float)(1.0 / sqrt((double)c->idx_dim * c->idx_heads));
     for (int k = 0; k < n * c->idx_heads; k++) s->iw[k] *= scale;
-    qmat_mul(&L->idx_comp.wkv, s->x, n, s->ia);
-    qmat_mul(&L->idx_comp.wgate, s->x, n, s->is);
 }
 
 /* Top entries of I(t,s) = sum_h w_h relu(q_h . k_s) among the nvis visible ones of row t's
@@ -176,7 +182,7 @@ static int gather_candidates(const dsv4_model *d, const dsv4_layer *L, const dsv
                              dsv4_seq *own, int t, int pos) {
     const dsv4_config *c = &d->c;
     int hd = c->head_dim, nc = 0;
-    for (int p = MAX(0, pos - c->window + 1); p <= pos; p++) own->cand[nc++] = ls->ring + (size_t)(p % c->window) * hd;
+    for (int p = MAX(0, pos - c->window + 1); p <= pos; p++) own->cand[nc++] = ls->ring + ring_slot(d, L, p);
     if (L->ratio == 4) {
         int k = indexer_select(d, ls, s, own, t, (pos + 1) / 4);
         for (int i = 0; i < k; i++) own->cand[nc++] = ls->clist + (size_t)own->idx_top[i] * hd;
@@ -224,8 +230,12 @@ static void attend_token(const dsv4_model *d, const dsv4_layer *L, const dsv4_la
 }
 
 /* Offer the layer's ring and partials to an armed capture before position pos changes them:
- * every write to them happens in attend_tokens, in position order, after this call. */
+ * every write to them happens in attend_tokens, in position order, after this call. An MTP
+ * block's row of position pos enters the state with the token at pos + 1 (deepseek_v4.h), and a
+ * draft step's private ring copy (ring_part -1) is no state at all. */
 static void capture_layer(const dsv4_layer *L, const dsv4_layer_state *ls, state *st, int pos) {
+    if (ls->ring_part < 0) return;
+    pos += L->mtp;
     state_capture(st, ls->ring_part, pos);
     if (L->ratio) {
         state_capture(st, ls->comp_part, pos);
@@ -248,7 +258,7 @@ static void attend_tokens(const dsv4_model *d, const dsv4_layer *L, int li, dsv4
         dsv4_layer_state *ls = &own->ls[li];
         int pos = s->row_pos[t];
         capture_layer(L, ls, own->st, pos);
-        memcpy(ls->ring + (size_t)(pos % c->window) * hd, s->kv + (size_t)t * hd, sizeof(float) * hd);
+        memcpy(ls->ring + ring_slot(d, L, pos), s->kv + (size_t)t * hd, sizeof(float) * hd);
         if (L->ratio) {
             int cw = L->comp.coff * hd;
             compress_main(d, L, ls, s->ca + (size_t)t * cw, s->cs + (size_t)t * cw, pos);
@@ -280,14 +290,29 @@ static void project_output(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s
     dsv4_bf16(d, out, (size_t)n * c->dim);
 }
 
+void dsv4_window_rows(const dsv4_model *d, const dsv4_layer *L, int li, dsv4_seq *s, int n) {
+    int hd = d->c.head_dim;
+    qdq_rows(d, s->x, s->xq, n, d->c.dim);
+    qmat_mul(&L->wkv, s->xq, n, s->kv);
+    project_kv(d, L, s, n);
+    for (int t = 0; t < n; t++) {
+        dsv4_layer_state *ls = &s->row_seq[t]->ls[li];
+        capture_layer(L, ls, s->row_seq[t]->st, s->row_pos[t]);
+        memcpy(ls->ring + ring_slot(d, L, s->row_pos[t]), s->kv + (size_t)t * hd, sizeof(float) * hd);
+    }
+}
+
 void dsv4_attention(const dsv4_model *d, const dsv4_layer *L, int li, dsv4_seq *s, int n, float *out) {
     qdq_rows(d, s->x, s->xq, n, d->c.dim);
+    /* The products of xq, then of x, each one pool job (one wait for all its matrices). */
+    const qmat *wq[] = {&L->wq_a, &L->wkv};
+    float *yq[] = {s->qr, s->kv};
+    qmat_mul_each(2, wq, s->xq, n, yq);
+    const qmat *wx[] = {&L->comp.wkv, &L->comp.wgate, &L->idx_wproj, &L->idx_comp.wkv, &L->idx_comp.wgate};
+    float *yx[] = {s->ca, s->cs, s->iw, s->ia, s->is};
+    qmat_mul_each(L->ratio == 4 ? 5 : L->ratio ? 2 : 0, wx, s->x, n, yx);
     project_query(d, L, s, n);
     project_kv(d, L, s, n);
-    if (L->ratio) {
-        qmat_mul(&L->comp.wkv, s->x, n, s->ca);
-        qmat_mul(&L->comp.wgate, s->x, n, s->cs);
-    }
     if (L->ratio == 4) project_indexer(d, L, s, n);
     attend_tokens(d, L, li, s, n);
     project_output(d, L, s, n, out);

@@ -12,7 +12,7 @@
 
 /* Sum of squares in double: one fixed order, and accurate enough that the rsqrt does not
  * depend on how a reference happens to order its float sum. */
-static float rsqrt_mean_square(const float *x, int n, double eps) {
+float dsv4_rsqrt_mean_square(const float *x, int n, double eps) {
     double ss = 0;
     for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
     return (float)(1.0 / sqrt(ss / n + eps));
@@ -61,14 +61,14 @@ static void hc_collapse(const dsv4_model *d, const float *h, const float *pre, f
 
 /* hc_pre for n tokens: mixing logits batched, then per token the split and the collapse into
  * the sub-layer input x, which is normed with `norm`. post/comb are kept for hc_post. */
-static void hc_pre(const dsv4_model *d, const dsv4_hc *p, const uint16_t *norm, dsv4_seq *s, int n) {
+void dsv4_hc_pre(const dsv4_model *d, const dsv4_hc *p, const uint16_t *norm, dsv4_seq *s, int n) {
     const dsv4_config *c = &d->c;
     int width = c->hc * c->dim, nmix = (2 + c->hc) * c->hc;
     qmat_mul(&p->fn, s->h, n, s->mix);
     for (int t = 0; t < n; t++) {
         const float *h = s->h + (size_t)t * width;
         float *mix = s->mix + (size_t)t * nmix, pre[DSV4_MAX_HC];
-        float r = rsqrt_mean_square(h, width, c->eps);
+        float r = dsv4_rsqrt_mean_square(h, width, c->eps);
         for (int k = 0; k < nmix; k++) mix[k] *= r;
         hc_split(c, p, mix, pre, s->post + t * c->hc, s->comb + t * c->hc * c->hc);
         float *x = s->x + (size_t)t * c->dim;
@@ -96,27 +96,28 @@ static void hc_post(const dsv4_model *d, dsv4_seq *s, int n) {
     }
 }
 
-static void run_block(const dsv4_model *d, const dsv4_layer *L, int li, dsv4_seq *s, int n) {
-    hc_pre(d, &L->hc_attn, L->attn_norm, s, n);
+void dsv4_block(const dsv4_model *d, const dsv4_layer *L, int li, dsv4_seq *s, int n) {
+    dsv4_hc_pre(d, &L->hc_attn, L->attn_norm, s, n);
     dsv4_attention(d, L, li, s, n, s->f);
     hc_post(d, s, n);
-    hc_pre(d, &L->hc_ffn, L->ffn_norm, s, n);
+    dsv4_hc_pre(d, &L->hc_ffn, L->ffn_norm, s, n);
     dsv4_moe(d, L, s, n, s->x, s->f);
     hc_post(d, s, n);
 }
 
 /* Final hidden state of pass row t into y[dim]: HC head collapse (no Sinkhorn) with the row's
- * hc_head.fn product `mix`, final norm. */
-static void head_state(const dsv4_model *d, const dsv4_seq *s, int t, const float *mix, float *y) {
+ * hc_head->fn product `mix`, final norm (the model's, or an MTP block's own hc_head and norm). */
+void dsv4_head_state(const dsv4_model *d, const dsv4_hc *hc_head, const uint16_t *norm, const dsv4_seq *s, int t,
+                     const float *mix, float *y) {
     const dsv4_config *c = &d->c;
     int width = c->hc * c->dim;
     const float *h = s->h + (size_t)t * width;
     float pre[DSV4_MAX_HC];
-    float r = rsqrt_mean_square(h, width, c->eps);
+    float r = dsv4_rsqrt_mean_square(h, width, c->eps);
     for (int i = 0; i < c->hc; i++)
-        pre[i] = sigmoidf(mix[i] * r * d->hc_head.scale[0] + d->hc_head.base[i]) + (float)c->hc_eps;
+        pre[i] = sigmoidf(mix[i] * r * hc_head->scale[0] + hc_head->base[i]) + (float)c->hc_eps;
     hc_collapse(d, h, pre, y);
-    rmsnorm_bf16w(y, y, d->norm, c->dim, (float)c->eps);
+    rmsnorm_bf16w(y, y, norm, c->dim, (float)c->eps);
     dsv4_bf16(d, y, c->dim);
 }
 
@@ -128,7 +129,7 @@ static void forward_pass(const dsv4_model *d, dsv4_seq *s, int n) {
         qmat_row(&d->embed, s->row_id[t], h);
         for (int i = 1; i < c->hc; i++) memcpy(h + (size_t)i * c->dim, h, sizeof(float) * c->dim);
     }
-    for (int l = 0; l < c->n_layers; l++) run_block(d, &d->layers[l], l, s, n);
+    for (int l = 0; l < c->n_layers; l++) dsv4_block(d, &d->layers[l], l, s, n);
 }
 
 /* Logits of a finished pass whose row t is token j[t] of segment g[t]: the HC head mix of every
@@ -142,7 +143,7 @@ static void pass_logits(const dsv4_model *d, dsv4_seq *s, const fwd_seg *const *
     qmat_mul(&d->hc_head.fn, s->h, n, mix);
     for (int t = 0; t < n; t++)
         if (g[t]->all_logits || (g[t]->logits && j[t] == g[t]->n - 1)) {
-            head_state(d, s, t, mix + (size_t)t * d->c.hc, s->x + (size_t)k * d->c.dim);
+            dsv4_head_state(d, &d->hc_head, d->norm, s, t, mix + (size_t)t * d->c.hc, s->x + (size_t)k * d->c.dim);
             row_seg[k] = g[t];
             row_tok[k++] = j[t];
         }
@@ -173,6 +174,7 @@ int dsv4_forward(model *m, const fwd_seg *segs, int nseg, char *err, size_t errl
         }
         forward_pass(d, s, n);
         pass_logits(d, s, row_seg, row_tok, n);
+        dsv4_mtp_rows(d, s, n);      /* last: it reuses the pass's buffers */
     }
     return 0;
 }

@@ -38,8 +38,9 @@ static void expert_run(const dsv4_model *d, const qmat *w1, const qmat *w3, cons
                        const float *xe, int ne, float *ge, float *ue, float *ye) {
     int inter = w1->rows;
     float lim = (float)d->c.swiglu_limit;
-    qmat_mul(w1, xe, ne, ge);
-    qmat_mul(w3, xe, ne, ue);
+    const qmat *w[] = {w1, w3};
+    float *y[] = {ge, ue};
+    qmat_mul_each(2, w, xe, ne, y);
     dsv4_bf16(d, ge, (size_t)ne * inter);
     dsv4_bf16(d, ue, (size_t)ne * inter);
     for (int r = 0; r < ne; r++) {

@@ -42,9 +42,14 @@ static void rmsnorm_rows(const model *m, float *out, const float *x, const float
     act_round(m, out, (size_t)n * dim);
 }
 
+/* y[k] = round(w[k] x) for count matrices that read the same x, in one pool job. */
+static void project_each(const model *m, int count, const qmat *const *w, const float *x, int n, float *const *y) {
+    qmat_mul_each(count, w, x, n, y);
+    for (int k = 0; k < count; k++) act_round(m, y[k], (size_t)n * w[k]->rows);
+}
+
 static void project(const model *m, const qmat *w, const float *x, int n, float *y) {
-    qmat_mul(w, x, n, y);
-    act_round(m, y, (size_t)n * w->rows);
+    project_each(m, 1, &w, x, n, &y);
 }
 
 /* Which positions token i attends to: nsel[i] < 0 means every t <= pos, else sel[i*cap..] ascending. */
@@ -111,8 +116,9 @@ static void run_indexer(const model *m, const glm_layer *l, int li, const rows_i
     indexer_layout(sc, g, n, ri->end, &b);
     float *q = b.q, *k = b.k, *w = b.w, *dots = b.dots;
     project(m, &l->idx_wq_b, q_resid, n, q);
-    project(m, &l->idx_wk, hn, n, k);
-    project(m, &l->idx_weights, hn, n, w);
+    const qmat *wh[] = {&l->idx_wk, &l->idx_weights};
+    float *yh[] = {k, w};
+    project_each(m, 2, wh, hn, n, yh);
     float head_scale = 1.0f / sqrtf((float)nh);
     for (int i = 0; i < n; i++) {
         int pos = ri->pos[i];
@@ -212,10 +218,11 @@ static void attention(const model *m, const glm_layer *l, int li, const rows_inf
     attention_bufs b;
     attention_layout(sc, g, n, &b);
     float *qa = b.qa, *q = b.q, *ckv = b.ckv, *heads = b.heads;
-    project(m, &l->q_a, hn, n, qa);
+    const qmat *wh[] = {&l->q_a, &l->kv_a};
+    float *yh[] = {qa, ckv};
+    project_each(m, 2, wh, hn, n, yh);
     rmsnorm_rows(m, qa, qa, l->q_a_norm, n, g->q_lora, 1e-6f);
     project(m, &l->q_b, qa, n, q);
-    project(m, &l->kv_a, hn, n, ckv);
     for (int i = 0; i < n; i++) {
         int pos = ri->pos[i];
         for (int h = 0; h < g->n_heads; h++)
@@ -245,8 +252,9 @@ static void swiglu(const model *m, const qmat *gate, const qmat *up, const qmat 
     size_t len = (size_t)n * gate->rows;
     float *a, *b;
     swiglu_layout(sc, n, gate->rows, &a, &b);
-    project(m, gate, x, n, a);
-    project(m, up, x, n, b);
+    const qmat *w[] = {gate, up};
+    float *ab[] = {a, b};
+    project_each(m, 2, w, x, n, ab);
     for (size_t k = 0; k < len; k++) a[k] = silu(a[k]) * b[k];
     act_round(m, a, len);
     project(m, down, a, n, y);

@@ -386,13 +386,14 @@ typedef struct {
     float *verify, *q, *p;
 } spec_work;
 
-/* Drafts j's tokens (k fewer at the end of the context): they write only rows past the record. */
+/* Drafts j's tokens (k fewer at the end of the context, and no more than the state can rewind
+ * after the verify call: state_rewind_arm): they write only rows past the record. */
 static int spec_draft(spec_job *j, spec_work *w, char *err, size_t errlen) {
     seq *s = j->s;
     int vocab = s->m->vocab_size;
     double t0 = now_seconds();
     w->greedy = !j->smp || j->smp->p.temperature <= 0;
-    w->k = MIN(j->k, MAX(0, s->st.cap - s->st.len - 1));
+    w->k = state_rewind_arm(&s->st, MIN(j->k, MAX(0, s->st.cap - s->st.len - 1)));
     w->ids[0] = j->next;
     w->verify = xmalloc(sizeof(float) * (size_t)(w->k + 1) * vocab);
     w->q = w->greedy ? NULL : xmalloc(sizeof(float) * (size_t)MAX(w->k, 1) * vocab);
@@ -430,7 +431,7 @@ static int spec_accept(spec_job *j, spec_work *w, char *err, size_t errlen) {
         break;
     }
     if (j->k && kept == w->k) chosen = spec_choose(j->smp, w->verify + (size_t)w->k * vocab, vocab, NULL, w->p, resid);
-    if (kept < w->k && state_truncate(&s->st, L + 1 + kept)) {     /* a plain step drops nothing */
+    if (state_rewind(&s->st, L + 1 + kept)) {     /* a plain step drops nothing */
         state_taint(&s->st);
         return errf(err, errlen, "speculative decoding: the state cannot drop the %d rejected drafts", w->k - kept);
     }
@@ -458,8 +459,12 @@ int seq_spec_steps(spec_job *jobs, int n, char *err, size_t errlen) {
     for (int i = 0; i < n && !rc; i++) segs[i] = (fwd_seg){seqs[i]->fam, w[i].ids, seqs[i]->st.len, w[i].k + 1, NULL, w[i].verify};
     if (!rc) rc = forward_batch(seqs, segs, n, err, errlen);
     for (int i = 0; i < n && !rc; i++) jobs[i].verify_s = now_seconds() - t0;
-    for (int i = 0; i < n && !rc; i++) rc = spec_accept(&jobs[i], &w[i], err, errlen);
+    int verified = !rc;
+    char later[256];                /* every job accepts (or is tainted) after a verify; err keeps the first error */
+    for (int i = 0; i < n && verified; i++)
+        if (spec_accept(&jobs[i], &w[i], rc ? later : err, rc ? sizeof later : errlen)) rc = -1;
     for (int i = 0; i < n; i++) {
+        if (!verified) state_rewind(&jobs[i].s->st, jobs[i].s->st.len);     /* drops what a failed step armed */
         free(w[i].verify);
         free(w[i].q);
         free(w[i].p);

@@ -233,12 +233,14 @@ int seq_feed_all(seq *s, const int *ids, int n, float *all_logits, char *err, si
  * (bad id, full context, repeated sequence) changes nothing; a failed forward or a non-finite
  * logit taints every sequence of the call. */
 int seq_feed_step(seq **seqs, const int *ids, int k, float **logits, char *err, size_t errlen);
-/* SPECULATIVE DECODING with the family's MTP layer (m->spec_mtp set before seq_new, ops->draft,
- * a state that truncates). `next` is the token chosen for position st.len (not fed yet). Drafts
- * k tokens, one MTP step each (draft token = smp's choice from the draft distribution q), feeds
- * next and the k drafts in ONE forward call with every row's logits (p), accepts the longest
- * prefix the rule keeps and truncates the rest out of the state and the record, so rejected
- * tokens never enter it and the state is what feeding the accepted ids alone would have made.
+/* SPECULATIVE DECODING with the family's MTP layer (m->spec_mtp set before seq_new, ops->draft;
+ * a state that truncates, or whose RING/RECUR parts hook their captures: state_rewind). `next` is
+ * the token chosen for position st.len (not fed yet). Drafts k tokens (fewer when the state could
+ * not arm a capture for every one), one MTP step each (draft token = smp's choice from the draft
+ * distribution q), feeds next and the k drafts in ONE forward call with every row's logits (p),
+ * accepts the longest prefix the rule keeps and rewinds the rest out of the state and the record,
+ * so rejected tokens never enter it and the state is what feeding the accepted ids alone would
+ * have made.
  *   greedy (smp NULL or temperature <= 0): draft j is kept iff it is the argmax of p at its
  *     position, so the emitted tokens are bit-identical to plain greedy decoding;
  *   sampled: draft d is kept with probability min(1, p(d) / q(d)); the first rejection draws the

@@ -38,6 +38,7 @@
 #include "responses.h"
 #include "slot_api.h"
 #include "openai.h"
+#include "reply.h"
 #include "turn.h"
 #include "webui.h"
 
@@ -551,8 +552,14 @@ static void banner(void *user, const wire_caps *caps) {
             s->sc.replies ? "on" : "off", s->o->kv_dir ? ", kv-dir " : "", s->o->kv_dir ? s->o->kv_dir : "");
 }
 
+/* A resumed slot's text is the decode of its ids, raw bytes and all; the client saw (and sends
+ * back in its history) U+FFFD for bytes that are not UTF-8, so that is the text routing compares
+ * prompts with. Raw, a reply with one such byte made the conversation miss its slot. */
 static void learn_record(void *user, int slot, const char *text, size_t n) {
-    slots_learn(((server *)user)->sc.sl, slot, text, n);
+    size_t len = 0;
+    char *clean = utf8_clean(text, n, &len);
+    slots_learn(((server *)user)->sc.sl, slot, clean, clean ? len : 0);
+    free(clean);
 }
 
 /* The engine could not start at all: stop the server the same way a SIGTERM would. */

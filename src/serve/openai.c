@@ -447,20 +447,8 @@ static void account(oa_call *k) {
 
 /* completions echo: the prompt as text (token-id prompts decoded). */
 static char *echo_text(const oa_call *k) {
-    const turn_req *rq = &k->call.rq;
-    if (!rq->prompt_is_ids) return xstrdup(rq->prompt);
-    int n = 0, *ids = xmalloc(sizeof(int) * (rq->prompt_len / 2 + 1));
-    for (const char *p = rq->prompt; *p;) {
-        char *end;
-        ids[n++] = (int)strtol(p, &end, 10);
-        p = *end ? end + 1 : end;
-    }
-    size_t len = 0;
-    char *raw = k->sc->tok ? tok_decode(k->sc->tok, ids, n, &len) : NULL;
-    char *clean = utf8_clean(raw ? raw : "", raw ? len : 0, NULL);
-    free(raw);
-    free(ids);
-    return clean;
+    size_t len;
+    return turn_prompt_text(k->sc, &k->call.rq, &len);
 }
 
 /* usage, and beside it llama.cpp's `timings` from the engine's own clocks: prompt_n tokens were

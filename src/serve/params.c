@@ -184,8 +184,9 @@ int param_slot(const serve_ctx *sc, const cJSON *body, const char *user, turn_re
     long slot;
     int present = 0;
     rq->pinned_slot = -1;
+    rq->slot_owner = 0;
     if (param_int(body, "cache_slot", 0, sc->nslots - 1, &slot, &present, e)) return -1;
     if (present) rq->pinned_slot = (int)slot;
-    else if (user && *user) rq->pinned_slot = (int)(fnv64(FNV64_INIT, user, strlen(user)) % (uint64_t)sc->nslots);
+    else if (user && *user) rq->slot_owner = fnv64(FNV64_INIT, user, strlen(user)) | 1;   /* never 0 = none */
     return 0;
 }

@@ -35,7 +35,8 @@ int param_sampling(const cJSON *body, double max_temperature, turn_req *rq, http
 /* OpenAI's presence_penalty and frequency_penalty [-2, 2], logit_bias {token id: [-100, 100]}, and
  * the min_p [0, 1] and repetition_penalty (> 0, 1 = off) extensions vLLM and llama.cpp accept. */
 int param_penalties(const cJSON *body, int vocab, turn_req *rq, http_err *e);
-/* Slot pinning: cache_slot (0..slots-1) wins, else a non-empty user string hashes to a slot. */
+/* Slot pinning: cache_slot (0..slots-1) pins a slot; else a non-empty user string makes the
+ * request its user's (slots.h OWNERS: the user's first request is routed, later ones follow it). */
 int param_slot(const serve_ctx *sc, const cJSON *body, const char *user, turn_req *rq, http_err *e);
 
 #endif

@@ -78,7 +78,8 @@ enum MHD_Result slot_action(serve_ctx *sc, struct MHD_Connection *c, const char 
         }
     }
     int got;
-    int rc = slots_acquire(sc->sl, "", 0, (int)slot, sc->queue_timeout, gone, c, &got);
+    slot_request want = {.prompt = "", .pinned = (int)slot};
+    int rc = slots_acquire(sc->sl, &want, sc->queue_timeout, gone, c, &got);
     if (rc != SLOTS_OK) {
         http_err_set(&e, rc == SLOTS_GONE ? 499 : 503, "server_error", "slot_unavailable", NULL,
                      "slot %ld did not become free", slot);

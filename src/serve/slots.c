@@ -13,13 +13,12 @@ typedef struct {
     size_t len;
     int busy;
     unsigned long last_used;      /* tick of the last acquire, for LRU */
+    unsigned long long owner;     /* 0 = none (slots.h OWNERS) */
 } slot_state;
 
 /* A queued request. Granting happens under the lock in arrival order. */
 typedef struct waiter {
-    const char *prompt;
-    size_t n;
-    int pinned;
+    slot_request rq;
     int granted;                  /* slot index + 1 once granted */
     struct waiter *next;
 } waiter;
@@ -78,12 +77,23 @@ static int pick_free(slots *s, const char *prompt, size_t n) {
     return lru;
 }
 
-static int pick_for(slots *s, const waiter *w) {
-    if (w->pinned >= 0) return s->slot[w->pinned].busy ? -1 : w->pinned;
-    return pick_free(s, w->prompt, w->n);
+static int owned_by(const slots *s, unsigned long long owner) {
+    for (int i = 0; owner && i < s->n; i++)
+        if (s->slot[i].owner == owner) return i;
+    return -1;
 }
 
-static void take(slots *s, int i) {
+static int pick_for(slots *s, const slot_request *rq) {
+    int mine = rq->pinned >= 0 ? rq->pinned : owned_by(s, rq->owner);
+    if (mine >= 0) return s->slot[mine].busy ? -1 : mine;
+    return pick_free(s, rq->prompt, rq->n);
+}
+
+/* rq's owner now owns slot i, and only it (nobody does, for a request without one). */
+static void take(slots *s, int i, const slot_request *rq) {
+    int had = owned_by(s, rq->owner);
+    if (had >= 0) s->slot[had].owner = 0;   /* only a pinned request can move its owner */
+    s->slot[i].owner = rq->owner;
     s->slot[i].busy = 1;
     s->slot[i].last_used = ++s->tick;
     s->admitted++;
@@ -94,9 +104,9 @@ static void grant(slots *s) {
     int woke = 0;
     for (waiter *w = s->head; w; w = w->next) {
         if (w->granted) continue;
-        int i = pick_for(s, w);
+        int i = pick_for(s, &w->rq);
         if (i < 0) continue;
-        take(s, i);
+        take(s, i, &w->rq);
         w->granted = i + 1;
         woke = 1;
     }
@@ -119,15 +129,14 @@ static void deadline_in(struct timespec *ts, double s) {
     if (ts->tv_nsec >= 1000000000L) { ts->tv_sec++; ts->tv_nsec -= 1000000000L; }
 }
 
-int slots_acquire(slots *s, const char *prompt, size_t n, int pinned, double timeout,
-                  int (*gone)(void *), void *gone_arg, int *slot) {
+int slots_acquire(slots *s, const slot_request *rq, double timeout, int (*gone)(void *), void *gone_arg, int *slot) {
     pthread_mutex_lock(&s->mu);
     if (s->closed) { pthread_mutex_unlock(&s->mu); return SLOTS_CLOSED; }
-    waiter w = {.prompt = prompt, .n = n, .pinned = pinned};
+    waiter w = {.rq = *rq};
     if (!s->head) {
-        int i = pick_for(s, &w);
+        int i = pick_for(s, rq);
         if (i >= 0) {
-            take(s, i);
+            take(s, i, rq);
             pthread_mutex_unlock(&s->mu);
             *slot = i;
             return SLOTS_OK;
@@ -192,7 +201,10 @@ void slots_release(slots *s, int i, const char *record, size_t n) {
 
 void slots_forget_all(slots *s) {
     pthread_mutex_lock(&s->mu);
-    for (int i = 0; i < s->n; i++) set_record(&s->slot[i], NULL, 0);
+    for (int i = 0; i < s->n; i++) {
+        set_record(&s->slot[i], NULL, 0);
+        s->slot[i].owner = 0;
+    }
     pthread_mutex_unlock(&s->mu);
 }
 

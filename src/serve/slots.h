@@ -2,10 +2,11 @@
  *
  * The engine keeps one conversation state per slot and reuses it when the next prompt extends
  * it, so routing decides whether a turn is cheap. Per slot we keep the text of what its state
- * holds (the last rendered prompt + the generated text): a text-prefix match stands in for the
- * token record the engine keeps.
+ * holds (the last prompt as the engine holds it, turn.h turn_prompt_text, + the reply as the
+ * client saw it): a text-prefix match stands in for the token record the engine keeps.
  *
- * ROUTING (slots_acquire): an explicit pin waits for its slot. Otherwise, among FREE slots:
+ * ROUTING (slots_acquire): an explicit pin waits for its slot, and so does an owner (a user:
+ * OpenAI `user`, Anthropic `metadata.user_id`) for the slot it owns. Otherwise, among FREE slots:
  *   1. a slot whose record is a prefix of the prompt (the same conversation, one turn on),
  *      longest record first;
  *   2. a slot sharing a prefix with the prompt covering at least half of its record (edit of
@@ -13,7 +14,16 @@
  *      again, however long the reply it replaces);
  *   3. a slot that holds nothing;
  *   4. the least recently used slot.
- * A request never waits for a busy slot while another is free unless it is pinned.
+ * A request never waits for a busy slot while another is free unless it is pinned or owns it.
+ *
+ * OWNERS: an owner's first request is routed by the rules above, like any other, and the slot it
+ * gets becomes the owner's; its later requests (any conversation of that user) go there. So
+ * users never share a slot while one is empty, and after a restart a user's first request finds
+ * the slot its conversation was resumed in (slots_learn) by its prefix — an assignment fixed by
+ * hashing the user would not: it collides, and disagrees with where the records are.
+ *  - A slot has at most one owner and an owner at most one slot. A request taking a slot it
+ *    does not own (pinned, or routed) ends the slot's ownership: the slot holds someone else now.
+ *  - slots_forget_all() ends every ownership along with the records.
  *
  * INVARIANTS
  *  - A slot is busy from slots_acquire until slots_release; release is called only once the
@@ -36,11 +46,16 @@ typedef struct slots slots;
 slots *slots_new(int n, int max_queue);
 void slots_free(slots *s);
 
-/* Wait for a slot for `prompt` (pinned >= 0 forces that slot). `gone` is polled while waiting
+/* Wait for a slot for rq (ROUTING above). `gone` is polled while waiting
  * (a client that disconnects leaves the queue: SLOTS_GONE). Returns SLOTS_OK and *slot, or
  * SLOTS_FULL (queue bound hit), SLOTS_TIMEOUT, SLOTS_CLOSED (shutting down). */
-int slots_acquire(slots *s, const char *prompt, size_t n, int pinned, double timeout,
-                  int (*gone)(void *), void *gone_arg, int *slot);
+typedef struct {
+    const char *prompt;
+    size_t n;
+    int pinned;                   /* >= 0: this slot, whatever it holds */
+    unsigned long long owner;     /* 0 = none, else the user's key (a hash of its name) */
+} slot_request;
+int slots_acquire(slots *s, const slot_request *rq, double timeout, int (*gone)(void *), void *gone_arg, int *slot);
 /* Free a slot; record (may be NULL = unknown) becomes what the slot is known to hold. */
 void slots_release(slots *s, int slot, const char *record, size_t n);
 void slots_forget_all(slots *s);

@@ -50,17 +50,20 @@ typedef struct {
 } finish_ctx;
 
 /* Engine dispatcher thread: the request is over for the engine. Free the slot, remembering what
- * its state now holds so the conversation's next turn finds it. */
+ * its state now holds so the conversation's next turn finds it: the prompt and the reply as the
+ * client saw it (invalid UTF-8 as U+FFFD), which is how the reply comes back in its history. */
 static void on_finish(gen *g, void *user) {
     finish_ctx *f = user;
     int keep = g->status == GEN_DONE || (g->status == GEN_ERROR && !strncmp(g->error, "CANCELLED", 9));
     if (keep) {
-        char *rec = malloc(f->prompt_len + g->data_len + 1);
+        size_t len = 0;
+        char *data = utf8_clean(g->data ? g->data : "", g->data_len, &len), *rec = data ? malloc(f->prompt_len + len + 1) : NULL;
         if (rec) {
             memcpy(rec, f->prompt, f->prompt_len);
-            if (g->data_len) memcpy(rec + f->prompt_len, g->data, g->data_len);
+            memcpy(rec + f->prompt_len, data, len);
         }
-        slots_release(f->sc->sl, f->slot, rec, rec ? f->prompt_len + g->data_len : 0);
+        slots_release(f->sc->sl, f->slot, rec, rec ? f->prompt_len + len : 0);
+        free(data);
         free(rec);
     } else {
         slots_release(f->sc->sl, f->slot, NULL, 0);   /* a failed turn taints the engine's state */
@@ -91,11 +94,11 @@ static wire_submit submit_fields(const turn *t, int slot, size_t span_bytes) {
         .untrusted_bytes = span_bytes, .grammar_bytes = rq->grammar_len, .has_grammar_bytes = rq->grammar != NULL};
 }
 
-static int admit(turn *t, http_err *e) {
+static int admit(turn *t, const char *text, size_t len, http_err *e) {
     serve_ctx *sc = t->sc;
     int slot = -1;
-    int rc = slots_acquire(sc->sl, t->rq->prompt, t->rq->prompt_len, t->rq->pinned_slot, sc->queue_timeout,
-                           conn_gone, t->conn, &slot);
+    slot_request want = {text, len, t->rq->pinned_slot, t->rq->slot_owner};
+    int rc = slots_acquire(sc->sl, &want, sc->queue_timeout, conn_gone, t->conn, &slot);
     if (rc == SLOTS_OK) return slot;
     if (rc == SLOTS_FULL) {
         http_err_set(e, 429, "rate_limit_error", "queue_full", NULL, "all %d slots are busy and the queue is full; retry shortly", sc->nslots);
@@ -119,15 +122,19 @@ int turn_begin(turn *t, serve_ctx *sc, turn_req *rq, struct MHD_Connection *conn
     t->t0 = t0;
     t->status = -1;
     reply_init(&t->out, rq->stops, rq->nstops, rq->chat);
-    int slot = admit(t, e);
-    if (slot < 0) return -1;
+    size_t text_len = 0;
+    char *text = turn_prompt_text(sc, rq, &text_len);
+    int slot = admit(t, text, text_len, e);
+    if (slot < 0) {
+        free(text);
+        return -1;
+    }
 
     finish_ctx *f = xcalloc(1, sizeof *f);
     f->sc = sc;
     f->slot = slot;
-    f->prompt = xmalloc(rq->prompt_len + 1);
-    memcpy(f->prompt, rq->prompt, rq->prompt_len);
-    f->prompt_len = rq->prompt_len;
+    f->prompt = text;
+    f->prompt_len = text_len;
     t->g = gen_new(on_finish, f);
 
     char err[200];
@@ -361,6 +368,30 @@ void turn_end(turn *t) {
     free(t->ids);
     t->ids = NULL;
     sbuf_free(&t->raw);
+}
+
+char *turn_prompt_text(const serve_ctx *sc, const turn_req *rq, size_t *len) {
+    const char *ids_text = rq->ids ? rq->ids : rq->prompt_is_ids ? rq->prompt : NULL;
+    if (!ids_text || !sc->tok) {
+        const char *p = ids_text ? ids_text : rq->prompt;
+        *len = ids_text ? strlen(p) : rq->prompt_len;
+        char *copy = xmalloc(*len + 1);
+        memcpy(copy, p, *len);
+        copy[*len] = 0;
+        return copy;
+    }
+    int n = 0, *ids = xmalloc(sizeof(int) * (strlen(ids_text) / 2 + 1));
+    for (const char *p = ids_text; *p;) {
+        char *end;
+        ids[n++] = (int)strtol(p, &end, 10);
+        p = *end ? end + 1 : end;
+    }
+    size_t raw_len = 0;
+    char *raw = tok_decode(sc->tok, ids, n, &raw_len);
+    char *clean = utf8_clean(raw ? raw : "", raw ? raw_len : 0, len);
+    free(raw);
+    free(ids);
+    return clean;
 }
 
 long turn_count_tokens(const serve_ctx *sc, const turn_req *rq, http_err *e) {

@@ -74,6 +74,7 @@ typedef struct {
     char *stops[TURN_MAX_STOPS];
     int nstops;
     int pinned_slot;              /* -1 = route by prefix */
+    unsigned long long slot_owner; /* 0 = none, else the user the slot belongs to (slots.h OWNERS) */
     int chat;                     /* parse the reply with the chat template */
     int thinking;
     char *grammar;                /* GBNF the output must follow (constrain.h), NULL = none */
@@ -118,6 +119,14 @@ int turn_run(turn *t);
 int turn_complete(turn *t, http_err *e);
 /* Release the turn: CANCEL if unfinished, drop references. */
 void turn_end(turn *t);
+
+/* The prompt of rq as text the way the engine will hold it (heap; *len its length): a prompt sent
+ * as ids (spliced replies, or token ids given) is their decode with invalid UTF-8 as U+FFFD —
+ * what the engine's RECORD of a resumed slot and a client's copy of a reply look like — and a
+ * rendered prompt is itself. Routing compares slot records with this text: a spliced reply's
+ * rendered text (a content marker the template adds, U+FFFD where the ids hold raw bytes) is
+ * not the decode of the ids that stand for it. Without a tokenizer the payload itself. */
+char *turn_prompt_text(const serve_ctx *sc, const turn_req *rq, size_t *len);
 
 /* Tokens the prompt of rq has as it would be sent (spliced ids, or the text tokenized), without
  * running it; -1 + e when it cannot be counted. */

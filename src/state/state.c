@@ -344,10 +344,40 @@ snapshot *state_capture_take(state *s, int p) {
 }
 
 void state_capture_disarm(state *s) {
+    s->rewind_n = 0;
     while (s->ncaptures) {
         capture_free(&s->captures[0]);
         capture_remove(s, 0);
     }
+}
+
+/* ---- rewinds -------------------------------------------------------------------------- */
+
+static void rewind_drop(state *s, int keep) {
+    for (int i = 1; i <= s->rewind_n; i++)
+        if (s->rewind_base + i != keep) snapshot_free(state_capture_take(s, s->rewind_base + i));
+    s->rewind_n = 0;
+}
+
+int state_rewind_arm(state *s, int n) {
+    rewind_drop(s, -1);
+    if (state_always_truncatable(s)) return n;
+    s->rewind_base = s->len;
+    while (s->rewind_n < n && state_capture_arm(s, s->len + s->rewind_n + 1) == STATE_OK) s->rewind_n++;
+    return s->rewind_n;
+}
+
+int state_rewind(state *s, int p) {
+    int armed = p > s->rewind_base && p <= s->rewind_base + s->rewind_n;
+    rewind_drop(s, armed ? p : -1);
+    if (p == s->len || state_truncate(s, p) == STATE_OK) {
+        if (armed) snapshot_free(state_capture_take(s, p));
+        return STATE_OK;
+    }
+    snapshot *snap = armed ? state_capture_take(s, p) : NULL;
+    int rc = snap ? state_restore(s, snap) : STATE_EUNSUPPORTED;
+    snapshot_free(snap);
+    return rc;
 }
 
 /* ---- persistence -----------------------------------------------------------------------

@@ -38,6 +38,14 @@
  * snapshot. It is byte-identical to state_snapshot(s, 0) after feeding exactly p tokens. A part
  * the family never hooked leaves the capture incomplete, so take gives NULL: a missed
  * checkpoint, never a wrong one. Reset, truncate and restore disarm every capture.
+ *
+ * REWINDS. A state that cannot truncate (a ring that wrapped, a RECUR summary) can still give
+ * back up to n positions of its NEXT feed: state_rewind_arm(s, n) arms a capture at each of
+ * len+1 .. len+m before that feed (m <= n, what could be armed; no capture at all when the state
+ * always truncates), and state_rewind(s, p) after it truncates to p or restores the capture at p,
+ * either way leaving exactly the state of feeding the first p ids alone (speculative decoding:
+ * verified drafts that are rejected never stay in the state). The same works for every part kind
+ * and every family that hooks its captures, so no family carries rewind logic.
  */
 #ifndef CAIRN_STATE_H
 #define CAIRN_STATE_H
@@ -80,6 +88,7 @@ typedef struct {
     int nparts;
     state_capture_slot captures[STATE_MAX_CAPTURES];
     int ncaptures;          /* armed captures; 0 makes state_capture a single test */
+    int rewind_base, rewind_n;   /* state_rewind_arm armed captures at rewind_base + 1 .. + rewind_n */
 } state;
 
 enum { STATE_OK = 0, STATE_EUNSUPPORTED = -2, STATE_ENOMEM = -3, STATE_EMISMATCH = -4 };
@@ -137,6 +146,14 @@ int state_capture_next(const state *s, int pos);
 snapshot *state_capture_take(state *s, int p);
 /* Disarm every capture (e.g. after a failed feed). */
 void state_capture_disarm(state *s);
+/* Make the next feed rewindable by up to n positions (see REWINDS); drops the captures of an
+ * earlier arm that was never rewound. Returns m <= n: the positions len+1 .. len+m, and len + m +
+ * 1 .. after them only if the state always truncates, are the ones state_rewind can return to. */
+int state_rewind_arm(state *s, int n);
+/* After the feed: keep positions < p (p in [base + 1, len], or any p the parts can truncate to)
+ * and drop the other rewind captures. p == len only drops them. STATE_EUNSUPPORTED (nothing
+ * changed but the captures) if neither a truncation nor an armed capture can give p. */
+int state_rewind(state *s, int p);
 int snapshot_len(const snapshot *snap);                 /* positions it covers */
 const int *snapshot_ids(const snapshot *snap);
 int snapshot_has_rows(const snapshot *snap);

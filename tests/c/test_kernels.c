@@ -361,10 +361,37 @@ static void check_pool_claims(void) {
           atomic_load(&p.others_done));
 }
 
+/* Past its spin a worker sleeps on a futex: a job must wake it. The held index can only be
+ * released by the other thread doing the rest, so this waits on the wake-up (the deadlock
+ * guard in held_task ends it if the worker never wakes). */
+typedef struct { atomic_int calls[2]; } slow_probe;
+
+static void slow_task(void *ctx, int i) {
+    if (i == 1) nanosleep(&(struct timespec){0, 200 * 1000 * 1000}, NULL);   /* outlasts the caller's spin */
+    atomic_fetch_add(&((slow_probe *)ctx)->calls[i], 1);
+}
+
+static void check_pool_sleepers(void) {
+    pool_set_threads(2);
+    const struct timespec asleep = {0, 300 * 1000 * 1000};   /* well past the workers' spin */
+    nanosleep(&asleep, NULL);
+    claim_probe p = {0, 0};
+    pool_run(64, held_task, &p);
+    CHECK(p.waited_ok && atomic_load(&p.others_done) == 63, "after sleeping: %d other indices ran while index 0 was held",
+          atomic_load(&p.others_done));
+    /* one call outlasting the other thread's spin: whichever thread waits for it sleeps and is woken */
+    nanosleep(&asleep, NULL);
+    slow_probe q = {{0, 0}};
+    pool_run(2, slow_task, &q);
+    CHECK(atomic_load(&q.calls[0]) == 1 && atomic_load(&q.calls[1]) == 1, "slow job: calls ran %d and %d times",
+          atomic_load(&q.calls[0]), atomic_load(&q.calls[1]));
+}
+
 int main(void) {
     check_simd_selected();
     check_pool();
     check_pool_claims();
+    check_pool_sleepers();
     check_reduction_order();
     check_fp4_rule4();
     check_nvfp4_rules();

@@ -1,6 +1,6 @@
-/* Unit tests of src/serve/slots.c: conversation -> slot routing, pinning, the bounded FIFO
- * queue (429 when full, timeouts, leaving the queue), records forgotten on engine restart and
- * learned from the new engine. */
+/* Unit tests of src/serve/slots.c: conversation -> slot routing, pinning, owners (users), the
+ * bounded FIFO queue (429 when full, timeouts, leaving the queue), records forgotten on engine
+ * restart and learned from the new engine. */
 #include <pthread.h>
 #include <string.h>
 #include <unistd.h>
@@ -8,11 +8,14 @@
 #include "serve/slots.h"
 #include "test.h"
 
-static int acquire(slots *s, const char *prompt, int pinned) {
+static int acquire_as(slots *s, const char *prompt, int pinned, unsigned long long owner) {
     int slot = -1;
-    int rc = slots_acquire(s, prompt, strlen(prompt), pinned, 5, NULL, NULL, &slot);
+    slot_request rq = {prompt, strlen(prompt), pinned, owner};
+    int rc = slots_acquire(s, &rq, 5, NULL, NULL, &slot);
     return rc == SLOTS_OK ? slot : rc;
 }
+
+static int acquire(slots *s, const char *prompt, int pinned) { return acquire_as(s, prompt, pinned, 0); }
 
 static void release(slots *s, int slot, const char *record) { slots_release(s, slot, record, strlen(record)); }
 
@@ -61,6 +64,41 @@ static void test_learned_records(void) {
     slots_free(s);
 }
 
+/* Users: a user's first request is routed (never onto another user's slot while one is empty),
+ * later ones follow it whatever the conversation; after a restart the user finds its resumed
+ * record by prefix; a request taking the slot ends the ownership. */
+static void test_owners(void) {
+    enum { ALICE = 11, BOB = 23, CAROL = 35 };
+    slots *s = slots_new(3, 4);
+    int a = acquire_as(s, "<bos>alice one", -1, ALICE);
+    release(s, a, "<bos>alice one<a>r");
+    int b = acquire_as(s, "<bos>bob one", -1, BOB);
+    CHECK(b >= 0 && b != a, "bob took alice's slot while two were empty (a=%d b=%d)", a, b);
+    release(s, b, "<bos>bob one<a>r");
+    CHECK(acquire_as(s, "<bos>alice, a different talk", -1, ALICE) == a, "alice's next talk left her slot");
+    release(s, a, "<bos>alice, a different talk<a>r");
+    CHECK(acquire_as(s, "<bos>alice again", -1, ALICE) == a, "alice's slot is not hers any more");
+    release(s, a, "<bos>alice again<a>r");
+
+    /* Restart: records come back in other slots than before; alice's first request finds hers. */
+    slots_forget_all(s);
+    slots_learn(s, 2, "<bos>alice again<a>r", strlen("<bos>alice again<a>r"));
+    slots_learn(s, 0, "<bos>bob one<a>r", strlen("<bos>bob one<a>r"));
+    CHECK(acquire_as(s, "<bos>alice again<a>r<u>more", -1, ALICE) == 2, "alice missed her resumed record");
+    release(s, 2, "<bos>alice again<a>r<u>more<a>r");
+    CHECK(acquire_as(s, "<bos>alice, third talk", -1, ALICE) == 2, "alice does not own the resumed slot");
+    release(s, 2, "<bos>alice, third talk<a>r");
+
+    /* A pin onto alice's slot takes it over: alice's next request is routed again, carol too. */
+    CHECK(acquire(s, "<bos>someone pinned", 2) == 2, "pin refused");
+    release(s, 2, "<bos>someone pinned<a>r");
+    CHECK(acquire_as(s, "<bos>alice, fourth talk", -1, ALICE) == 1, "alice did not get the empty slot");
+    release(s, 1, "<bos>alice, fourth talk<a>r");
+    int c = acquire_as(s, "<bos>carol", -1, CAROL);
+    CHECK(c != 1, "carol took alice's slot (c=%d)", c);
+    slots_free(s);
+}
+
 typedef struct {
     slots *s;
     int pinned, result;
@@ -70,7 +108,8 @@ typedef struct {
 static void *waiter_main(void *p) {
     waiter_arg *w = p;
     int slot = -1;
-    int rc = slots_acquire(w->s, "x", 1, w->pinned, w->timeout, NULL, NULL, &slot);
+    slot_request rq = {"x", 1, w->pinned, 0};
+    int rc = slots_acquire(w->s, &rq, w->timeout, NULL, NULL, &slot);
     w->result = rc == SLOTS_OK ? slot : rc;
     return NULL;
 }
@@ -99,9 +138,10 @@ static void test_queue(void) {
 
     /* A waiter times out and one whose client left gives up; neither keeps a place. */
     int slot = -1;
-    CHECK(slots_acquire(s, "y", 1, -1, 0.2, NULL, NULL, &slot) == SLOTS_TIMEOUT, "timeout expected");
+    slot_request y = {"y", 1, -1, 0};
+    CHECK(slots_acquire(s, &y, 0.2, NULL, NULL, &slot) == SLOTS_TIMEOUT, "timeout expected");
     int gone = 1;
-    CHECK(slots_acquire(s, "y", 1, -1, 30, gone_now, &gone, &slot) == SLOTS_GONE, "client-gone expected");
+    CHECK(slots_acquire(s, &y, 30, gone_now, &gone, &slot) == SLOTS_GONE, "client-gone expected");
     slots_get_stats(s, &st);
     CHECK(st.waiting == 0 && st.timed_out == 1, "waiting=%d timed_out=%ld", st.waiting, st.timed_out);
     release(s, 0, "");
@@ -113,6 +153,7 @@ static void test_queue(void) {
 int main(void) {
     test_routing();
     test_learned_records();
+    test_owners();
     test_queue();
     return TEST_END();
 }

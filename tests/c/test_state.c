@@ -398,7 +398,40 @@ static void test_capture_rows_only(void) {
     state_deinit(&s);
 }
 
+/* Rewinds (speculative decoding's rejected drafts): after a feed of n + 1 tokens past a wrapped
+ * ring and a RECUR summary (which cannot truncate), rewinding to every position the arm covered
+ * gives exactly the cold state of that prefix, and the captures not used are gone; a position
+ * the arm did not cover is refused and changes nothing. */
+static void test_rewind(void) {
+    int ids[40];
+    make_ids(ids, 40, 12);
+    for (int keep = 1; keep <= 5; keep++) {
+        fake f, cold;
+        fake_cold(&f, ids, 20, 1);
+        CHECK(state_rewind_arm(&f.st, 4) == 4, "four positions armed");
+        fake_feed(&f, ids + 20, 5);
+        CHECK(state_rewind(&f.st, 20 + keep) == STATE_OK, "rewind to %d", 20 + keep);
+        fake_cold(&cold, ids, 20 + keep, 1);
+        CHECK(parts_equal(&f, &cold) && f.st.ncaptures == 0, "rewound to %d == cold, no capture left", 20 + keep);
+        state_deinit(&f.st);
+        state_deinit(&cold.st);
+    }
+    fake f;
+    fake_cold(&f, ids, 20, 1);
+    CHECK(state_rewind_arm(&f.st, 2) == 2, "two positions armed");
+    fake_feed(&f, ids + 20, 5);
+    CHECK(state_rewind(&f.st, 23) == STATE_EUNSUPPORTED && f.st.len == 25, "23 was not armed: refused, unchanged");
+    CHECK(f.st.ncaptures == 0, "the refused rewind dropped its captures");
+    state_deinit(&f.st);
+    state s;
+    state_init(&s, CAP);
+    state_add_part(&s, PART_ROWS, "rows", 8, CAP, 1, 0);
+    CHECK(state_rewind_arm(&s, 6) == 6 && s.ncaptures == 0, "a state that always truncates arms nothing");
+    state_deinit(&s);
+}
+
 int main(void) {
+    test_rewind();
     test_capture_matches_snapshot();
     test_capture_refusals();
     test_capture_rows_only();

@@ -8,8 +8,10 @@
  *   "steps", "drafted", "accepted": verify calls made and drafts offered / kept,
  *   "record_ok": 1 when the speculative sequence's record is the prompt and its emitted tokens
  *                but the last (the pending one, never fed),
- *   "state_equal": 1 when every state part, rows [0, len), is byte-identical to a cold sequence
- *                (same parts: MTP rows kept) fed the record's ids in one call,
+ *   "state_equal": 1 when every state part is byte-identical to a cold sequence (same parts: MTP
+ *                rows kept) fed the record's ids in one call: ROWS their complete rows, RING the
+ *                slots positions [0, len) wrote, RECUR all of it (what a snapshot carries and a
+ *                later feed reads; a compressed row still being filled is rewritten before use),
  *   "logits_equal": 1 when the last verify row equals the cold sequence's last logits bitwise.
  * With TEMPERATURE 0 "plain" and "spec" must be identical; sampled runs are compared run to run.
  *
@@ -37,13 +39,21 @@ static void print_ids(const char *key, const int *ids, int n) {
     printf("],");
 }
 
-/* Rows [0, len) of every part (all ROWS here: spec decoding needs a truncatable state). */
+/* Bytes of part x that the state of len positions defines (see "state_equal" above). */
+static size_t defined_bytes(const state_part *x, int len) {
+    switch (x->kind) {
+    case PART_ROWS: return x->row_bytes * (size_t)(len / x->span);
+    case PART_RING: return x->row_bytes * (size_t)MIN(len, x->rows);
+    case PART_RECUR: return x->row_bytes;
+    }
+    return 0;
+}
+
 static int parts_equal(const state *a, const state *b) {
     if (a->nparts != b->nparts || a->len != b->len) return 0;
     for (int i = 0; i < a->nparts; i++) {
         const state_part *x = &a->parts[i], *y = &b->parts[i];
-        size_t bytes = x->kind == PART_ROWS ? x->row_bytes * (size_t)((a->len + x->span - 1) / x->span) : 0;
-        if (x->kind != PART_ROWS || strcmp(x->name, y->name) || memcmp(x->buf, y->buf, bytes)) return 0;
+        if (x->kind != y->kind || strcmp(x->name, y->name) || memcmp(x->buf, y->buf, defined_bytes(x, a->len))) return 0;
     }
     return 1;
 }

@@ -189,7 +189,8 @@ class DeepseekV4:
         self.num = Numerics(qat, jitter, jitter_seed)
         c = self.cfg
         self.n_layers = c["num_hidden_layers"]
-        self.ratios = c["compress_ratios"][: self.n_layers]
+        blocks = self.n_layers + c.get("num_nextn_predict_layers", 0)     # the MTP blocks follow the layers
+        self.ratios = c["compress_ratios"][:blocks]
         self.hc = c["hc_mult"]
         self.eps = c["rms_norm_eps"]
         self.hd, self.rd = c["head_dim"], c["qk_rope_head_dim"]
@@ -197,11 +198,11 @@ class DeepseekV4:
         self.freqs_plain = rope_freqs(self.rd, c["rope_theta"], None)
         self.freqs_comp = rope_freqs(self.rd, c["compress_rope_theta"], c["rope_scaling"])
         # per-layer history (index = absolute position): window KV and compressor projections
-        self.kv = [[] for _ in range(self.n_layers)]
-        self.comp_in = [[] for _ in range(self.n_layers)]      # (a_t, s_t) of the main compressor
-        self.idx_in = [[] for _ in range(self.n_layers)]       # (a_t, s_t) of the indexer compressor
-        self.comp = [[] for _ in range(self.n_layers)]         # emitted main entries
-        self.idx_keys = [[] for _ in range(self.n_layers)]     # emitted indexer keys
+        self.kv = [[] for _ in range(blocks)]
+        self.comp_in = [[] for _ in range(blocks)]      # (a_t, s_t) of the main compressor
+        self.idx_in = [[] for _ in range(blocks)]       # (a_t, s_t) of the indexer compressor
+        self.comp = [[] for _ in range(blocks)]         # emitted main entries
+        self.idx_keys = [[] for _ in range(blocks)]     # emitted indexer keys
 
     # -- building blocks --
 
@@ -292,7 +293,7 @@ class DeepseekV4:
 
     def attention(self, l, x, t):
         c, num = self.cfg, self.num
-        p = f"layers.{l}.attn"
+        p = self.prefix(l) + ".attn"
         ratio = self.ratios[l]
         freqs = self.freqs_comp if ratio else self.freqs_plain
         nh, hd, nope = c["num_attention_heads"], self.hd, self.nope
@@ -342,7 +343,7 @@ class DeepseekV4:
 
     def moe(self, l, x, token):
         c = self.cfg
-        p = f"layers.{l}.ffn"
+        p = self.prefix(l) + ".ffn"
         logits = self.w(p + ".gate.weight") @ x
         score = np.sqrt(np.logaddexp(0.0, logits))
         k = c["num_experts_per_tok"]
@@ -359,8 +360,11 @@ class DeepseekV4:
 
     # -- whole model --
 
+    def prefix(self, l):
+        return f"layers.{l}" if l < self.n_layers else f"mtp.{l - self.n_layers}"
+
     def block(self, l, H, token, t):
-        p = f"layers.{l}"
+        p = self.prefix(l)
         x, post, comb = self.hc_pre(H, p + ".hc_attn")
         f = self.attention(l, self.rmsnorm(x, p + ".attn_norm.weight"), t)
         H = self.hc_post(f, H, post, comb)
@@ -368,17 +372,33 @@ class DeepseekV4:
         f = self.moe(l, self.rmsnorm(x, p + ".ffn_norm.weight"), token)
         return self.hc_post(f, H, post, comb)
 
+    def head(self, H, p=""):
+        """Logits from the streams H: HC head collapse, final norm, the shared head (p: an MTP
+        block's own hc_head and norm)."""
+        flat = H.reshape(-1)
+        mix = (self.w(p + "hc_head_fn") @ flat) / math.sqrt(np.mean(flat * flat) + self.eps)
+        pre = sigmoid(mix * self.w(p + "hc_head_scale")[0] + self.w(p + "hc_head_base")) + self.cfg["hc_eps"]
+        y = self.num.bf16(pre @ H)
+        return self.w("head.weight") @ self.rmsnorm(y, p + "norm.weight")
+
     def step(self, token, t):
-        """Feed one token at absolute position t; returns its next-token logits."""
+        """Feed one token at absolute position t; returns its next-token logits. self.H keeps
+        the final streams (what the MTP block reads)."""
         e = self.num.perturb(self.w("embed.weight")[token])
         H = np.tile(e, (self.hc, 1))
         for l in range(self.n_layers):
             H = self.block(l, H, token, t)
-        flat = H.reshape(-1)
-        mix = (self.w("hc_head_fn") @ flat) / math.sqrt(np.mean(flat * flat) + self.eps)
-        pre = sigmoid(mix * self.w("hc_head_scale")[0] + self.w("hc_head_base")) + self.cfg["hc_eps"]
-        y = self.num.bf16(pre @ H)
-        return self.w("head.weight") @ self.rmsnorm(y, "norm.weight")
+        self.H = H
+        return self.head(H)
+
+    def mtp_step(self, H, token, t):
+        """MTP block 0 at position t (spec §6): the final streams H of main position t and the
+        token at t + 1; returns the draft logits of token t + 2. Call for t = 0, 1, ... in order."""
+        p = "mtp.0."
+        e = self.qlinear(p + "e_proj", self.rmsnorm(self.w("embed.weight")[token], p + "enorm.weight"))
+        h = np.array([self.qlinear(p + "h_proj", self.rmsnorm(H[i], p + "hnorm.weight")) for i in range(self.hc)])
+        X = self.num.bf16(h + e[None, :])
+        return self.head(self.block(self.n_layers, X, token, t), p)
 
 
 def log_softmax(x):
@@ -399,6 +419,19 @@ def run(model_dir, ids, numerics="exact", top=5, jitter=0.0, jitter_seed=0, over
         best = sorted(range(vocab), key=lambda i: (-lp[i], i))[:top]
         out.append({"pos": t, "top": [{"id": i, "logprob": float(lp[i])} for i in best]})
     return out
+
+
+def mtp_run(model_dir, ids, numerics="exact"):
+    """Draft logits [len(ids) - 1][vocab]: row p predicts token p + 2 from the main model's state
+    of ids[0..p] and the token ids[p + 1], MTP positions 0 .. len - 2 attending to each other."""
+    m = DeepseekV4(model_dir, numerics == "qat")
+    out = []
+    for t, tok in enumerate(ids):
+        m.step(tok, t)
+        if t > 0:
+            out.append(m.mtp_step(H_prev, tok, t - 1))
+        H_prev = m.H
+    return np.array(out)
 
 
 def parse_override(s):

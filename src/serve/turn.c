@@ -57,7 +57,8 @@ static void on_finish(gen *g, void *user) {
     int keep = g->status == GEN_DONE || (g->status == GEN_ERROR && !strncmp(g->error, "CANCELLED", 9));
     if (keep) {
         size_t len = 0;
-        char *data = utf8_clean(g->data ? g->data : "", g->data_len, &len), *rec = data ? malloc(f->prompt_len + len + 1) : NULL;
+        char *data = utf8_clean(g->data ? g->data : "", g->data_len, &len);
+        char *rec = data ? malloc(f->prompt_len + len + 1) : NULL;
         if (rec) {
             memcpy(rec, f->prompt, f->prompt_len);
             memcpy(rec + f->prompt_len, data, len);
@@ -373,12 +374,8 @@ void turn_end(turn *t) {
 char *turn_prompt_text(const serve_ctx *sc, const turn_req *rq, size_t *len) {
     const char *ids_text = rq->ids ? rq->ids : rq->prompt_is_ids ? rq->prompt : NULL;
     if (!ids_text || !sc->tok) {
-        const char *p = ids_text ? ids_text : rq->prompt;
-        *len = ids_text ? strlen(p) : rq->prompt_len;
-        char *copy = xmalloc(*len + 1);
-        memcpy(copy, p, *len);
-        copy[*len] = 0;
-        return copy;
+        *len = ids_text ? strlen(ids_text) : rq->prompt_len;
+        return dup_bytes(ids_text ? ids_text : rq->prompt, *len);
     }
     int n = 0, *ids = xmalloc(sizeof(int) * (strlen(ids_text) / 2 + 1));
     for (const char *p = ids_text; *p;) {

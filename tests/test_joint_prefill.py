@@ -31,13 +31,10 @@ def test_decoding_slots_stay_exact_while_another_prefills(cairn, family_model):
     params = [(24, 0.0), (24, 0.8)]                 # one greedy, one sampled (seeded) decoder
     e = Engine(cairn, model, "--ctx", str(CTX), "--slots", "3", "--kv-share", "0", env={"CAIRN_STEP_LOG": "1"})
     try:
-        frames = []
-        e.send = frames.append                      # all three SUBMITs reach the engine in one write
-        reps = [e.submit("d%d" % i, ids=p, max_tokens=mt, slot=i, temperature=t)
-                for i, (p, (mt, t)) in enumerate(zip(short, params))]
-        lrep = e.submit("long", ids=long, max_tokens=6, slot=2)
-        del e.send
-        e.send(b"".join(frames))
+        with e.one_write():                      # all three SUBMITs reach the engine in one write
+            reps = [e.submit("d%d" % i, ids=p, max_tokens=mt, slot=i, temperature=t)
+                    for i, (p, (mt, t)) in enumerate(zip(short, params))]
+            lrep = e.submit("long", ids=long, max_tokens=6, slot=2)
         for r in ("d0", "d1", "long"):
             e.collect(r)
         # regenerate with the last prompt token edited: the n - 1 point was captured inside a joint
@@ -71,12 +68,9 @@ def test_cancel_of_a_joined_prefill_leaves_the_others_exact(cairn, family_model)
     after = ids_of(family_model, 12, 6)
     e = Engine(cairn, model, "--ctx", str(CTX), "--slots", "2", "--kv-share", "0", env={"CAIRN_STEP_LOG": "1"})
     try:
-        frames = []
-        e.send = frames.append
-        dec = e.submit("dec", ids=short, max_tokens=40, slot=0)
-        lrep = e.submit("long", ids=long, max_tokens=8, slot=1)
-        del e.send
-        e.send(b"".join(frames))
+        with e.one_write():
+            dec = e.submit("dec", ids=short, max_tokens=40, slot=0)
+            lrep = e.submit("long", ids=long, max_tokens=8, slot=1)
         while len(dec.ids) < 2:                     # the second token came out of a joint step
             e.pump()
         e.send(b"CANCEL long\n")

@@ -195,12 +195,9 @@ def test_engine_speculating_slots_share_one_forward_call(cairn, mtp_model):
     model = mtp_model[1]
     e = Engine(cairn, model, "--slots", "3", "--kv-share", "0", *spec_args, env={"CAIRN_STEP_LOG": "1"})
     try:
-        frames = []
-        e.send = frames.append          # the three SUBMITs reach the engine in one write
-        reps = [e.submit("s%d" % i, ids=p, max_tokens=mt, slot=i, temperature=t, extra=x)
-                for i, (p, (mt, t, x)) in enumerate(zip(prompts, params))]
-        del e.send
-        e.send(b"".join(frames))
+        with e.one_write():          # the three SUBMITs reach the engine in one write
+            reps = [e.submit("s%d" % i, ids=p, max_tokens=mt, slot=i, temperature=t, extra=x)
+                    for i, (p, (mt, t, x)) in enumerate(zip(prompts, params))]
         for i in range(3):
             e.collect("s%d" % i)
     finally:
@@ -228,12 +225,9 @@ def test_engine_speculating_slot_shares_its_calls_with_a_prefill(cairn, mtp_mode
     model = mtp_model[1]
     e = Engine(cairn, model, "--slots", "2", "--kv-share", "0", *spec_args, env={"CAIRN_STEP_LOG": "1"})
     try:
-        frames = []
-        e.send = frames.append
-        dec = e.submit("s", ids=LONG, max_tokens=30, slot=0, temperature=50.0, extra=" seed=5")
-        pre = e.submit("p", ids=long, max_tokens=6, slot=1)
-        del e.send
-        e.send(b"".join(frames))
+        with e.one_write():
+            dec = e.submit("s", ids=LONG, max_tokens=30, slot=0, temperature=50.0, extra=" seed=5")
+            pre = e.submit("p", ids=long, max_tokens=6, slot=1)
         e.collect("s")
         e.collect("p")
     finally:

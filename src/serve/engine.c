@@ -1,24 +1,32 @@
 /* engine.c — `cairn engine`: one model, N slots, the line protocol on stdin/stdout
  * (protocol.md §1; codec in wire.c, reuse in state/reuse.c).
  *
- * One thread owns every model state. Each turn of the loop advances every prefilling request by
- * one chunk, then every decoding request by one token in ONE forward call over all of them
- * (seq_spec_steps), so dense, attention and shared-expert weights stream from memory once per
- * step for all conversations; each conversation's tokens stay bit-identical to running it
- * alone (model.h). With --spec mtp a decoding request without a grammar, bias or penalties
- * instead takes a speculative step inside that same call (seq_spec_steps: its MTP layer drafts
- * first, and the call verifies its next token + drafts beside the other slots' tokens), which
- * emits the same tokens plain decoding would (bit-identical when greedy). stdin is polled with a
- * zero-timeout select between steps, so CANCEL, STOP and new SUBMITs are seen during long
- * prefills and decodes. With nothing active it blocks on
- * stdin. EOF lets in-flight requests finish, then exits 0. CAIRN_STEP_LOG=1 logs on stderr each
- * decode step: how many slots its one forward call decoded and the weight bytes that call
- * streamed (kernels_streamed: dense, and routed experts), so a test can see the weights read
- * once per pass; and each speculative step's kept drafts.
+ * One thread owns every model state. Each turn of the loop advances every decoding request by one
+ * token AND the prefilling requests by a chunk in ONE forward call over all of them (the joint
+ * step, seq_spec_steps with feed_job chunks), so dense, attention and shared-expert weights
+ * stream from memory once per step for all conversations; each conversation's tokens stay
+ * bit-identical to running it alone (model.h: chunking invariance). The prefill rows of a step
+ * are budgeted by seq_join_rows: they fill the last internal pass the decode rows start, so the
+ * step reads the dense weights as often as its decode rows alone would and costs no more than
+ * the pass-sized chunk call that used to precede the decode call; the budget goes to prefilling
+ * requests in slot order. With nothing decoding, a prefill chunk (the sequence's chunk size) is
+ * a call of its own. The reuse layer decides each chunk's end and its checkpoints
+ * (reuse_prefill_next / reuse_prefill_fed); a prefill completing inside a joint call samples its
+ * first token from its last row. With --spec mtp a decoding request without a grammar, bias or
+ * penalties instead takes a speculative step inside that same call (seq_spec_steps: its MTP layer
+ * drafts first, and the call verifies its next token + drafts beside the other slots' tokens and
+ * chunks), which emits the same tokens plain decoding would (bit-identical when greedy). stdin is
+ * polled with a zero-timeout select between steps, so CANCEL, STOP and new SUBMITs are seen
+ * during long prefills and decodes. With nothing active it blocks on stdin. EOF lets in-flight
+ * requests finish, then exits 0. CAIRN_STEP_LOG=1 logs on stderr each joint step: how many slots
+ * its one forward call decoded, the weight bytes that call streamed (kernels_streamed: dense, and
+ * routed experts), and the prefill rows it carried for how many requests, so a test can see the
+ * weights read once per pass; and each speculative step's kept drafts.
  *
  * Frames go to stdout, one fflush per frame; logs go to stderr. A request's reply is ACCEPT,
  * DATA*, DONE, or a single ERROR. A failure after a slot's state started changing taints that
- * slot only (its next request resets); other slots are never touched.
+ * slot only (its next request resets); other slots are never touched, except that a forward call
+ * that failed taints every slot it carried (the joint step's requests all fail).
  */
 #include <errno.h>
 #include <signal.h>
@@ -79,8 +87,8 @@ typedef struct {
     request **active;    /* per slot, NULL when idle */
     store *cs;
     float *logits, *logprobs, *top_lps;
-    float *step_logits;  /* [slots][draft + 1][vocab]: one batched decode step's rows */
-    request **stepping;  /* [slots]: the requests of that step */
+    float *step_logits;  /* [slots][draft + 1][vocab]: one joint step's rows (decoding, then prefill logits) */
+    request **stepping;  /* [2][slots]: that step's decoding requests, then its prefilling ones */
     int log_steps;
     int *top_ids;
     tokvocab *vocab;     /* token trie for grammar masks (NULL without a tokenizer) */

@@ -68,8 +68,8 @@ def test_engine_bias_and_penalties(cairn, family_model):
         e.close()
 
 
-def fake_server(tiny_dsv4, tmp_path):
-    return Server(tiny_dsv4, str(tmp_path), fake=True)
+def fake_server(model, tmp_path):
+    return Server(model, str(tmp_path), fake=True)
 
 
 def submits(srv):
@@ -198,5 +198,43 @@ def test_n_choices_batched_prompts_and_echo(family_model, tmp_path):
         assert st == 400 and bad["error"]["param"] == "echo"
         st, _, bad = srv.json("POST", "/v1/chat/completions", {**chat, "n": 9})
         assert st == 400 and bad["error"]["param"] == "n"
+    finally:
+        srv.stop()
+
+
+# Kimi K3's encoder (encoding_k3.py) accepts thinking_effort low, high and max only, though the
+# effort message it renders lists `medium` too; its apply_chat_template defaults to max. The
+# gateway passes OpenAI's reasoning_effort (and Anthropic thinking, which names no effort) through
+# unchanged, so the OpenAI values the encoder refuses are a 400 naming the value.
+@pytest.mark.parametrize("effort,rendered", [("low", "low"), ("high", "high"), ("max", "max"),
+                                             ("medium", None), ("minimal", None), ("xhigh", None)])
+def test_kimi_k3_reasoning_effort_follows_the_encoder(tiny_kimi_k3, tmp_path, effort, rendered):
+    srv = fake_server(tiny_kimi_k3, tmp_path)
+    try:
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "reasoning_effort": effort}
+        st, _, r = srv.json("POST", "/v1/chat/completions", body)
+        if rendered is None:
+            assert st == 400 and f"'{effort}'" in r["error"]["message"], r
+            assert not submits(srv), "a refused request never reaches the engine"
+            return
+        assert st == 200, r
+        prompt = submits(srv)[-1]["prompt"]
+        assert prompt.count("thinking_effort=") == 1 and f"`thinking_effort={rendered}`" in prompt, prompt
+    finally:
+        srv.stop()
+
+
+def test_kimi_k3_effort_defaults_to_max_and_needs_thinking(tiny_kimi_k3, tmp_path):
+    srv = fake_server(tiny_kimi_k3, tmp_path)
+    try:
+        st, _, r = srv.json("POST", "/v1/messages", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+                                                     "thinking": {"type": "enabled", "budget_tokens": 1024}},
+                            {"anthropic-version": "2023-06-01"})
+        assert st == 200, r
+        assert "`thinking_effort=max`" in submits(srv)[-1]["prompt"]
+        st, _, r = srv.json("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                                             "max_tokens": 3, "reasoning_effort": "none"})
+        assert st == 200, r
+        assert "thinking_effort" not in submits(srv)[-1]["prompt"], "instruct mode renders no effort message"
     finally:
         srv.stop()

@@ -5,7 +5,8 @@ Rank 0 runs everything but the routed experts of odd id (expert e belongs to ran
 layer their rows go to rank 1 and one output row per (slot, expert) comes back. The tests hold
 that output to the single-process engine (build/cairn, no MPI linked) bit for bit — prefill in
 uneven chunks and decode, a warm second turn against a cold engine — and that the counters of
-both ranks agree that rank 1 actually ran experts: what rank 0 sent is what rank 1 served."""
+both ranks agree that rank 1 actually ran experts: what rank 0 sent is what rank 1 served. `cairn
+serve` runs such an engine the documented way, through an --engine script exec'ing mpirun."""
 import os
 import random
 import re
@@ -111,3 +112,35 @@ def test_warm_turn_over_mpi_equals_cold_single_process(cairn, family_model):
 def test_serve_is_refused_under_mpirun(tiny_glm):
     r = subprocess.run([*mpirun(2), "serve", "-m", tiny_glm], capture_output=True, text=True)
     assert r.returncode != 0 and "does not run across MPI ranks" in r.stderr
+
+
+def test_serve_through_an_mpirun_engine(cairn, tiny_glm, tmp_path):
+    """The documented way to serve across ranks (docs/scale.md): `cairn serve --engine SCRIPT`, the
+    script exec'ing mpirun on build/mpi/cairn with the engine arguments serve passes. Two turns on
+    one slot answer what a single-process server answers (the second reusing the first), and at
+    exit rank 0 reports experts it sent to rank 1."""
+    from test_http_robustness import Server
+    script = tmp_path / "mpi-engine"
+    script.write_text("#!/bin/sh\nexec " + " ".join(mpirun(2)) + ' "$@"\n')
+    script.chmod(0o755)
+    replies = {}
+    for name, args in (("one", ()), ("mpi", ("--engine", str(script)))):
+        srv = Server(tiny_glm, str(tmp_path), args)
+        try:
+            msgs, out = [], []
+            for text in ("Hello there", "And again"):
+                msgs.append({"role": "user", "content": text})
+                st, _, r = srv.json("POST", "/v1/chat/completions", {"messages": msgs, "max_tokens": 8,
+                                                                     "temperature": 0, "user": "u1"})
+                assert st == 200, r
+                msgs.append(r["choices"][0]["message"])
+                out.append((r["choices"][0]["message"]["content"], r["usage"]))
+        finally:
+            srv.stop()
+        replies[name] = out
+    assert replies["mpi"] == replies["one"] and all(text for text, _ in replies["one"]), replies
+    assert replies["mpi"][1][1]["prompt_tokens_details"]["cached_tokens"] > 0, replies["mpi"]
+    with open(srv.log_path) as f:
+        log = f.read()
+    sent = SENT.search(log)
+    assert sent and fields(sent.group(2))["remote_experts"] > 0, log[-3000:]

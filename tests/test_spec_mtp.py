@@ -12,8 +12,9 @@ tests/c/tool_spec:
   - after speculative decoding the record is exactly the emitted tokens and every state part is
     byte-identical to a cold sequence fed the same ids, whatever was drafted and rejected (the
     DeepSeek V4 runs reject drafts after the rings wrapped, where only a restored capture is exact);
-  - `cairn run --spec mtp --draft K` prints exactly what plain greedy decoding prints, and refuses
-    a checkpoint without an MTP layer it can draft with;
+  - `cairn run --spec mtp --draft K` prints exactly what plain greedy decoding prints, also with the
+    routed experts (the MTP layer's too) read through a two-expert --expert-cache-mb budget, and
+    refuses a checkpoint without an MTP layer it can draft with;
   - `cairn engine --spec mtp --draft K` says draft=K in CAPS, and every reply (greedy: ids, text,
     logprobs; sampled at a seed; two turns on one slot, so the second reuses the state speculative
     steps left) is what an engine without speculation sends; a sampled reply is the same at the same
@@ -253,3 +254,19 @@ def test_bench_mtp_reports_costs_timed_in_its_decode(cairn, mtp_model):
                 "projected_speedup_at_0_8"):
         assert b[key] > 0, key
     assert b["mtp_other_cost_ratio"] >= 0
+
+
+def test_run_spec_through_the_expert_cache(cairn, mtp_model):
+    """--spec mtp with routed experts read through a budget of two experts (src/core/experts.h),
+    so verify and draft passes evict each other's experts: greedy output is plain mapped decoding's,
+    and the cache counters show it evicted and read."""
+    from test_expert_cache import largest_expert, mb, stats
+    model = mtp_model[1]
+    budget = mb(2 * largest_expert(cairn, model))
+    plain = run(cairn, model)
+    for k in ("1", "3"):
+        fast = run(cairn, model, "--spec", "mtp", "--draft", k, "--expert-cache-mb", budget)
+        assert plain.returncode == 0 and fast.returncode == 0, plain.stderr + fast.stderr
+        assert fast.stdout == plain.stdout, f"draft {k}"
+        s = stats(fast.stderr)
+        assert s["evictions"] > 0 and s["misses"] > 0 and s["read_errors"] == 0, s

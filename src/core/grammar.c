@@ -29,9 +29,20 @@ typedef struct {
     int defined, helpers;
 } rulev;
 
+/* Rules by name and byte sets by value are found through open-addressing tables of entry numbers
+ * (-1 = empty, at most half full): a schema's generated grammar has thousands of helper rules and
+ * sets, and a linear scan per lookup made parsing it quadratic. */
+typedef struct {
+    int *slot;
+    unsigned cap;             /* a power of two, or 0 */
+} lookup;
+
+enum { BY_NAME, BY_SET };
+
 typedef struct {
     const char *src;
     size_t len, pos;
+    lookup by[2];
     rulev *rules;
     int nrules, cap;
     byteset *sets;
@@ -88,9 +99,46 @@ static seqv *rule_new_alt(rulev *r) {
     return q;
 }
 
+static const void *key_of(const parser *p, int kind, int id, size_t *n) {
+    if (kind == BY_NAME) {
+        *n = strlen(p->rules[id].name);
+        return p->rules[id].name;
+    }
+    *n = sizeof p->sets[id];
+    return &p->sets[id];
+}
+
+/* The slot holding key's entry, or the empty slot where it would go. */
+static int *lookup_slot(const parser *p, int kind, const void *key, size_t n) {
+    const lookup *t = &p->by[kind];
+    for (unsigned i = (unsigned)fnv64(FNV64_INIT, key, n);; i++) {
+        int *slot = &t->slot[i & (t->cap - 1)];
+        size_t m;
+        if (*slot < 0) return slot;
+        const void *k = key_of(p, kind, *slot, &m);
+        if (m == n && !memcmp(k, key, n)) return slot;
+    }
+}
+
+/* Room for entry number `count` (entries 0..count-1 exist): doubles and re-inserts when half full. */
+static void lookup_reserve(parser *p, int kind, int count) {
+    lookup *t = &p->by[kind];
+    if (2 * ((size_t)count + 1) <= t->cap) return;
+    free(t->slot);
+    t->cap = t->cap ? 2 * t->cap : 64;
+    t->slot = xmalloc(t->cap * sizeof *t->slot);
+    memset(t->slot, 0xff, t->cap * sizeof *t->slot);
+    for (int id = 0; id < count; id++) {
+        size_t n;
+        const void *k = key_of(p, kind, id, &n);
+        *lookup_slot(p, kind, k, n) = id;
+    }
+}
+
 static int rule_id(parser *p, const char *name, size_t n) {
-    for (int i = 0; i < p->nrules; i++)
-        if (strlen(p->rules[i].name) == n && !memcmp(p->rules[i].name, name, n)) return i;
+    lookup_reserve(p, BY_NAME, p->nrules);
+    int *slot = lookup_slot(p, BY_NAME, name, n);
+    if (*slot >= 0) return *slot;
     if (p->nrules == p->cap) {
         p->cap = p->cap ? 2 * p->cap : 16;
         p->rules = xrealloc(p->rules, (size_t)p->cap * sizeof *p->rules);
@@ -100,7 +148,7 @@ static int rule_id(parser *p, const char *name, size_t n) {
     r->name = xmalloc(n + 1);
     memcpy(r->name, name, n);
     r->name[n] = 0;
-    return p->nrules++;
+    return *slot = p->nrules++;
 }
 
 /* A fresh defined rule named parent_K. */
@@ -113,14 +161,15 @@ static int helper_rule(parser *p, int parent) {
 }
 
 static int set_id(parser *p, const byteset *s) {
-    for (int i = 0; i < p->nsets; i++)
-        if (!memcmp(&p->sets[i], s, sizeof *s)) return i;
+    lookup_reserve(p, BY_SET, p->nsets);
+    int *slot = lookup_slot(p, BY_SET, s, sizeof *s);
+    if (*slot >= 0) return *slot;
     if (p->nsets == p->setcap) {
         p->setcap = p->setcap ? 2 * p->setcap : 16;
         p->sets = xrealloc(p->sets, (size_t)p->setcap * sizeof *p->sets);
     }
     p->sets[p->nsets] = *s;
-    return p->nsets++;
+    return *slot = p->nsets++;
 }
 
 static void set_range(byteset *s, unsigned lo, unsigned hi) {
@@ -613,6 +662,8 @@ static void parser_free(parser *p) {
     }
     free(p->rules);
     free(p->sets);
+    free(p->by[BY_NAME].slot);
+    free(p->by[BY_SET].slot);
     for (int i = 0; i < p->nlits; i++) free(p->lits[i]);
     free(p->lits);
     free(p->lit_len);

@@ -29,8 +29,10 @@
  *
  * Choices where the sources are silent, stated: `developer` renders as system; JSON is written
  * without ASCII escaping; a tool_choice naming one function renders the `required` option (the
- * encoder has no named form; the grammar, k3_tools, forces the function). Efforts other than
- * low / high / max are refused as the encoder refuses them.
+ * encoder has no named form; the grammar, k3_tools, forces the function).
+ * Effort: the encoder accepts thinking_effort low, high and max only (_VALID_THINKING_EFFORTS),
+ * although the message it renders lists `medium` too, and apply_chat_template defaults it to max;
+ * any other value (OpenAI's medium, minimal, xhigh) is refused, as the encoder refuses it.
  *   response_format (after the tool-choice option; the grammar still constrains the reply):
  *   <|open|>message role="system" type="response-format"<|sep|>The system is invoked with
  *       `response_format=json_object`.\nYour response must be raw JSON data without markdown code

@@ -36,9 +36,15 @@ static void test_render_basic(void) {
                           "<|open|>message role=\"assistant\"<|sep|><|open|>think<|sep|>"),
           "got %s", show(p));
     free(p);
-    p = render("[{\"role\":\"user\",\"content\":\"Hi\"}]", NULL, 1, "low", NULL, err);
-    CHECK(p && strstr(p, "`thinking_effort=low`"), "got %s", show(p));
-    free(p);
+    /* encoding_k3.py's _VALID_THINKING_EFFORTS: each renders the same message with its own name */
+    static const char *const accepted[][2] = {{"low", EFFORT("low")}, {"high", EFFORT("high")}, {"max", EFFORT("max")}};
+    for (size_t i = 0; i < sizeof accepted / sizeof accepted[0]; i++) {
+        p = render("[{\"role\":\"user\",\"content\":\"Hi\"}]", NULL, 1, accepted[i][0], NULL, err);
+        size_t n = strlen(accepted[i][1]);
+        CHECK(p && !strncmp(p, accepted[i][1], n) && !strstr(p + n, "thinking-effort"), "%s: got %s", accepted[i][0],
+              show(p));
+        free(p);
+    }
 }
 
 static void test_render_history(void) {
@@ -159,8 +165,13 @@ static void test_response_format(void) {
 
 static void test_render_errors(void) {
     char err[256] = "";
-    char *p = render("[{\"role\":\"user\",\"content\":\"x\"}]", NULL, 1, "medium", NULL, err);
-    CHECK(!p && strstr(err, "medium"), "err %s", err);
+    /* the effort message lists `medium`, but the encoder refuses it, as it refuses OpenAI's other names */
+    static const char *const refused[] = {"medium", "minimal", "xhigh", "none", "MAX"};
+    char *p;
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        p = render("[{\"role\":\"user\",\"content\":\"x\"}]", NULL, 1, refused[i], NULL, err);
+        CHECK(!p && strstr(err, refused[i]), "%s: err %s", refused[i], err);
+    }
     p = render("[{\"role\":\"tool\",\"content\":\"x\"}]", NULL, 0, NULL, NULL, err);
     CHECK(!p && strstr(err, "messages[0]"), "err %s", err);
     p = render("[{\"role\":\"wizard\",\"content\":\"x\"}]", NULL, 0, NULL, NULL, err);

@@ -204,8 +204,9 @@ def test_n_choices_batched_prompts_and_echo(family_model, tmp_path):
 
 # Kimi K3's encoder (encoding_k3.py) accepts thinking_effort low, high and max only, though the
 # effort message it renders lists `medium` too; its apply_chat_template defaults to max. The
-# gateway passes OpenAI's reasoning_effort (and Anthropic thinking, which names no effort) through
-# unchanged, so the OpenAI values the encoder refuses are a 400 naming the value.
+# gateway passes OpenAI's reasoning_effort / reasoning.effort (and Anthropic thinking, which names no
+# effort) through unchanged, and refuses the values the encoder refuses with a 400 naming the field
+# and the value (the template's accepted list, chat.h efforts) before anything reaches the engine.
 @pytest.mark.parametrize("effort,rendered", [("low", "low"), ("high", "high"), ("max", "max"),
                                              ("medium", None), ("minimal", None), ("xhigh", None)])
 def test_kimi_k3_reasoning_effort_follows_the_encoder(tiny_kimi_k3, tmp_path, effort, rendered):
@@ -214,12 +215,19 @@ def test_kimi_k3_reasoning_effort_follows_the_encoder(tiny_kimi_k3, tmp_path, ef
         body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "reasoning_effort": effort}
         st, _, r = srv.json("POST", "/v1/chat/completions", body)
         if rendered is None:
-            assert st == 400 and f"'{effort}'" in r["error"]["message"], r
+            assert st == 400 and r["error"]["param"] == "reasoning_effort" and f"'{effort}'" in r["error"]["message"], r
+            st, _, r = srv.json("POST", "/v1/responses", {"input": "hi", "max_output_tokens": 3,
+                                                          "reasoning": {"effort": effort}})
+            assert st == 400 and r["error"]["param"] == "reasoning.effort" and f"'{effort}'" in r["error"]["message"], r
             assert not submits(srv), "a refused request never reaches the engine"
             return
         assert st == 200, r
         prompt = submits(srv)[-1]["prompt"]
         assert prompt.count("thinking_effort=") == 1 and f"`thinking_effort={rendered}`" in prompt, prompt
+        st, _, r = srv.json("POST", "/v1/responses", {"input": "hi", "max_output_tokens": 3,
+                                                      "reasoning": {"effort": effort}})
+        assert st == 200, r
+        assert f"`thinking_effort={rendered}`" in submits(srv)[-1]["prompt"]
     finally:
         srv.stop()
 

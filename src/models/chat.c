@@ -20,6 +20,17 @@ void chat_reply_free(chat_reply *r) {
 
 /* ---- prompts with trusted and untrusted text ------------------------------------------------- */
 
+int chat_effort_accepted(const chat_template *t, const char *effort, char *list, size_t n) {
+    if (!effort || !t->efforts) return 1;
+    for (const char *const *e = t->efforts; *e; e++)
+        if (!strcmp(*e, effort)) return 1;
+    size_t used = 0;
+    list[0] = 0;
+    for (const char *const *e = t->efforts; *e && used < n; e++)
+        used += (size_t)snprintf(list + used, n - used, "%s%s", e == t->efforts ? "" : ", ", *e);
+    return 0;
+}
+
 void chat_trusted(chat_prompt *p, const char *template_text) { sbuf_puts(&p->text, template_text); }
 
 void chat_untrusted_since(chat_prompt *p, size_t start) {

@@ -127,7 +127,13 @@ typedef struct {
     /* 1: renders input_audio parts {"input_audio": {"dmel_frames": N}} as N audio placeholders,
      * whose frames the engine takes as media (model.h set_media). */
     int audio;
+    /* The reasoning efforts the format accepts, NULL-terminated; NULL: any the APIs name (the
+     * template maps them or adds nothing). The gateway refuses another one naming its field. */
+    const char *const *efforts;
 } chat_template;
+
+/* 1 when t's format accepts effort (NULL: no effort asked); else 0 and list = the accepted ones. */
+int chat_effort_accepted(const chat_template *t, const char *effort, char *list, size_t n);
 
 /* GBNF (a whole grammar, rule root) for a reply in template t's syntax that calls tools: choice
  * "required" (any of tools), a function name (that one), or "auto": then either content — the

@@ -52,6 +52,7 @@
 #include "../core/sbuf.h"
 #include "../core/util.h"
 #include "chat.h"
+#include "kimi_k3.h"
 
 #define OPEN "<|open|>"
 #define SEP "<|sep|>"
@@ -295,8 +296,9 @@ static int k3_render(const cJSON *messages, const cJSON *tools, const chat_opts 
     int thinking = !o || o->thinking;
     const char *effort = o && o->effort ? o->effort : "max";
     if (!cJSON_IsArray(messages)) return errf(err, errlen, "messages must be an array");
-    if (strcmp(effort, "low") && strcmp(effort, "high") && strcmp(effort, "max"))
-        return errf(err, errlen, "reasoning effort '%s' is not supported by Kimi K3 (low, high or max)", effort);
+    char list[64];
+    if (!chat_effort_accepted(&kimi_k3_chat, effort, list, sizeof list))
+        return errf(err, errlen, "reasoning effort '%s' is not supported by Kimi K3 (%s)", effort, list);
     render_options(p, tools, thinking, effort);
     int n = cJSON_GetArraySize(messages);
     for (int i = 0; i < n; i++)
@@ -482,10 +484,13 @@ static const tool_example k3_example = {
     .think_end = "<|close|>think<|sep|><|open|>response<|sep|>",
 };
 
+static const char *const k3_efforts[] = {"low", "high", "max", NULL};     /* _VALID_THINKING_EFFORTS */
+
 const chat_template kimi_k3_chat = {
     .example = &k3_example,
     .tools = &k3_tools,
     .render = k3_render,
     .parse = k3_parse,
     .system_prefix_bytes = k3_system_prefix_bytes,
+    .efforts = k3_efforts,
 };

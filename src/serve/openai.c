@@ -255,18 +255,27 @@ static int parse_tool_choice(const cJSON *body, const cJSON *tools, chat_opts *o
     return 0;
 }
 
+int openai_effort(const serve_ctx *sc, const char *effort, const char *param, http_err *e) {
+    static const char *const ok[] = {"none", "minimal", "low", "medium", "high", "xhigh", "max"};
+    int known = 0;
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) known |= !strcmp(effort, ok[i]);
+    if (!known)
+        return http_err_set(e, 400, "invalid_request_error", "invalid_value", param,
+                            "'%s' must be one of none, minimal, low, medium, high, xhigh, max", param);
+    char list[128];
+    if (sc->tpl && strcmp(effort, "none") && !chat_effort_accepted(sc->tpl, effort, list, sizeof list))
+        return http_err_set(e, 400, "invalid_request_error", "invalid_value", param,
+                            "'%s' '%s' is not accepted by this model's chat format (it takes %s)", param, effort, list);
+    return 0;
+}
+
 /* Thinking mode: reasoning_effort (anything but "none" turns it on), or the boolean extensions
  * `thinking` / `enable_thinking`. Off by default. */
-static int parse_thinking(const cJSON *body, chat_opts *o, http_err *e) {
+static int parse_thinking(const serve_ctx *sc, const cJSON *body, chat_opts *o, http_err *e) {
     const char *effort = NULL;
     if (param_str(body, "reasoning_effort", &effort, e)) return -1;
     if (effort) {
-        static const char *const ok[] = {"none", "minimal", "low", "medium", "high", "xhigh", "max"};
-        int known = 0;
-        for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) known |= !strcmp(effort, ok[i]);
-        if (!known)
-            return http_err_set(e, 400, "invalid_request_error", "invalid_value", "reasoning_effort",
-                                "'reasoning_effort' must be one of none, minimal, low, medium, high, xhigh, max");
+        if (openai_effort(sc, effort, "reasoning_effort", e)) return -1;
         o->thinking = strcmp(effort, "none") != 0;
         o->effort = o->thinking ? effort : NULL;
     }
@@ -332,7 +341,7 @@ static int parse_chat(serve_ctx *sc, const cJSON *body, oa_call *k, http_err *e)
     if (tools && cJSON_GetArraySize(tools) == 0) tools = NULL;
     chat_opts o = {0};
     int parallel = 1;
-    if (parse_tool_choice(body, tools, &o, e) || parse_thinking(body, &o, e)) return -1;
+    if (parse_tool_choice(body, tools, &o, e) || parse_thinking(sc, body, &o, e)) return -1;
     const cJSON *rf = cJSON_GetObjectItemCaseSensitive(body, "response_format");
     o.response_format = cJSON_IsObject(rf) ? rf : NULL;     /* validated with the grammar (constrain.c) */
     if (param_bool(body, "parallel_tool_calls", &parallel, e)) return -1;

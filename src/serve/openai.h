@@ -30,6 +30,10 @@ cJSON *openai_normalize_messages(const cJSON *messages, sbuf *media, http_err *e
 int openai_render(serve_ctx *sc, const cJSON *messages, const cJSON *tools, const chat_opts *o, turn_req *rq,
                   http_err *e);
 
+/* A reasoning effort (field param) an OpenAI endpoint was sent: 0 when the API names it and the
+ * model's chat format takes it (none always), else -1 + a 400 naming param and the value. */
+int openai_effort(const serve_ctx *sc, const char *effort, const char *param, http_err *e);
+
 /* The engine request a body maps to, without running it (chat: /v1/chat/completions, else
  * /v1/completions): 0, or -1 with e (a 4xx). rq is the caller's to turn_req_free either way. For
  * fuzzing and tests of the mapping; the handlers run the same parsers. */

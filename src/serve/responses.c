@@ -291,7 +291,8 @@ static int parse(rs_call *k, const cJSON *body, http_err *e) {
     if (param_bool(body, "store", &k->store, e) || param_str(body, "instructions", &instructions, e) ||
         param_str(body, "previous_response_id", &prev, e) || param_str(body, "user", &user, e) ||
         param_slot(sc, body, user, rq, e) ||
-        param_str(cJSON_GetObjectItemCaseSensitive(body, "reasoning"), "effort", &effort, e))
+        param_str(cJSON_GetObjectItemCaseSensitive(body, "reasoning"), "effort", &effort, e) ||
+        (effort && openai_effort(sc, effort, "reasoning.effort", e)))
         return -1;
     const cJSON *input = cJSON_GetObjectItemCaseSensitive(body, "input");
     if (!input) return bad(e, "input", "'input' is required");

@@ -98,6 +98,8 @@ for fam in fams:
         "  prefill as a fraction of the measured f32 FMA peak": f"{m['prefill_vs_fma_peak']:.3f}",
         "decode efficiency >= 0.85": f"{m['decode_efficiency']:.3f}",
         "4 conversations aggregate / one >= 2.5 (concurrency_ratio_4)": f"{c['concurrency_ratio_4']:.2f}",
+        "decode tok/s beside a 512-token prefill, joined/apart (mix)":
+            f"{c['mix_decode_tok_s_joined']:.2f}/{c['mix_decode_tok_s_apart']:.2f}",
         "prefill 2 threads / 1 thread >= 1.8 (thread_scaling_prefill)": f"{m['thread_scaling_prefill']:.2f}",
         "decode 2 threads / 1 thread >= 1.8 (thread_scaling_decode)": f"{m['thread_scaling_decode']:.2f}",
         "MTP: verify k+1 tokens / one decode step (mtp_verify_cost_ratio)":

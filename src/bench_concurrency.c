@@ -6,7 +6,14 @@
  * figure of the same run. Batching reads the dense, attention and shared-expert weights once per
  * step for all k (routed experts only where tokens pick different ones), so a memory-bound decode
  * approaches k x. Every conversation's tokens are checked against running it alone, so a ratio
- * bought with wrong answers fails the run. */
+ * bought with wrong answers fails the run.
+ *
+ * WHILE ANOTHER PREFILLS: two conversations decode while a third prefills a MIX_LONG-token prompt,
+ * timed from the first step until that prefill ends, both ways in the same run: joined (the
+ * engine's joint step: each step is ONE call carrying the two tokens and a prefill chunk of
+ * seq_join_rows rows) and not joined (the engine before it: the chunk in its own call of the
+ * sequence's chunk size, then the decode call). It prints the decoding conversations' tok/s and
+ * the prefill's tok/s each way; their tokens must equal running them alone. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +26,9 @@
 #include "models/model.h"
 
 #define MAX_CONV 8
+#define MIX_CONV 2       /* conversations decoding while another prefills */
+#define MIX_LONG 512     /* the prefilling conversation's prompt */
+#define MIX_STEPS 64     /* at most this many decode steps are timed in the mix */
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -29,7 +39,11 @@ static void usage(FILE *f) {
             "N greedy steps (default 16), all of them in one forward call per step as the engine does,\n"
             "and prints aggregate tok/s and its ratio to one conversation measured in the same run.\n"
             "Each conversation's tokens must equal running it alone, else the run fails.\n"
-            "--json prints {concurrency_ratio_2, concurrency_ratio_4, concurrency_ratio_8, ...}.\n");
+            "Then 2 conversations decode while a third prefills a 512-token prompt, with the prefill\n"
+            "chunks joined to the decode steps' calls (as the engine does) and in calls of their own,\n"
+            "and it prints both ways' decode and prefill tok/s.\n"
+            "--json prints {concurrency_ratio_2, concurrency_ratio_4, concurrency_ratio_8,\n"
+            "mix_decode_tok_s_joined, mix_decode_tok_s_apart, mix_prefill_tok_s_joined, ...}.\n");
 }
 
 /* Conversations first..first+k-1 (conversation i has prompt seed i + 1): prefill (untimed),
@@ -60,6 +74,75 @@ static double run_batch(model *m, const bench_opts *o, int first, int k, int (*t
     return t;
 }
 
+/* Conversations 0..MIX_CONV-1 (as run_batch's) decode greedily while a MIX_LONG-token prompt is
+ * prefilled, joined into their calls or apart (see the top comment), until the prefill ends or
+ * MIX_STEPS steps. tokens[i][step] gets conversation i's choices, *steps the steps, *prefilled
+ * the prompt tokens fed. Returns the seconds of those steps, < 0 on failure. */
+static double run_mix(model *m, const bench_opts *o, int joined, int (*tokens)[64], int *steps, int *prefilled,
+                      char *err, size_t errlen) {
+    seq *seqs[MIX_CONV] = {0}, *lng = NULL;
+    float *logits[MIX_CONV] = {0};
+    int ok = 1, done = 0, ctx = MAX((int)o->prompt + MIX_STEPS + 1, MIX_LONG);    /* one call: one context size */
+    for (int i = 0; i < MIX_CONV && ok; i++) {
+        logits[i] = xmalloc(sizeof(float) * m->vocab_size);
+        int *prompt = bench_prompt((int)o->prompt, m->vocab_size, (uint64_t)i + 1);
+        ok = (seqs[i] = seq_new(m, ctx, err, errlen)) &&
+             !seq_feed(seqs[i], prompt, (int)o->prompt, logits[i], err, errlen);
+        free(prompt);
+    }
+    int *prompt = bench_prompt(MIX_LONG, m->vocab_size, 99);
+    ok = ok && (lng = seq_new(m, ctx, err, errlen));
+    double t0 = now_seconds(), t = -1;
+    for (*steps = 0; ok && done < MIX_LONG && *steps < MIX_STEPS; ++*steps) {
+        int ids[MIX_CONV];
+        spec_job jobs[MIX_CONV];
+        for (int i = 0; i < MIX_CONV; i++) {
+            ids[i] = tokens[i][*steps] = bench_argmax(logits[i], m->vocab_size);
+            jobs[i] = (spec_job){.s = seqs[i], .next = ids[i], .rows = logits[i]};
+        }
+        int n = MIN(joined ? seq_join_rows(m, MIX_CONV) : lng->chunk, MIX_LONG - done);
+        if (joined) {
+            feed_job f = {lng, prompt + done, n, NULL};
+            ok = !seq_spec_steps(jobs, MIX_CONV, &f, 1, err, errlen);
+        } else {
+            ok = !seq_feed(lng, prompt + done, n, NULL, err, errlen) &&
+                 !seq_feed_step(seqs, ids, MIX_CONV, logits, err, errlen);
+        }
+        done += n;
+    }
+    if (ok) t = now_seconds() - t0;
+    *prefilled = done;
+    free(prompt);
+    seq_free(lng);
+    for (int i = 0; i < MIX_CONV; i++) {
+        seq_free(seqs[i]);
+        free(logits[i]);
+    }
+    return t;
+}
+
+/* Both ways of the mix; each decoding conversation's tokens are checked against it alone.
+ * out: decode tok/s joined, apart, prefill tok/s joined, apart. */
+static int mix_figures(model *m, const bench_opts *o, double out[4], char *err, size_t errlen) {
+    static int mixed[MIX_CONV][64], alone[64];
+    for (int joined = 1; joined >= 0; joined--) {
+        int steps, fed;
+        double t = run_mix(m, o, joined, mixed, &steps, &fed, err, errlen);
+        if (t < 0) return -1;
+        out[1 - joined] = MIX_CONV * steps / t;
+        out[3 - joined] = fed / t;
+        bench_opts lone = *o;
+        lone.decode = steps;
+        for (int i = 0; i < MIX_CONV; i++) {
+            if (run_batch(m, &lone, i, 1, &alone, err, errlen) < 0) return -1;
+            if (memcmp(mixed[i], alone, sizeof(int) * (size_t)steps))
+                return errf(err, errlen, "conversation %d decoded beside a prefill (%s) differs from running it alone", i,
+                            joined ? "joined" : "apart");
+        }
+    }
+    return 0;
+}
+
 int bench_concurrency(int argc, char **argv) {
     bench_opts o = {.prompt = 16, .decode = 16, .num = NUMERICS_QAT};
     if (bench_parse("bench concurrency", argc, argv, usage, &o)) return 2;
@@ -70,7 +153,7 @@ int bench_concurrency(int argc, char **argv) {
     char err[512] = "";
     static const int ks[] = {1, 2, 4, 8};
     static int alone[MAX_CONV][64], together[MAX_CONV][64];
-    double tok_s[4] = {0};
+    double tok_s[4] = {0}, mix[4] = {0};
     int rc = run_batch(m, &o, 0, 1, alone, err, sizeof err) < 0;      /* untimed: pages the weights in */
     for (int i = 0; i < MAX_CONV && !rc; i++) rc = run_batch(m, &o, i, 1, alone + i, err, sizeof err) < 0;
     for (int r = 0; r < 4 && !rc; r++) {
@@ -83,19 +166,25 @@ int bench_concurrency(int argc, char **argv) {
             }
         if (!rc) tok_s[r] = ks[r] * o.decode / t;
     }
+    if (!rc) rc = mix_figures(m, &o, mix, err, sizeof err) != 0;
     model_close(m);
     if (rc) { fprintf(stderr, "cairn bench concurrency: %s\n", err); return 1; }
     if (o.json) {
         printf("{\"tok_s_1\":%.3f,\"tok_s_2\":%.3f,\"tok_s_4\":%.3f,\"tok_s_8\":%.3f,\"concurrency_ratio_2\":%.3f,"
                "\"concurrency_ratio_4\":%.3f,\"concurrency_ratio_8\":%.3f,\"prompt\":%ld,\"decode\":%ld,"
-               "\"threads\":%d,\"simd\":\"%s\"}\n",
+               "\"mix_decode_tok_s_joined\":%.3f,\"mix_decode_tok_s_apart\":%.3f,\"mix_prefill_tok_s_joined\":%.3f,"
+               "\"mix_prefill_tok_s_apart\":%.3f,\"mix_long_prompt\":%d,\"threads\":%d,\"simd\":\"%s\"}\n",
                tok_s[0], tok_s[1], tok_s[2], tok_s[3], tok_s[1] / tok_s[0], tok_s[2] / tok_s[0], tok_s[3] / tok_s[0],
-               o.prompt, o.decode, pool_threads(), kernels_simd_name());
+               o.prompt, o.decode, mix[0], mix[1], mix[2], mix[3], MIX_LONG, pool_threads(), kernels_simd_name());
         return 0;
     }
     printf("conversations  aggregate tok/s  / one conversation   (one forward call per step; %d threads, %s)\n",
            pool_threads(), kernels_simd_name());
     for (int r = 0; r < 4; r++) printf("%13d  %15.2f  %18.2f\n", ks[r], tok_s[r], tok_s[r] / tok_s[0]);
+    printf("%d conversations decoding while another prefills %d tokens:\n"
+           "  prefill joined to the decode calls  decode %8.2f tok/s  prefill %8.2f tok/s\n"
+           "  prefill in calls of its own         decode %8.2f tok/s  prefill %8.2f tok/s   (joined / apart: decode x%.2f)\n",
+           MIX_CONV, MIX_LONG, mix[0], mix[2], mix[1], mix[3], mix[0] / mix[1]);
     printf("every conversation's tokens equal running it alone\n");
     return 0;
 }

@@ -91,7 +91,7 @@ static int spec_decode(model *m, const bench_opts *o, int k, const int *ids, int
     spec_job j = {.s = s, .next = sampler_argmax(logits, m->vocab_size), .k = k};
     double t0 = now_seconds();
     while (!rc && got < o->decode) {
-        rc = seq_spec_steps(&j, 1, err, errlen);
+        rc = seq_spec_steps(&j, 1, NULL, 0, err, errlen);
         got += j.n_out;
         steps++;
         kept += j.accepted;

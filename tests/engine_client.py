@@ -8,6 +8,7 @@ prompts are sent as token ids (ids=1) with logprobs=5 unless a test asks otherwi
 There is no performance time limit anywhere: reads block until the engine answers or closes
 stdout. HANG_GUARD only turns a deadlocked engine into a failure instead of a stuck CI run.
 """
+import contextlib
 import os
 import re
 import select
@@ -119,6 +120,18 @@ class Engine:
     def send(self, raw):
         self.p.stdin.write(raw)
         self.p.stdin.flush()
+
+    @contextlib.contextmanager
+    def one_write(self):
+        """Frames sent inside the block reach the engine in one write, so it reads them in one poll
+        (e.g. SUBMITs that must all be active before its next step)."""
+        frames = []
+        self.send = frames.append
+        try:
+            yield
+        finally:
+            del self.send
+        self.send(b"".join(frames))
 
     def submit(self, rid, ids=None, text=None, max_tokens=8, slot=0, temperature=0, top_p=1, logprobs=5,
                prefix_bytes=None, extra="", grammar=b"", ext=b""):

@@ -21,12 +21,9 @@ def test_concurrent_slots_match_running_alone(cairn, family_model):
     params = [(7, 0.0), (12, 0.9), (4, 0.0), (10, 0.7)]
     e = Engine(cairn, model, "--ctx", str(CTX), "--slots", "4", "--kv-share", "0", env={"CAIRN_STEP_LOG": "1"})
     try:
-        frames = []
-        e.send = frames.append          # the four SUBMITs reach the engine in one write
-        reps = [e.submit("c%d" % i, ids=p, max_tokens=mt, slot=i, temperature=t)
-                for i, (p, (mt, t)) in enumerate(zip(prompts, params))]
-        del e.send
-        e.send(b"".join(frames))
+        with e.one_write():          # the four SUBMITs reach the engine in one write
+            reps = [e.submit("c%d" % i, ids=p, max_tokens=mt, slot=i, temperature=t)
+                    for i, (p, (mt, t)) in enumerate(zip(prompts, params))]
         for i in range(4):
             e.collect("c%d" % i)
         # a second turn on slot 0 (greedy: its ids are the fed tokens) continues from the state
@@ -64,12 +61,9 @@ def test_batched_step_reads_the_weights_once(cairn, family_model):
     e = Engine(cairn, model, "--ctx", str(CTX), "--slots", "4", "--kv-share", "0", env={"CAIRN_STEP_LOG": "1"})
     try:
         alone = e.generate(prompts[0], 8, slot=0)
-        frames = []
-        e.send = frames.append
-        for i, p in enumerate(prompts):
-            e.submit("w%d" % i, ids=p, max_tokens=6, slot=i)
-        del e.send
-        e.send(b"".join(frames))
+        with e.one_write():
+            for i, p in enumerate(prompts):
+                e.submit("w%d" % i, ids=p, max_tokens=6, slot=i)
         reps = [e.collect("w%d" % i) for i in range(4)]
     finally:
         e.close()

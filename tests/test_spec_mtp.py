@@ -196,12 +196,9 @@ def test_engine_speculating_slots_share_one_forward_call(cairn, mtp_model):
     model = mtp_model[1]
     e = Engine(cairn, model, "--slots", "3", "--kv-share", "0", *spec_args, env={"CAIRN_STEP_LOG": "1"})
     try:
-        frames = []
-        e.send = frames.append          # the three SUBMITs reach the engine in one write
-        reps = [e.submit("s%d" % i, ids=p, max_tokens=mt, slot=i, temperature=t, extra=x)
-                for i, (p, (mt, t, x)) in enumerate(zip(prompts, params))]
-        del e.send
-        e.send(b"".join(frames))
+        with e.one_write():          # the three SUBMITs reach the engine in one write
+            reps = [e.submit("s%d" % i, ids=p, max_tokens=mt, slot=i, temperature=t, extra=x)
+                    for i, (p, (mt, t, x)) in enumerate(zip(prompts, params))]
         for i in range(3):
             e.collect("s%d" % i)
     finally:
@@ -218,6 +215,33 @@ def test_engine_speculating_slots_share_one_forward_call(cairn, mtp_model):
         if t == 0:
             plain = cold(cairn, model, ids=p, max_tokens=mt, args=("--ctx", "256"))
             assert (reps[i].ids, reps[i].lps) == (plain.ids, plain.lps), f"slot {i} differs from plain decoding"
+
+
+def test_engine_speculating_slot_shares_its_calls_with_a_prefill(cairn, mtp_model):
+    """A slot speculates (next + drafts verified per step) while another slot's 700-token prompt
+    is prefilled in the same forward calls (engine.c joint_step): the step log shows calls that
+    carry both the verify rows and prefill rows, and both replies are what lone engines send."""
+    long = [(31 * i + 17) % 950 for i in range(700)]
+    spec_args = ("--ctx", "1024", "--spec", "mtp", "--draft", "2")
+    model = mtp_model[1]
+    e = Engine(cairn, model, "--slots", "2", "--kv-share", "0", *spec_args, env={"CAIRN_STEP_LOG": "1"})
+    try:
+        with e.one_write():
+            dec = e.submit("s", ids=LONG, max_tokens=30, slot=0, temperature=50.0, extra=" seed=5")
+            pre = e.submit("p", ids=long, max_tokens=6, slot=1)
+        e.collect("s")
+        e.collect("p")
+    finally:
+        e.close()
+    lines = e.read_stderr().splitlines()
+    joint = [i for i, line in enumerate(lines)
+             if re.match(r"step: 1 slots decoded in one forward call, .*; prefill rows [1-9]\d* of 1 requests$", line)
+             and i + 1 < len(lines) and lines[i + 1].startswith("spec: slot 0 kept ")]
+    assert joint, "no call verified a speculative step beside prefill rows:\n" + "\n".join(lines[-40:])
+    for rep, ids, mt, extra in ((dec, LONG, 30, dict(temperature=50.0, extra=" seed=5")), (pre, long, 6, {})):
+        alone = cold(cairn, model, ids=ids, max_tokens=mt, args=spec_args, **extra)
+        assert rep.error is None and alone.error is None
+        assert (rep.ids, rep.lps, rep.text) == (alone.ids, alone.lps, alone.text), f"{rep.rid} differs"
 
 
 def test_bench_mtp_reports_costs_timed_in_its_decode(cairn, mtp_model):

@@ -91,6 +91,25 @@ static int class_escape(rx *r, char k, cpset *c) {
 
 static void put_cp_escape(sbuf *e, unsigned cp) { sbuf_printf(e, "\\U%08X", cp); }
 
+/* The C0 controls in [lo, hi] as JSON writes them: \b \t \n \f \r short, the others as \u00XX,
+ * one alternative per third hex digit (a "." would otherwise be 32 alternatives every time it
+ * appears: a pattern of dots made a grammar ~300 times the size of its schema). */
+static void emit_controls(sbuf *e, unsigned lo, unsigned hi, int *n) {
+    static const char short_esc[] = "\b\t\n\f\r", letters[] = "btnfr";
+    char digits[2][17];
+    int nd[2] = {0, 0};
+    for (unsigned cp = lo; cp <= hi && cp < 0x20; cp++) {
+        const char *k = cp ? strchr(short_esc, (int)cp) : NULL;
+        if (k) sbuf_printf(e, "%s\"\\\\%c\"", (*n)++ ? " | " : "", letters[k - short_esc]);
+        else digits[cp >> 4][nd[cp >> 4]++] = "0123456789abcdef"[cp & 15];
+    }
+    for (int h = 0; h < 2; h++) {
+        if (!nd[h]) continue;
+        digits[h][nd[h]] = 0;
+        sbuf_printf(e, "%s\"\\\\u00%d\" [%s]", (*n)++ ? " | " : "", h, digits[h]);
+    }
+}
+
 static int emit_set(rx *r, cpset *c) {
     set_norm(c);
     sbuf *e = r->e;
@@ -100,12 +119,7 @@ static int emit_set(rx *r, cpset *c) {
     for (int i = 0; i < c->n; i++) {
         unsigned lo = c->lo[i], hi = c->hi[i];
         /* the characters JSON writes escaped */
-        for (unsigned cp = lo; !r->raw && cp <= hi && cp < 0x20; cp++) {
-            static const char short_esc[] = "\b\t\n\f\r", letters[] = "btnfr";
-            const char *k = cp ? strchr(short_esc, (int)cp) : NULL;
-            if (k) sbuf_printf(e, "%s\"\\\\%c\"", n++ ? " | " : "", letters[k - short_esc]);
-            else sbuf_printf(e, "%s\"\\\\u00%02x\"", n++ ? " | " : "", cp);
-        }
+        if (!r->raw) emit_controls(e, lo, hi, &n);
         if (!r->raw && lo <= '"' && '"' <= hi) sbuf_printf(e, "%s\"\\\\\\\"\"", n++ ? " | " : "");
         if (!r->raw && lo <= '\\' && '\\' <= hi) sbuf_printf(e, "%s\"\\\\\\\\\"", n++ ? " | " : "");
         /* the rest raw, split around those and the surrogates (raw mode: around NUL and them) */

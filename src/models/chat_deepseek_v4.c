@@ -447,9 +447,13 @@ done:
 
 /* Copy of [s, e) without BOS/EOS/think markers (the encoder never lets them into text). */
 static char *clean_text(const char *s, const char *e) {
-    static const char *markers[] = {BOS, EOS, THINK, THINK_END};
+    static const char *markers[] = {BOS, EOS, THINK, THINK_END};    /* each starts with '<' */
     sbuf b = {0};
     while (s < e) {
+        const char *lt = memchr(s, '<', (size_t)(e - s));
+        sbuf_put(&b, s, (size_t)((lt ? lt : e) - s));
+        if (!lt) break;
+        s = lt;
         size_t skip = 0;
         for (size_t k = 0; k < sizeof markers / sizeof *markers && !skip; k++)
             if ((size_t)(e - s) >= strlen(markers[k]) && !memcmp(s, markers[k], strlen(markers[k])))

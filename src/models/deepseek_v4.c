@@ -281,6 +281,7 @@ static int dsv4_load(model *m, char *err, size_t errlen) {
     const dsv4_config *c = &d->c;
     d->qat = m->num == NUMERICS_QAT;
     m->vocab_size = c->vocab;
+    m->pass_rows = DSV4_CHUNK;
     init_ropes(d);
     fill_dims(d);
     loader ld = {&m->weights, d, -1, 0, 0};

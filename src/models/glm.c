@@ -270,6 +270,7 @@ static int glm_load(model *m, char *err, size_t errlen) {
         if (mla_absorb(&l->mla, &l->kv_b, g->n_heads, g->nope, g->v_dim, g->kv_lora, err, errlen)) return -1;
     }
     m->vocab_size = g->vocab;
+    m->pass_rows = GLM_CHUNK;
     m->draft_layers = g->has_mtp;
     return 0;
 }

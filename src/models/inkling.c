@@ -322,6 +322,7 @@ static int inkling_load(model *m, char *err, size_t errlen) {
     else if (tt_load(w, audio, N(audio), &grp)) return -1;
     if (g->audio_token >= g->vocab) g->audio_token = -1;
     m->vocab_size = g->unpadded;
+    m->pass_rows = INK_CHUNK;
     m->media_token = g->audio_token;
     return 0;
 }

@@ -284,6 +284,7 @@ static int k3_load(model *m, char *err, size_t errlen) {
     if (load_group(&ld, -1, "", k, top, N(top), 0) || (k->res_block && load_group(&ld, -1, "", k, res_out, N(res_out), 0)))
         return -1;
     m->vocab_size = k->vocab;
+    m->pass_rows = K3_CHUNK;
     return 0;
 }
 

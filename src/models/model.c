@@ -109,6 +109,10 @@ model *model_open(const char *dir, numerics num, int progress, char *err, size_t
         errf(err, errlen, "family %s has routed experts but no expert function", m->ops->name);
         goto fail;
     }
+    if (m->pass_rows < 1) {
+        errf(err, errlen, "family %s declares no rows per forward pass (model.pass_rows)", m->ops->name);
+        goto fail;
+    }
     experts_bind(m->experts, m->ops->expert, m->ops->expert_scratch, m);
     m->n_validated = m->weights.count;
     m->weights.err = NULL;     /* the caller's buffer is gone after open */
@@ -443,10 +447,14 @@ static int spec_accept(spec_job *j, spec_work *w, char *err, size_t errlen) {
     return 0;
 }
 
-int seq_spec_steps(spec_job *jobs, int n, char *err, size_t errlen) {
-    seq **seqs = xmalloc(sizeof *seqs * (size_t)n);
-    fwd_seg *segs = xmalloc(sizeof *segs * (size_t)n);
-    spec_work *w = xcalloc((size_t)n, sizeof *w);
+int seq_join_rows(const model *m, int decode_rows) { return m->pass_rows - decode_rows % m->pass_rows; }
+
+/* The jobs' segments first, then the feeds': seqs[] and segs[] hold n + nfeeds entries. */
+int seq_spec_steps(spec_job *jobs, int n, const feed_job *feeds, int nfeeds, char *err, size_t errlen) {
+    if (n + nfeeds == 0) return 0;
+    seq **seqs = xmalloc(sizeof *seqs * (size_t)(n + nfeeds));
+    fwd_seg *segs = xmalloc(sizeof *segs * (size_t)(n + nfeeds));
+    spec_work *w = xcalloc((size_t)MAX(n, 1), sizeof *w);
     int rc = 0;
     for (int i = 0; i < n && !rc; i++) {
         seqs[i] = jobs[i].s;
@@ -454,10 +462,17 @@ int seq_spec_steps(spec_job *jobs, int n, char *err, size_t errlen) {
             rc = errf(err, errlen, "speculative decoding: draft length %d outside [0, %d]", jobs[i].k, SPEC_MAX_DRAFT);
         else rc = check_batch(seqs, i, &jobs[i].next, 1, err, errlen);
     }
+    for (int i = 0; i < nfeeds && !rc; i++) {
+        const feed_job *f = &feeds[i];
+        seqs[n + i] = f->s;
+        if (f->n < 1) rc = errf(err, errlen, "batched step: prefill chunk %d has %d ids", i, f->n);
+        else rc = check_batch(seqs, n + i, f->ids, f->n, err, errlen);
+        segs[n + i] = (fwd_seg){f->s->fam, f->ids, f->s->st.len, f->n, f->logits, NULL};
+    }
     for (int i = 0; i < n && !rc; i++) rc = spec_draft(&jobs[i], &w[i], err, errlen);
     double t0 = now_seconds();
     for (int i = 0; i < n && !rc; i++) segs[i] = (fwd_seg){seqs[i]->fam, w[i].ids, seqs[i]->st.len, w[i].k + 1, NULL, w[i].verify};
-    if (!rc) rc = forward_batch(seqs, segs, n, err, errlen);
+    if (!rc) rc = forward_batch(seqs, segs, n + nfeeds, err, errlen);
     for (int i = 0; i < n && !rc; i++) jobs[i].verify_s = now_seconds() - t0;
     int verified = !rc;
     char later[256];                /* every job accepts (or is tainted) after a verify; err keeps the first error */
@@ -479,7 +494,7 @@ int seq_spec_step(seq *s, int next, int k, sampler *smp, int *out, int *n_out, i
                   int *accepted, char *err, size_t errlen) {
     if (k < 1) return errf(err, errlen, "speculative decoding: draft length %d outside [1, %d]", k, SPEC_MAX_DRAFT);
     spec_job j = {.s = s, .next = next, .k = k, .smp = smp, .rows = rows};
-    if (seq_spec_steps(&j, 1, err, errlen)) return -1;
+    if (seq_spec_steps(&j, 1, NULL, 0, err, errlen)) return -1;
     memcpy(out, j.out, sizeof(int) * (size_t)j.n_out);
     *n_out = j.n_out;
     *pending = j.pending;

@@ -167,6 +167,9 @@ struct model {
     tokenizer *tok;
     numerics num;
     int vocab_size;            /* logits width */
+    int pass_rows;             /* rows one internal pass of forward takes at most, set by load: the dense
+                                * weights stream once per pass, so a call of up to this many rows (from
+                                * any segments) reads them once (seq_join_rows) */
     int bos_id;                /* -1 if none */
     int eos_ids[8];            /* stop ids from config (+ tokenizer) */
     int n_eos;
@@ -275,7 +278,27 @@ typedef struct {
     int out[SPEC_MAX_DRAFT + 1], n_out, pending, accepted;   /* out, as seq_spec_step's */
     double draft_s, verify_s;  /* out: seconds this job spent drafting; the shared verify call took */
 } spec_job;
-int seq_spec_steps(spec_job *jobs, int n, char *err, size_t errlen);
+/* A prefill chunk riding in that same call (the engine's joint step): ids[0..n), n >= 1, enter s
+ * at st.len, leaving s exactly as seq_feed(s, ids, n, logits) would (chunking invariance);
+ * logits (or NULL) gets the last id's. Its sequence is checked, recorded and tainted with the
+ * jobs' (a refused call changes nothing; a failed forward taints every sequence of the call). */
+typedef struct {
+    seq *s;
+    const int *ids;
+    int n;
+    float *logits;
+} feed_job;
+int seq_spec_steps(spec_job *jobs, int n, const feed_job *feeds, int nfeeds, char *err, size_t errlen);
+/* THE JOINT-STEP BUDGET: how many prefill rows may join a step call whose decode jobs take
+ * decode_rows rows (each job's k + 1). They fill the last internal pass the decode rows start
+ * (m->pass_rows each), or one whole pass when the decode rows fill theirs exactly: so the call
+ * streams the dense weights as often as the decode rows alone need (or once more, which is what
+ * a separate prefill call would cost), and the step takes no longer than one pass-sized prefill
+ * call did before the decode call today — it saves that decode call's own pass over the weights
+ * instead of adding work to it. A prefill always advances (never 0 rows), so no decode load
+ * starves it. The same rule as a token budget per step (vLLM's chunked prefill, llama.cpp's
+ * n_batch), with the budget set by the pass the step pays for anyway. */
+int seq_join_rows(const model *m, int decode_rows);
 
 /* seq_feed behind the reuse layer's feed callback (state/reuse.h), so state/ never calls up. */
 reuse_feeder seq_feeder(seq *s);

@@ -1,24 +1,32 @@
 /* engine.c — `cairn engine`: one model, N slots, the line protocol on stdin/stdout
  * (protocol.md §1; codec in wire.c, reuse in state/reuse.c).
  *
- * One thread owns every model state. Each turn of the loop advances every prefilling request by
- * one chunk, then every decoding request by one token in ONE forward call over all of them
- * (seq_spec_steps), so dense, attention and shared-expert weights stream from memory once per
- * step for all conversations; each conversation's tokens stay bit-identical to running it
- * alone (model.h). With --spec mtp a decoding request without a grammar, bias or penalties
- * instead takes a speculative step inside that same call (seq_spec_steps: its MTP layer drafts
- * first, and the call verifies its next token + drafts beside the other slots' tokens), which
- * emits the same tokens plain decoding would (bit-identical when greedy). stdin is polled with a
- * zero-timeout select between steps, so CANCEL, STOP and new SUBMITs are seen during long
- * prefills and decodes. With nothing active it blocks on
- * stdin. EOF lets in-flight requests finish, then exits 0. CAIRN_STEP_LOG=1 logs on stderr each
- * decode step: how many slots its one forward call decoded and the weight bytes that call
- * streamed (kernels_streamed: dense, and routed experts), so a test can see the weights read
- * once per pass; and each speculative step's kept drafts.
+ * One thread owns every model state. Each turn of the loop advances every decoding request by one
+ * token AND the prefilling requests by a chunk in ONE forward call over all of them (the joint
+ * step, seq_spec_steps with feed_job chunks), so dense, attention and shared-expert weights
+ * stream from memory once per step for all conversations; each conversation's tokens stay
+ * bit-identical to running it alone (model.h: chunking invariance). The prefill rows of a step
+ * are budgeted by seq_join_rows: they fill the last internal pass the decode rows start, so the
+ * step reads the dense weights as often as its decode rows alone would and costs no more than
+ * the pass-sized chunk call that used to precede the decode call; the budget goes to prefilling
+ * requests in slot order. With nothing decoding, a prefill chunk (the sequence's chunk size) is
+ * a call of its own. The reuse layer decides each chunk's end and its checkpoints
+ * (reuse_prefill_next / reuse_prefill_fed); a prefill completing inside a joint call samples its
+ * first token from its last row. With --spec mtp a decoding request without a grammar, bias or
+ * penalties instead takes a speculative step inside that same call (seq_spec_steps: its MTP layer
+ * drafts first, and the call verifies its next token + drafts beside the other slots' tokens and
+ * chunks), which emits the same tokens plain decoding would (bit-identical when greedy). stdin is
+ * polled with a zero-timeout select between steps, so CANCEL, STOP and new SUBMITs are seen
+ * during long prefills and decodes. With nothing active it blocks on stdin. EOF lets in-flight
+ * requests finish, then exits 0. CAIRN_STEP_LOG=1 logs on stderr each joint step: how many slots
+ * its one forward call decoded, the weight bytes that call streamed (kernels_streamed: dense, and
+ * routed experts), and the prefill rows it carried for how many requests, so a test can see the
+ * weights read once per pass; and each speculative step's kept drafts.
  *
  * Frames go to stdout, one fflush per frame; logs go to stderr. A request's reply is ACCEPT,
  * DATA*, DONE, or a single ERROR. A failure after a slot's state started changing taints that
- * slot only (its next request resets); other slots are never touched.
+ * slot only (its next request resets); other slots are never touched, except that a forward call
+ * that failed taints every slot it carried (the joint step's requests all fail).
  */
 #include <errno.h>
 #include <signal.h>
@@ -79,8 +87,8 @@ typedef struct {
     request **active;    /* per slot, NULL when idle */
     store *cs;
     float *logits, *logprobs, *top_lps;
-    float *step_logits;  /* [slots][draft + 1][vocab]: one batched decode step's rows */
-    request **stepping;  /* [slots]: the requests of that step */
+    float *step_logits;  /* [slots][draft + 1][vocab]: one joint step's rows (decoding, then prefill logits) */
+    request **stepping;  /* [2][slots]: that step's decoding requests, then its prefilling ones */
     int log_steps;
     int *top_ids;
     tokvocab *vocab;     /* token trie for grammar masks (NULL without a tokenizer) */
@@ -220,7 +228,20 @@ static int decoding(const engine *e, const request *r) {
     return !r->prefilling && !r->stop && st->len < st->cap;
 }
 
-/* A prefill chunk, or the end of a request that cannot decode further (STOP, full slot). */
+/* After a prefill chunk went in (rc: reuse_prefill_step's); a completed prompt's last logits are
+ * in e->logits, and its first token is sampled from them. */
+static void prefilled(engine *e, request *r, int rc) {
+    if (rc > 0) {
+        if (r->stop) finish(e, r, 0);
+        return;
+    }
+    r->prefilling = 0;
+    if (r->stop || r->sub.max_tokens == 0) return finish(e, r, 0);
+    sample_next(e, r);
+}
+
+/* A prefill chunk in a call of its own, or the end of a request that cannot decode further (STOP,
+ * full slot). */
 static void step(engine *e, request *r) {
     char err[256];
     if (r->prefilling) {
@@ -228,13 +249,7 @@ static void step(engine *e, request *r) {
         int rc = reuse_prefill_step(&r->pf, e->logits, err, sizeof err);
         r->prefill_s += now_seconds() - t;
         if (rc < 0) return fail(e, r, "ENGINE_ERROR", err);
-        if (rc > 0) {
-            if (r->stop) finish(e, r, 0);
-            return;
-        }
-        r->prefilling = 0;
-        if (r->stop || r->sub.max_tokens == 0) return finish(e, r, 0);
-        return sample_next(e, r);
+        return prefilled(e, r, rc);
     }
     finish(e, r, !r->stop);
 }
@@ -261,27 +276,52 @@ static void take_job(engine *e, request *r, const spec_job *j) {
 }
 
 /* One step for each of the k decoding requests, in ONE forward call: one token each, or with
- * --spec a speculative step's next + drafts for the requests that may draft (seq_spec_steps).
- * A failure taints every slot of the call, so each of its requests fails. */
-static void decode_step(engine *e, request **rs, int k) {
+ * --spec a speculative step's next + drafts for the requests that may draft (seq_spec_steps);
+ * and the next chunk of each of the np prefilling requests ps[] the joint-step budget
+ * (seq_join_rows) leaves room for, in slot order, in that same call. A failure taints every slot
+ * of the call, so each of its requests fails. Row buffers: decode request i's at step_logits
+ * block i, prefill request j's at block k + j. */
+static void joint_step(engine *e, request **rs, int k, request **ps, int np) {
     char err[256];
     spec_job jobs[64];
+    feed_job feeds[64];
     size_t rows = (size_t)(e->o.draft + 1) * (size_t)e->m->vocab_size;
-    for (int i = 0; i < k; i++)
+    int decode_rows = 0, nf = 0, prefill_rows = 0;
+    for (int i = 0; i < k; i++) {
         jobs[i] = (spec_job){.s = e->seqs[rs[i]->slot], .next = rs[i]->token, .k = e->o.draft ? spec_drafts(e, rs[i]) : 0,
                              .smp = &rs[i]->smp, .rows = e->step_logits + (size_t)i * rows};
+        decode_rows += jobs[i].k + 1;
+    }
+    for (int budget = seq_join_rows(e->m, decode_rows); nf < np && budget > 0; nf++) {
+        request *r = ps[nf];
+        seq *s = e->seqs[r->slot];
+        feed_job *f = &feeds[nf];
+        f->s = s;
+        f->n = reuse_prefill_next(&r->pf, MIN(budget, s->chunk), &f->ids);
+        f->logits = s->st.len + f->n == r->n ? e->step_logits + (size_t)(k + nf) * rows : NULL;
+        budget -= f->n;
+        prefill_rows += f->n;
+    }
     unsigned long long dense0, routed0, dense1, routed1;
     kernels_streamed(&dense0, &routed0);
-    int rc = seq_spec_steps(jobs, k, err, sizeof err);
+    double t0 = now_seconds();
+    int rc = seq_spec_steps(jobs, k, feeds, nf, err, sizeof err);
+    double dt = now_seconds() - t0;
     kernels_streamed(&dense1, &routed1);
     if (e->log_steps)
-        fprintf(stderr, "step: %d slots decoded in one forward call, weight bytes streamed: dense %llu routed %llu\n",
-                k, dense1 - dense0, routed1 - routed0);
+        fprintf(stderr, "step: %d slots decoded in one forward call, weight bytes streamed: dense %llu routed %llu;"
+                        " prefill rows %d of %d requests\n", k, dense1 - dense0, routed1 - routed0, prefill_rows, nf);
     if (rc) {
         for (int i = 0; i < k; i++) fail(e, rs[i], "ENGINE_ERROR", err);
+        for (int i = 0; i < nf; i++) fail(e, ps[i], "ENGINE_ERROR", err);
         return;
     }
     for (int i = 0; i < k; i++) take_job(e, rs[i], &jobs[i]);
+    for (int i = 0; i < nf; i++) {
+        ps[i]->prefill_s += dt;
+        if (feeds[i].logits) memcpy(e->logits, feeds[i].logits, (size_t)e->m->vocab_size * sizeof *e->logits);
+        prefilled(e, ps[i], reuse_prefill_fed(&ps[i]->pf));
+    }
 }
 
 /* ---- prompts ------------------------------------------------------------------------------ */
@@ -577,20 +617,32 @@ static int any_active(const engine *e) {
     return 0;
 }
 
-/* Prefill steps one request at a time, with input polled in between; then the decoding
- * requests, gathered with no poll in between (a CANCEL there would free one), as one step. */
+static int any_decoding(const engine *e) {
+    for (int i = 0; i < e->o.slots; i++)
+        if (e->active[i] && decoding(e, e->active[i])) return 1;
+    return 0;
+}
+
+/* Requests that cannot decode further end, one at a time with input polled in between; so do
+ * prefill chunks when nothing decodes (then a chunk is a call of its own, as large as the
+ * sequence's chunk). Then the decoding requests and, while any decodes, the prefilling ones are
+ * gathered with no poll in between (a CANCEL there would free one) into one joint step. */
 static void run_loop(engine *e) {
     for (;;) {
         poll_input(e, !any_active(e));
         if (e->eof && !any_active(e)) return;
+        int joins = any_decoding(e);
         for (int i = 0; i < e->o.slots; i++) {
-            if (e->active[i] && !decoding(e, e->active[i])) step(e, e->active[i]);
+            request *r = e->active[i];
+            if (r && !decoding(e, r) && !(joins && r->prefilling)) step(e, r);
             poll_input(e, 0);
         }
-        int k = 0;
+        int k = 0, np = 0;
+        request **ps = e->stepping + e->o.slots;
         for (int i = 0; i < e->o.slots; i++)
             if (e->active[i] && decoding(e, e->active[i])) e->stepping[k++] = e->active[i];
-        if (k) decode_step(e, e->stepping, k);
+            else if (e->active[i] && e->active[i]->prefilling) ps[np++] = e->active[i];
+        if (k) joint_step(e, e->stepping, k, ps, np);
     }
 }
 
@@ -705,7 +757,7 @@ static int engine_open(engine *e, char *err, size_t errlen) {
     e->logits = xmalloc((size_t)v * sizeof *e->logits);
     e->logprobs = xmalloc((size_t)v * sizeof *e->logprobs);
     e->step_logits = xmalloc((size_t)e->o.slots * (size_t)(e->o.draft + 1) * v * sizeof *e->step_logits);
-    e->stepping = xcalloc((size_t)e->o.slots, sizeof *e->stepping);
+    e->stepping = xcalloc(2 * (size_t)e->o.slots, sizeof *e->stepping);    /* decoding, then prefilling */
     e->top_ids = xmalloc(WIRE_LOGPROBS_MAX * sizeof *e->top_ids);
     e->bias_ids = xmalloc(WIRE_BIAS_ENTRIES * sizeof *e->bias_ids);
     e->bias_vals = xmalloc(WIRE_BIAS_ENTRIES * sizeof *e->bias_vals);

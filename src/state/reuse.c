@@ -141,7 +141,7 @@ static void take_points(reuse_prefill *p) {
     for (; p->next < p->armed; p->next++) keep(p, state_capture_take(p->f.st, p->points[p->next]));
 }
 
-int reuse_prefill_step(reuse_prefill *p, float *logits, char *err, size_t errlen) {
+int reuse_prefill_next(reuse_prefill *p, int max, const int **ids) {
     state *st = p->f.st;
     while (p->next < p->npoints && p->points[p->next] < st->len) p->next++;
     if (p->next < p->npoints && p->points[p->next] == st->len && st->len == p->rows_point) {
@@ -149,13 +149,24 @@ int reuse_prefill_step(reuse_prefill *p, float *logits, char *err, size_t errlen
         p->next++;
     }
     int stop = p->rows_point > st->len ? p->rows_point : p->n;
-    int k = MIN(p->f.chunk > 0 ? p->f.chunk : 64, stop - st->len);
+    int k = MIN(max, stop - st->len);
     if (p->cs) k = arm_points(p, k);
-    if (p->f.feed(p->f.user, p->ids + st->len, k, st->len + k == p->n ? logits : NULL, err, errlen)) return -1;
+    *ids = p->ids + st->len;
+    return k;
+}
+
+int reuse_prefill_fed(reuse_prefill *p) {
     take_points(p);
-    if (st->len < p->n) return 1;
-    if (p->cs) store_drop_stale(p->cs, p->slot, st);
+    if (p->f.st->len < p->n) return 1;
+    if (p->cs) store_drop_stale(p->cs, p->slot, p->f.st);
     return 0;
+}
+
+int reuse_prefill_step(reuse_prefill *p, float *logits, char *err, size_t errlen) {
+    const int *ids;
+    int k = reuse_prefill_next(p, p->f.chunk > 0 ? p->f.chunk : 64, &ids);
+    if (p->f.feed(p->f.user, ids, k, p->f.st->len + k == p->n ? logits : NULL, err, errlen)) return -1;
+    return reuse_prefill_fed(p);
 }
 
 void reuse_prefill_free(reuse_prefill *p) {

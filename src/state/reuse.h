@@ -78,6 +78,17 @@ void reuse_prefill_init(reuse_prefill *p, reuse_feeder f, store *cs, int slot, c
  * tokens remain, 0 once all are fed (then logits holds the last token's logits), -1 on a
  * forward failure (the state is tainted, err says why). */
 int reuse_prefill_step(reuse_prefill *p, float *logits, char *err, size_t errlen);
+/* reuse_prefill_step in two halves, for a caller that feeds the chunk inside a larger forward
+ * call of its own (the engine's joint step: decode tokens and prefill chunks in one call).
+ * reuse_prefill_next does everything before the feed — the rows snapshot at the system point,
+ * then the next chunk of at most max >= 1 tokens (never past the system point) with its light
+ * points armed — and returns its length k >= 1, *ids its first id. The caller must then feed
+ * exactly ids[0..k) at st->len (the last token's logits are the first generated token's when
+ * st->len + k == n) and, once that feed succeeded, call reuse_prefill_fed, which stores the
+ * captured points and returns what reuse_prefill_step does (1 while tokens remain, 0 when all
+ * are fed). A failed feed is followed by reuse_prefill_free, never by reuse_prefill_fed. */
+int reuse_prefill_next(reuse_prefill *p, int max, const int **ids);
+int reuse_prefill_fed(reuse_prefill *p);
 /* Also disarms captures a failed feed left armed. */
 void reuse_prefill_free(reuse_prefill *p);
 

@@ -242,6 +242,10 @@ static void test_parse(void) {
     parse("a<think>b" EOS, 0, &r);
     CHECK(r.content && !strcmp(r.content, "ab") && !r.reasoning, "markers removed in chat mode: [%s]", r.content);
     chat_reply_free(&r);
+    parse("<1 < 2<think></think" BOS "<</think>x<", 0, &r);
+    CHECK(r.content && !strcmp(r.content, "<1 < 2</think<x<"), "only whole markers removed, every other '<' kept: [%s]",
+          r.content);
+    chat_reply_free(&r);
 }
 
 /* render(history + reply + new user) starts with render(history) + the reply text. */

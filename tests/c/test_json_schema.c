@@ -72,6 +72,17 @@ static void test_strings(void) {
     CHECK(match("{\"format\":\"ipv4\"}", "\"255.0.10.1\"") == 1 && match("{\"format\":\"ipv4\"}", "\"256.0.0.1\"") == -1, "ipv4");
 }
 
+/* How many " | " the grammar of a schema holds. */
+static int alternatives(const char *schema) {
+    sbuf g = {0};
+    char err[400];
+    if (json_schema_grammar(schema, strlen(schema), &g, err, sizeof err)) return -1;
+    int n = 0;
+    for (const char *at = g.p; (at = strstr(at, " | ")); at += 3) n++;
+    sbuf_free(&g);
+    return n;
+}
+
 static void test_patterns(void) {
     const char *p = "{\"type\":\"string\",\"pattern\":\"^[A-Z]{2}-\\\\d+$\"}";
     CHECK(match(p, "\"AB-12\"") == 1 && match(p, "\"Ab-12\"") == -1 && match(p, "\"AB-\"") == -1, "anchored");
@@ -81,6 +92,15 @@ static void test_patterns(void) {
     CHECK(match(q, "\"\\\"\\\\\"") == 1, "quote and backslash members are written escaped");
     CHECK(match("{\"pattern\":\"^a.c$\"}", "\"a\\nc\"") == -1 && match("{\"pattern\":\"^a.c$\"}", "\"a€c\"") == 1, "dot");
     CHECK(match("{\"pattern\":\"^(ab|c)*?$\"}", "\"abcab\"") == 1, "groups, alternation, lazy");
+    const char *c0 = "{\"pattern\":\"^[\\u0001-\\u001f]$\"}";    /* the C0 controls but NUL */
+    CHECK(match(c0, "\"\\u0001\"") == 1 && match(c0, "\"\\u000b\"") == 1 && match(c0, "\"\\u001f\"") == 1 &&
+              match(c0, "\"\\n\"") == 1 && match(c0, "\"\\b\"") == 1,
+          "controls written as JSON writes them");
+    CHECK(match(c0, "\"\\u000a\"") == -1 && match(c0, "\"\\u0008\"") == -1 && match(c0, "\"\\u001F\"") == -1 &&
+              match(c0, "\"\\u0000\"") == -1 && match(c0, "\"\\u0020\"") == -1 && match(c0, "\"\\u0010\\u0011\"") == -1,
+          "one spelling per control, none outside the class");
+    int dot = alternatives("{\"pattern\":\"^.$\"}") - alternatives("{\"pattern\":\"^a$\"}");
+    CHECK(dot > 0 && dot <= 10, "a dot is %d alternatives (the controls grouped by hex digit, not one each)", dot);
     const char *ws = "{\"pattern\":\"^\\\\S\\\\s$\"}";
     CHECK(match(ws, "\"x \"") == 1 && match(ws, "\"x\xc2\xa0\"") == 1, "\\s includes U+00A0 as ECMAScript says");
     CHECK(match(ws, "\"\xc2\xa0 \"") == -1 && match(ws, "\"xy\"") == -1, "\\S excludes all of \\s");
@@ -130,6 +150,8 @@ static void test_errors(void) {
         {"{\"oneOf\":[{\"type\":\"integer\"},{\"type\":\"number\"}]}", "'oneOf' is supported only"},
         {"{\"type\":\"number\",\"minimum\":0.5}", "number bounds must be integers"},
         {"{\"type\":\"integer\",\"minimum\":5,\"maximum\":4}", "leave no value"},
+        {"{\"type\":\"integer\",\"minimum\":-5,\"maximum\":-4e70}", "leave no value of at most 16 digits"},
+        {"{\"type\":\"integer\",\"minimum\":1e20}", "leave no value of at most 16 digits"},
         {"{\"type\":\"integer\",\"exclusiveMinimum\":true}", "draft-04"},
         {"{\"type\":\"strnig\"}", "unknown type 'strnig'"},
         {"{\"minLength\":3,\"maxLength\":2}", "below 'minLength'"},

@@ -40,6 +40,10 @@ static void *fake_seq_new(model *m, state *st, int ctx, arena *scratch, char *er
 
 static void fake_seq_free(model *m, void *fam) { free(fam); }
 
+static void fake_logits(uint64_t row, float *logits) {
+    for (int v = 0; v < VOCAB; v++) logits[v] = (float)(fnv64(row, &v, sizeof v) & 0xffff) / 65536.0f;
+}
+
 /* One segment of a call; the fake family's forward takes every segment in turn. */
 static int fake_segment(const fwd_seg *seg, char *err, size_t errlen) {
     fake_seq *f = seg->fam_seq;
@@ -57,9 +61,10 @@ static int fake_segment(const fwd_seg *seg, char *err, size_t errlen) {
         f->ring[pos % f->window] = h;
         if (f->recur) *f->recur = fnv64(*f->recur, &ids[i], sizeof ids[i]);
     }
-    if (seg->logits) {
-        uint64_t last = f->rows[pos0 + n - 1];
-        for (int v = 0; v < VOCAB; v++) seg->logits[v] = (float)(fnv64(last, &v, sizeof v) & 0xffff) / 65536.0f;
+    for (int i = 0; i < n; i++) {
+        float *out = seg->all_logits ? seg->all_logits + (size_t)i * VOCAB : NULL;
+        if (i == n - 1 && seg->logits) fake_logits(f->rows[pos0 + i], seg->logits);
+        if (out) fake_logits(f->rows[pos0 + i], out);
     }
     return 0;
 }
@@ -419,9 +424,80 @@ static void test_feed_step(int extend_only) {
     }
 }
 
+/* A joint step (seq_spec_steps with feed_job chunks, the prefill driven by reuse_prefill_next /
+ * reuse_prefill_fed as the engine drives it): each step is ONE forward call carrying a decode
+ * token of one sequence and a chunk of another's checkpointing prefill. Both end exactly as
+ * running alone leaves them (state bytes, logits), the prefill stores the checkpoints a lone
+ * prefill stores, and one of them restores exactly. A feed on a sequence a job also steps, or
+ * an empty feed, is refused untouched. */
+static void test_joint_step(int extend_only) {
+    model m = make_model(&extend_only);
+    char err[128];
+    int prompt[40], dec_ids[3] = {3, 4, 5}, tok = 6, steps = 0, rc = 1, taken = 0;
+    conv(prompt, 40, 3);
+    seq *d = seq_new(&m, CTX, err, sizeof err), *p = seq_new(&m, CTX, err, sizeof err);
+    store *cs = store_new(1 << 20), *cs_alone = store_new(1 << 20);
+    float row[VOCAB], last[VOCAB], ref[VOCAB];
+    seq_feed(d, dec_ids, 3, NULL, err, sizeof err);
+    const int markers[] = {MARK};
+    reuse_prefill pf;
+    reuse_prefill_init(&pf, seq_feeder(p), cs, 1, prompt, 40, 0, markers, 1);
+    while (rc > 0 && steps < 64) {      /* 64: a prefill that stopped advancing fails below, never hangs */
+        spec_job j = {.s = d, .next = tok, .rows = row};
+        feed_job f = {.s = p};
+        f.n = reuse_prefill_next(&pf, 7, &f.ids);
+        f.logits = p->st.len + f.n == 40 ? last : NULL;
+        forward_calls = 0;
+        CHECK(seq_spec_steps(&j, 1, &f, 1, err, sizeof err) == 0 && forward_calls == 1, "joint step: %s", err);
+        rc = reuse_prefill_fed(&pf);
+        tok = 10 + (int)(row[0] * 20);
+        steps++;
+    }
+    taken = pf.taken;
+    reuse_prefill_free(&pf);
+    CHECK(steps >= 6 && p->st.len == 40 && same_as_cold(&m, p, prompt, 40, last), "the joined prefill is exact");
+    seq *dl = seq_new(&m, CTX, err, sizeof err);
+    int toks[64], t = 6;
+    seq_feed(dl, dec_ids, 3, NULL, err, sizeof err);
+    for (int i = 0; i < steps; i++, t = 10 + (int)(ref[0] * 20)) {
+        toks[i] = t;
+        seq_feed(dl, &t, 1, ref, err, sizeof err);
+    }
+    snapshot *a = state_snapshot(&d->st, 1), *b = state_snapshot(&dl->st, 1);
+    CHECK(a && b && snapshot_bytes(a) == snapshot_bytes(b) && !memcmp(a, b, snapshot_bytes(a)) && !memcmp(ref, row, sizeof ref),
+          "the decoding sequence is exact beside the chunks");
+    snapshot_free(a);
+    snapshot_free(b);
+    seq *q = seq_new(&m, CTX, err, sizeof err);
+    int alone_taken = 0;
+    run_prompt(q, 1, cs_alone, 0, NULL, 0, prompt, 40, 0, ref, &alone_taken);
+    CHECK(taken > 0 && taken == alone_taken && store_bytes(cs) == store_bytes(cs_alone),
+          "the joined prefill stores the checkpoints a lone one does (%d vs %d)", taken, alone_taken);
+    int edited[40];
+    memcpy(edited, prompt, sizeof edited);
+    edited[39] = 11 + edited[39] % 20;
+    reuse_result r = run_prompt(p, 1, cs, 0, NULL, 0, edited, 40, 0, last, NULL);
+    CHECK(r.reused == 39 && same_as_cold(&m, p, edited, 40, last), "edit-last from the joint prefill's point: %d", r.reused);
+    spec_job j = {.s = d, .next = 7, .rows = row};
+    feed_job same = {.s = d, .ids = toks, .n = 1}, empty = {.s = q, .ids = toks, .n = 0};
+    int dlen = d->st.len;
+    CHECK(seq_spec_steps(&j, 1, &same, 1, err, sizeof err) < 0 && d->st.len == dlen && !d->st.tainted,
+          "a feed on a stepped sequence is refused untouched");
+    CHECK(seq_spec_steps(&j, 1, &empty, 1, err, sizeof err) < 0 && d->st.len == dlen && q->st.len == 40,
+          "an empty feed is refused untouched");
+    store_free(cs);
+    store_free(cs_alone);
+    seq_free(d);
+    seq_free(dl);
+    seq_free(p);
+    seq_free(q);
+}
+
 int main(void) {
     test_extend_and_reask(0);
     test_extend_and_reask(1);
+    test_joint_step(0);
+    test_joint_step(1);
     test_taint_paths();
     test_kv_share(0);
     test_kv_share(1);

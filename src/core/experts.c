@@ -700,6 +700,8 @@ void experts_run(experts *x, int layer, const int *idx, int nk, const experts_io
         }
         x->start[e + 1] += x->start[e];
     }
+    x->s.layer_calls++;
+    x->s.chosen += (uint64_t)nchosen;
     memcpy(x->fill, x->start, (size_t)E * sizeof *x->fill);
     for (int t = 0; t < nk; t++)
         if (idx[t] >= 0 && idx[t] < E && l->at[idx[t]]) x->slots[x->fill[idx[t]]++] = t;

@@ -88,7 +88,9 @@ typedef struct {
     uint64_t remote_experts, remote_rows, bytes_sent, bytes_received, messages;
     /* expert parallelism, other ranks: requests answered, experts and rows run for rank 0 */
     uint64_t served_requests, served_experts, served_rows;
-    /* layer calls whose experts ran one per pool task, and the experts they ran */
+    /* every mode: experts_run calls, and the distinct experts they chose */
+    uint64_t layer_calls, chosen;
+    /* ... of those calls, the ones whose experts ran one per pool task, and their experts */
     uint64_t spread_calls, spread_experts;
 } experts_stats;
 

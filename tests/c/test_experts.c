@@ -148,6 +148,8 @@ int main(void) {
     /* 16 calls, each of 4, 4, 3 or 3 distinct experts: one pool job each */
     CHECK(s.spread_calls == 16 && s.spread_experts == 56, "spread calls %llu experts %llu",
           (unsigned long long)s.spread_calls, (unsigned long long)s.spread_experts);
+    CHECK(s.layer_calls == 32 && s.chosen == 112, "calls %llu chosen %llu", (unsigned long long)s.layer_calls,
+          (unsigned long long)s.chosen);
     experts_free(mapped);
 
     experts *x = experts_new(st);

@@ -68,10 +68,14 @@ def test_cancel_of_a_joined_prefill_leaves_the_others_exact(cairn, family_model)
     after = ids_of(family_model, 12, 6)
     e = Engine(cairn, model, "--ctx", str(CTX), "--slots", "2", "--kv-share", "0", env={"CAIRN_STEP_LOG": "1"})
     try:
-        with e.one_write():
-            dec = e.submit("dec", ids=short, max_tokens=40, slot=0)
-            lrep = e.submit("long", ids=long, max_tokens=8, slot=1)
-        while len(dec.ids) < 2:                     # the second token came out of a joint step
+        dec = e.submit("dec", ids=short, max_tokens=60, slot=0)
+        while not dec.ids:                          # decoding: the long prompt's chunks all join its steps
+            e.pump()
+        lrep = e.submit("long", ids=long, max_tokens=8, slot=1)
+        while lrep.accept is None:
+            e.pump()
+        seen = len(dec.ids)
+        while len(dec.ids) == seen:                 # a token of the step that carried the first chunk
             e.pump()
         e.send(b"CANCEL long\n")
         e.collect("long")
@@ -80,9 +84,10 @@ def test_cancel_of_a_joined_prefill_leaves_the_others_exact(cairn, family_model)
     finally:
         e.close()
     steps = steps_of(e)
-    assert any(s[0] >= 1 and s[3] >= 1 for s in steps), f"no joint step before the cancel: {steps}"
+    fed = sum(s[3] for s in steps)
+    assert any(s[0] == 1 and s[3] >= 1 for s in steps) and fed < len(long), f"no joint step cut short: {steps}"
     assert lrep.error == "CANCELLED" and lrep.ids == [], f"not cancelled mid-prefill: {lrep.error} {lrep.ids}"
-    alone = cold(cairn, model, ids=short, max_tokens=40, args=("--ctx", str(CTX)))
+    alone = cold(cairn, model, ids=short, max_tokens=60, args=("--ctx", str(CTX)))
     assert dec.error is None and (dec.ids, dec.lps) == (alone.ids, alone.lps), "the decoding slot differs"
     assert nxt.error is None and nxt.reuse == 0
     alone2 = cold(cairn, model, ids=after, max_tokens=6, args=("--ctx", str(CTX)))

@@ -13,6 +13,8 @@ Tolerance rules:
   re-run 3 times with every value jittered by 1e-7 before each BF16 rounding (see its Numerics).
   Per position, spread = max over those runs of max |Δlogprob| over the reference's top-5 ids,
   and the engine must satisfy max |Δlogprob| over its top-5 ids <= 1.5 * spread + 1e-3.
+A near-tie the 3-seed spread misses (tools/numerics_sweep.py found it) is held to a wider test: the
+engine must match one of 8 jittered reference runs there, and the reference to 1e-4 before it.
 The rule tests show the rules can fail: a reference run with a wrong RoPE theta, standing in for
 an engine, is rejected by both rules.
 
@@ -117,6 +119,27 @@ def qat_violations(got, model, ids):
         if d > 1.5 * s + 1e-3:
             bad.append((pos, f"max |dlogprob| {d:.4f} > 1.5 * spread {s:.4f} + 0.001"))
     return bad
+
+
+# A near-tie found by tools/numerics_sweep.py: at position 25 the engine's top-1 (526) is not the
+# reference's (1, 3.45 nats ahead) and its log-probs are 5.9 nats off, outside the 3-seed rule. The
+# reference itself lands there under 1e-7 jitter (seeds 4, 5, 6 and 8 of 1..8): from position 19
+# (a compressor window closes) the two differ by a rounding near its boundary that f32 and f64
+# resolve differently, and at 24 and 25 a discrete choice follows it. Positions 0..18 agree to 1e-6.
+# The test holds the engine to the reference's noise there, which the 3-seed rule cannot.
+TIE_PROMPT = [0, 164, 428, 580, 260, 135, 10, 576, 901, 872, 40, 606, 841, 224, 987, 924, 585, 473, 177, 849,
+              890, 892, 999, 800, 722, 639]
+TIE_POS = 25
+
+
+def test_qat_near_tie_is_the_references_own_noise(cairn, tiny_dsv4):
+    got = engine(cairn, tiny_dsv4, TIE_PROMPT, "qat")
+    base = reference(tiny_dsv4, TIE_PROMPT, "qat")
+    assert max(abs(lp - b[i]) for g, b in zip(got[:19], base) for i, lp in g) < 1e-4, "agreement before the flip"
+    tol = 1.5 * qat_spread(tiny_dsv4, TIE_PROMPT)[TIE_POS] + 1e-3
+    near = [max(abs(lp - reference(tiny_dsv4, TIE_PROMPT, "qat", jitter_seed=s)[TIE_POS][i]) for i, lp in got[TIE_POS])
+            for s in range(1, 9)]
+    assert min(near) <= tol, f"no jittered reference run reproduces the engine at {TIE_POS}: {near} vs {tol}"
 
 
 def as_engine_output(dists):

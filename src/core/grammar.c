@@ -29,7 +29,11 @@ typedef struct {
     int defined, helpers;
 } rulev;
 
-/* Rules by name and byte sets by value are found through open-addressing tables of entry numbers
+typedef struct {
+    unsigned lo, hi;
+} cprange;
+
+/* Rules by name, byte sets and non-ASCII classes by value are found through open-addressing tables of entry numbers
  * (-1 = empty, at most half full): a schema's generated grammar has thousands of helper rules and
  * sets, and a linear scan per lookup made parsing it quadratic. */
 typedef struct {
@@ -37,16 +41,23 @@ typedef struct {
     unsigned cap;             /* a power of two, or 0 */
 } lookup;
 
-enum { BY_NAME, BY_SET };
+enum { BY_NAME, BY_SET, BY_CLASS };
+
+typedef struct {
+    cprange *r;               /* normalized ranges */
+    int n, rule;              /* the helper rule of their UTF-8 sequences */
+} classv;
 
 typedef struct {
     const char *src;
     size_t len, pos;
-    lookup by[2];
+    lookup by[3];
     rulev *rules;
     int nrules, cap;
     byteset *sets;
     int nsets, setcap;
+    classv *classes;
+    int nclasses, classcap;
     char **lits;
     size_t *lit_len;
     int nlits, litcap;
@@ -55,10 +66,6 @@ typedef struct {
     size_t errlen;
     int failed;
 } parser;
-
-typedef struct {
-    unsigned lo, hi;
-} cprange;
 
 /* ---- errors and building blocks ---------------------------------------------------------- */
 
@@ -104,14 +111,30 @@ static const void *key_of(const parser *p, int kind, int id, size_t *n) {
         *n = strlen(p->rules[id].name);
         return p->rules[id].name;
     }
+    if (kind == BY_CLASS) {
+        *n = (size_t)p->classes[id].n * sizeof *p->classes[id].r;
+        return p->classes[id].r;
+    }
     *n = sizeof p->sets[id];
     return &p->sets[id];
+}
+
+/* Multiply-xorshift over 8-byte words (keys are names, 32-byte sets and range lists). */
+static unsigned key_hash(const void *key, size_t n) {
+    uint64_t h = n;
+    for (size_t i = 0; i < n; i += 8) {
+        uint64_t w = 0;
+        memcpy(&w, (const char *)key + i, n - i < 8 ? n - i : 8);
+        h = (h ^ w) * 0x9E3779B97F4A7C15ULL;
+        h ^= h >> 29;
+    }
+    return (unsigned)(h ^ (h >> 32));
 }
 
 /* The slot holding key's entry, or the empty slot where it would go. */
 static int *lookup_slot(const parser *p, int kind, const void *key, size_t n) {
     const lookup *t = &p->by[kind];
-    for (unsigned i = (unsigned)fnv64(FNV64_INIT, key, n);; i++) {
+    for (unsigned i = key_hash(key, n);; i++) {
         int *slot = &t->slot[i & (t->cap - 1)];
         size_t m;
         if (*slot < 0) return slot;
@@ -314,7 +337,8 @@ static int utf8_alts(parser *p, rulev *r, unsigned lo, unsigned hi) {
     return 0;
 }
 
-/* Symbols for a set of code point ranges: one byte set when all are ASCII, else a helper rule. */
+/* Symbols for a set of code point ranges: one byte set when all are ASCII, else a helper rule
+ * (one per distinct class). */
 static int class_symbol(parser *p, int rule, seqv *q, cprange *r, int n) {
     if (n == 0) return fail_at(p, p->pos, "character class matches nothing");
     if (r[n - 1].hi < 0x80) {
@@ -322,10 +346,24 @@ static int class_symbol(parser *p, int rule, seqv *q, cprange *r, int n) {
         for (int i = 0; i < n; i++) set_range(&s, r[i].lo, r[i].hi);
         return seq_add(p, q, SYM_BYTES, set_id(p, &s));
     }
-    int h = helper_rule(p, rule);
-    for (int i = 0; i < n; i++)
-        if (utf8_alts(p, &p->rules[h], r[i].lo, r[i].hi)) return -1;
-    return seq_add(p, q, SYM_RULE, h);
+    lookup_reserve(p, BY_CLASS, p->nclasses);
+    int *slot = lookup_slot(p, BY_CLASS, r, (size_t)n * sizeof *r);
+    if (*slot < 0) {        /* a class met before reuses its rule: "." appears everywhere in patterns */
+        int h = helper_rule(p, rule);
+        for (int i = 0; i < n; i++)
+            if (utf8_alts(p, &p->rules[h], r[i].lo, r[i].hi)) return -1;
+        if (p->nclasses == p->classcap) {
+            p->classcap = p->classcap ? 2 * p->classcap : 16;
+            p->classes = xrealloc(p->classes, (size_t)p->classcap * sizeof *p->classes);
+        }
+        classv *c = &p->classes[p->nclasses];
+        c->r = xmalloc((size_t)n * sizeof *r);
+        memcpy(c->r, r, (size_t)n * sizeof *r);
+        c->n = n;
+        c->rule = h;
+        *slot = p->nclasses++;
+    }
+    return seq_add(p, q, SYM_RULE, p->classes[*slot].rule);
 }
 
 static int parse_class(parser *p, int rule, seqv *q) {
@@ -662,8 +700,9 @@ static void parser_free(parser *p) {
     }
     free(p->rules);
     free(p->sets);
-    free(p->by[BY_NAME].slot);
-    free(p->by[BY_SET].slot);
+    for (int i = 0; i < p->nclasses; i++) free(p->classes[i].r);
+    free(p->classes);
+    for (int k = 0; k < 3; k++) free(p->by[k].slot);
     for (int i = 0; i < p->nlits; i++) free(p->lits[i]);
     free(p->lits);
     free(p->lit_len);

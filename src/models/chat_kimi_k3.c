@@ -8,7 +8,8 @@
  *       described in JSONSchema.\n\n```json\n{compact, key-sorted tools}\n```<|close|>message<|sep|><|end_of_msg|>
  *   <|open|>message role="system" type="thinking-effort"<|sep|>`thinking_effort` guides ...
  *       `thinking_effort=max`.<|close|>message<|sep|><|end_of_msg|>            (thinking mode only)
- *   <|open|>message role="user"<|sep|>TEXT<|close|>message<|sep|><|end_of_msg|>   (system alike)
+ *   <|open|>message role="user"[ name="N"]<|sep|>TEXT<|close|>message<|sep|><|end_of_msg|>   (system alike;
+ *       name: the message's non-empty "name", as the encoder writes it)
  *   <|open|>message role="assistant"<|sep|>[<|open|>think<|sep|>R<|close|>think<|sep|>]
  *       <|open|>response<|sep|>TEXT<|close|>response<|sep|>
  *       [<|open|>tools<|sep|><|open|>call tool="NAME" index="1"<|sep|>
@@ -83,10 +84,12 @@ static void close_tag(chat_prompt *p, const char *name) {
 
 static void end_message(chat_prompt *p) { T(CLOSE "message" SEP EOM); }
 
-static void open_message(chat_prompt *p, const char *role, const char *type) {
+/* <|open|>message role="ROLE"[ KEY="VALUE"]<|sep|>: KEY is `type` (a system option the format
+ * names, trusted) or `name` (a user or system message's name, request data). */
+static void open_message(chat_prompt *p, const char *role, const char *key, const char *value) {
     T(OPEN "message");
     put_attr(p, "role", role, 0);
-    if (type) put_attr(p, "type", type, 0);
+    if (value) put_attr(p, key, value, !strcmp(key, "name"));
     T(SEP);
 }
 
@@ -117,14 +120,14 @@ static void untrusted_py(chat_prompt *p, const cJSON *v) {
 
 static void render_options(chat_prompt *p, const cJSON *tools, int thinking, const char *effort) {
     if (cJSON_IsArray(tools) && cJSON_GetArraySize(tools) > 0) {
-        open_message(p, "system", "tool-declare");
+        open_message(p, "system", "type", "tool-declare");
         T("# Tools\nHere are the available tools, described in JSONSchema.\n\n```json\n");
         untrusted_compact(p, tools, 1);
         T("\n```");
         end_message(p);
     }
     if (!thinking) return;
-    open_message(p, "system", "thinking-effort");
+    open_message(p, "system", "type", "thinking-effort");
     T("`thinking_effort` guides on how much to think in your thinking channel (not including the response channel), "
       "supported values include `low`, `medium`, `high`, and `max`.\nNow the system is invoked with `thinking_effort=");
     T(effort);        /* one of the literals k3_render accepts */
@@ -137,7 +140,7 @@ static void render_options(chat_prompt *p, const cJSON *tools, int thinking, con
 static void render_tool_choice(chat_prompt *p, const char *choice) {
     if (!choice || !strcmp(choice, "auto")) return;
     int none = !strcmp(choice, "none");
-    open_message(p, "system", "tool-choice");
+    open_message(p, "system", "type", "tool-choice");
     T(none ? "The system is invoked with `tool_choice=none`.\nYou MUST NOT call any tools in the next message."
            : "The system is invoked with `tool_choice=required`.\nYou MUST call tools in the next message.");
     end_message(p);
@@ -149,7 +152,7 @@ static void render_response_format(chat_prompt *p, const cJSON *rf) {
     const char *t = cJSON_IsString(type) ? type->valuestring : "";
     int object = !strcmp(t, "json_object");
     if (!object && strcmp(t, "json_schema")) return;
-    open_message(p, "system", "response-format");
+    open_message(p, "system", "type", "response-format");
     T(object ? "The system is invoked with `response_format=json_object`.\n"
              : "The system is invoked with `response_format=json_schema`.\n");
     T("Your response must be raw JSON data without markdown code blocks (```json) or any additional formatting.");
@@ -211,7 +214,7 @@ static int render_call(chat_prompt *p, const cJSON *call, int idx, int k, char *
 }
 
 static int render_assistant(chat_prompt *p, const cJSON *msg, int idx, int thinking, char *err, size_t errlen) {
-    open_message(p, "assistant", NULL);
+    open_message(p, "assistant", NULL, NULL);
     if (thinking) {
         const cJSON *rc = cJSON_GetObjectItemCaseSensitive(msg, "reasoning_content");
         T(OPEN "think" SEP);
@@ -279,7 +282,9 @@ static int render_message(chat_prompt *p, const cJSON *messages, int i, int thin
     if (!strcmp(r, "tool")) return render_tool_result(p, messages, i, err, errlen);
     if (strcmp(r, "user") && strcmp(r, "system") && strcmp(r, "developer"))
         return errf(err, errlen, "messages[%d].role '%s' is not one of system, developer, user, assistant, tool", i, r);
-    open_message(p, strcmp(r, "user") ? "system" : "user", NULL);
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(msg, "name");
+    int named = cJSON_IsString(name) && *name->valuestring;   /* the encoder: if message.get("name") */
+    open_message(p, strcmp(r, "user") ? "system" : "user", "name", named ? name->valuestring : NULL);
     if (put_text(p, cJSON_GetObjectItemCaseSensitive(msg, "content"), i, err, errlen)) return -1;
     end_message(p);
     return 0;
@@ -298,7 +303,7 @@ static int k3_render(const cJSON *messages, const cJSON *tools, const chat_opts 
         if (render_message(p, messages, i, thinking, err, errlen)) return -1;
     render_tool_choice(p, o ? o->tool_choice : NULL);
     render_response_format(p, o ? o->response_format : NULL);
-    open_message(p, "assistant", NULL);
+    open_message(p, "assistant", NULL, NULL);
     T(thinking ? OPEN "think" SEP : OPEN "response" SEP);
     return 0;
 }

@@ -47,6 +47,22 @@ static void test_render_basic(void) {
     }
 }
 
+/* A user or system message's non-empty name is an attribute after the role, escaped like every
+ * attribute value (encoding_k3.py: attrs.append(("name", message["name"]))). */
+static void test_render_names(void) {
+    char err[256] = "";
+    char *p = render("[{\"role\":\"system\",\"content\":\"s\",\"name\":\"ops\"},"
+                     "{\"role\":\"user\",\"content\":\"Hi\",\"name\":\"Ann \\\"A&B\\\"\"},"
+                     "{\"role\":\"user\",\"content\":\"x\",\"name\":\"\"}]",
+                     NULL, 0, NULL, NULL, err);
+    CHECK(p && !strcmp(p, "<|open|>message role=\"system\" name=\"ops\"<|sep|>s<|close|>message<|sep|><|end_of_msg|>"
+                          "<|open|>message role=\"user\" name=\"Ann &quot;A&amp;B&quot;\"<|sep|>Hi<|close|>message<|sep|>"
+                          "<|end_of_msg|><|open|>message role=\"user\"<|sep|>x<|close|>message<|sep|><|end_of_msg|>"
+                          "<|open|>message role=\"assistant\"<|sep|><|open|>response<|sep|>"),
+          "got %s", show(p));
+    free(p);
+}
+
 static void test_render_history(void) {
     char err[256] = "";
     const char *msgs = "[{\"role\":\"user\",\"content\":\"q1\"},"
@@ -263,6 +279,7 @@ static void test_untrusted_spans(void) {
 
 int main(void) {
     test_render_basic();
+    test_render_names();
     test_render_history();
     test_render_tools();
     test_tool_choice();

@@ -2,6 +2,7 @@
 #include <string.h>
 
 #include "core/grammar.h"
+#include "core/grammar_int.h"
 #include "test.h"
 
 /* 1 = complete sentence, 0 = valid prefix only, -1 = rejected. */
@@ -86,6 +87,15 @@ static void test_utf8(void) {
     CHECK(ok("root ::= [\\x7f-\\u0800]+", "\x7f\xc2\x80\xdf\xbf\xe0\xa0\x80"), "1/2/3-byte boundaries");
     CHECK(ok("root ::= [\\uffff-\\U00010000]+", "\xef\xbf\xbf\xf0\x90\x80\x80"), "3/4-byte boundary");
     CHECK(rejects("root ::= [\\u0100-\\u0200]", "\xc3\xbf"), "U+00FF below range");
+    /* a non-ASCII class written again (a pattern's every ".") reuses the first one's rule */
+    char err[200];
+    const char *g1 = "root ::= [é-ï] \"x\"", *g3 = "root ::= [é-ï] \"x\" [é-ï] t\nt ::= [é-ï]";
+    grammar *one = grammar_parse(g1, strlen(g1), err, sizeof err), *three = grammar_parse(g3, strlen(g3), err, sizeof err);
+    CHECK(one && three && three->nrules == one->nrules + 1 && three->nsets == one->nsets, "rules %d vs %d, sets %d vs %d",
+          three ? three->nrules : -1, one ? one->nrules : -1, three ? three->nsets : -1, one ? one->nsets : -1);
+    CHECK(ok(g3, "éxïé") && rejects(g3, "éxïa"), "the shared class rule matches at every use");
+    grammar_free(one);
+    grammar_free(three);
 }
 
 static void test_errors(void) {

@@ -412,6 +412,8 @@ static int gen_integer(jsg *j, const cJSON *s, const char *ptr, sbuf *e) {
     double hi = isinf(b.hi) ? (double)INT_CAP : b.hi_incl ? floor(b.hi) : ceil(b.hi) - 1;
     lo = MAX(lo, (double)-INT_CAP);
     hi = MIN(hi, (double)INT_CAP);
+    /* checked before the casts: a bound past the cap (maximum -1e70) is not a long long */
+    if (lo > hi) return fail(j, ptr, "the integer bounds leave no value of at most 16 digits");
     return gen_integer_range(j, (long long)lo, (long long)hi, ptr, e);
 }
 

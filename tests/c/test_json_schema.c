@@ -150,6 +150,8 @@ static void test_errors(void) {
         {"{\"oneOf\":[{\"type\":\"integer\"},{\"type\":\"number\"}]}", "'oneOf' is supported only"},
         {"{\"type\":\"number\",\"minimum\":0.5}", "number bounds must be integers"},
         {"{\"type\":\"integer\",\"minimum\":5,\"maximum\":4}", "leave no value"},
+        {"{\"type\":\"integer\",\"minimum\":-5,\"maximum\":-4e70}", "leave no value of at most 16 digits"},
+        {"{\"type\":\"integer\",\"minimum\":1e20}", "leave no value of at most 16 digits"},
         {"{\"type\":\"integer\",\"exclusiveMinimum\":true}", "draft-04"},
         {"{\"type\":\"strnig\"}", "unknown type 'strnig'"},
         {"{\"minLength\":3,\"maxLength\":2}", "below 'minLength'"},

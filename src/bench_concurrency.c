@@ -6,7 +6,9 @@
  * figure of the same run. Batching reads the dense, attention and shared-expert weights once per
  * step for all k (routed experts only where tokens pick different ones), so a memory-bound decode
  * approaches k x. Every conversation's tokens are checked against running it alone, so a ratio
- * bought with wrong answers fails the run.
+ * bought with wrong answers fails the run. The fastest single step of each k gives a second ratio,
+ * k x best step of one / best step of k (best_step_ratio_k): on a shared machine a phase's total
+ * time carries whatever else ran meanwhile, while its fastest step is the one least disturbed.
  *
  * WHILE ANOTHER PREFILLS: two conversations decode while a third prefills a MIX_LONG-token prompt,
  * timed from the first step until that prefill ends, both ways in the same run: joined (the
@@ -20,6 +22,7 @@
 
 #include "bench.h"
 #include "cli.h"
+#include "core/experts.h"
 #include "core/kernels.h"
 #include "core/threads.h"
 #include "core/util.h"
@@ -43,13 +46,23 @@ static void usage(FILE *f) {
             "chunks joined to the decode steps' calls (as the engine does) and in calls of their own,\n"
             "and it prints both ways' decode and prefill tok/s.\n"
             "--json prints {concurrency_ratio_2, concurrency_ratio_4, concurrency_ratio_8,\n"
+            "best_step_ratio_2, best_step_ratio_4, best_step_ratio_8 (k x fastest step of one /\n"
+            "fastest step of k: less disturbed by other load), experts_per_call_k (distinct routed\n"
+            "experts per MoE layer call), experts_spread_share_4,\n"
             "mix_decode_tok_s_joined, mix_decode_tok_s_apart, mix_prefill_tok_s_joined, ...}.\n");
 }
 
 /* Conversations first..first+k-1 (conversation i has prompt seed i + 1): prefill (untimed),
  * then `decode` batched greedy steps; tokens[i - first][step] gets conversation i's choices.
- * Returns seconds of the decode steps, < 0 on failure. */
-static double run_batch(model *m, const bench_opts *o, int first, int k, int (*tokens)[64], char *err, size_t errlen) {
+ * Returns seconds of the decode steps, < 0 on failure; *f (NULL: not wanted) gets what the steps did. */
+typedef struct {
+    double best;          /* the fastest step's seconds */
+    double chosen;        /* distinct routed experts per MoE layer call */
+    double spread;        /* share of those calls that spread their experts over the pool */
+} step_figures;
+
+static double run_batch(model *m, const bench_opts *o, int first, int k, int (*tokens)[64], step_figures *f,
+                        char *err, size_t errlen) {
     seq *seqs[MAX_CONV] = {0};
     float *logits[MAX_CONV] = {0};
     int ids[MAX_CONV], ok = 1;
@@ -61,12 +74,24 @@ static double run_batch(model *m, const bench_opts *o, int first, int k, int (*t
              !seq_feed(seqs[i], prompt, (int)o->prompt, logits[i], err, errlen);
         free(prompt);
     }
-    double t0 = now_seconds();
+    experts_stats x0, x1;
+    experts_get_stats(m->experts, &x0);
+    double t0 = now_seconds(), fastest = -1;
     for (long step = 0; ok && step < o->decode; step++) {
         for (int i = 0; i < k; i++) ids[i] = tokens[i][step] = bench_argmax(logits[i], m->vocab_size);
+        double s0 = now_seconds();
         ok = !seq_feed_step(seqs, ids, k, logits, err, errlen);
+        double st = now_seconds() - s0;
+        if (fastest < 0 || st < fastest) fastest = st;
     }
     if (ok) t = now_seconds() - t0;
+    experts_get_stats(m->experts, &x1);
+    if (f) {
+        double calls = (double)(x1.layer_calls - x0.layer_calls);
+        f->best = fastest;
+        f->chosen = calls > 0 ? (double)(x1.chosen - x0.chosen) / calls : 0;
+        f->spread = calls > 0 ? (double)(x1.spread_calls - x0.spread_calls) / calls : 0;
+    }
     for (int i = 0; i < k; i++) {
         seq_free(seqs[i]);
         free(logits[i]);
@@ -134,7 +159,7 @@ static int mix_figures(model *m, const bench_opts *o, double out[4], char *err, 
         bench_opts lone = *o;
         lone.decode = steps;
         for (int i = 0; i < MIX_CONV; i++) {
-            if (run_batch(m, &lone, i, 1, &alone, err, errlen) < 0) return -1;
+            if (run_batch(m, &lone, i, 1, &alone, NULL, err, errlen) < 0) return -1;
             if (memcmp(mixed[i], alone, sizeof(int) * (size_t)steps))
                 return errf(err, errlen, "conversation %d decoded beside a prefill (%s) differs from running it alone", i,
                             joined ? "joined" : "apart");
@@ -154,10 +179,11 @@ int bench_concurrency(int argc, char **argv) {
     static const int ks[] = {1, 2, 4, 8};
     static int alone[MAX_CONV][64], together[MAX_CONV][64];
     double tok_s[4] = {0}, mix[4] = {0};
-    int rc = run_batch(m, &o, 0, 1, alone, err, sizeof err) < 0;      /* untimed: pages the weights in */
-    for (int i = 0; i < MAX_CONV && !rc; i++) rc = run_batch(m, &o, i, 1, alone + i, err, sizeof err) < 0;
+    step_figures fig[4] = {0};
+    int rc = run_batch(m, &o, 0, 1, alone, NULL, err, sizeof err) < 0;      /* untimed: pages the weights in */
+    for (int i = 0; i < MAX_CONV && !rc; i++) rc = run_batch(m, &o, i, 1, alone + i, NULL, err, sizeof err) < 0;
     for (int r = 0; r < 4 && !rc; r++) {
-        double t = run_batch(m, &o, 0, ks[r], together, err, sizeof err);
+        double t = run_batch(m, &o, 0, ks[r], together, &fig[r], err, sizeof err);
         rc = t < 0;
         for (int i = 0; i < ks[r] && !rc; i++)
             if (memcmp(together[i], alone[i], sizeof(int) * (size_t)o.decode)) {
@@ -166,6 +192,8 @@ int bench_concurrency(int argc, char **argv) {
             }
         if (!rc) tok_s[r] = ks[r] * o.decode / t;
     }
+    double best_ratio[4];
+    for (int r = 0; r < 4; r++) best_ratio[r] = ks[r] * fig[0].best / fig[r].best;
     if (!rc) rc = mix_figures(m, &o, mix, err, sizeof err) != 0;
     model_close(m);
     if (rc) { fprintf(stderr, "cairn bench concurrency: %s\n", err); return 1; }
@@ -173,14 +201,22 @@ int bench_concurrency(int argc, char **argv) {
         printf("{\"tok_s_1\":%.3f,\"tok_s_2\":%.3f,\"tok_s_4\":%.3f,\"tok_s_8\":%.3f,\"concurrency_ratio_2\":%.3f,"
                "\"concurrency_ratio_4\":%.3f,\"concurrency_ratio_8\":%.3f,\"prompt\":%ld,\"decode\":%ld,"
                "\"mix_decode_tok_s_joined\":%.3f,\"mix_decode_tok_s_apart\":%.3f,\"mix_prefill_tok_s_joined\":%.3f,"
-               "\"mix_prefill_tok_s_apart\":%.3f,\"mix_long_prompt\":%d,\"threads\":%d,\"simd\":\"%s\"}\n",
+               "\"mix_prefill_tok_s_apart\":%.3f,\"mix_long_prompt\":%d,\"best_step_ratio_2\":%.3f,"
+               "\"best_step_ratio_4\":%.3f,\"best_step_ratio_8\":%.3f,\"experts_per_call_1\":%.2f,"
+               "\"experts_per_call_4\":%.2f,\"experts_per_call_8\":%.2f,\"experts_spread_share_4\":%.3f,"
+               "\"threads\":%d,\"simd\":\"%s\"}\n",
                tok_s[0], tok_s[1], tok_s[2], tok_s[3], tok_s[1] / tok_s[0], tok_s[2] / tok_s[0], tok_s[3] / tok_s[0],
-               o.prompt, o.decode, mix[0], mix[1], mix[2], mix[3], MIX_LONG, pool_threads(), kernels_simd_name());
+               o.prompt, o.decode, mix[0], mix[1], mix[2], mix[3], MIX_LONG, best_ratio[1], best_ratio[2],
+               best_ratio[3], fig[0].chosen, fig[2].chosen, fig[3].chosen, fig[2].spread, pool_threads(),
+               kernels_simd_name());
         return 0;
     }
-    printf("conversations  aggregate tok/s  / one conversation   (one forward call per step; %d threads, %s)\n",
+    printf("conversations  aggregate tok/s  / one conversation  fastest step ratio  experts/MoE call  spread\n");
+    for (int r = 0; r < 4; r++)
+        printf("%13d  %15.2f  %18.2f  %18.2f  %16.2f  %5.0f%%\n", ks[r], tok_s[r], tok_s[r] / tok_s[0], best_ratio[r],
+               fig[r].chosen, 100 * fig[r].spread);
+    printf("(one forward call per step; %d threads, %s; spread: MoE calls whose experts ran one per pool task)\n",
            pool_threads(), kernels_simd_name());
-    for (int r = 0; r < 4; r++) printf("%13d  %15.2f  %18.2f\n", ks[r], tok_s[r], tok_s[r] / tok_s[0]);
     printf("%d conversations decoding while another prefills %d tokens:\n"
            "  prefill joined to the decode calls  decode %8.2f tok/s  prefill %8.2f tok/s\n"
            "  prefill in calls of its own         decode %8.2f tok/s  prefill %8.2f tok/s   (joined / apart: decode x%.2f)\n",

@@ -9,6 +9,7 @@ step. A CANCEL that lands between joint steps leaves the other conversations exa
 import re
 
 from engine_client import Engine, cold
+from test_grammar_engine import GBNF, SHAPE
 
 CTX = 1024
 STEP = re.compile(r"step: (\d+) slots decoded in one forward call, weight bytes streamed: dense (\d+) routed (\d+);"
@@ -68,10 +69,14 @@ def test_cancel_of_a_joined_prefill_leaves_the_others_exact(cairn, family_model)
     after = ids_of(family_model, 12, 6)
     e = Engine(cairn, model, "--ctx", str(CTX), "--slots", "2", "--kv-share", "0", env={"CAIRN_STEP_LOG": "1"})
     try:
-        with e.one_write():
-            dec = e.submit("dec", ids=short, max_tokens=40, slot=0)
-            lrep = e.submit("long", ids=long, max_tokens=8, slot=1)
-        while len(dec.ids) < 2:                     # the second token came out of a joint step
+        dec = e.submit("dec", ids=short, max_tokens=60, slot=0)
+        while not dec.ids:                          # decoding: the long prompt's chunks all join its steps
+            e.pump()
+        lrep = e.submit("long", ids=long, max_tokens=8, slot=1)
+        while lrep.accept is None:
+            e.pump()
+        seen = len(dec.ids)
+        while len(dec.ids) == seen:                 # a token of the step that carried the first chunk
             e.pump()
         e.send(b"CANCEL long\n")
         e.collect("long")
@@ -80,10 +85,35 @@ def test_cancel_of_a_joined_prefill_leaves_the_others_exact(cairn, family_model)
     finally:
         e.close()
     steps = steps_of(e)
-    assert any(s[0] >= 1 and s[3] >= 1 for s in steps), f"no joint step before the cancel: {steps}"
+    fed = sum(s[3] for s in steps)
+    assert any(s[0] == 1 and s[3] >= 1 for s in steps) and fed < len(long), f"no joint step cut short: {steps}"
     assert lrep.error == "CANCELLED" and lrep.ids == [], f"not cancelled mid-prefill: {lrep.error} {lrep.ids}"
-    alone = cold(cairn, model, ids=short, max_tokens=40, args=("--ctx", str(CTX)))
+    alone = cold(cairn, model, ids=short, max_tokens=60, args=("--ctx", str(CTX)))
     assert dec.error is None and (dec.ids, dec.lps) == (alone.ids, alone.lps), "the decoding slot differs"
     assert nxt.error is None and nxt.reuse == 0
     alone2 = cold(cairn, model, ids=after, max_tokens=6, args=("--ctx", str(CTX)))
     assert (nxt.ids, nxt.lps) == (alone2.ids, alone2.lps)
+
+
+def test_a_grammar_request_prefilled_in_joint_steps_follows_its_grammar(cairn, family_model):
+    """The long prompt's first token is sampled from the last row of a joint call through its
+    grammar's mask; every later one from its own decode rows beside the other slot's."""
+    model = family_model.model
+    short, long = ids_of(family_model, 10, 7), ids_of(family_model, 700, 8)
+    kw = dict(max_tokens=80, temperature=1, logprobs=0, extra=" seed=3", grammar=GBNF)
+    e = Engine(cairn, model, "--ctx", str(CTX), "--slots", "2", "--kv-share", "0", env={"CAIRN_STEP_LOG": "1"})
+    try:
+        dec = e.submit("dec", ids=short, max_tokens=60, slot=0)
+        while not dec.ids:
+            e.pump()
+        g = e.submit("g", ids=long, slot=1, **kw)
+        e.collect("g")
+        e.collect("dec")
+    finally:
+        e.close()
+    assert sum(s[3] for s in steps_of(e) if s[0] >= 1) == len(long), f"the prefill did not join: {steps_of(e)} {len(dec.ids)} {g.accept}"
+    alone = cold(cairn, model, ids=long, args=("--ctx", str(CTX)), **kw)
+    assert g.error is None and SHAPE.match(g.text.decode()), (g.error, g.text)
+    assert g.text == alone.text
+    ref = cold(cairn, model, ids=short, max_tokens=60, args=("--ctx", str(CTX)))
+    assert (dec.ids, dec.lps) == (ref.ids, ref.lps)

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "cluster.h"
+#include "threads.h"
 #include "util.h"
 
 enum { ABSENT, QUEUED, LOADING, READY };
@@ -64,6 +65,8 @@ struct experts {
     expert_scratch_fn scratch;
     void *ctx;
     arena sc;                    /* gathered rows and the expert function's scratch, grown on demand */
+    arena *task_sc;              /* [task_sc_cap] the same per chosen expert when a call spreads them */
+    int task_sc_cap;
     int rank, ranks;             /* cluster.h, read at experts_new */
     void **msg;                  /* [ranks] request / reply buffers, and their capacities */
     size_t *msg_cap;
@@ -510,12 +513,50 @@ static int owner(const experts *x, int e) { return e % x->ranks; }
 
 /* Run each expert of x->mine (ascending) at layer: `one` gets its matrices, resident or read
  * now when cached, the mapping otherwise. */
-typedef void (*run_one)(experts *x, void *arg, int layer, int e, const qmat *w);
+typedef void (*run_one)(experts *x, void *arg, int layer, int e, const qmat *w, arena *sc);
+
+typedef struct {
+    experts *x;
+    int layer;
+    run_one one;
+    void *arg;
+} spread_job;
+
+/* Pool task i: the i-th expert of x->mine, whole, on this thread with its own scratch (the
+ * kernels' own pool calls run serially inside a task, over the same row split: the same bits). */
+static void spread_task(void *ctx, int i) {
+    const spread_job *j = ctx;
+    experts *x = j->x;
+    int e = x->mine[i];
+    j->one(x, j->arg, j->layer, e, x->layers[j->layer].at[e]->mapped, &x->task_sc[i]);
+}
+
+/* One pool job for every expert of the call (see EXPERTS_SPREAD_ROWS). */
+static void spread_mine(experts *x, int layer, run_one one, void *arg) {
+    if (x->nmine > x->task_sc_cap) {
+        x->task_sc = xrealloc(x->task_sc, (size_t)x->nmine * sizeof *x->task_sc);
+        memset(x->task_sc + x->task_sc_cap, 0, (size_t)(x->nmine - x->task_sc_cap) * sizeof *x->task_sc);
+        x->task_sc_cap = x->nmine;
+    }
+    spread_job j = {x, layer, one, arg};
+    pool_run(x->nmine, spread_task, &j);
+    x->s.spread_calls++;
+    x->s.spread_experts += (uint64_t)x->nmine;
+}
+
+/* Whether this call's experts go one per pool task: mapped (the cache hands experts out one at a
+ * time under its lock), more than one, a pool to spread them over, and every one decode-sized. */
+static int spreads(const experts *x, const int *start) {
+    if (x->cached || x->nmine < 2 || pool_threads() < 2) return 0;
+    for (int i = 0; i < x->nmine; i++)
+        if (start[x->mine[i] + 1] - start[x->mine[i]] > EXPERTS_SPREAD_ROWS) return 0;
+    return 1;
+}
 
 static void run_mine(experts *x, int layer, run_one one, void *arg) {
     layer_set *l = &x->layers[layer];
     if (!x->cached) {
-        for (int i = 0; i < x->nmine; i++) one(x, arg, layer, x->mine[i], l->at[x->mine[i]]->mapped);
+        for (int i = 0; i < x->nmine; i++) one(x, arg, layer, x->mine[i], l->at[x->mine[i]]->mapped, &x->sc);
         return;
     }
     pthread_mutex_lock(&x->mu);
@@ -524,23 +565,23 @@ static void run_mine(experts *x, int layer, run_one one, void *arg) {
         entry *en = l->at[x->mine[i]];
         const qmat *w = acquire(x, en);
         pthread_mutex_unlock(&x->mu);
-        one(x, arg, layer, x->mine[i], w);
+        one(x, arg, layer, x->mine[i], w, &x->sc);
         pthread_mutex_lock(&x->mu);
         release(x, en);
     }
     pthread_mutex_unlock(&x->mu);
 }
 
-/* The arena ready for cnt rows of din in, dout out, weights and the expert function's scratch. */
-static arena *scratch_for(experts *x, int layer, int cnt, int din, int dout) {
+/* sc made ready for cnt rows of din in, dout out, weights and the expert function's scratch. */
+static arena *scratch_for(experts *x, arena *sc, int layer, int cnt, int din, int dout) {
     size_t need = ((size_t)cnt * ((size_t)din + (size_t)dout + 1)) * sizeof(float) + 3 * 64 +
                   x->scratch(x->ctx, layer, cnt);
-    if (need > x->sc.cap) {
-        arena_free(&x->sc);
-        if (arena_init(&x->sc, need + need / 2)) fatal("cannot allocate the experts' scratch");
+    if (need > sc->cap) {
+        arena_free(sc);
+        if (arena_init(sc, need + need / 2)) fatal("cannot allocate the experts' scratch");
     }
-    x->sc.used = 0;
-    return &x->sc;
+    sc->used = 0;
+    return sc;
 }
 
 typedef struct {
@@ -549,12 +590,12 @@ typedef struct {
 } local_job;
 
 /* Rank 0's own expert: gather its rows, run it, scatter its outputs. */
-static void run_local(experts *x, void *arg, int layer, int e, const qmat *w) {
+static void run_local(experts *x, void *arg, int layer, int e, const qmat *w, arena *a) {
     const local_job *j = arg;
     const experts_io *io = j->io;
     const int *slots = j->slots + j->start[e];
     int cnt = j->start[e + 1] - j->start[e];
-    arena *sc = scratch_for(x, layer, cnt, io->din, io->dout);
+    arena *sc = scratch_for(x, a, layer, cnt, io->din, io->dout);
     float *in = arena_take(sc, (size_t)cnt * io->din, sizeof(float));
     float *out = arena_take(sc, (size_t)cnt * io->dout, sizeof(float));
     float *wt = io->weight ? arena_take(sc, (size_t)cnt, sizeof(float)) : NULL;
@@ -659,12 +700,15 @@ void experts_run(experts *x, int layer, const int *idx, int nk, const experts_io
         }
         x->start[e + 1] += x->start[e];
     }
+    x->s.layer_calls++;
+    x->s.chosen += (uint64_t)nchosen;
     memcpy(x->fill, x->start, (size_t)E * sizeof *x->fill);
     for (int t = 0; t < nk; t++)
         if (idx[t] >= 0 && idx[t] < E && l->at[idx[t]]) x->slots[x->fill[idx[t]]++] = t;
     for (int r = 1; r < x->ranks; r++) send_request(x, r, layer, io, x->slots, x->start, nchosen, &x->rows_of[r]);
     local_job j = {io, x->slots, x->start};
-    run_mine(x, layer, run_local, &j);
+    if (spreads(x, x->start)) spread_mine(x, layer, run_local, &j);
+    else run_mine(x, layer, run_local, &j);
     for (int r = 1; r < x->ranks; r++)
         if (x->rows_of[r]) take_reply(x, r, io, x->slots, x->start, nchosen, x->rows_of[r]);
 }
@@ -679,11 +723,11 @@ typedef struct {
 } serve_job;
 
 /* Experts come in the request's (ascending) order, so each one's rows follow the previous one's. */
-static void run_served(experts *x, void *arg, int layer, int e, const qmat *w) {
+static void run_served(experts *x, void *arg, int layer, int e, const qmat *w, arena *a) {
     serve_job *j = arg;
     int cnt = j->pair[1];
     j->pair += 2;
-    arena *sc = scratch_for(x, layer, cnt, 0, 0);
+    arena *sc = scratch_for(x, a, layer, cnt, 0, 0);
     x->fn(x->ctx, layer, e, w, j->in + (size_t)j->at * j->din, j->wt ? j->wt + j->at : NULL, cnt,
           j->out + (size_t)j->at * j->dout, sc);
     j->at += cnt;
@@ -818,6 +862,8 @@ void experts_free(experts *x) {
     free(x->msg_cap);
     free(x->rows_of);
     arena_free(&x->sc);
+    for (int i = 0; i < x->task_sc_cap; i++) arena_free(&x->task_sc[i]);
+    free(x->task_sc);
     free(x->queue);
     free(x->usage_path);
     pthread_mutex_destroy(&x->mu);

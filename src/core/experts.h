@@ -8,9 +8,21 @@
  * input rows in, output rows out, the model as its only context). A MoE layer hands experts_run
  * its routing (the expert of each (token, rank) slot) and where the rows are (experts_io):
  * experts_run groups the slots by expert, gathers each chosen expert's input rows, runs it once
- * over them, in ascending expert order, and scatters its output rows to their slots. The layer
- * then sums the slots in its own fixed order, so a token's result never depends on grouping,
- * caching or which process ran an expert. Dense weights are not this module's business.
+ * over them, and scatters its output rows to their slots. The layer then sums the slots in its
+ * own fixed order, so a token's result never depends on grouping, caching, which thread or which
+ * process ran an expert. Dense weights are not this module's business.
+ *
+ * HOW A CALL USES THE POOL (core/threads.h):
+ *  - A decode-sized call (mapped experts, at least two chosen, each with at most
+ *    EXPERTS_SPREAD_ROWS rows) spreads its experts over the pool: one pool job, one task per
+ *    expert, each expert run whole on one thread with scratch of its own. Its cost is then its
+ *    weight bytes, about the same for every expert, so whole experts balance across threads,
+ *    and the call pays one pool synchronisation instead of one per matrix product of every
+ *    expert (a 4-conversation DeepSeek V4 step chooses ~21 experts a layer). The expert
+ *    function's own kernel calls run serially inside the task over the same row split, so the
+ *    bits are the same as run across the pool (kernels.h).
+ *  - Otherwise (prefill-sized rows, one expert, the cache, the serving ranks) experts run one
+ *    after another in ascending order, each across the pool through its kernel calls.
  *
  * EXPERT PARALLELISM (cluster_size() > 1, build/mpi/cairn under mpirun):
  *  - Expert e of every layer belongs to rank e % cluster_size(); rank 0 runs everything else.
@@ -55,6 +67,7 @@
 
 #define EXPERT_MATS 3             /* matrices of one expert: gate, up, down (or fused gate+up, down) */
 #define EXPERTS_MERGE_GAP 4096    /* pieces of one expert closer than this are read as one span */
+#define EXPERTS_SPREAD_ROWS 8     /* rows up to which an expert's cost is its weight bytes (decode) */
 
 typedef struct experts experts;
 
@@ -75,6 +88,10 @@ typedef struct {
     uint64_t remote_experts, remote_rows, bytes_sent, bytes_received, messages;
     /* expert parallelism, other ranks: requests answered, experts and rows run for rank 0 */
     uint64_t served_requests, served_experts, served_rows;
+    /* every mode: experts_run calls, and the distinct experts they chose */
+    uint64_t layer_calls, chosen;
+    /* ... of those calls, the ones whose experts ran one per pool task, and their experts */
+    uint64_t spread_calls, spread_experts;
 } experts_stats;
 
 experts *experts_new(const st_file *st);
@@ -92,8 +109,9 @@ int experts_cached(const experts *x);
 
 /* One chosen expert's work: out[r] (dout floats) from in[r] (din floats) for its cnt rows;
  * weight[r] is the route weight of row r's slot (NULL when the layer gave none). Scratch comes
- * from sc. It may depend on nothing but its arguments and ctx (the model): the rank that owns the
- * expert runs the same function on the same rows. */
+ * from sc. It may depend on nothing but its arguments and ctx (the model), and must not write
+ * ctx: the rank that owns the expert runs the same function on the same rows, and a spread call
+ * runs several experts at once on different threads. */
 typedef void (*expert_fn)(void *ctx, int layer, int e, const qmat *w, const float *in, const float *weight, int cnt,
                           float *out, arena *sc);
 /* The most scratch expert_fn takes from sc for cnt rows of layer. */

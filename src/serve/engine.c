@@ -631,10 +631,9 @@ static void run_loop(engine *e) {
     for (;;) {
         poll_input(e, !any_active(e));
         if (e->eof && !any_active(e)) return;
-        int joins = any_decoding(e);
         for (int i = 0; i < e->o.slots; i++) {
             request *r = e->active[i];
-            if (r && !decoding(e, r) && !(joins && r->prefilling)) step(e, r);
+            if (r && !decoding(e, r) && !(r->prefilling && any_decoding(e))) step(e, r);
             poll_input(e, 0);
         }
         int k = 0, np = 0;

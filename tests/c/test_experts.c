@@ -3,11 +3,15 @@
  * the mapped bytes (cached or not), its rows gathered in ascending slot order with their weights, and
  * every output row must land in its slot (slots grouped by ascending expert); an expert whose tensors are
  * adjacent is one read, one with a gap over EXPERTS_MERGE_GAP two; a two-expert budget evicts; the
- * usage counts saved at free pin experts on the next start; a budget below two experts is refused. */
+ * usage counts saved at free pin experts on the next start; a budget below two experts is refused.
+ * With a pool of two threads the mapped experts of a call spread one per pool task (counted), each
+ * still run once on its own rows; with one thread, or cached, they run one by one in ascending order. */
 #include "core/experts.h"
+#include "core/threads.h"
 #include "core/util.h"
 #include "test.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -60,9 +64,11 @@ static void register_all(experts *x, const st_file *st) {
         }
 }
 
+/* ordered: experts must come in ascending order (not spread); runs[e] counts each expert's runs */
 typedef struct {
     const st_file *st;
-    int layer, last_e, calls, bad;
+    int layer, last_e, ordered;
+    atomic_int calls, bad, runs[EXPERTS];
 } seen;
 
 enum { K = 4, OUT_K = K + 1, DOUT = 3 };
@@ -74,9 +80,10 @@ static void check_expert(void *ctx, int layer, int e, const qmat *w, const float
                          float *out, arena *sc) {
     seen *s = ctx;
     char name[64];
-    s->bad += e <= s->last_e || layer != s->layer;
-    s->last_e = e;
+    s->bad += layer != s->layer || (s->ordered && e <= s->last_e);
+    if (s->ordered) s->last_e = e;
     s->calls++;
+    s->runs[e]++;
     for (int k = 0; k < 3; k++) {
         snprintf(name, sizeof name, "l%d.e%d.m%d", s->layer, e, k);
         s->bad += memcmp(w[k].data, st_find(s->st, name)->data, MAT) != 0;
@@ -93,19 +100,25 @@ static void check_expert(void *ctx, int layer, int e, const qmat *w, const float
 static size_t check_scratch(void *ctx, int layer, int cnt) { return (size_t)cnt * sizeof(float) + 64; }
 
 /* Runs `steps` layer calls cycling through patterns of chosen experts (4, 4, 3 and 3 distinct)
- * for one token of K slots; returns the mistakes seen, every slot's output row checked. */
-static int drive(experts *x, const st_file *st, int steps) {
+ * for one token of K slots; returns the mistakes seen, every slot's output row checked and every
+ * chosen expert run exactly once per call. */
+static int drive(experts *x, const st_file *st, int steps, int ordered) {
     static const int pat[][K] = {{0, 1, 2, 3}, {4, 5, 0, 1}, {2, 2, 5, 3}, {1, 0, 4, 0}};
     static const float xin[2] = {0, 7}, weight[K] = {0, 1, 2, 3};
     int bad = 0;
     for (int i = 0; i < steps; i++) {
-        seen s = {st, i % LAYERS, -1, 0, 0};
+        seen s = {.st = st, .layer = i % LAYERS, .last_e = -1, .ordered = ordered};
         float out[OUT_K * DOUT];
         for (int c = 0; c < OUT_K * DOUT; c++) out[c] = -1;
         experts_bind(x, check_expert, check_scratch, &s);
         experts_io io = {.x = xin, .din = 2, .k = K, .weight = weight, .out = out, .dout = DOUT, .out_k = OUT_K};
         experts_run(x, s.layer, pat[i % 4], K, &io);
         bad += s.bad + (s.calls == 0);
+        for (int e = 0; e < EXPERTS; e++) {
+            int chosen = 0;
+            for (int t = 0; t < K; t++) chosen |= pat[i % 4][t] == e;
+            bad += s.runs[e] != chosen;
+        }
         for (int t = 0; t < K; t++)
             bad += out[t * DOUT] != (float)pat[i % 4][t] || out[t * DOUT + 1] != (float)t || out[t * DOUT + 2] != 0;
         for (int c = K * DOUT; c < OUT_K * DOUT; c++) bad += out[c] != -1;   /* the layer's own row untouched */
@@ -124,7 +137,19 @@ int main(void) {
     experts *mapped = experts_new(st);
     register_all(mapped, st);
     CHECK(experts_count(mapped) == LAYERS * EXPERTS, "%d", experts_count(mapped));
-    CHECK(drive(mapped, st, 16) == 0, "mapped experts seen wrong");
+    experts_stats s;
+    pool_set_threads(1);
+    CHECK(drive(mapped, st, 16, 1) == 0, "mapped experts seen wrong");
+    experts_get_stats(mapped, &s);
+    CHECK(s.spread_calls == 0, "%llu calls spread without a pool", (unsigned long long)s.spread_calls);
+    pool_set_threads(2);
+    CHECK(drive(mapped, st, 16, 0) == 0, "spread mapped experts seen wrong");
+    experts_get_stats(mapped, &s);
+    /* 16 calls, each of 4, 4, 3 or 3 distinct experts: one pool job each */
+    CHECK(s.spread_calls == 16 && s.spread_experts == 56, "spread calls %llu experts %llu",
+          (unsigned long long)s.spread_calls, (unsigned long long)s.spread_experts);
+    CHECK(s.layer_calls == 32 && s.chosen == 112, "calls %llu chosen %llu", (unsigned long long)s.layer_calls,
+          (unsigned long long)s.chosen);
     experts_free(mapped);
 
     experts *x = experts_new(st);
@@ -133,9 +158,9 @@ int main(void) {
           "%s", err);
     snprintf(usage, sizeof usage, "%s/expert_usage.bin", dir);
     CHECK(!experts_cache(x, 2 * 3 * MAT, usage, 7, err, sizeof err), "%s", err);
-    CHECK(drive(x, st, 16) == 0, "cached experts differ from the mapping");
-    experts_stats s;
+    CHECK(drive(x, st, 16, 1) == 0, "cached experts differ from the mapping");
     experts_get_stats(x, &s);
+    CHECK(s.spread_calls == 0, "cached experts spread: %llu", (unsigned long long)s.spread_calls);
     CHECK(s.uses == 56 && s.hits + s.misses == s.uses, "uses %llu hits %llu misses %llu",
           (unsigned long long)s.uses, (unsigned long long)s.hits, (unsigned long long)s.misses);
     CHECK(s.evictions > 0 && s.reader_reads > 0 && s.read_errors == 0, "evictions %llu reader %llu",
@@ -150,7 +175,7 @@ int main(void) {
     x = experts_new(st);
     register_all(x, st);
     CHECK(!experts_cache(x, 8 * 3 * MAT, usage, 7, err, sizeof err), "%s", err);
-    CHECK(drive(x, st, 8) == 0, "pinned experts differ from the mapping");
+    CHECK(drive(x, st, 8, 1) == 0, "pinned experts differ from the mapping");
     experts_get_stats(x, &s);
     CHECK(s.pinned > 0 && s.pinned_hits > 0, "pinned %llu pinned_hits %llu", (unsigned long long)s.pinned,
           (unsigned long long)s.pinned_hits);

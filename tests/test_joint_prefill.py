@@ -117,3 +117,29 @@ def test_a_grammar_request_prefilled_in_joint_steps_follows_its_grammar(cairn, f
     assert g.text == alone.text
     ref = cold(cairn, model, ids=short, max_tokens=60, args=("--ctx", str(CTX)))
     assert (dec.ids, dec.lps) == (ref.ids, ref.lps)
+
+
+def test_stop_of_a_joined_prefill_keeps_what_it_fed(cairn, family_model):
+    """STOP during a joined prefill ends the request with DONE and no token; the slot keeps the
+    prompt prefix the joint calls fed, recorded exactly, so the next turn extends it."""
+    model = family_model.model
+    short, long = ids_of(family_model, 9, 9), ids_of(family_model, 1000, 10)
+    e = Engine(cairn, model, "--ctx", str(CTX), "--slots", "2", "--kv-share", "0", env={"CAIRN_STEP_LOG": "1"})
+    try:
+        dec = e.submit("dec", ids=short, max_tokens=60, slot=0)
+        while not dec.ids:
+            e.pump()
+        lrep = e.submit("long", ids=long, max_tokens=8, slot=1)
+        while lrep.accept is None:
+            e.pump()
+        e.send(b"STOP long\n")
+        e.collect("long")
+        e.collect("dec")
+        again = e.generate(long, 6, slot=1)
+    finally:
+        e.close()
+    fed = sum(s[3] for s in steps_of(e) if s[0] >= 1)
+    assert lrep.error is None and lrep.ids == [] and lrep.completion == 0, (lrep.error, lrep.ids)
+    assert 0 < fed and again.reuse == min(fed, len(long) - 1), f"fed {fed}, the next turn reused {again.reuse}"
+    alone = cold(cairn, model, ids=long, max_tokens=6, args=("--ctx", str(CTX)))
+    assert (again.ids, again.lps) == (alone.ids, alone.lps)

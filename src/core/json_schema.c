@@ -24,6 +24,8 @@ enum { DEPTH_MAX = 64, REFS_MAX = 256, COUNT_MAX = 4096, INT_DIGITS = 16 };
 typedef struct {
     char *ref;
     char name[96];
+    int open;                         /* its body is being generated */
+    int containers;                   /* jsg.containers when it opened */
 } ref_rule;
 
 typedef struct {
@@ -31,6 +33,7 @@ typedef struct {
     const char *base;
     const cJSON *root;
     int counter, depth;
+    int containers;                   /* objects and arrays being generated: each writes "{" or "[" first */
     const char *tag_close;            /* tagged mode (json_schema_tagged_rules), else NULL */
     int top;                          /* generating the top-level value (not inside a container) */
     unsigned prims;                   /* PRIM_* rules already emitted */
@@ -256,8 +259,14 @@ static int gen_ref(jsg *j, const cJSON *s, const char *ptr, sbuf *e) {
     /* a target at the top level of a tagged value is its own rule (tagged, strings raw) */
     char key[300];
     snprintf(key, sizeof key, "%s%s", tagged_top(j) ? "@top" : "", r->valuestring);
-    for (int i = 0; i < j->nrefs; i++)
-        if (!strcmp(j->refs[i].ref, key)) { sbuf_puts(e, j->refs[i].name); return 0; }
+    for (int i = 0; i < j->nrefs; i++) {
+        if (strcmp(j->refs[i].ref, key)) continue;
+        /* back to a target still open with no "{" or "[" written since: a left-recursive rule */
+        if (j->refs[i].open && j->refs[i].containers == j->containers)
+            return fail(j, ptr, "$ref '%s' refers back to itself before matching anything", r->valuestring);
+        sbuf_puts(e, j->refs[i].name);
+        return 0;
+    }
     if (j->nrefs == REFS_MAX) return fail(j, ptr, "more than %d distinct $ref targets", REFS_MAX);
     const cJSON *target = resolve(j, r->valuestring, ptr);
     if (!target) return -1;
@@ -267,7 +276,10 @@ static int gen_ref(jsg *j, const cJSON *s, const char *ptr, sbuf *e) {
     char name[96];
     snprintf(name, sizeof name, "%s", rr->name);
     sbuf body = {0};
+    rr->open = 1;
+    rr->containers = j->containers;
     int rc = gen(j, target, r->valuestring + 1, &body);
+    rr->open = 0;
     if (!rc) sbuf_printf(j->out, "%s ::= %s\n", name, body.p);
     sbuf_free(&body);
     if (!rc) sbuf_puts(e, name);
@@ -829,8 +841,12 @@ static int gen_untagged_type(jsg *j, const char *t, const cJSON *s, const char *
     if (!strcmp(t, "string")) return gen_string(j, s, ptr, e);
     if (!strcmp(t, "integer")) return gen_integer(j, s, ptr, e);
     if (!strcmp(t, "number")) return gen_number(j, s, ptr, e);
-    if (!strcmp(t, "object")) return gen_object(j, s, ptr, e);
-    if (!strcmp(t, "array")) return gen_array(j, s, ptr, e);
+    if (!strcmp(t, "object") || !strcmp(t, "array")) {
+        j->containers++;
+        int rc = (t[0] == 'o' ? gen_object : gen_array)(j, s, ptr, e);
+        j->containers--;
+        return rc;
+    }
     if (!strcmp(t, "boolean")) { sbuf_puts(e, "(\"true\" | \"false\")"); return 0; }
     if (!strcmp(t, "null")) { sbuf_puts(e, "\"null\""); return 0; }
     return fail(j, ptr, "unknown type '%s'", t);

@@ -293,9 +293,9 @@ int seq_spec_steps(spec_job *jobs, int n, const feed_job *feeds, int nfeeds, cha
  * decode_rows rows (each job's k + 1). They fill the last internal pass the decode rows start
  * (m->pass_rows each), or one whole pass when the decode rows fill theirs exactly: so the call
  * streams the dense weights as often as the decode rows alone need (or once more, which is what
- * a separate prefill call would cost), and the step takes no longer than one pass-sized prefill
- * call did before the decode call today — it saves that decode call's own pass over the weights
- * instead of adding work to it. A prefill always advances (never 0 rows), so no decode load
+ * a separate prefill call would cost), and the step takes no longer than the pass-sized prefill
+ * call that used to run before the decode call: joining saves the decode call's own pass over
+ * the weights instead of adding work to it. A prefill always advances (never 0 rows), so no decode load
  * starves it. The same rule as a token budget per step (vLLM's chunked prefill, llama.cpp's
  * n_batch), with the budget set by the pass the step pays for anyway. */
 int seq_join_rows(const model *m, int decode_rows);

@@ -97,6 +97,12 @@ test: deps
 	@$(MAKE) --no-print-directory fuzz-build
 	$(PYTHON) -m pytest -q tests
 
+# The C unit programs alone, in the native and the portable build (tests/test_c_units.py runs each).
+test-c: deps
+	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory BUILD=build/portable SIMD=portable all
+	$(PYTHON) -m pytest -q tests/test_c_units.py
+
 # libFuzzer targets (tests/fuzz/fuzz_*.c): every reader of untrusted bytes, under ASan + UBSan,
 # built with clang into build/fuzz. `make fuzz` runs each for FUZZ_TIME seconds (niced) from the
 # committed corpus; make test runs a short smoke pass over the same binaries.

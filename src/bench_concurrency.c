@@ -52,6 +52,28 @@ static void usage(FILE *f) {
             "mix_decode_tok_s_joined, mix_decode_tok_s_apart, mix_prefill_tok_s_joined, ...}.\n");
 }
 
+/* Conversations first..first+k-1 in sequences of ctx positions, each prompt (seed i + 1)
+ * prefilled, logits[i] its last logits: 1, or 0 with err (close_conversations frees either way). */
+static int open_conversations(model *m, const bench_opts *o, int first, int k, int ctx, seq **seqs, float **logits,
+                              char *err, size_t errlen) {
+    int ok = 1;
+    for (int i = 0; i < k && ok; i++) {
+        logits[i] = xmalloc(sizeof(float) * m->vocab_size);
+        int *prompt = bench_prompt((int)o->prompt, m->vocab_size, (uint64_t)(first + i) + 1);
+        ok = (seqs[i] = seq_new(m, ctx, err, errlen)) &&
+             !seq_feed(seqs[i], prompt, (int)o->prompt, logits[i], err, errlen);
+        free(prompt);
+    }
+    return ok;
+}
+
+static void close_conversations(seq **seqs, float **logits, int k) {
+    for (int i = 0; i < k; i++) {
+        seq_free(seqs[i]);
+        free(logits[i]);
+    }
+}
+
 /* Conversations first..first+k-1 (conversation i has prompt seed i + 1): prefill (untimed),
  * then `decode` batched greedy steps; tokens[i - first][step] gets conversation i's choices.
  * Returns seconds of the decode steps, < 0 on failure; *f (NULL: not wanted) gets what the steps did. */
@@ -65,15 +87,9 @@ static double run_batch(model *m, const bench_opts *o, int first, int k, int (*t
                         char *err, size_t errlen) {
     seq *seqs[MAX_CONV] = {0};
     float *logits[MAX_CONV] = {0};
-    int ids[MAX_CONV], ok = 1;
+    int ids[MAX_CONV];
+    int ok = open_conversations(m, o, first, k, (int)(o->prompt + o->decode + 1), seqs, logits, err, errlen);
     double t = -1;
-    for (int i = 0; i < k && ok; i++) {
-        logits[i] = xmalloc(sizeof(float) * m->vocab_size);
-        int *prompt = bench_prompt((int)o->prompt, m->vocab_size, (uint64_t)(first + i) + 1);
-        ok = (seqs[i] = seq_new(m, (int)(o->prompt + o->decode + 1), err, errlen)) &&
-             !seq_feed(seqs[i], prompt, (int)o->prompt, logits[i], err, errlen);
-        free(prompt);
-    }
     experts_stats x0, x1;
     experts_get_stats(m->experts, &x0);
     double t0 = now_seconds(), fastest = -1;
@@ -92,10 +108,7 @@ static double run_batch(model *m, const bench_opts *o, int first, int k, int (*t
         f->chosen = calls > 0 ? (double)(x1.chosen - x0.chosen) / calls : 0;
         f->spread = calls > 0 ? (double)(x1.spread_calls - x0.spread_calls) / calls : 0;
     }
-    for (int i = 0; i < k; i++) {
-        seq_free(seqs[i]);
-        free(logits[i]);
-    }
+    close_conversations(seqs, logits, k);
     return t;
 }
 
@@ -107,14 +120,8 @@ static double run_mix(model *m, const bench_opts *o, int joined, int (*tokens)[6
                       char *err, size_t errlen) {
     seq *seqs[MIX_CONV] = {0}, *lng = NULL;
     float *logits[MIX_CONV] = {0};
-    int ok = 1, done = 0, ctx = MAX((int)o->prompt + MIX_STEPS + 1, MIX_LONG);    /* one call: one context size */
-    for (int i = 0; i < MIX_CONV && ok; i++) {
-        logits[i] = xmalloc(sizeof(float) * m->vocab_size);
-        int *prompt = bench_prompt((int)o->prompt, m->vocab_size, (uint64_t)i + 1);
-        ok = (seqs[i] = seq_new(m, ctx, err, errlen)) &&
-             !seq_feed(seqs[i], prompt, (int)o->prompt, logits[i], err, errlen);
-        free(prompt);
-    }
+    int done = 0, ctx = MAX((int)o->prompt + MIX_STEPS + 1, MIX_LONG);    /* one call: one context size */
+    int ok = open_conversations(m, o, 0, MIX_CONV, ctx, seqs, logits, err, errlen);
     int *prompt = bench_prompt(MIX_LONG, m->vocab_size, 99);
     ok = ok && (lng = seq_new(m, ctx, err, errlen));
     double t0 = now_seconds(), t = -1;
@@ -139,10 +146,7 @@ static double run_mix(model *m, const bench_opts *o, int joined, int (*tokens)[6
     *prefilled = done;
     free(prompt);
     seq_free(lng);
-    for (int i = 0; i < MIX_CONV; i++) {
-        seq_free(seqs[i]);
-        free(logits[i]);
-    }
+    close_conversations(seqs, logits, MIX_CONV);
     return t;
 }
 

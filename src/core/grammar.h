@@ -79,6 +79,8 @@ int gm_rebuilds(const gm *m);
 void gm_set_cache_limit(gm *m, int states);
 /* Closures computed so far: one per (state, byte class) first seen, not per byte. */
 long gm_closures(const gm *m);
+/* Stack nodes the last cache rebuild copied: the distinct nodes the current state reaches. */
+long gm_rebuild_copies(const gm *m);
 /* 1 once some state had more than 4096 live parses (a grammar too ambiguous to match in bounded
  * time and memory): those transitions are treated as rejections. */
 int gm_overflowed(const gm *m);

@@ -57,6 +57,7 @@ struct gm {
     int states_limit;
     int overflow;                 /* a closure went past STACKS_MAX / CLOSURE_WORK_MAX */
     long closures;
+    long rebuild_copies;          /* nodes the last rebuild re-interned */
     /* closure scratch */
     int *work, nwork, capwork;
     int *out, nout, capout;
@@ -237,31 +238,41 @@ static void cache_reset(gm *m) {
     tab_init(&m->state_tab, 256);
 }
 
-/* Drop every cached state and node except what the current state needs. */
+/* The id, in the rebuilt node table, of old stack `id`: re-interns the chain down to the first node
+ * already re-interned, bottom up. Stacks share their tails, so each old node is copied once. */
+static int reintern(gm *m, const gnode *old, int *fresh, int top) {
+    m->nwork = 0;
+    for (int id = top; fresh[id] < 0; id = old[id].next) push(&m->work, &m->nwork, &m->capwork, id);
+    while (m->nwork) {
+        int k = m->work[--m->nwork];
+        fresh[k] = node(m, old[k].pos, fresh[old[k].next]);
+        m->rebuild_copies++;
+    }
+    return fresh[top];
+}
+
+/* Drop every cached state and node except what the current state needs. The cost is the number
+ * of distinct nodes the current state reaches, not the sum of its stacks' lengths: a state of
+ * thousands of deep stacks over shared tails (a recursive rule inside a repetition) rebuilds in
+ * the time it took to build. */
 static void rebuild(gm *m) {
     const gstate *s = &m->states[m->cur];
-    int n = s->n, total = 0;
-    int *len = xmalloc((size_t)n * sizeof *len);
-    for (int i = 0; i < n; i++) {
-        len[i] = 0;
-        for (int id = m->pool[s->off + i]; id; id = m->nodes[id].next) len[i]++;
-        total += len[i];
-    }
-    int *pos = xmalloc((size_t)(total + 1) * sizeof *pos), k = 0;
-    for (int i = 0; i < n; i++)
-        for (int id = m->pool[s->off + i]; id; id = m->nodes[id].next) pos[k++] = m->nodes[id].pos;
-    cache_reset(m);
+    int n = s->n, nold = m->nnodes;
     int *ids = xmalloc((size_t)n * sizeof *ids);
-    for (int i = 0, at = 0; i < n; at += len[i], i++) {
-        int id = 0;
-        for (int j = len[i] - 1; j >= 0; j--) id = node(m, pos[at + j], id);
-        ids[i] = id;
-    }
+    memcpy(ids, m->pool + s->off, (size_t)n * sizeof *ids);
+    gnode *old = m->nodes;
+    m->nodes = xmalloc((size_t)m->capnodes * sizeof *m->nodes);
+    int *fresh = xmalloc((size_t)nold * sizeof *fresh);
+    fresh[0] = 0;                     /* the empty stack stays node 0 */
+    for (int i = 1; i < nold; i++) fresh[i] = -1;
+    cache_reset(m);
+    m->rebuild_copies = 0;
+    for (int i = 0; i < n; i++) ids[i] = reintern(m, old, fresh, ids[i]);
     qsort(ids, (size_t)n, sizeof *ids, by_int);
     m->cur = state(m, ids, n);
     m->rebuilds++;
-    free(len);
-    free(pos);
+    free(old);
+    free(fresh);
     free(ids);
 }
 
@@ -368,6 +379,8 @@ void gm_set_mask(gm *m, int s, const uint64_t *mask, int words) {
 int gm_rebuilds(const gm *m) { return m->rebuilds; }
 
 long gm_closures(const gm *m) { return m->closures; }
+
+long gm_rebuild_copies(const gm *m) { return m->rebuild_copies; }
 
 int gm_overflowed(const gm *m) { return m->overflow; }
 

@@ -180,6 +180,28 @@ static void test_rebuild(void) {
     grammar_free(g);
 }
 
+/* A rebuild copies each distinct node once: twelve stacks over one shared chain of k pending "."
+ * re-intern ~k + 12 nodes, not the ~12 k positions the stacks hold between them. */
+static void test_rebuild_shares_tails(void) {
+    char err[256];
+    const char *src = "root ::= x\nx ::= \"a\" x \".\" | \"a\" [0-4] | \"a\" [5-9] | \"a\" \"q\"+ | \"a\" \"r\"?";
+    grammar *g = grammar_parse(src, strlen(src), err, sizeof err);
+    CHECK(g != NULL, "%s", err);
+    gm *m = gm_new(g);
+    gm_set_cache_limit(m, 1);
+    enum { K = 300 };
+    int fed = 1;
+    for (int i = 0; i < K && fed; i++) fed = gm_feed(m, "a", 1) == 0;
+    CHECK(fed && gm_rebuilds(m) > 0, "every feed rebuilt the cache");
+    CHECK(gm_rebuild_copies(m) >= K && gm_rebuild_copies(m) <= K + 16, "the last rebuild copied %ld nodes for a depth of %d",
+          gm_rebuild_copies(m), K);
+    CHECK(gm_feed(m, "7", 1) == 0, "a digit ends the innermost x");
+    for (int i = 1; i < K && fed; i++) fed = gm_feed(m, ".", 1) == 0;
+    CHECK(fed && gm_accepting(m, gm_state(m)), "and the %d pending dots close the sentence", K - 1);
+    gm_free(m);
+    grammar_free(g);
+}
+
 /* Exponentially ambiguous grammars are cut off, not followed into exhausting memory. */
 static void test_ambiguity_bound(void) {
     char err[256];
@@ -196,6 +218,7 @@ static void test_ambiguity_bound(void) {
 
 int main(void) {
     test_rebuild();
+    test_rebuild_shares_tails();
     test_ambiguity_bound();
     test_basics();
     test_utf8();

@@ -61,11 +61,14 @@ struct experts {
     size_t chosen_cap, fill_cap;
     int *mine, nmine;            /* ... of those, the ones this rank runs */
     size_t mine_cap;
+    int *heavy, nheavy;          /* ... of those, split by work (split_by_work) */
+    int *light, nlight;
+    size_t heavy_cap, light_cap;
     expert_fn fn;                /* experts_bind */
     expert_scratch_fn scratch;
     void *ctx;
     arena sc;                    /* gathered rows and the expert function's scratch, grown on demand */
-    arena *task_sc;              /* [task_sc_cap] the same per chosen expert when a call spreads them */
+    arena *task_sc;              /* [task_sc_cap] the same per light expert when a call spreads them */
     int task_sc_cap;
     int rank, ranks;             /* cluster.h, read at experts_new */
     void **msg;                  /* [ranks] request / reply buffers, and their capacities */
@@ -522,35 +525,51 @@ typedef struct {
     void *arg;
 } spread_job;
 
-/* Pool task i: the i-th expert of x->mine, whole, on this thread with its own scratch (the
+/* Pool task i: the i-th expert of x->light, whole, on this thread with its own scratch (the
  * kernels' own pool calls run serially inside a task, over the same row split: the same bits). */
 static void spread_task(void *ctx, int i) {
     const spread_job *j = ctx;
     experts *x = j->x;
-    int e = x->mine[i];
+    int e = x->light[i];
     j->one(x, j->arg, j->layer, e, x->layers[j->layer].at[e]->mapped, &x->task_sc[i]);
 }
 
-/* One pool job for every expert of the call (see EXPERTS_SPREAD_ROWS). */
-static void spread_mine(experts *x, int layer, run_one one, void *arg) {
-    if (x->nmine > x->task_sc_cap) {
-        x->task_sc = xrealloc(x->task_sc, (size_t)x->nmine * sizeof *x->task_sc);
-        memset(x->task_sc + x->task_sc_cap, 0, (size_t)(x->nmine - x->task_sc_cap) * sizeof *x->task_sc);
-        x->task_sc_cap = x->nmine;
+/* One pool job for the experts of x->light (see experts.h). */
+static void spread_light(experts *x, int layer, run_one one, void *arg) {
+    if (x->nlight > x->task_sc_cap) {
+        x->task_sc = xrealloc(x->task_sc, (size_t)x->nlight * sizeof *x->task_sc);
+        memset(x->task_sc + x->task_sc_cap, 0, (size_t)(x->nlight - x->task_sc_cap) * sizeof *x->task_sc);
+        x->task_sc_cap = x->nlight;
     }
     spread_job j = {x, layer, one, arg};
-    pool_run(x->nmine, spread_task, &j);
+    pool_run(x->nlight, spread_task, &j);
     x->s.spread_calls++;
-    x->s.spread_experts += (uint64_t)x->nmine;
+    x->s.spread_experts += (uint64_t)x->nlight;
 }
 
-/* Whether this call's experts go one per pool task: mapped (the cache hands experts out one at a
- * time under its lock), more than one, a pool to spread them over, and every one decode-sized. */
-static int spreads(const experts *x, const int *start) {
-    if (x->cached || x->nmine < 2 || pool_threads() < 2) return 0;
-    for (int i = 0; i < x->nmine; i++)
-        if (start[x->mine[i] + 1] - start[x->mine[i]] > EXPERTS_SPREAD_ROWS) return 0;
-    return 1;
+/* Split this call's experts by work (rows): x->heavy gets those with more rows than a thread's
+ * share of the call's (each runs alone across the pool, ascending), x->light the rest, most rows
+ * first (ties ascending), so the pool's claims hand the big ones out first and the small ones
+ * even out the end. Returns whether the light ones spread: mapped (the cache hands experts out
+ * one at a time under its lock), a pool to spread them over, and at least two of them. */
+static int split_by_work(experts *x, const int *start) {
+    int threads = pool_threads(), total = 0;
+    x->nheavy = x->nlight = 0;
+    for (int i = 0; i < x->nmine; i++) total += start[x->mine[i] + 1] - start[x->mine[i]];
+    for (int i = 0; i < x->nmine; i++) {
+        int e = x->mine[i], rows = start[e + 1] - start[e], at = x->nlight++;
+        if ((long)rows * threads > total) {
+            x->nlight--;
+            x->heavy[x->nheavy++] = e;
+            continue;
+        }
+        while (at > 0 && start[x->light[at - 1] + 1] - start[x->light[at - 1]] < rows) {
+            x->light[at] = x->light[at - 1];
+            at--;
+        }
+        x->light[at] = e;
+    }
+    return !x->cached && threads > 1 && x->nlight > 1;
 }
 
 static void run_mine(experts *x, int layer, run_one one, void *arg) {
@@ -687,6 +706,8 @@ void experts_run(experts *x, int layer, const int *idx, int nk, const experts_io
     grow(&x->chosen, &x->chosen_cap, (size_t)E);
     grow(&x->fill, &x->fill_cap, (size_t)E);
     grow(&x->mine, &x->mine_cap, (size_t)E);
+    grow(&x->heavy, &x->heavy_cap, (size_t)E);
+    grow(&x->light, &x->light_cap, (size_t)E);
     /* counting sort of the slots by expert: ascending experts, ascending slots within each */
     memset(x->start, 0, ((size_t)E + 1) * sizeof *x->start);
     for (int t = 0; t < nk; t++)
@@ -707,8 +728,13 @@ void experts_run(experts *x, int layer, const int *idx, int nk, const experts_io
         if (idx[t] >= 0 && idx[t] < E && l->at[idx[t]]) x->slots[x->fill[idx[t]]++] = t;
     for (int r = 1; r < x->ranks; r++) send_request(x, r, layer, io, x->slots, x->start, nchosen, &x->rows_of[r]);
     local_job j = {io, x->slots, x->start};
-    if (spreads(x, x->start)) spread_mine(x, layer, run_local, &j);
-    else run_mine(x, layer, run_local, &j);
+    if (split_by_work(x, x->start)) {
+        for (int i = 0; i < x->nheavy; i++)
+            run_local(x, &j, layer, x->heavy[i], x->layers[layer].at[x->heavy[i]]->mapped, &x->sc);
+        spread_light(x, layer, run_local, &j);
+    } else {
+        run_mine(x, layer, run_local, &j);
+    }
     for (int r = 1; r < x->ranks; r++)
         if (x->rows_of[r]) take_reply(x, r, io, x->slots, x->start, nchosen, x->rows_of[r]);
 }
@@ -857,6 +883,8 @@ void experts_free(experts *x) {
     free(x->chosen);
     free(x->fill);
     free(x->mine);
+    free(x->heavy);
+    free(x->light);
     for (int r = 0; r < x->ranks; r++) free(x->msg[r]);
     free(x->msg);
     free(x->msg_cap);

@@ -12,17 +12,20 @@
  * own fixed order, so a token's result never depends on grouping, caching, which thread or which
  * process ran an expert. Dense weights are not this module's business.
  *
- * HOW A CALL USES THE POOL (core/threads.h):
- *  - A decode-sized call (mapped experts, at least two chosen, each with at most
- *    EXPERTS_SPREAD_ROWS rows) spreads its experts over the pool: one pool job, one task per
- *    expert, each expert run whole on one thread with scratch of its own. Its cost is then its
- *    weight bytes, about the same for every expert, so whole experts balance across threads,
- *    and the call pays one pool synchronisation instead of one per matrix product of every
- *    expert (a 4-conversation DeepSeek V4 step chooses ~21 experts a layer). The expert
- *    function's own kernel calls run serially inside the task over the same row split, so the
- *    bits are the same as run across the pool (kernels.h).
- *  - Otherwise (prefill-sized rows, one expert, the cache, the serving ranks) experts run one
- *    after another in ascending order, each across the pool through its kernel calls.
+ * HOW A CALL USES THE POOL (core/threads.h): split by work, an expert's work being its rows
+ * (every expert of a layer has the same weight bytes).
+ *  - An expert with more rows than a thread's share of the call's (rows x threads > the call's
+ *    rows) runs alone across the pool through its kernel calls, one after another ascending.
+ *  - The others, when there are at least two, mapped experts and a pool, spread over the pool:
+ *    one pool job, one task per expert, most rows first (so the pool's claims hand out the big
+ *    ones first and the small ones even out the end), each run whole on one thread with scratch
+ *    of its own. The call pays one pool synchronisation instead of one per matrix product of
+ *    every expert (a 4-conversation DeepSeek V4 decode step chooses ~21 experts a layer, a
+ *    256-token prefill pass all 64), and an expert's gathered rows, inner rows and output stay
+ *    in one core's cache. The expert function's own kernel calls run serially inside the task
+ *    over the same row split, so the bits are the same as run across the pool (kernels.h).
+ *  - Otherwise (one expert, the cache, one thread, the serving ranks) experts run one after
+ *    another in ascending order, each across the pool through its kernel calls.
  *
  * EXPERT PARALLELISM (cluster_size() > 1, build/mpi/cairn under mpirun):
  *  - Expert e of every layer belongs to rank e % cluster_size(); rank 0 runs everything else.
@@ -67,7 +70,6 @@
 
 #define EXPERT_MATS 3             /* matrices of one expert: gate, up, down (or fused gate+up, down) */
 #define EXPERTS_MERGE_GAP 4096    /* pieces of one expert closer than this are read as one span */
-#define EXPERTS_SPREAD_ROWS 8     /* rows up to which an expert's cost is its weight bytes (decode) */
 
 typedef struct experts experts;
 

@@ -5,7 +5,8 @@
  * adjacent is one read, one with a gap over EXPERTS_MERGE_GAP two; a two-expert budget evicts; the
  * usage counts saved at free pin experts on the next start; a budget below two experts is refused.
  * With a pool of two threads the mapped experts of a call spread one per pool task (counted), each
- * still run once on its own rows; with one thread, or cached, they run one by one in ascending order. */
+ * still run once on its own rows, except one with more than a thread's share of the call's rows,
+ * which runs apart; with one thread, or cached, they run one by one in ascending order. */
 #include "core/experts.h"
 #include "core/threads.h"
 #include "core/util.h"
@@ -126,6 +127,27 @@ static int drive(experts *x, const st_file *st, int steps, int ordered) {
     return bad;
 }
 
+/* One call of two tokens (2K slots) where expert 0 takes 5 of the 8 rows, more than a thread's
+ * share with two threads: it must run apart across the pool and only experts 1..3 spread. Returns
+ * the mistakes seen, as drive. */
+static int drive_heavy(experts *x, const st_file *st) {
+    static const int idx[2 * K] = {0, 0, 0, 0, 0, 1, 2, 3};
+    static const float xin[4] = {0, 7, 1, 7}, weight[2 * K] = {0, 1, 2, 3, 4, 5, 6, 7};
+    seen s = {.st = st, .layer = 0, .last_e = -1};
+    float out[2 * OUT_K * DOUT];
+    for (int c = 0; c < 2 * OUT_K * DOUT; c++) out[c] = -1;
+    experts_bind(x, check_expert, check_scratch, &s);
+    experts_io io = {.x = xin, .din = 2, .k = K, .weight = weight, .out = out, .dout = DOUT, .out_k = OUT_K};
+    experts_run(x, 0, idx, 2 * K, &io);
+    int bad = s.bad;
+    for (int e = 0; e < EXPERTS; e++) bad += s.runs[e] != (e < 4);
+    for (int slot = 0; slot < 2 * K; slot++) {
+        const float *o = out + ((size_t)(slot / K) * OUT_K + (size_t)(slot % K)) * DOUT;
+        bad += o[0] != (float)idx[slot] || o[1] != (float)slot || o[2] != (float)(slot / K);
+    }
+    return bad;
+}
+
 int main(void) {
     char dir[] = "/tmp/cairn_test_experts_XXXXXX", err[512], usage[600];
     if (!mkdtemp(dir)) return 2;
@@ -150,6 +172,10 @@ int main(void) {
           (unsigned long long)s.spread_calls, (unsigned long long)s.spread_experts);
     CHECK(s.layer_calls == 32 && s.chosen == 112, "calls %llu chosen %llu", (unsigned long long)s.layer_calls,
           (unsigned long long)s.chosen);
+    CHECK(drive_heavy(mapped, st) == 0, "a call with a heavy expert seen wrong");
+    experts_get_stats(mapped, &s);
+    CHECK(s.spread_calls == 17 && s.spread_experts == 59, "heavy expert: spread calls %llu experts %llu",
+          (unsigned long long)s.spread_calls, (unsigned long long)s.spread_experts);
     experts_free(mapped);
 
     experts *x = experts_new(st);

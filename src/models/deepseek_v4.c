@@ -338,7 +338,6 @@ static void layout_scratch(arena *a, dsv4_seq *s, const dsv4_config *c, int mtp)
     s->mix = arena_take(a, C * (2 + c->hc) * c->hc, F);
     s->post = arena_take(a, C * c->hc, F);
     s->comb = arena_take(a, C * c->hc * c->hc, F);
-    s->tmp_hc = arena_take(a, (size_t)c->hc * c->dim, F);
     s->x = arena_take(a, C * c->dim, F);
     s->xq = arena_take(a, C * c->dim, F);
     s->qr = arena_take(a, C * c->q_lora, F);

@@ -142,7 +142,6 @@ struct dsv4_seq {
      * indexer compressors' kv/score inputs; iq/iw indexer queries and head weights; o attention
      * output; g one output group's slice, ug its wo_a rows, u all groups; f sub-layer output */
     float *x, *xq, *qr, *qrq, *q, *kv, *ca, *cs, *ia, *is, *iq, *iw, *o, *g, *ug, *u, *f;
-    float *tmp_hc;             /* [hc*dim] one token's residual copy */
     float *moe_logit;          /* [C][n_experts] gate logits */
     float *moe_score, *moe_biased;                 /* [n_experts] one token's scores */
     float *moe_w, *moe_rw;     /* [C*k] route weights by (token, rank); the shared expert's (1) */

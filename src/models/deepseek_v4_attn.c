@@ -8,13 +8,33 @@
 #include <math.h>
 #include <string.h>
 
+#include "../core/threads.h"
 #include "../core/util.h"
 #include "deepseek_v4.h"
 
+/* The per-token steps of the sub-layer, one pool job each (token t is task t): they read and
+ * write only row t's scratch, so the pool splits them by token and no result depends on the
+ * thread that ran it. */
+typedef struct {
+    const dsv4_model *d;
+    const dsv4_layer *L;
+    dsv4_seq *s;
+    const float *x;     /* qdq_row: source rows, cols wide, copied to xq */
+    float *xq;
+    int cols;
+} token_job;
+
+static void qdq_row(void *ctx, int t) {
+    const token_job *j = ctx;
+    float *xq = j->xq + (size_t)t * j->cols;
+    memcpy(xq, j->x + (size_t)t * j->cols, sizeof(float) * j->cols);
+    dsv4_act_qdq(j->d, xq, j->cols);
+}
+
 /* Copy of x[n][cols] with the per-row E4M3 QDQ an FP8 linear's input gets. */
 static void qdq_rows(const dsv4_model *d, const float *x, float *xq, int n, int cols) {
-    memcpy(xq, x, sizeof(float) * n * cols);
-    for (int t = 0; t < n; t++) dsv4_act_qdq(d, xq + (size_t)t * cols, cols);
+    token_job j = {.d = d, .x = x, .xq = xq, .cols = cols};
+    pool_run(n, qdq_row, &j);
 }
 
 /* Rotate the last rope_dim dims of x (width wide) at pos, inverse = de-rotation. */
@@ -23,43 +43,60 @@ static void rope_tail(const dsv4_model *d, const dsv4_layer *L, float *x, int wi
     dsv4_bf16(d, x, width);
 }
 
+/* Row t's query latent: qr = q_norm(qr) (BF16 around it), and its QDQ copy for wq_b. */
+static void query_latent_row(void *ctx, int t) {
+    const token_job *j = ctx;
+    const dsv4_config *c = &j->d->c;
+    float *qr = j->s->qr + (size_t)t * c->q_lora, *qrq = j->s->qrq + (size_t)t * c->q_lora;
+    dsv4_bf16(j->d, qr, c->q_lora);
+    rmsnorm_bf16w(qr, qr, j->L->q_norm, c->q_lora, (float)c->eps);
+    dsv4_bf16(j->d, qr, c->q_lora);
+    memcpy(qrq, qr, sizeof(float) * c->q_lora);
+    dsv4_act_qdq(j->d, qrq, c->q_lora);
+}
+
+/* Row t's query heads: per-head RMS (BF16 around it), RoPE on the tail. */
+static void query_heads_row(void *ctx, int t) {
+    const token_job *j = ctx;
+    const dsv4_config *c = &j->d->c;
+    int hd = c->head_dim;
+    for (int h = 0; h < c->n_heads; h++) {
+        float *q = j->s->q + (size_t)t * c->n_heads * hd + (size_t)h * hd;
+        dsv4_bf16(j->d, q, hd);
+        rmsnorm(q, q, NULL, hd, (float)c->eps);
+        dsv4_bf16(j->d, q, hd);
+        rope_tail(j->d, j->L, q, hd, j->s->row_pos[t], 0);
+    }
+}
+
 /* qr (holding wq_a x) = q_norm(qr), also the indexer's query latent; q = wq_b qr with per-head
  * RMS and RoPE. A CSA layer's indexer queries (idx_wq_b qr) come out of the same job. */
 static void project_query(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s, int n) {
-    const dsv4_config *c = &d->c;
-    int hd = c->head_dim, qw = c->n_heads * hd;
-    for (int t = 0; t < n; t++) {
-        float *qr = s->qr + (size_t)t * c->q_lora;
-        dsv4_bf16(d, qr, c->q_lora);
-        rmsnorm_bf16w(qr, qr, L->q_norm, c->q_lora, (float)c->eps);
-        dsv4_bf16(d, qr, c->q_lora);
-    }
-    qdq_rows(d, s->qr, s->qrq, n, c->q_lora);
+    token_job j = {.d = d, .L = L, .s = s};
+    pool_run(n, query_latent_row, &j);
     const qmat *w[] = {&L->wq_b, &L->idx_wq_b};
     float *y[] = {s->q, s->iq};
     qmat_mul_each(L->ratio == 4 ? 2 : 1, w, s->qrq, n, y);
-    for (int t = 0; t < n; t++)
-        for (int h = 0; h < c->n_heads; h++) {
-            float *q = s->q + (size_t)t * qw + (size_t)h * hd;
-            dsv4_bf16(d, q, hd);
-            rmsnorm(q, q, NULL, hd, (float)c->eps);
-            dsv4_bf16(d, q, hd);
-            rope_tail(d, L, q, hd, s->row_pos[t], 0);
-        }
+    pool_run(n, query_heads_row, &j);
 }
 
-/* Window KV (kv holding wkv x): kv_norm, RoPE on the tail, E4M3 QDQ (blocks of 64) of the
- * non-rope dims. */
-static void project_kv(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s, int n) {
+/* Row t's window KV (kv holding wkv x): kv_norm, RoPE on the tail, E4M3 QDQ (blocks of 64) of
+ * the non-rope dims. */
+static void kv_row(void *ctx, int t) {
+    const token_job *j = ctx;
+    const dsv4_model *d = j->d;
     int hd = d->c.head_dim;
-    for (int t = 0; t < n; t++) {
-        float *kv = s->kv + (size_t)t * hd;
-        dsv4_bf16(d, kv, hd);
-        rmsnorm_bf16w(kv, kv, L->kv_norm, hd, (float)d->c.eps);
-        dsv4_bf16(d, kv, hd);
-        rope_tail(d, L, kv, hd, s->row_pos[t], 0);
-        if (d->qat) act_qdq_e4m3(kv, hd - d->c.rope_dim, 64);
-    }
+    float *kv = j->s->kv + (size_t)t * hd;
+    dsv4_bf16(d, kv, hd);
+    rmsnorm_bf16w(kv, kv, j->L->kv_norm, hd, (float)d->c.eps);
+    dsv4_bf16(d, kv, hd);
+    rope_tail(d, j->L, kv, hd, j->s->row_pos[t], 0);
+    if (d->qat) act_qdq_e4m3(kv, hd - d->c.rope_dim, 64);
+}
+
+static void project_kv(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s, int n) {
+    token_job j = {.d = d, .L = L, .s = s};
+    pool_run(n, kv_row, &j);
 }
 
 /* Float offset of position pos's window row in the ring: an MTP block's rows are slotted by the
@@ -140,21 +177,27 @@ static void compress_indexer(const dsv4_model *d, const dsv4_layer *L, dsv4_laye
     indexer_quant(d, e, cp->width);
 }
 
-/* Indexer inputs of the pass, from iq (idx_wq_b qr) and iw (idx_wproj x): quantized per-head
+/* Row t's indexer inputs, from iq (idx_wq_b qr) and iw (idx_wproj x): quantized per-head
  * queries and scaled head weights. */
-static void project_indexer(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s, int n) {
-    const dsv4_config *c = &d->c;
+static void indexer_row(void *ctx, int t) {
+    const token_job *j = ctx;
+    const dsv4_config *c = &j->d->c;
     int iw = c->idx_heads * c->idx_dim;
-    for (int t = 0; t < n; t++)
-        for (int h = 0; h < c->idx_heads; h++) {
-            float *q = s->iq + (size_t)t * iw + (size_t)h * c->idx_dim;
-            dsv4_bf16(d, q, c->idx_dim);
-            rope_tail(d, L, q, c->idx_dim, s->row_pos[t], 0);
-            indexer_quant(d, q, c->idx_dim);
-        }
-    dsv4_bf16(d, s->iw, (size_t)n * c->idx_heads);
+    for (int h = 0; h < c->idx_heads; h++) {
+        float *q = j->s->iq + (size_t)t * iw + (size_t)h * c->idx_dim;
+        dsv4_bf16(j->d, q, c->idx_dim);
+        rope_tail(j->d, j->L, q, c->idx_dim, j->s->row_pos[t], 0);
+        indexer_quant(j->d, q, c->idx_dim);
+    }
+    float *w = j->s->iw + (size_t)t * c->idx_heads;
+    dsv4_bf16(j->d, w, c->idx_heads);
     float scale = (float)(1.0 / sqrt((double)c->idx_dim * c->idx_heads));
-    for (int k = 0; k < n * c->idx_heads; k++) s->iw[k] *= scale;
+    for (int h = 0; h < c->idx_heads; h++) w[h] *= scale;
+}
+
+static void project_indexer(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s, int n) {
+    token_job j = {.d = d, .L = L, .s = s};
+    pool_run(n, indexer_row, &j);
 }
 
 /* Top entries of I(t,s) = sum_h w_h relu(q_h . k_s) among the nvis visible ones of row t's
@@ -176,6 +219,8 @@ static int indexer_select(const dsv4_model *d, const dsv4_layer_state *ls, const
     return k;
 }
 
+#define GATHER_BLOCK 16
+
 /* Candidate keys (= values) for the query at pos, gathered into kmat [nc][head_dim] and its
  * transpose kt [head_dim][nc]: the window oldest first, then compressed rows. */
 static int gather_candidates(const dsv4_model *d, const dsv4_layer *L, const dsv4_layer_state *ls, const dsv4_seq *s,
@@ -189,9 +234,14 @@ static int gather_candidates(const dsv4_model *d, const dsv4_layer *L, const dsv
     } else if (L->ratio) {
         for (int e = 0; e < (pos + 1) / L->ratio; e++) own->cand[nc++] = ls->clist + (size_t)e * hd;
     }
-    for (int i = 0; i < nc; i++) {
-        memcpy(own->kmat + (size_t)i * hd, own->cand[i], sizeof(float) * hd);
-        for (int k = 0; k < hd; k++) own->kt[(size_t)k * nc + i] = own->cand[i][k];
+    for (int i = 0; i < nc; i++) memcpy(own->kmat + (size_t)i * hd, own->cand[i], sizeof(float) * hd);
+    /* The transpose GATHER_BLOCK candidates at a time: each dim's row of kt gets a run of
+     * adjacent stores while the block's rows are read in order (one candidate at a time wrote
+     * every store to another cache line: 2 % of a prefill). */
+    for (int i0 = 0; i0 < nc; i0 += GATHER_BLOCK) {
+        int i1 = MIN(i0 + GATHER_BLOCK, nc);
+        for (int k = 0; k < hd; k++)
+            for (int i = i0; i < i1; i++) own->kt[(size_t)k * nc + i] = own->kmat[(size_t)i * hd + k];
     }
     return nc;
 }
@@ -271,6 +321,14 @@ static void attend_tokens(const dsv4_model *d, const dsv4_layer *L, int li, dsv4
     }
 }
 
+/* Row t of the output latent u: BF16, then the QDQ of wo_b's input. */
+static void output_latent_row(void *ctx, int t) {
+    const token_job *j = ctx;
+    float *u = j->s->u + (size_t)t * j->cols;
+    dsv4_bf16(j->d, u, j->cols);
+    dsv4_act_qdq(j->d, u, j->cols);
+}
+
 /* Grouped low-rank output: group g's heads through wo_a rows [g*o_lora, (g+1)*o_lora) (no
  * activation QDQ: a BF16 einsum in the reference), then wo_b over the concatenation. */
 static void project_output(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s, int n, float *out) {
@@ -284,8 +342,8 @@ static void project_output(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s
             memcpy(s->u + (size_t)t * uw + (size_t)g * c->o_lora, s->ug + (size_t)t * c->o_lora,
                    sizeof(float) * c->o_lora);
     }
-    dsv4_bf16(d, s->u, (size_t)n * uw);
-    for (int t = 0; t < n; t++) dsv4_act_qdq(d, s->u + (size_t)t * uw, uw);
+    token_job j = {.d = d, .s = s, .cols = uw};
+    pool_run(n, output_latent_row, &j);
     qmat_mul(&L->wo_b, s->u, n, out);
     dsv4_bf16(d, out, (size_t)n * c->dim);
 }

@@ -7,6 +7,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "../core/threads.h"
 #include "../core/util.h"
 #include "deepseek_v4.h"
 
@@ -59,41 +60,71 @@ static void hc_collapse(const dsv4_model *d, const float *h, const float *pre, f
     dsv4_bf16(d, x, dim);
 }
 
+/* One pool job of the per-token steps of a pass (token t is task t): hc_pre and hc_post do
+ * no batched product there, only work of one token, so the pool splits them by token and no
+ * result depends on which thread ran it. */
+typedef struct {
+    const dsv4_model *d;
+    const dsv4_hc *p;
+    const uint16_t *norm;
+    dsv4_seq *s;
+} hc_job;
+
+/* Token t of hc_pre: scale its mixing logits, split them, collapse the streams into x, norm. */
+static void hc_pre_token(void *ctx, int t) {
+    const hc_job *j = ctx;
+    const dsv4_config *c = &j->d->c;
+    dsv4_seq *s = j->s;
+    int width = c->hc * c->dim, nmix = (2 + c->hc) * c->hc;
+    const float *h = s->h + (size_t)t * width;
+    float *mix = s->mix + (size_t)t * nmix, pre[DSV4_MAX_HC];
+    float r = dsv4_rsqrt_mean_square(h, width, c->eps);
+    for (int k = 0; k < nmix; k++) mix[k] *= r;
+    hc_split(c, j->p, mix, pre, s->post + t * c->hc, s->comb + t * c->hc * c->hc);
+    float *x = s->x + (size_t)t * c->dim;
+    hc_collapse(j->d, h, pre, x);
+    rmsnorm_bf16w(x, x, j->norm, c->dim, (float)c->eps);
+    dsv4_bf16(j->d, x, c->dim);
+}
+
 /* hc_pre for n tokens: mixing logits batched, then per token the split and the collapse into
  * the sub-layer input x, which is normed with `norm`. post/comb are kept for hc_post. */
 void dsv4_hc_pre(const dsv4_model *d, const dsv4_hc *p, const uint16_t *norm, dsv4_seq *s, int n) {
-    const dsv4_config *c = &d->c;
-    int width = c->hc * c->dim, nmix = (2 + c->hc) * c->hc;
     qmat_mul(&p->fn, s->h, n, s->mix);
-    for (int t = 0; t < n; t++) {
-        const float *h = s->h + (size_t)t * width;
-        float *mix = s->mix + (size_t)t * nmix, pre[DSV4_MAX_HC];
-        float r = dsv4_rsqrt_mean_square(h, width, c->eps);
-        for (int k = 0; k < nmix; k++) mix[k] *= r;
-        hc_split(c, p, mix, pre, s->post + t * c->hc, s->comb + t * c->hc * c->hc);
-        float *x = s->x + (size_t)t * c->dim;
-        hc_collapse(d, h, pre, x);
-        rmsnorm_bf16w(x, x, norm, c->dim, (float)c->eps);
-        dsv4_bf16(d, x, c->dim);
-    }
+    hc_job j = {d, p, norm, s};
+    pool_run(n, hc_pre_token, &j);
 }
 
-/* New stream j = post_j * f + sum_i comb[i][j] * R_i; replaces the residual add. */
-static void hc_post(const dsv4_model *d, dsv4_seq *s, int n) {
-    const dsv4_config *c = &d->c;
+/* Token t of hc_post: new stream j = post_j * f + sum_i comb[i][j] * R_i, replacing the
+ * residual add. HC_POST_COLS columns at a time: the old streams' columns are copied before any
+ * stream's are overwritten, and each output then sums in the same order (post * f, then i
+ * ascending) in loops over columns, which vectorize. */
+#define HC_POST_COLS 64
+
+static void hc_post_token(void *ctx, int t) {
+    const hc_job *job = ctx;
+    const dsv4_config *c = &job->d->c;
+    dsv4_seq *s = job->s;
     int hc = c->hc, dim = c->dim;
-    for (int t = 0; t < n; t++) {
-        float *h = s->h + (size_t)t * hc * dim;
-        const float *f = s->f + (size_t)t * dim, *post = s->post + t * hc, *comb = s->comb + t * hc * hc;
-        memcpy(s->tmp_hc, h, sizeof(float) * hc * dim);
-        for (int j = 0; j < hc; j++)
-            for (int k = 0; k < dim; k++) {
-                float acc = post[j] * f[k];
-                for (int i = 0; i < hc; i++) acc += comb[i * hc + j] * s->tmp_hc[i * dim + k];
-                h[j * dim + k] = acc;
-            }
-        dsv4_bf16(d, h, (size_t)hc * dim);
+    float *h = s->h + (size_t)t * hc * dim;
+    const float *f = s->f + (size_t)t * dim, *post = s->post + t * hc, *comb = s->comb + t * hc * hc;
+    for (int k0 = 0; k0 < dim; k0 += HC_POST_COLS) {
+        int kn = MIN(HC_POST_COLS, dim - k0);
+        float old[DSV4_MAX_HC][HC_POST_COLS];
+        for (int i = 0; i < hc; i++) memcpy(old[i], h + (size_t)i * dim + k0, sizeof(float) * kn);
+        for (int j = 0; j < hc; j++) {
+            float *out = h + (size_t)j * dim + k0;
+            for (int k = 0; k < kn; k++) out[k] = post[j] * f[k0 + k];
+            for (int i = 0; i < hc; i++)
+                for (int k = 0; k < kn; k++) out[k] += comb[i * hc + j] * old[i][k];
+        }
     }
+    dsv4_bf16(job->d, h, (size_t)hc * dim);
+}
+
+static void hc_post(const dsv4_model *d, dsv4_seq *s, int n) {
+    hc_job j = {d, NULL, NULL, s};
+    pool_run(n, hc_post_token, &j);
 }
 
 void dsv4_block(const dsv4_model *d, const dsv4_layer *L, int li, dsv4_seq *s, int n) {

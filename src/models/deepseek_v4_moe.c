@@ -8,6 +8,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "../core/threads.h"
 #include "../core/util.h"
 #include "deepseek_v4.h"
 
@@ -32,30 +33,45 @@ static void route(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s, int id,
     for (int k = 0; k < c->n_active; k++) w[k] = score[idx[k]] / sum * (float)c->route_scale;
 }
 
+/* The inner rows of one expert call, for swiglu_row. */
+typedef struct {
+    const dsv4_model *d;
+    const float *weight;
+    float *ge, *ue;
+    int inter;
+} swiglu_job;
+
+/* Inner row r (a pool task: rows are independent; nested in a spread expert's task it runs
+ * inline): g and u to BF16, g = bf16(weight * silu(min(g, lim)) * clip(u, lim)), then the down
+ * input's QDQ. */
+static void swiglu_row(void *ctx, int r) {
+    const swiglu_job *j = ctx;
+    float lim = (float)j->d->c.swiglu_limit;
+    float *g = j->ge + (size_t)r * j->inter;
+    float *u = j->ue + (size_t)r * j->inter;
+    dsv4_bf16(j->d, g, j->inter);
+    dsv4_bf16(j->d, u, j->inter);
+    /* fminf/fmaxf by comparison (inlined, unlike the libm calls): the same values, NaN
+     * included (it fails the comparison and gives the limit, as fminf/fmaxf do). */
+    for (int k = 0; k < j->inter; k++) {
+        float gk = g[k] < lim ? g[k] : lim, uk = u[k] > -lim ? u[k] : -lim;
+        uk = uk < lim ? uk : lim;
+        g[k] = j->weight[r] * (silu(gk) * uk);
+    }
+    dsv4_bf16(j->d, g, j->inter);
+    dsv4_act_qdq(j->d, g, j->inter);
+}
+
 /* ye[r] = w2 h(xe[r]) for ne rows, h = bf16(weight * silu(min(g, lim)) * clip(u, lim)); ge and ue
  * hold ne rows of the expert's inner width. */
 static void expert_run(const dsv4_model *d, const qmat *w1, const qmat *w3, const qmat *w2, const float *weight,
                        const float *xe, int ne, float *ge, float *ue, float *ye) {
     int inter = w1->rows;
-    float lim = (float)d->c.swiglu_limit;
     const qmat *w[] = {w1, w3};
     float *y[] = {ge, ue};
     qmat_mul_each(2, w, xe, ne, y);
-    dsv4_bf16(d, ge, (size_t)ne * inter);
-    dsv4_bf16(d, ue, (size_t)ne * inter);
-    for (int r = 0; r < ne; r++) {
-        float *g = ge + (size_t)r * inter;
-        const float *u = ue + (size_t)r * inter;
-        /* fminf/fmaxf by comparison (inlined, unlike the libm calls): the same values, NaN
-         * included (it fails the comparison and gives the limit, as fminf/fmaxf do). */
-        for (int k = 0; k < inter; k++) {
-            float gk = g[k] < lim ? g[k] : lim, uk = u[k] > -lim ? u[k] : -lim;
-            uk = uk < lim ? uk : lim;
-            g[k] = weight[r] * (silu(gk) * uk);
-        }
-        dsv4_bf16(d, g, inter);
-        dsv4_act_qdq(d, g, inter);
-    }
+    swiglu_job j = {d, weight, ge, ue, inter};
+    pool_run(ne, swiglu_row, &j);
     qmat_mul(w2, ge, ne, ye);
     dsv4_bf16(d, ye, (size_t)ne * d->c.dim);
 }
@@ -78,6 +94,28 @@ void dsv4_expert(void *ctx, int layer, int e, const qmat *w, const float *xe, co
     expert_run(d, &w[0], &w[2], &w[1], weight, xe, ne, ge, ue, ye);
 }
 
+typedef struct {
+    const dsv4_model *d;
+    const dsv4_seq *s;
+    float *out;
+    int shared;
+} moe_sum_job;
+
+/* Token t's output (a pool task: tokens are independent): its routed rows summed in rank order,
+ * then the shared expert's row, then BF16. */
+static void moe_sum_token(void *ctx, int t) {
+    const moe_sum_job *j = ctx;
+    int k = j->d->c.n_active, dim = j->d->c.dim;
+    const float *y = j->s->moe_y + (size_t)t * k * dim, *sh = j->s->moe_ye + (size_t)t * dim;
+    float *o = j->out + (size_t)t * dim;
+    for (int c = 0; c < dim; c++) {
+        float acc = 0;
+        for (int r = 0; r < k; r++) acc += y[(size_t)r * dim + c];
+        o[c] = j->shared ? acc + sh[c] : acc;
+    }
+    dsv4_bf16(j->d, o, dim);
+}
+
 void dsv4_moe(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s, int n, const float *x, float *out) {
     const dsv4_config *c = &d->c;
     int k = c->n_active, dim = c->dim;
@@ -94,14 +132,6 @@ void dsv4_moe(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s, int n, cons
         for (int t = 0; t < n; t++) s->moe_rw[t] = 1.0f;
         expert_run(d, &L->sw1, &L->sw3, &L->sw2, s->moe_rw, s->xq, n, s->moe_ge, s->moe_ue, s->moe_ye);
     }
-    for (int t = 0; t < n; t++) {
-        const float *y = s->moe_y + (size_t)t * k * dim, *sh = s->moe_ye + (size_t)t * dim;
-        float *o = out + (size_t)t * dim;
-        for (int j = 0; j < dim; j++) {
-            float acc = 0;
-            for (int r = 0; r < k; r++) acc += y[(size_t)r * dim + j];
-            o[j] = shared ? acc + sh[j] : acc;
-        }
-    }
-    dsv4_bf16(d, out, (size_t)n * dim);
+    moe_sum_job j = {d, s, out, shared};
+    pool_run(n, moe_sum_token, &j);
 }

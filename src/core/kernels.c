@@ -21,6 +21,13 @@
  * that a task's dequantized rows stay in L2 while the input rows stream past them. */
 #define VEC_ROWS_PER_TASK 4
 #define MUL_ROWS_PER_TASK 48    /* a multiple of every path's tile height (2, 3, 4) */
+/* FP8 products of prefill size (at least FP8_BLOCK_TASK_N input rows) take one 128-row scale
+ * block per task instead, so each block's input rows are scaled once (prepared_x): with tasks
+ * of 48 rows, every thread that met a block scaled all n x cols inputs for it again, 2.67
+ * scalings per block on two threads, and the scaled copy (2 MiB at 256 x 2048) streamed through
+ * L2 each time. Decode-sized batches keep the finer split: their scaled input is small. */
+#define FP8_ROWS_PER_TASK 128
+#define FP8_BLOCK_TASK_N 9
 
 float kernel_fp8_lut[256];
 float kernel_fp8_scale_lut[256];
@@ -288,11 +295,12 @@ void kernels_force_scalar(int on) { force_scalar = on; }
 const char *kernels_simd_name(void) { return active_path()->name; }
 
 /* One matrix's rows [r0, r1) of a job, written to y[n][r1 - r0]; its tasks are indices
- * [first, first + tasks) of the job. */
+ * [first, first + tasks) of the job, rows_per_task rows each (run_parts sets both). */
 typedef struct {
     const qmat *w;
     int r0, r1, first;
     float *y;
+    int rows_per_task;
 } mul_part;
 
 /* A pool job: the parts' tasks one after another, all over the same n input rows. `call`
@@ -300,7 +308,7 @@ typedef struct {
 typedef struct {
     const kernel_path *path;
     mul_part part[QMAT_EACH_MAX];
-    int parts, n, rows_per_task;
+    int parts, n;
     const float *x;
     unsigned long long call;
 } mul_job;
@@ -326,8 +334,8 @@ static void mul_task(void *ctx, int i) {
     int k = 0;
     while (k + 1 < job->parts && i >= job->part[k + 1].first) k++;
     const mul_part *p = &job->part[k];
-    int lo = p->r0 + (i - p->first) * job->rows_per_task;
-    job_rows(job, k, lo, MIN(lo + job->rows_per_task, p->r1));
+    int lo = p->r0 + (i - p->first) * p->rows_per_task;
+    job_rows(job, k, lo, MIN(lo + p->rows_per_task, p->r1));
 }
 
 static atomic_ullong streamed_dense, streamed_routed;
@@ -337,11 +345,18 @@ void kernels_streamed(unsigned long long *dense, unsigned long long *routed) {
     *routed = atomic_load(&streamed_routed);
 }
 
+/* Rows per task of a product with n input rows: see VEC_ROWS_PER_TASK, MUL_ROWS_PER_TASK and
+ * FP8_ROWS_PER_TASK. */
+static int rows_per_task(const qmat *w, int n) {
+    if (n == 1) return VEC_ROWS_PER_TASK;
+    return w->fmt == WF_FP8 && n >= FP8_BLOCK_TASK_N ? FP8_ROWS_PER_TASK : MUL_ROWS_PER_TASK;
+}
+
 /* Parts with rows go into one job; each part's rows are read once whatever n (kernels.h). */
 static void run_parts(int count, const mul_part *parts, const float *x, int n) {
     static atomic_ullong calls;
     if (n <= 0) return;
-    mul_job job = {.path = active_path(), .n = n, .x = x, .rows_per_task = n == 1 ? VEC_ROWS_PER_TASK : MUL_ROWS_PER_TASK};
+    mul_job job = {.path = active_path(), .n = n, .x = x};
     int tasks = 0;
     for (int k = 0; k < count; k++) {
         const mul_part *p = &parts[k];
@@ -349,9 +364,11 @@ static void run_parts(int count, const mul_part *parts, const float *x, int n) {
         if (p->w->source != QM_SCRATCH)
             atomic_fetch_add(p->w->source == QM_ROUTED ? &streamed_routed : &streamed_dense,
                              qmat_bytes(p->w) / (size_t)p->w->rows * (size_t)(p->r1 - p->r0));
-        job.part[job.parts] = *p;
-        job.part[job.parts++].first = tasks;
-        tasks += (p->r1 - p->r0 + job.rows_per_task - 1) / job.rows_per_task;
+        mul_part *q = &job.part[job.parts++];
+        *q = *p;
+        q->first = tasks;
+        q->rows_per_task = rows_per_task(p->w, n);
+        tasks += (p->r1 - p->r0 + q->rows_per_task - 1) / q->rows_per_task;
     }
     if (!tasks) return;
     job.call = atomic_fetch_add(&calls, (unsigned)job.parts) + 1;
@@ -359,7 +376,7 @@ static void run_parts(int count, const mul_part *parts, const float *x, int n) {
 }
 
 void qmat_mul_rows(const qmat *w, int r0, int r1, const float *x, int n, float *y) {
-    mul_part p = {w, r0, r1, 0, y};
+    mul_part p = {w, r0, r1, 0, y, 0};
     run_parts(1, &p, x, n);
 }
 
@@ -370,7 +387,7 @@ void qmat_mul_each(int count, const qmat *const *w, const float *x, int n, float
         return;
     }
     mul_part p[QMAT_EACH_MAX];
-    for (int k = 0; k < count; k++) p[k] = (mul_part){w[k], 0, w[k]->rows, 0, y[k]};
+    for (int k = 0; k < count; k++) p[k] = (mul_part){w[k], 0, w[k]->rows, 0, y[k], 0};
     run_parts(count, p, x, n);
 }
 

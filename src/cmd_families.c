@@ -28,6 +28,8 @@ static cJSON *describe(const family_ops *f) {
     else cJSON_AddNullToObject(t, "assistant");
     cJSON_AddItemToObject(t, "boundaries", string_list(f->turns.boundaries, FAMILY_MAX_TOKENS));
     cJSON_AddBoolToObject(o, "truncates", f->truncates);
+    if (f->chat && f->chat->efforts) cJSON_AddItemToObject(o, "efforts", string_list(f->chat->efforts, -1));
+    else cJSON_AddNullToObject(o, "efforts");
     const tool_example *x = f->chat ? f->chat->example : NULL;
     if (!x) {
         cJSON_AddNullToObject(o, "tool_example");
@@ -46,7 +48,8 @@ static cJSON *describe(const family_ops *f) {
 int cmd_families(int argc, char **argv) {
     if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
         printf("usage: cairn families\nPrints every registered model family as a JSON array: name, aliases, "
-               "model_types,\nchat_template, turns {start, user, assistant, boundaries}, truncates, tool_example\n"
+               "model_types,\nchat_template, turns {start, user, assistant, boundaries}, truncates, efforts (the reasoning\n"
+               "efforts its chat format takes besides none; null: any), tool_example\n"
                "{reply, marker, result, think_start, think_end} (chat.h tool_example) or null.\n");
         return 0;
     }

@@ -246,3 +246,63 @@ def test_kimi_k3_effort_defaults_to_max_and_needs_thinking(tiny_kimi_k3, tmp_pat
         assert "thinking_effort" not in submits(srv)[-1]["prompt"], "instruct mode renders no effort message"
     finally:
         srv.stop()
+
+
+# GLM's chat_template.jinja has one switch, enable_thinking: no OpenAI effort level maps onto it,
+# so "none" (thinking off) is the only effort it takes; every other level is a 400 naming the field
+# and the value and listing what GLM takes, on both OpenAI endpoints, before the engine sees it.
+@pytest.mark.parametrize("effort", ["minimal", "low", "medium", "high", "xhigh", "max"])
+def test_glm_reasoning_effort_is_thinking_off_or_refused(tiny_glm, tmp_path, effort):
+    srv = fake_server(tiny_glm, tmp_path)
+    try:
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "reasoning_effort": effort}
+        st, _, r = srv.json("POST", "/v1/chat/completions", body)
+        assert st == 400 and r["error"]["param"] == "reasoning_effort", r
+        assert f"'{effort}'" in r["error"]["message"] and "it takes none" in r["error"]["message"], r
+        st, _, r = srv.json("POST", "/v1/responses", {"input": "hi", "max_output_tokens": 3, "reasoning": {"effort": effort}})
+        assert st == 400 and r["error"]["param"] == "reasoning.effort", r
+        assert not submits(srv), "a refused request never reaches the engine"
+        st, _, r = srv.json("POST", "/v1/chat/completions", dict(body, reasoning_effort="none"))
+        assert st == 200, r
+        assert submits(srv)[-1]["prompt"].endswith("<|assistant|></think>"), "none is the template's thinking off"
+        st, _, r = srv.json("POST", "/v1/chat/completions", {k: v for k, v in body.items() if k != "reasoning_effort"} |
+                            {"enable_thinking": True})
+        assert st == 200 and submits(srv)[-1]["prompt"].endswith("<|assistant|><think>"), r
+    finally:
+        srv.stop()
+
+
+# An assistant's reasoning comes back as reasoning_content or (vLLM, OpenRouter) reasoning. The
+# DeepSeek V4 and Kimi K3 encoders read both (reasoning_content first), so either reaches the
+# prompt; GLM's template and Inkling's renderer read reasoning_content only, so a `reasoning` they
+# would drop is a 400 naming messages[i].reasoning (the same text in both fields renders as one).
+def test_assistant_reasoning_field_is_rendered_or_refused(family_model, tmp_path):
+    srv = fake_server(family_model.model, tmp_path)
+    reads_both = family_model.name in ("deepseek_v4", "kimi_k3")
+    try:
+        # A tool-call loop (the reasoning belongs to the current turn, which every template keeps).
+        call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+        msgs = [{"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "", "reasoning": "zqxreasoning", "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "ok"}]
+        body = {"messages": msgs, "max_tokens": 3, "thinking": True,
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}
+        st, _, r = srv.json("POST", "/v1/chat/completions", body)
+        if reads_both:
+            assert st == 200, r
+            assert "zqxreasoning" in submits(srv)[-1]["prompt"]
+            both = [msgs[0], dict(msgs[1], reasoning_content="zqxcontent"), msgs[2]]
+            st, _, r = srv.json("POST", "/v1/chat/completions", dict(body, messages=both))
+            prompt = submits(srv)[-1]["prompt"]
+            assert st == 200 and "zqxcontent" in prompt and "zqxreasoning" not in prompt, "reasoning_content first"
+        else:
+            assert st == 400 and "messages[1].reasoning" in r["error"]["message"], r
+            assert not submits(srv)
+            same = [msgs[0], dict(msgs[1], reasoning_content="zqxreasoning"), msgs[2]]
+            st, _, r = srv.json("POST", "/v1/chat/completions", dict(body, messages=same))
+            assert st == 200 and "zqxreasoning" in submits(srv)[-1]["prompt"], r
+        st, _, r = srv.json("POST", "/v1/chat/completions",
+                            dict(body, messages=[msgs[0], dict(msgs[1], reasoning=7), msgs[2]]))
+        assert st == 400 and "messages[1].reasoning must be a string" in r["error"]["message"], r
+    finally:
+        srv.stop()

@@ -47,7 +47,7 @@ def test_each_field_becomes_its_grammar(server):
     assert st == 200 and g.startswith("answer") and "root ::= answer" in g and '"\\"n\\""' in g
     st, _, g = chat(server, response_format={"type": "json_object"})
     assert st == 200 and "root ::= answer" in g
-    st, reply, g = chat(server, response_format={"type": "json_object"}, reasoning_effort="high")
+    st, reply, g = chat(server, response_format={"type": "json_object"}, thinking=True)
     assert st == 200 and re.search(r"root ::= [^\n]*\breasoning\b[^\n]* answer\n", g), "thinking: reasoning, then JSON"
     st, _, g = chat(server, response_format={"type": "text"})
     assert st == 200 and g == ""
@@ -75,7 +75,7 @@ def test_tool_choice_decides_whether_calls_are_constrained(server):
     assert st == 200 and re.search(r"^root ::= \(.*\banswer\b.* \| calls\)$", g, re.M), "auto + response_format: the schema's JSON or calls"
     st, _, g = chat(server, tools=TOOLS, tool_choice="none", response_format={"type": "json_object"})
     assert st == 200 and "root ::= answer" in g and "call" not in g
-    st, _, g = chat(server, tools=TOOLS, tool_choice="required", reasoning_effort="high")
+    st, _, g = chat(server, tools=TOOLS, tool_choice="required", thinking=True)
     assert st == 200 and re.match(r"root ::= [^\n]*\breasoning\b[^\n]* calls\n", g)
 
 

@@ -528,7 +528,7 @@ function request_options() {
     if (!Number.isInteger(seed)) return { error: 'Seed must be a whole number (or empty for a random one).' };
     o.seed = seed;
   }
-  if (settings.thinking) o.reasoning_effort = 'high';
+  if (settings.thinking) o.thinking = true;      /* every family's thinking mode (GLM's has no effort levels) */
   if (settings.tools.trim()) {
     try {
       const tools = JSON.parse(settings.tools);

@@ -24,11 +24,23 @@ int chat_effort_accepted(const chat_template *t, const char *effort, char *list,
     if (!effort || !t->efforts) return 1;
     for (const char *const *e = t->efforts; *e; e++)
         if (!strcmp(*e, effort)) return 1;
-    size_t used = 0;
-    list[0] = 0;
-    for (const char *const *e = t->efforts; *e && used < n; e++)
-        used += (size_t)snprintf(list + used, n - used, "%s%s", e == t->efforts ? "" : ", ", *e);
+    size_t used = (size_t)snprintf(list, n, "none");
+    for (const char *const *e = t->efforts; *e && used < n; e++) used += (size_t)snprintf(list + used, n - used, ", %s", *e);
     return 0;
+}
+
+const char *chat_reasoning(const cJSON *msg) {
+    const cJSON *r = cJSON_GetObjectItemCaseSensitive(msg, "reasoning_content");
+    if (!cJSON_IsString(r)) r = cJSON_GetObjectItemCaseSensitive(msg, "reasoning");
+    return cJSON_IsString(r) ? r->valuestring : NULL;
+}
+
+int chat_reasoning_content_only(const cJSON *msg, int idx, char *err, size_t errlen) {
+    const cJSON *r = cJSON_GetObjectItemCaseSensitive(msg, "reasoning");
+    const cJSON *rc = cJSON_GetObjectItemCaseSensitive(msg, "reasoning_content");
+    if (!cJSON_IsString(r) || (cJSON_IsString(rc) && !strcmp(rc->valuestring, r->valuestring))) return 0;
+    return errf(err, errlen, "messages[%d].reasoning: this model's chat template renders reasoning_content only "
+                "(send the reasoning there)", idx);
 }
 
 void chat_trusted(chat_prompt *p, const char *template_text) { sbuf_puts(&p->text, template_text); }

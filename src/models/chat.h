@@ -1,8 +1,11 @@
 /* chat.h — chat templates: OpenAI-shaped messages -> the prompt text a family was trained on,
  * and a generated reply -> reasoning / content / tool calls.
  *
- * Messages are the OpenAI JSON shape (cJSON array of {role, content, reasoning_content?,
- * tool_calls?, tool_call_id?, name?}); roles system, developer, user, assistant, tool.
+ * Messages are the OpenAI JSON shape (cJSON array of {role, content, reasoning_content?, reasoning?,
+ * tool_calls?, tool_call_id?, name?}); roles system, developer, user, assistant, tool. An assistant's
+ * reasoning comes as reasoning_content (DeepSeek, vLLM before 0.10, GLM's template) or reasoning
+ * (vLLM and OpenRouter now): a template whose official encoder reads both takes chat_reasoning; one
+ * that reads reasoning_content only refuses a `reasoning` it would drop (chat_reasoning_content_only).
  *
  * INVARIANT (template stability, protocol issue): rendering the conversation
  * [..., user, assistant(reply)] + [user] produces text that starts with exactly the text the
@@ -127,12 +130,14 @@ typedef struct {
     /* 1: renders input_audio parts {"input_audio": {"dmel_frames": N}} as N audio placeholders,
      * whose frames the engine takes as media (model.h set_media). */
     int audio;
-    /* The reasoning efforts the format accepts, NULL-terminated; NULL: any the APIs name (the
-     * template maps them or adds nothing). The gateway refuses another one naming its field. */
+    /* The reasoning efforts the format accepts besides "none" (thinking off), NULL-terminated (an
+     * empty list: thinking is only on or off); NULL: any the APIs name (the template maps them or
+     * adds nothing). The gateway refuses another one naming its field. */
     const char *const *efforts;
 } chat_template;
 
-/* 1 when t's format accepts effort (NULL: no effort asked); else 0 and list = the accepted ones. */
+/* 1 when t's format accepts effort (NULL: no effort asked); else 0 and list = the accepted ones,
+ * "none" (thinking off) first. */
 int chat_effort_accepted(const chat_template *t, const char *effort, char *list, size_t n);
 
 /* GBNF (a whole grammar, rule root) for a reply in template t's syntax that calls tools: choice
@@ -158,6 +163,13 @@ void chat_json_py_string(sbuf *b, const char *s);
 /* json.dumps(v, ensure_ascii=False, separators=(",", ":"), sort_keys=sort_keys): compact JSON. */
 void chat_json_compact(sbuf *b, const cJSON *v, int sort_keys);
 void chat_reply_free(chat_reply *r);
+
+/* The reasoning of assistant message msg as encoders that read both fields take it:
+ * reasoning_content when it is a string, else reasoning; NULL when neither is. */
+const char *chat_reasoning(const cJSON *msg);
+/* For a template that renders reasoning_content only: -1 + err naming messages[idx].reasoning when
+ * msg carries a `reasoning` the template would drop (absent, or not equal to reasoning_content). */
+int chat_reasoning_content_only(const cJSON *msg, int idx, char *err, size_t errlen);
 
 /* The one walker over a message's content, for every template: absent or null is empty; a string
  * is one text (from_part 0); in an array each {"type": "text", "text": S} part gives S

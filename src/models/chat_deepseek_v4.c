@@ -307,9 +307,8 @@ static int untrusted_content(chat_prompt *p, const cJSON *msg, int idx, char *er
 
 static int render_assistant(chat_prompt *p, const cJSON *msg, int idx, int with_reasoning, char *err, size_t errlen) {
     if (with_reasoning) {
-        const cJSON *r = cJSON_GetObjectItemCaseSensitive(msg, "reasoning_content");
-        if (!cJSON_IsString(r)) r = cJSON_GetObjectItemCaseSensitive(msg, "reasoning");
-        if (cJSON_IsString(r)) chat_untrusted_str(p, r->valuestring);
+        const char *r = chat_reasoning(msg);
+        if (r) chat_untrusted_str(p, r);
         chat_trusted(p, THINK_END);
     }
     if (untrusted_content(p, msg, idx, err, errlen)) return -1;

@@ -13,6 +13,10 @@
  * Only the template's literals are written trusted; content, reasoning, tool responses, the tools
  * JSON, call names, argument keys and values are request data and written untrusted (chat.h).
  *
+ * Reasoning: the template reads an assistant's reasoning_content (or <think> in its content) and
+ * has thinking on or off (enable_thinking), nothing between: a `reasoning` field it would drop is
+ * refused (chat_reasoning_content_only), and so is every reasoning effort but "none" (glm_efforts).
+ *
  * Where the template leaves a case undefined we choose, and say so: a `developer` message renders
  * as a system message; null content renders as empty; tool-call arguments given as a JSON string
  * (the OpenAI shape) are parsed into the object the template iterates.
@@ -129,6 +133,7 @@ static const char *rfind_in(const char *s, size_t n, const char *needle) {
 
 static int render_assistant(chat_prompt *p, const cJSON *msg, int idx, int after_last_user, char *err, size_t errlen) {
     sbuf text = {0}, reason = {0};
+    if (chat_reasoning_content_only(msg, idx, err, errlen)) return -1;   /* the template reads m.reasoning_content */
     if (visible_text(cJSON_GetObjectItemCaseSensitive(msg, "content"), &text, idx, err, errlen)) return -1;
     const char *content = text.p ? text.p : "";
     size_t clen = text.len;
@@ -344,7 +349,12 @@ static const tool_example glm_example = {
     .result = "<|observation|><tool_response>%s</tool_response>",
 };
 
+/* The template's only switch is enable_thinking: no OpenAI effort level maps onto it, so only
+ * "none" (thinking off) is accepted as an effort; thinking on comes without one. */
+static const char *const glm_efforts[] = {NULL};
+
 const chat_template glm_chat = {
+    .efforts = glm_efforts,
     .tools = &glm_tools,
     .example = &glm_example,
     .render = glm_render,

@@ -20,6 +20,8 @@
  *   cue             <|message_model|>
  * Effort: reasoning_effort none 0.0, minimal 0.1, low 0.2, medium 0.7, high 0.9, xhigh/max 0.99;
  * thinking on without an effort is high (the renderer's default); thinking off is 0.0.
+ * Reasoning is the assistant's reasoning_content; a `reasoning` field the renderer would drop is
+ * refused (chat_reasoning_content_only).
  * Empty string content renders nothing; each text part of an array is its own block.
  *
  * Parsing a reply: the model opens each block with a content type (the cue carries none), so the
@@ -187,6 +189,7 @@ static int render_call(chat_prompt *p, const cJSON *item, int idx, int k, char *
 }
 
 static int render_assistant(chat_prompt *b, const cJSON *msg, int idx, char *err, size_t errlen) {
+    if (chat_reasoning_content_only(msg, idx, err, errlen)) return -1;   /* the renderer reads reasoning_content */
     const cJSON *reason = cJSON_GetObjectItemCaseSensitive(msg, "reasoning_content");
     if (cJSON_IsString(reason) && *reason->valuestring) block(b, "model", NULL, "thinking", reason->valuestring);
     if (content_blocks(b, "model", cJSON_GetObjectItemCaseSensitive(msg, "content"), idx, err, errlen)) return -1;

@@ -217,9 +217,9 @@ static int render_call(chat_prompt *p, const cJSON *call, int idx, int k, char *
 static int render_assistant(chat_prompt *p, const cJSON *msg, int idx, int thinking, char *err, size_t errlen) {
     open_message(p, "assistant", NULL, NULL);
     if (thinking) {
-        const cJSON *rc = cJSON_GetObjectItemCaseSensitive(msg, "reasoning_content");
+        const char *r = chat_reasoning(msg);      /* the encoder reads reasoning_content, else reasoning */
         T(OPEN "think" SEP);
-        if (cJSON_IsString(rc)) chat_untrusted_str(p, rc->valuestring);
+        if (r) chat_untrusted_str(p, r);
         close_tag(p, "think");
     }
     T(OPEN "response" SEP);

@@ -155,7 +155,7 @@ cJSON *openai_normalize_messages(const cJSON *messages, sbuf *media, http_err *e
         cJSON_AddItemToObject(n, "content", value ? value : cJSON_CreateString(text));
         free(text);
         cJSON_AddItemToArray(out, n);
-        const char *copy_str[] = {"reasoning_content", "tool_call_id", "name"};
+        const char *copy_str[] = {"reasoning_content", "reasoning", "tool_call_id", "name"};
         for (size_t k = 0; k < sizeof copy_str / sizeof copy_str[0]; k++) {
             const cJSON *v = cJSON_GetObjectItemCaseSensitive(m, copy_str[k]);
             if (!v || cJSON_IsNull(v)) continue;
@@ -265,7 +265,9 @@ int openai_effort(const serve_ctx *sc, const char *effort, const char *param, ht
     char list[128];
     if (sc->tpl && strcmp(effort, "none") && !chat_effort_accepted(sc->tpl, effort, list, sizeof list))
         return http_err_set(e, 400, "invalid_request_error", "invalid_value", param,
-                            "'%s' '%s' is not accepted by this model's chat format (it takes %s)", param, effort, list);
+                            "'%s' '%s' is not accepted by this model's chat format (it takes %s%s)", param, effort, list,
+                            strcmp(list, "none") ? "" : "; it has no effort levels, thinking is only on or off: "
+                                                        "the thinking / enable_thinking booleans");
     return 0;
 }
 

@@ -261,6 +261,7 @@ char *replies_rendered(const chat_template *tpl, const cJSON *msg, const chat_op
         cJSON_DeleteItemFromObjectCaseSensitive(probe, "content");
         cJSON_DeleteItemFromObjectCaseSensitive(probe, "tool_calls");
         cJSON_DeleteItemFromObjectCaseSensitive(probe, "reasoning_content");
+        cJSON_DeleteItemFromObjectCaseSensitive(probe, "reasoning");
         cJSON_AddStringToObject(probe, "content", sentinels[k]);
         char *mark = render_probe(tpl, probe, o);
         cJSON_Delete(probe);

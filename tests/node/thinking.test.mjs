@@ -37,18 +37,22 @@ before(async () => {
 });
 after(async () => { await server.stop(); });
 
+// OpenAI's reasoning_effort where the family's format takes 'high' (descriptor efforts: null = any);
+// GLM's template has thinking only on or off, so there the boolean extension turns it on.
+const THINK_ON = FAMILY.efforts === null || FAMILY.efforts.includes('high') ? { reasoning_effort: 'high' } : { enable_thinking: true };
+
 const lastPrompt = () => server.fakeFrames().filter((f) => f.cmd === 'SUBMIT').at(-1).prompt;
 
 test('openai: reasoning_content separated, streaming and not', async () => {
   const c = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'unused', maxRetries: 0 });
   const messages = [{ role: 'user', content: 'What is 2+2?' }];
-  const r = await c.chat.completions.create({ model: MODEL_ID, messages, reasoning_effort: 'high', max_tokens: 100 });
+  const r = await c.chat.completions.create({ model: MODEL_ID, messages, ...THINK_ON, max_tokens: 100 });
   assert.ok(lastPrompt().endsWith(FORMAT.think) && lastPrompt().includes(FORMAT.effort?.think ?? ''),
     'thinking mode must end the prompt with the thinking cue');
   assert.equal(r.choices[0].message.content, ANSWER);
   assert.equal(r.choices[0].message.reasoning_content, REASONING);
 
-  const stream = await c.chat.completions.create({ model: MODEL_ID, messages, reasoning_effort: 'high', max_tokens: 100, stream: true });
+  const stream = await c.chat.completions.create({ model: MODEL_ID, messages, ...THINK_ON, max_tokens: 100, stream: true });
   let reasoning = '';
   let content = '';
   for await (const chunk of stream) {

@@ -30,6 +30,9 @@ static cJSON *describe(const family_ops *f) {
     cJSON_AddBoolToObject(o, "truncates", f->truncates);
     if (f->chat && f->chat->efforts) cJSON_AddItemToObject(o, "efforts", string_list(f->chat->efforts, -1));
     else cJSON_AddNullToObject(o, "efforts");
+    const tool_syntax *sx = f->chat ? f->chat->tools : NULL;
+    if (sx && sx->think_end) cJSON_AddStringToObject(o, "reasoning_end", sx->think_end);
+    else cJSON_AddNullToObject(o, "reasoning_end");
     const tool_example *x = f->chat ? f->chat->example : NULL;
     if (!x) {
         cJSON_AddNullToObject(o, "tool_example");
@@ -49,7 +52,8 @@ int cmd_families(int argc, char **argv) {
     if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
         printf("usage: cairn families\nPrints every registered model family as a JSON array: name, aliases, "
                "model_types,\nchat_template, turns {start, user, assistant, boundaries}, truncates, efforts (the reasoning\n"
-               "efforts its chat format takes besides none; null: any), tool_example\n"
+               "efforts its chat format takes besides none; null: any), reasoning_end (the text its parser ends\n"
+               "reasoning at, chat.h tool_syntax.think_end, or null), tool_example\n"
                "{reply, marker, result, think_start, think_end} (chat.h tool_example) or null.\n");
         return 0;
     }

@@ -19,7 +19,9 @@ ASK = [{"role": "user", "content": "Tell me something."}]
 
 @pytest.fixture
 def srv(family_model, tmp_path):
-    s = Server(family_model.model, str(tmp_path))
+    # every request here asks for at most 12 tokens, except Anthropic thinking, whose max_tokens must
+    # exceed budget_tokens (>= 1024): the cap keeps that reply as short as the others
+    s = Server(family_model.model, str(tmp_path), args=("--max-tokens", "12"))
     yield s
     s.stop()
 
@@ -93,7 +95,7 @@ def cue(family_model, tmp_path, thinking):
 def test_anthropic_messages_match_the_sdk_types(srv, family_model, tmp_path, thinking):
     body = {"messages": ASK, "max_tokens": 10, "temperature": 0}
     if thinking:
-        body["thinking"] = {"type": "enabled", "budget_tokens": 1024}
+        body.update(thinking={"type": "enabled", "budget_tokens": 1024}, max_tokens=1025)
     st, h, r = srv.json("POST", "/v1/messages", body, ANTHROPIC)
     assert st == 200
     valid(r, S.A_MESSAGE)

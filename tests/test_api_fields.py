@@ -235,7 +235,7 @@ def test_kimi_k3_reasoning_effort_follows_the_encoder(tiny_kimi_k3, tmp_path, ef
 def test_kimi_k3_effort_defaults_to_max_and_needs_thinking(tiny_kimi_k3, tmp_path):
     srv = fake_server(tiny_kimi_k3, tmp_path)
     try:
-        st, _, r = srv.json("POST", "/v1/messages", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+        st, _, r = srv.json("POST", "/v1/messages", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1025,
                                                      "thinking": {"type": "enabled", "budget_tokens": 1024}},
                             {"anthropic-version": "2023-06-01"})
         assert st == 200, r
@@ -304,5 +304,90 @@ def test_assistant_reasoning_field_is_rendered_or_refused(family_model, tmp_path
         st, _, r = srv.json("POST", "/v1/chat/completions",
                             dict(body, messages=[msgs[0], dict(msgs[1], reasoning=7), msgs[2]]))
         assert st == 400 and "messages[1].reasoning must be a string" in r["error"]["message"], r
+    finally:
+        srv.stop()
+
+
+# Anthropic thinking (the SDK's ThinkingConfigParam): enabled needs an integer budget_tokens >= 1024
+# and below max_tokens, as the Messages API requires, and reaches the engine as think_budget=N
+# (engine-side enforcement: tests/test_think_budget.py); disabled is thinking off; adaptive and
+# between_tools (the model decides whether to think), display omitted, unknown types and unknown
+# keys are refused naming the field, before anything reaches the engine.
+ASK = [{"role": "user", "content": "hi"}]
+AV = {"anthropic-version": "2023-06-01"}
+
+
+@pytest.mark.parametrize("thinking,max_tokens,param", [
+    ({"type": "enabled", "budget_tokens": 1023}, 2048, "thinking.budget_tokens"),
+    ({"type": "enabled", "budget_tokens": 1024}, 1024, "thinking.budget_tokens"),
+    ({"type": "enabled", "budget_tokens": 1024.5}, 2048, "thinking.budget_tokens"),
+    ({"type": "enabled"}, 2048, "thinking.budget_tokens"),
+    ({"type": "enabled", "budget_tokens": 1024, "display": "omitted"}, 2048, "thinking.display"),
+    ({"type": "enabled", "budget_tokens": 1024, "effort": "high"}, 2048, "thinking"),
+    ({"type": "disabled", "budget_tokens": 1024}, 2048, "thinking"),
+    ({"type": "adaptive"}, 2048, "thinking.type"),
+    ({"type": "between_tools"}, 2048, "thinking.type"),
+    ({"type": "on"}, 2048, "thinking.type"),
+    ({"budget_tokens": 1024}, 2048, "thinking"),
+])
+def test_anthropic_thinking_out_of_range_is_400(tiny_dsv4, tmp_path, thinking, max_tokens, param):
+    srv = fake_server(tiny_dsv4, tmp_path)
+    try:
+        st, _, r = srv.json("POST", "/v1/messages", {"messages": ASK, "max_tokens": max_tokens, "thinking": thinking}, AV)
+        assert st == 400 and r["type"] == "error" and r["error"]["type"] == "invalid_request_error", r
+        assert param in r["error"]["message"], r
+        assert not submits(srv), "a refused request never reaches the engine"
+    finally:
+        srv.stop()
+
+
+def test_anthropic_thinking_budget_reaches_the_engine(tiny_dsv4, tmp_path):
+    srv = fake_server(tiny_dsv4, tmp_path)
+    try:
+        for thinking, key, cue in [({"type": "enabled", "budget_tokens": 1500, "display": "summarized"},
+                                    "think_budget=1500", "<think>"),
+                                   ({"type": "disabled"}, None, "</think>"), (None, None, "</think>")]:
+            body = {"messages": ASK, "max_tokens": 2048} | ({"thinking": thinking} if thinking else {})
+            st, _, r = srv.json("POST", "/v1/messages", body, AV)
+            assert st == 200, r
+            f = submits(srv)[-1]
+            assert f["prompt"].endswith(cue), f["prompt"][-40:]
+            assert (key in f["header"]) if key else not any(k.startswith("think_budget") for k in f["header"]), f["header"]
+    finally:
+        srv.stop()
+
+
+# OpenAI has no reasoning-token cap (Responses' reasoning takes effort, summary, context, mode):
+# a summary (the reasoning comes back as written), another mode or context, or a key OpenAI does not
+# define (OpenRouter's max_tokens) is refused, not ignored.
+@pytest.mark.parametrize("reasoning,ok", [({"effort": "high", "context": "auto", "mode": "standard", "summary": None}, True),
+                                          ({"summary": "auto"}, False), ({"generate_summary": "concise"}, False),
+                                          ({"context": "all_turns"}, False), ({"mode": "pro"}, False),
+                                          ({"max_tokens": 1024}, False)])
+def test_responses_reasoning_fields_are_honoured_or_refused(tiny_dsv4, tmp_path, reasoning, ok):
+    srv = fake_server(tiny_dsv4, tmp_path)
+    try:
+        st, _, r = srv.json("POST", "/v1/responses", {"input": "hi", "max_output_tokens": 3, "reasoning": reasoning})
+        if ok:
+            assert st == 200, r
+        else:
+            assert st == 400 and r["error"]["param"] == "reasoning" and next(iter(reasoning)) in r["error"]["message"], r
+            assert not submits(srv)
+    finally:
+        srv.stop()
+
+
+def test_reasoning_caps_no_endpoint_honours_are_refused(tiny_dsv4, tmp_path):
+    """Chat Completions has no reasoning cap: OpenRouter's `reasoning` object is refused, not ignored;
+    Anthropic's output_config (effort, format) is not honoured either, so it is refused too."""
+    srv = fake_server(tiny_dsv4, tmp_path)
+    try:
+        st, _, r = srv.json("POST", "/v1/chat/completions", {"messages": ASK, "max_tokens": 3,
+                                                             "reasoning": {"max_tokens": 100}})
+        assert st == 400 and r["error"]["param"] == "reasoning", r
+        st, _, r = srv.json("POST", "/v1/messages", {"messages": ASK, "max_tokens": 3,
+                                                     "output_config": {"effort": "low"}}, AV)
+        assert st == 400 and "output_config" in r["error"]["message"], r
+        assert not submits(srv)
     finally:
         srv.stop()

@@ -90,7 +90,9 @@ typedef struct {
  *   marker       a piece of the call syntax that never survives into parsed content
  *   result       the next prompt's rendering of a tool answer, "%s" standing for the answer
  *   think_start  what the model writes to open reasoning when the prompt's cue does not (or NULL)
- *   think_end    what closes reasoning (NULL: "</think>") */
+ *   think_end    what closes reasoning (NULL: "</think>"), as the template writes it up to the answer
+ * The engine takes a reasoning budget's markers from think_start and think_end (serve/think_budget.h),
+ * with tool_syntax.think_end as the text reasoning ends at. */
 typedef struct {
     const char *reply, *marker, *result, *think_start, *think_end;
 } tool_example;

@@ -1,5 +1,6 @@
 #include "anthropic.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -233,6 +234,46 @@ static int translate_tool_choice(const cJSON *body, const cJSON *tools, chat_opt
     return 0;
 }
 
+/* thinking (the Messages API's ThinkingConfigParam):
+ *   {type: "enabled", budget_tokens: N, display?}  thinking on, the reply's reasoning capped at N
+ *       tokens by the engine (SUBMIT think_budget): N is an integer >= 1024 and below max_tokens,
+ *       as the API requires; display null or "summarized" (the reasoning comes back as written)
+ *   {type: "disabled"}                             thinking off (also when thinking is absent)
+ * "adaptive" and "between_tools" leave it to the model whether to think, which the templates'
+ * thinking cue does not (it always opens reasoning), and display "omitted" would need redacted
+ * blocks: those, unknown types and unknown keys are refused naming the field. */
+static int parse_thinking(const serve_ctx *sc, const cJSON *body, chat_opts *o, turn_req *rq, http_err *e) {
+    const cJSON *th = cJSON_GetObjectItemCaseSensitive(body, "thinking"), *f;
+    if (!th || cJSON_IsNull(th)) return 0;
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(th, "type");
+    if (!cJSON_IsObject(th) || !cJSON_IsString(type)) return bad(e, "thinking", "'thinking' must be an object with a type");
+    const char *t = type->valuestring;
+    if (strcmp(t, "enabled") && strcmp(t, "disabled"))
+        return http_err_set(e, 400, "invalid_request_error", "invalid_value", "thinking.type",
+                            "thinking.type '%s' is not supported here: use 'enabled' (with budget_tokens) or 'disabled'", t);
+    int enabled = !strcmp(t, "enabled");
+    cJSON_ArrayForEach(f, th) {
+        int known = !strcmp(f->string, "type") || (enabled && (!strcmp(f->string, "budget_tokens") || !strcmp(f->string, "display")));
+        if (!known)
+            return http_err_set(e, 400, "invalid_request_error", "invalid_value", "thinking",
+                                "thinking.%s is not a field of thinking type '%s'", f->string, t);
+    }
+    if (!enabled) return 0;
+    const cJSON *display = cJSON_GetObjectItemCaseSensitive(th, "display");
+    if (display && !cJSON_IsNull(display) && !(cJSON_IsString(display) && !strcmp(display->valuestring, "summarized")))
+        return bad(e, "thinking.display", "thinking.display must be 'summarized' or null here ('omitted' is not supported)");
+    const cJSON *n = cJSON_GetObjectItemCaseSensitive(th, "budget_tokens");
+    const cJSON *max = cJSON_GetObjectItemCaseSensitive(body, "max_tokens");
+    if (!cJSON_IsNumber(n) || n->valuedouble != floor(n->valuedouble) || n->valuedouble < 1024)
+        return bad(e, "thinking.budget_tokens", "thinking.budget_tokens must be an integer of at least 1024");
+    if (!(n->valuedouble < max->valuedouble))       /* param_max_tokens checked max_tokens is there */
+        return bad(e, "thinking.budget_tokens", "max_tokens must be greater than thinking.budget_tokens");
+    if (!sc->tpl) return bad(e, "thinking", "this model has no chat template, so no thinking mode");
+    o->thinking = 1;
+    rq->think_budget = (int)n->valuedouble;      /* below max_tokens <= 2^30 */
+    return 0;
+}
+
 static int parse_request(serve_ctx *sc, const cJSON *body, am_call *k, http_err *e) {
     static const char *const budget[] = {"max_tokens", NULL};
     if (!cJSON_IsObject(body)) return bad(e, NULL, "the body must be a JSON object");
@@ -243,11 +284,12 @@ static int parse_request(serve_ctx *sc, const cJSON *body, am_call *k, http_err 
     const cJSON *meta = cJSON_GetObjectItemCaseSensitive(body, "metadata");
     if (meta && param_str(meta, "user_id", &user, e)) return -1;
     if (param_slot(sc, body, user, &k->call.rq, e)) return -1;
+    const cJSON *oc = cJSON_GetObjectItemCaseSensitive(body, "output_config");
+    if (oc && !cJSON_IsNull(oc))    /* its effort and format would reshape the reply: not honoured */
+        return bad(e, "output_config", "output_config (effort, format) is not supported here: use thinking, and "
+                                       "tools or a grammar for structured output");
     chat_opts o = {0};
-    const cJSON *thinking = cJSON_GetObjectItemCaseSensitive(body, "thinking");
-    const cJSON *ttype = cJSON_GetObjectItemCaseSensitive(thinking, "type");
-    if (thinking && !cJSON_IsString(ttype)) return bad(e, "thinking", "'thinking' needs a type");
-    o.thinking = thinking && !strcmp(ttype->valuestring, "enabled");
+    if (parse_thinking(sc, body, &o, &k->call.rq, e)) return -1;
     cJSON *tools = NULL;
     const cJSON *atools = cJSON_GetObjectItemCaseSensitive(body, "tools");
     if (atools && !cJSON_IsNull(atools) && !(tools = translate_tools(atools, e))) return -1;
@@ -512,7 +554,8 @@ enum MHD_Result anthropic_count_tokens(serve_ctx *sc, struct MHD_Connection *c, 
     http_err e = {0};
     cJSON *probe = cJSON_Duplicate(body, 1);
     if (cJSON_IsObject(probe) && !cJSON_GetObjectItemCaseSensitive(probe, "max_tokens"))
-        cJSON_AddNumberToObject(probe, "max_tokens", 1);   /* count_tokens takes no budget */
+        cJSON_AddNumberToObject(probe, "max_tokens", 1 << 30);   /* count_tokens takes no budget: any
+                                                                   * thinking budget is below this one */
     int rc = parse_request(sc, probe, k, &e);
     cJSON_Delete(probe);
     if (rc) return fail(c, k, &e);

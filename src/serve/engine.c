@@ -15,7 +15,10 @@
  * first token from its last row. With --spec mtp a decoding request without a grammar, bias or
  * penalties instead takes a speculative step inside that same call (seq_spec_steps: its MTP layer
  * drafts first, and the call verifies its next token + drafts beside the other slots' tokens and
- * chunks), which emits the same tokens plain decoding would (bit-identical when greedy). stdin is
+ * chunks), which emits the same tokens plain decoding would (bit-identical when greedy). A request
+ * with think_budget=N has its reasoning capped (think_budget.h): once the budget is reached,
+ * sample_next takes the next token of the family's close instead of sampling one, and while the
+ * budget can still act the request takes no speculative step. stdin is
  * polled with a zero-timeout select between steps, so CANCEL, STOP and new SUBMITs are seen
  * during long prefills and decodes. With nothing active it blocks on stdin. EOF lets in-flight
  * requests finish, then exits 0. CAIRN_STEP_LOG=1 logs on stderr each joint step: how many slots
@@ -29,6 +32,7 @@
  * that failed taints every slot it carried (the joint step's requests all fail).
  */
 #include <errno.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,6 +52,7 @@
 #include "../core/util.h"
 #include "../state/persist.h"
 #include "../models/model.h"
+#include "think_budget.h"
 #include "wire.h"
 
 typedef struct {
@@ -77,6 +82,7 @@ typedef struct {
     double prefill_s;    /* time spent in this request's prefill steps (not other slots' steps) */
     grammar *g;          /* SUBMIT extension payload: the grammar every sampled token must follow */
     tokmask km;          /* its matcher over this request's output (never part of the slot state) */
+    think_budget tb;     /* think_budget=N: the reasoning tokens it may still take (all 0 without one) */
 } request;
 
 typedef struct {
@@ -196,6 +202,7 @@ static int take_token(engine *e, request *r, int t) {
     if (model_is_eos(e->m, t)) return finish(e, r, 0), 1;
     if (r->g && tokmask_feed(&r->km, t))
         return fail(e, r, "ENGINE_ERROR", "sampled a token the grammar mask had excluded"), 1;
+    think_budget_take(&r->tb, t);
     sampler_note(&r->smp, &t, 1, 1);
     emit_token(e, r, t);
     r->token = t;
@@ -206,20 +213,28 @@ static int take_token(engine *e, request *r, int t) {
 
 /* Sample from e->logits and take the token. With a grammar, every token it does not allow is
  * masked out first (so logprobs are those of the constrained distribution) and the matcher moves
- * past the chosen one. */
+ * past the chosen one. A reasoning budget may instead make the token the next of the family's
+ * close (taken like a sampled one, with its logprob under these logits), or ban one that would
+ * open reasoning it has no room for. */
 static void sample_next(engine *e, request *r) {
+    int forced = think_budget_force(&r->tb), ban = forced < 0 ? think_budget_ban(&r->tb) : -1;
+    if (ban >= 0) e->logits[ban] = -INFINITY;
     if (r->g && tokmask_apply(&r->km, e->logits) == 0)
         return refuse(e, r, "GRAMMAR_DEAD_END", gm_overflowed(r->km.m)
                                                     ? "the grammar is too ambiguous (over 4096 parses at once) to continue"
                                                     : "no token of this vocabulary can continue the grammar here");
-    take_token(e, r, sampler_pick(&r->smp, e->logits));    /* seq_feed has checked every logit is finite */
+    if (forced >= 0 && r->g && e->logits[forced] == -INFINITY)
+        return refuse(e, r, "GRAMMAR_DEAD_END", "the grammar does not let reasoning end where think_budget ends it");
+    take_token(e, r, forced >= 0 ? forced : sampler_pick(&r->smp, e->logits));  /* seq_feed checked the logits are finite */
 }
 
 /* Drafts this request may take in a speculative step: none with a grammar (a draft would have to
  * follow the mask too), with logit bias or penalties (the adjusted distribution of each verify row
- * depends on the drafts before it), or when fewer than two tokens remain. */
+ * depends on the drafts before it), while a reasoning budget may still force or ban a token (it
+ * decides each token before it is sampled), or when fewer than two tokens remain. */
 static int spec_drafts(const engine *e, const request *r) {
-    return r->g || r->smp.adjusted ? 0 : (int)MIN(e->o.draft, r->sub.max_tokens - r->generated - 1);
+    if (r->g || r->smp.adjusted || think_budget_live(&r->tb)) return 0;
+    return (int)MIN(e->o.draft, r->sub.max_tokens - r->generated - 1);
 }
 
 /* A generating request whose next token can enter its slot: it joins the batched decode step. */
@@ -477,6 +492,35 @@ static int open_grammar(engine *e, const wire_frame *f, request *r, char *err, s
     return 0;
 }
 
+/* One marker of the family's reasoning (chat.h tool_example) as ids, special tokens matched. */
+static int marker_ids(const tokenizer *t, const char *text, int *ids, int *n, char *err, size_t errlen) {
+    *n = 0;
+    if (!text) return 0;
+    int k = tok_encode(t, text, strlen(text), ids, THINK_MARKER_MAX, err, errlen);
+    if (k > THINK_MARKER_MAX) return errf(err, errlen, "think_budget: the marker '%s' takes %d tokens", text, k);
+    *n = k;
+    return k < 0 ? -1 : 0;
+}
+
+/* think_budget=N: the reasoning markers come from the family's chat format — the reply opens
+ * reasoning at the cue, or where the model writes think_start; the parser ends it at the tool
+ * syntax's think_end; the template closes it with the example's think_end ("</think>" when the
+ * family names none) before the answer. */
+static int open_think_budget(engine *e, request *r, char *err, size_t errlen) {
+    const chat_template *c = e->m->ops->chat;
+    if (!c || !c->example || !e->m->tok)
+        return errf(err, errlen, "think_budget: this model has no chat format (or tokenizer) that says how reasoning ends");
+    const char *close = c->example->think_end ? c->example->think_end : "</think>";
+    const char *end = c->tools && c->tools->think_end ? c->tools->think_end : close;
+    int open_ids[THINK_MARKER_MAX], end_ids[THINK_MARKER_MAX], close_ids[THINK_MARKER_MAX], n_open, n_end, n_close;
+    if (marker_ids(e->m->tok, c->example->think_start, open_ids, &n_open, err, errlen) ||
+        marker_ids(e->m->tok, end, end_ids, &n_end, err, errlen) ||
+        marker_ids(e->m->tok, close, close_ids, &n_close, err, errlen))
+        return -1;
+    return think_budget_init(&r->tb, r->sub.think_budget, open_ids, n_open, end_ids, n_end, close_ids, n_close, err,
+                             errlen);
+}
+
 static void on_submit(engine *e, const wire_frame *f) {
     char err[256];
     if (find_active(e, f->id)) return put_error(f->id, "DUPLICATE_ID", "an in-flight request has this id");
@@ -501,6 +545,7 @@ static void on_submit(engine *e, const wire_frame *f) {
     if (grammar_len(e, f) && open_grammar(e, f, r, err, sizeof err))
         return reject(r, "BAD_REQUEST", err);
     if (tokenize(e, f, r, &sys_end, err, sizeof err)) return reject(r, "BAD_REQUEST", err);
+    if (r->sub.think_budget && open_think_budget(e, r, err, sizeof err)) return reject(r, "BAD_REQUEST", err);
     if (r->n == 0) return reject(r, "EMPTY_PROMPT", NULL);
     int cap = e->seqs[r->slot]->st.cap;
     if (r->n > cap) {

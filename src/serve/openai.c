@@ -275,6 +275,13 @@ int openai_effort(const serve_ctx *sc, const char *effort, const char *param, ht
  * `thinking` / `enable_thinking`. Off by default. */
 static int parse_thinking(const serve_ctx *sc, const cJSON *body, chat_opts *o, http_err *e) {
     const char *effort = NULL;
+    /* OpenAI caps no reasoning tokens; the `reasoning` object some proxies take (OpenRouter's
+     * {effort, max_tokens}) is no Chat Completions field, and ignoring its cap would be silent */
+    const cJSON *r = cJSON_GetObjectItemCaseSensitive(body, "reasoning");
+    if (r && !cJSON_IsNull(r))
+        return http_err_set(e, 400, "invalid_request_error", "unsupported_parameter", "reasoning",
+                            "'reasoning' is not a Chat Completions field: use reasoning_effort (a reasoning "
+                            "token budget is Anthropic's thinking.budget_tokens, on /v1/messages)");
     if (param_str(body, "reasoning_effort", &effort, e)) return -1;
     if (effort) {
         if (openai_effort(sc, effort, "reasoning_effort", e)) return -1;

@@ -246,6 +246,35 @@ static cJSON *translate_tools(const cJSON *tools, http_err *e) {
     return out;
 }
 
+/* reasoning {effort, summary, generate_summary, context, mode}: effort is honoured (openai_effort);
+ * the reasoning comes back as reasoning_text, never summarised, so a summary is refused; which past
+ * reasoning a turn renders is the family template's rule, which context "auto" leaves it; mode only
+ * "standard". OpenAI has no cap on reasoning tokens (nothing like Anthropic's budget_tokens), so a
+ * key such as max_tokens is refused as unknown rather than ignored. */
+static int check_reasoning(const cJSON *r, http_err *e) {
+    static const struct { const char *key, *allowed; } opts[] = {
+        {"effort", NULL}, {"summary", ""}, {"generate_summary", ""}, {"context", "auto"}, {"mode", "standard"}};
+    /* allowed: NULL honoured as given, "" only null, else null or that value */
+    if (!r || cJSON_IsNull(r)) return 0;
+    if (!cJSON_IsObject(r)) return bad(e, "reasoning", "'reasoning' must be an object");
+    const cJSON *f;
+    cJSON_ArrayForEach(f, r) {
+        size_t i = 0;
+        while (i < sizeof opts / sizeof *opts && strcmp(opts[i].key, f->string)) i++;
+        if (i == sizeof opts / sizeof *opts)
+            return http_err_set(e, 400, "invalid_request_error", "unsupported_parameter", "reasoning",
+                                "reasoning.%s is not supported here (reasoning takes effort)", f->string);
+        if (!opts[i].allowed || cJSON_IsNull(f) || (cJSON_IsString(f) && *opts[i].allowed && !strcmp(f->valuestring, opts[i].allowed)))
+            continue;
+        if (!*opts[i].allowed)
+            return http_err_set(e, 400, "invalid_request_error", "unsupported_value", "reasoning",
+                                "reasoning.%s is not supported here (the reasoning is returned as written)", f->string);
+        return http_err_set(e, 400, "invalid_request_error", "unsupported_value", "reasoning",
+                            "reasoning.%s may only be '%s' here", f->string, opts[i].allowed);
+    }
+    return 0;
+}
+
 /* Fields honoured as the spec defines them; the rest of the spec's fields are refused when they
  * ask for something else than the default. */
 static int check_fields(const cJSON *body, http_err *e) {
@@ -275,7 +304,7 @@ static int check_fields(const cJSON *body, http_err *e) {
         return unsupported(e, "top_logprobs", "logprobs are offered on /v1/chat/completions, not /v1/responses");
     if ((v = cJSON_GetObjectItemCaseSensitive(body, "metadata")) && !cJSON_IsNull(v) && !cJSON_IsObject(v))
         return bad(e, "metadata", "'metadata' must be an object of strings");
-    return 0;
+    return check_reasoning(cJSON_GetObjectItemCaseSensitive(body, "reasoning"), e);
 }
 
 static int parse(rs_call *k, const cJSON *body, http_err *e) {

@@ -92,7 +92,8 @@ static wire_submit submit_fields(const turn *t, int slot, size_t span_bytes) {
         .tokids = remembers(t) || rq->logprobs,      /* ids: for replies, and a logprob's raw bytes */
         .seed = rq->seed, .has_seed = 1, .top_k = rq->top_k, .min_p = (float)rq->min_p,
         .repetition = (float)rq->repetition, .presence = (float)rq->presence, .frequency = (float)rq->frequency,
-        .untrusted_bytes = span_bytes, .grammar_bytes = rq->grammar_len, .has_grammar_bytes = rq->grammar != NULL};
+        .untrusted_bytes = span_bytes, .grammar_bytes = rq->grammar_len, .has_grammar_bytes = rq->grammar != NULL,
+        .think_budget = rq->think_budget};
 }
 
 static int admit(turn *t, const char *text, size_t len, http_err *e) {

@@ -77,6 +77,7 @@ typedef struct {
     unsigned long long slot_owner; /* 0 = none, else the user the slot belongs to (slots.h OWNERS) */
     int chat;                     /* parse the reply with the chat template */
     int thinking;
+    int think_budget;             /* reasoning tokens the reply may take (Anthropic budget_tokens), 0 = no cap */
     char *grammar;                /* GBNF the output must follow (constrain.h), NULL = none */
     size_t grammar_len;
 } turn_req;

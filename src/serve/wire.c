@@ -131,6 +131,7 @@ static int parse_key(const fields *f, int i, wire_submit *s, wire_frame *fr) {
     else if (!strcmp(key, "seed")) ok = (s->has_seed = parse_u64(&v, 0, UINT64_MAX, &s->seed) == 0);
     else if (!strcmp(key, "untrusted")) ok = parse_size(&v, &s->untrusted_bytes) == 0;
     else if (!strcmp(key, "grammar")) ok = (s->has_grammar_bytes = parse_size(&v, &s->grammar_bytes) == 0);
+    else if (!strcmp(key, "think_budget")) ok = parse_int(&v, 0, 1, 1 << 30, &s->think_budget) == 0;
     else ok = 1;                  /* unknown keys are ignored, like unknown frames */
     if (!ok) fail(fr, "BAD_REQUEST", "bad value for extension key %s", key);
     return ok ? 0 : -1;
@@ -478,6 +479,7 @@ size_t wire_fmt_submit(char *out, const char *id, const wire_submit *s, size_t p
     if (s->frequency) k += (size_t)snprintf(keys + k, sizeof keys - k, " freq=%s", float_str(t, sizeof t, s->frequency));
     if (s->untrusted_bytes) k += (size_t)snprintf(keys + k, sizeof keys - k, " untrusted=%zu", s->untrusted_bytes);
     if (s->has_grammar_bytes) k += (size_t)snprintf(keys + k, sizeof keys - k, " grammar=%zu", s->grammar_bytes);
+    if (s->think_budget) k += (size_t)snprintf(keys + k, sizeof keys - k, " think_budget=%d", s->think_budget);
     /* protocol.md §1.3: the 7th field (ext bytes) must be present whenever more follows */
     if (ext_len || k || s->prefix_bytes >= 0) w += (size_t)snprintf(out + w, WIRE_HEADER_MAX - w, " %zu", ext_len);
     if (s->prefix_bytes >= 0) w += (size_t)snprintf(out + w, WIRE_HEADER_MAX - w, " %d", s->prefix_bytes);

@@ -21,7 +21,9 @@
  * SUBMIT KEYS beyond upstream's logprobs/ids/pin (cairn extensions): tokids=1 (every sampled token
  * gets its own DATA frame ending in tok=<id>), seed=N (u64; without it the engine uses 0),
  * top_k=N, min_p=F in [0, 1], rep=F > 0 (repetition penalty), pres=F and freq=F (presence and
- * frequency penalties), untrusted=B and grammar=B (below). Engine answers: ACCEPT carries a third
+ * frequency penalties), untrusted=B and grammar=B (below), think_budget=N (N >= 1: the reply's
+ * reasoning may take at most N tokens, its markers included; the engine ends it with the family's
+ * close when it would take more: serve/think_budget.h). Engine answers: ACCEPT carries a third
  * field, the prompt tokens reused; CAPS carries numerics=exact|qat besides the upstream keys.
  *
  * UNTRUSTED SPANS (a cairn extension). `untrusted=B` on a SUBMIT says the first B bytes of its
@@ -98,6 +100,7 @@ typedef struct {
                                    * media (DMel audio). Without the key the rest is all grammar, or all
                                    * media for a family that takes media (protocol.md field 7). */
     int has_grammar_bytes;
+    int think_budget;             /* think_budget=N: reasoning tokens the reply may take, 0 = no budget */
 } wire_submit;
 
 typedef struct {
@@ -148,7 +151,7 @@ extern const char WIRE_READY[];   /* "\x01\x01READY\x01\x01\n" */
 /* SUBMIT header (the caller writes prompt_len prompt bytes, ext_len extension bytes, "\n"). The
  * shortest form the grammar allows: 6 fields; ext_bytes when anything follows; prefix_bytes when
  * >= 0; then the keys that are set (logprobs, ids, pin, tokids, seed when has_seed, top_k,
- * min_p, rep, pres, freq, untrusted, grammar). */
+ * min_p, rep, pres, freq, untrusted, grammar, think_budget). */
 size_t wire_fmt_submit(char *out, const char *id, const wire_submit *s, size_t prompt_len, size_t ext_len);
 /* The whole BIAS frame for id (header, payload, "\n"), appended to out: what wire_parse_bias
  * reads back, each bias in the shortest form that parses to the same float. */

@@ -270,7 +270,18 @@ static int same_submit(const wire_submit *a, const wire_submit *b) {
            a->ids == b->ids && a->pin == b->pin && a->seed == b->seed && a->has_seed == b->has_seed &&
            a->tokids == b->tokids && a->top_k == b->top_k && a->min_p == b->min_p && a->repetition == b->repetition &&
            a->presence == b->presence && a->frequency == b->frequency && a->untrusted_bytes == b->untrusted_bytes &&
-           a->grammar_bytes == b->grammar_bytes && a->has_grammar_bytes == b->has_grammar_bytes;
+           a->grammar_bytes == b->grammar_bytes && a->has_grammar_bytes == b->has_grammar_bytes &&
+           a->think_budget == b->think_budget;
+}
+
+/* think_budget=0 (no budget is the key's absence) and non-numbers are refused. */
+static void refuses_bad_budgets(void) {
+    const char *bad[] = {"SUBMIT b 0 1 4 0 1 0 think_budget=0\nx\n", "SUBMIT b 0 1 4 0 1 0 think_budget=x\nx\n"};
+    for (size_t i = 0; i < 2; i++) {
+        frames fr;
+        parse_all(bad[i], strlen(bad[i]), 0, &fr);
+        CHECK(fr.n == 1 && fr.f[0].kind == WIRE_ERROR && strstr(fr.f[0].detail, "think_budget"), "%s refused", bad[i]);
+    }
 }
 
 static void test_submit_round_trip(void) {
@@ -288,7 +299,8 @@ static void test_submit_round_trip(void) {
         {.slot = 7, .max_tokens = 1 << 30, .temperature = 0.30000001f, .top_p = 0.90000004f, .prefix_bytes = 11,
          .logprobs = 32, .ids = 1, .pin = 1, .tokids = 1, .seed = 18446744073709551615ULL, .has_seed = 1,
          .top_k = 1 << 30, .min_p = 0.123456791f, .repetition = 1.17549435e-38f, .presence = -1.99999988f,
-         .frequency = 3.40282347e+38f, .untrusted_bytes = 3, .grammar_bytes = 2, .has_grammar_bytes = 1},
+         .frequency = 3.40282347e+38f, .untrusted_bytes = 3, .grammar_bytes = 2, .has_grammar_bytes = 1,
+         .think_budget = 1 << 30},
         {.slot = 0, .max_tokens = 2, .temperature = 0, .top_p = 1, .prefix_bytes = -1, .tokids = 1, .top_k = 40,
          .min_p = 0.05f, .repetition = 1.1f, .presence = 0.5f, .frequency = -0.25f},
     };
@@ -310,6 +322,11 @@ static void test_submit_round_trip(void) {
     hn = wire_fmt_submit(h, "7", &cases[6], 5, 0);
     const char *want = "SUBMIT 7 0 5 2 0 1 0 tokids=1 top_k=40 min_p=0.05 rep=1.1 pres=0.5 freq=-0.25\n";
     CHECK(hn == strlen(want) && !strncmp(h, want, hn), "sampling keys: %.*s", (int)hn, h);
+    wire_submit budget = cases[0];
+    budget.think_budget = 1024;
+    hn = wire_fmt_submit(h, "7", &budget, 5, 0);
+    CHECK(!strncmp(h, "SUBMIT 7 0 5 8 0 1 0 think_budget=1024\n", hn), "the reasoning budget key: %.*s", (int)hn, h);
+    refuses_bad_budgets();
     wire_submit none = cases[0];
     hn = wire_fmt_submit(h, "7", &none, 5, 0);
     wire_frame f = reread(h, hn, "hello", 5);

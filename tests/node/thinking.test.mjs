@@ -70,7 +70,7 @@ test('openai: reasoning_content separated, streaming and not', async () => {
 
 test('anthropic: thinking block then text block, streaming and not', async () => {
   const c = new Anthropic({ baseURL: server.url, apiKey: 'unused', maxRetries: 0 });
-  const req = { model: MODEL_ID, max_tokens: 100, thinking: { type: 'enabled', budget_tokens: 64 },
+  const req = { model: MODEL_ID, max_tokens: 2048, thinking: { type: 'enabled', budget_tokens: 1024 },
     messages: [{ role: 'user', content: 'What is 2+2?' }] };
   const m = await c.messages.create(req);
   assert.deepEqual(m.content.map((b) => b.type), ['thinking', 'text']);

@@ -37,9 +37,27 @@ static void rope_rotate(const glm_model *g, float *x, int pos, int interleave) {
     else rope_apply_half(&g->rope_tab, x, pos, 0);
 }
 
+/* The row-wise steps between a pass's products, one pool job each (row i is task i): a task
+ * reads and writes only its own row, in the same order as one loop over the rows would, so the
+ * pool splits them by row and no result depends on the thread that ran it. */
+typedef struct {
+    const model *m;
+    float *out, *up;               /* swiglu_row: gate rows in out, up rows in up */
+    const float *x, *w, *weight;   /* rmsnorm: input rows and norm weight; moe_sum: route weights */
+    int dim, k;                    /* row width; moe_sum: experts per token */
+    float eps;
+} row_job;
+
+static void rmsnorm_row(void *ctx, int i) {
+    const row_job *j = ctx;
+    float *out = j->out + (size_t)i * j->dim;
+    rmsnorm(out, j->x + (size_t)i * j->dim, j->w, j->dim, j->eps);
+    act_round(j->m, out, (size_t)j->dim);
+}
+
 static void rmsnorm_rows(const model *m, float *out, const float *x, const float *w, int n, int dim, float eps) {
-    for (int i = 0; i < n; i++) rmsnorm(out + (size_t)i * dim, x + (size_t)i * dim, w, dim, eps);
-    act_round(m, out, (size_t)n * dim);
+    row_job j = {.m = m, .out = out, .x = x, .w = w, .dim = dim, .eps = eps};
+    pool_run(n, rmsnorm_row, &j);
 }
 
 /* y[k] = round(w[k] x) for count matrices that read the same x, in one pool job. */
@@ -247,16 +265,25 @@ static void swiglu_layout(arena *sc, int n, int inter, float **a, float **b) {
     *b = floats(sc, (size_t)n * inter);
 }
 
+/* Inner row i: gate and up rounded as project_each rounds them, then a = round(silu(a) * b). */
+static void swiglu_row(void *ctx, int i) {
+    const row_job *j = ctx;
+    float *a = j->out + (size_t)i * j->dim, *b = j->up + (size_t)i * j->dim;
+    act_round(j->m, a, (size_t)j->dim);
+    act_round(j->m, b, (size_t)j->dim);
+    for (int k = 0; k < j->dim; k++) a[k] = silu(a[k]) * b[k];
+    act_round(j->m, a, (size_t)j->dim);
+}
+
 static void swiglu(const model *m, const qmat *gate, const qmat *up, const qmat *down, const float *x, int n,
                    float *y, arena *sc) {
-    size_t len = (size_t)n * gate->rows;
     float *a, *b;
     swiglu_layout(sc, n, gate->rows, &a, &b);
     const qmat *w[] = {gate, up};
     float *ab[] = {a, b};
-    project_each(m, 2, w, x, n, ab);
-    for (size_t k = 0; k < len; k++) a[k] = silu(a[k]) * b[k];
-    act_round(m, a, len);
+    qmat_mul_each(2, w, x, n, ab);
+    row_job j = {.m = m, .out = a, .up = b, .dim = gate->rows};
+    pool_run(n, swiglu_row, &j);
     project(m, down, a, n, y);
 }
 
@@ -310,6 +337,21 @@ size_t glm_expert_scratch(void *ctx, int layer, int cnt) {
     return a.used;
 }
 
+/* Token i's MoE output: its routed rows weighted and summed in rank order onto the shared
+ * expert's row, then rounded. */
+static void moe_sum_row(void *ctx, int i) {
+    const row_job *j = ctx;
+    int d = j->dim, K = j->k;
+    float *yi = j->out + (size_t)i * d;
+    const float *wi = j->weight + (size_t)i * K, *ex = j->x + (size_t)i * K * d;
+    for (int c = 0; c < d; c++) {
+        float acc = 0.0f;
+        for (int k = 0; k < K; k++) acc += wi[k] * ex[(size_t)k * d + c];
+        yi[c] += acc;
+    }
+    act_round(j->m, yi, (size_t)d);
+}
+
 static void moe(const model *m, const glm_layer *l, int li, const float *x, int n, float *y, arena *sc) {
     const glm_model *g = m->priv;
     int d = g->dim, K = g->top_k;
@@ -324,22 +366,24 @@ static void moe(const model *m, const glm_layer *l, int li, const float *x, int 
     experts_io io = {.x = x, .din = d, .k = K, .out = ex, .dout = d, .out_k = K};
     experts_run(g->experts, li, idx, n * K, &io);
     swiglu(m, &l->gate, &l->up, &l->down, x, n, y, sc);      /* shared expert */
-    for (int i = 0; i < n; i++) {
-        float *yi = y + (size_t)i * d;
-        for (int c = 0; c < d; c++) {
-            float acc = 0.0f;
-            for (int k = 0; k < K; k++) acc += weight[(size_t)i * K + k] * ex[((size_t)i * K + k) * d + c];
-            yi[c] += acc;
-        }
-    }
-    act_round(m, y, (size_t)n * d);
+    row_job j = {.m = m, .out = y, .x = ex, .weight = weight, .dim = d, .k = K};
+    pool_run(n, moe_sum_row, &j);
 }
 
 /* ---- the whole model -------------------------------------------------------------------- */
 
-static void add_residual(const model *m, float *x, const float *delta, size_t len) {
-    for (size_t k = 0; k < len; k++) x[k] += delta[k];
-    act_round(m, x, len);
+static void add_residual_row(void *ctx, int i) {
+    const row_job *j = ctx;
+    float *x = j->out + (size_t)i * j->dim;
+    const float *delta = j->x + (size_t)i * j->dim;
+    for (int k = 0; k < j->dim; k++) x[k] += delta[k];
+    act_round(j->m, x, (size_t)j->dim);
+}
+
+/* x += delta over n rows of dim, then rounded. */
+static void add_residual(const model *m, float *x, const float *delta, int n, int dim) {
+    row_job j = {.m = m, .out = x, .x = delta, .dim = dim};
+    pool_run(n, add_residual_row, &j);
 }
 
 static void head_layout(arena *a, const glm_model *g, int cnt, float **hn, float **out) {
@@ -447,14 +491,14 @@ size_t glm_scratch_bytes(const model *m, int ctx) {
 static void run_layer(const model *m, const glm_layer *l, int li, const rows_info *ri, float *x, float *hn,
                       float *delta, selection *sel, int n, arena *sc) {
     const glm_model *g = m->priv;
-    size_t len = (size_t)n * g->dim, mark = arena_mark(sc);
+    size_t mark = arena_mark(sc);
     rmsnorm_rows(m, hn, x, l->attn_norm, n, g->dim, g->eps);
     attention(m, l, li, ri, hn, n, sel, delta, sc);
-    add_residual(m, x, delta, len);
+    add_residual(m, x, delta, n, g->dim);
     rmsnorm_rows(m, hn, x, l->ffn_norm, n, g->dim, g->eps);
     if (l->sparse) moe(m, l, li, hn, n, delta, sc);
     else swiglu(m, &l->gate, &l->up, &l->down, hn, n, delta, sc);
-    add_residual(m, x, delta, len);
+    add_residual(m, x, delta, n, g->dim);
     arena_release(sc, mark);
 }
 

@@ -391,3 +391,26 @@ def test_reasoning_caps_no_endpoint_honours_are_refused(tiny_dsv4, tmp_path):
         assert not submits(srv)
     finally:
         srv.stop()
+
+
+def test_responses_counts_reasoning_tokens(tiny_kimi_k3, tmp_path):
+    """usage.output_tokens_details.reasoning_tokens counts the reply's reasoning block as the engine's
+    budget does (markers included): Kimi K3's tiny model is still reasoning when max_output_tokens cuts
+    it, so every output token is reasoning; with thinking off none is."""
+    srv = Server(tiny_kimi_k3, str(tmp_path))
+    try:
+        st, _, r = srv.json("POST", "/v1/responses", {"input": "hi", "max_output_tokens": 24, "temperature": 0,
+                                                      "reasoning": {"effort": "high"}})
+        assert st == 200, r
+        text = "".join(c["text"] for o in r["output"] if o["type"] == "message" for c in o["content"])
+        assert r["status"] == "incomplete" and r["output"][0]["type"] == "reasoning" and text == "", r["output"]
+        u = r["usage"]
+        assert u["output_tokens"] == 24 and u["output_tokens_details"]["reasoning_tokens"] == 24, u
+        st, _, r = srv.json("POST", "/v1/responses", {"input": "hi", "max_output_tokens": 24, "temperature": 0,
+                                                      "reasoning": {"effort": "none"}})
+        assert st == 200, r
+        assert "reasoning" not in [o["type"] for o in r["output"]], r["output"]
+        u = r["usage"]
+        assert u["output_tokens"] > 0 and u["output_tokens_details"]["reasoning_tokens"] == 0, u
+    finally:
+        srv.stop()

@@ -492,33 +492,9 @@ static int open_grammar(engine *e, const wire_frame *f, request *r, char *err, s
     return 0;
 }
 
-/* One marker of the family's reasoning (chat.h tool_example) as ids, special tokens matched. */
-static int marker_ids(const tokenizer *t, const char *text, int *ids, int *n, char *err, size_t errlen) {
-    *n = 0;
-    if (!text) return 0;
-    int k = tok_encode(t, text, strlen(text), ids, THINK_MARKER_MAX, err, errlen);
-    if (k > THINK_MARKER_MAX) return errf(err, errlen, "think_budget: the marker '%s' takes %d tokens", text, k);
-    *n = k;
-    return k < 0 ? -1 : 0;
-}
-
-/* think_budget=N: the reasoning markers come from the family's chat format — the reply opens
- * reasoning at the cue, or where the model writes think_start; the parser ends it at the tool
- * syntax's think_end; the template closes it with the example's think_end ("</think>" when the
- * family names none) before the answer. */
+/* think_budget=N over the family's own reasoning markers (think_budget.h). */
 static int open_think_budget(engine *e, request *r, char *err, size_t errlen) {
-    const chat_template *c = e->m->ops->chat;
-    if (!c || !c->example || !e->m->tok)
-        return errf(err, errlen, "think_budget: this model has no chat format (or tokenizer) that says how reasoning ends");
-    const char *close = c->example->think_end ? c->example->think_end : "</think>";
-    const char *end = c->tools && c->tools->think_end ? c->tools->think_end : close;
-    int open_ids[THINK_MARKER_MAX], end_ids[THINK_MARKER_MAX], close_ids[THINK_MARKER_MAX], n_open, n_end, n_close;
-    if (marker_ids(e->m->tok, c->example->think_start, open_ids, &n_open, err, errlen) ||
-        marker_ids(e->m->tok, end, end_ids, &n_end, err, errlen) ||
-        marker_ids(e->m->tok, close, close_ids, &n_close, err, errlen))
-        return -1;
-    return think_budget_init(&r->tb, r->sub.think_budget, open_ids, n_open, end_ids, n_end, close_ids, n_close, err,
-                             errlen);
+    return think_budget_for(&r->tb, r->sub.think_budget, e->m->ops->chat, e->m->tok, err, errlen);
 }
 
 static void on_submit(engine *e, const wire_frame *f) {

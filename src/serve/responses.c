@@ -9,6 +9,7 @@
 #include "openai.h"
 #include "params.h"
 #include "sse.h"
+#include "think_budget.h"
 
 /* ---- the store ---------------------------------------------------------------------------------- */
 
@@ -371,7 +372,8 @@ static cJSON *usage_json(const turn *t) {
     cJSON_AddNumberToObject(u, "input_tokens", t->prompt_tokens);
     cJSON_AddNumberToObject(cJSON_AddObjectToObject(u, "input_tokens_details"), "cached_tokens", t->reused);
     cJSON_AddNumberToObject(u, "output_tokens", t->completion_tokens);
-    cJSON_AddNumberToObject(cJSON_AddObjectToObject(u, "output_tokens_details"), "reasoning_tokens", 0);
+    int reasoning = think_budget_count(t->sc->tpl, t->sc->tok, t->ids, t->nids, t->rq->thinking);
+    cJSON_AddNumberToObject(cJSON_AddObjectToObject(u, "output_tokens_details"), "reasoning_tokens", reasoning);
     cJSON_AddNumberToObject(u, "total_tokens", t->prompt_tokens + t->completion_tokens);
     return u;
 }

@@ -1,6 +1,7 @@
 /* think_budget.c — reasoning budget bookkeeping; see think_budget.h. */
 #include "think_budget.h"
 
+#include <limits.h>
 #include <string.h>
 
 #include "../core/util.h"
@@ -77,3 +78,35 @@ void think_budget_take(think_budget *b, int id) {
 }
 
 int think_budget_live(const think_budget *b) { return b->budget && (b->in || b->forcing >= 0 || b->n_open); }
+
+/* One marker of the family's reasoning as ids, special tokens matched. */
+static int marker_ids(const tokenizer *t, const char *text, int *ids, int *n, char *err, size_t errlen) {
+    *n = 0;
+    if (!text) return 0;
+    int k = tok_encode(t, text, strlen(text), ids, THINK_MARKER_MAX, err, errlen);
+    if (k > THINK_MARKER_MAX) return errf(err, errlen, "think_budget: the marker '%s' takes %d tokens", text, k);
+    *n = k;
+    return k < 0 ? -1 : 0;
+}
+
+int think_budget_for(think_budget *b, int n, const chat_template *c, const tokenizer *t, char *err, size_t errlen) {
+    if (!c || !c->example || !t)
+        return errf(err, errlen, "think_budget: this model has no chat format (or tokenizer) that says how reasoning ends");
+    const char *close = c->example->think_end ? c->example->think_end : "</think>";
+    const char *end = c->tools && c->tools->think_end ? c->tools->think_end : close;
+    int open_ids[THINK_MARKER_MAX], end_ids[THINK_MARKER_MAX], close_ids[THINK_MARKER_MAX], n_open, n_end, n_close;
+    if (marker_ids(t, c->example->think_start, open_ids, &n_open, err, errlen) ||
+        marker_ids(t, end, end_ids, &n_end, err, errlen) || marker_ids(t, close, close_ids, &n_close, err, errlen))
+        return -1;
+    return think_budget_init(b, n, open_ids, n_open, end_ids, n_end, close_ids, n_close, err, errlen);
+}
+
+/* A budget no reply reaches never forces or bans: it only counts. */
+int think_budget_count(const chat_template *c, const tokenizer *t, const int *ids, int n, int cue_opened) {
+    think_budget b;
+    char err[160];
+    if (think_budget_for(&b, INT_MAX / 2, c, t, err, sizeof err)) return 0;
+    if (!b.n_open && !cue_opened) return 0;
+    for (int i = 0; i < n; i++) think_budget_take(&b, ids[i]);
+    return b.spent;
+}

@@ -1,5 +1,6 @@
 /* think_budget.h — a reply's reasoning budget (SUBMIT think_budget=N), as the engine enforces it
- * token by token. Pure: ids in, the id to force or to ban out; no model, no I/O.
+ * token by token. Pure: ids in, the id to force or to ban out; no model, no I/O — except
+ * think_budget_for, which reads the family's markers off its chat format and tokenizer once.
  *
  * The reasoning of a reply is every token from where a reasoning block opens — the reply's first
  * token when the generation cue opened it (no `open` marker), else the first token of the `open`
@@ -26,6 +27,9 @@
 
 #include <stddef.h>
 
+#include "../core/tokenizer.h"
+#include "../models/chat.h"
+
 enum { THINK_MARKER_MAX = 16 };   /* ids of one marker */
 
 typedef struct {
@@ -44,6 +48,14 @@ typedef struct {
  * or too long, close does not start with end, or n leaves no room for end. */
 int think_budget_init(think_budget *b, int n, const int *open, int n_open, const int *end, int n_end,
                       const int *close, int n_close, char *err, size_t errlen);
+/* think_budget_init with the family's own markers (chat.h): the reply opens reasoning at the
+ * cue, or where the model writes tool_example.think_start; the parser ends it at
+ * tool_syntax.think_end; the template closes it with tool_example.think_end ("</think>" when the
+ * family names none) before the answer. -1 + err when the family has no chat format or tokenizer. */
+int think_budget_for(think_budget *b, int n, const chat_template *c, const tokenizer *t, char *err, size_t errlen);
+/* The reasoning tokens (markers included, as the budget counts them) among a reply's ids[0..n);
+ * cue_opened: the prompt's generation cue opened a block (thinking on). 0 without markers. */
+int think_budget_count(const chat_template *c, const tokenizer *t, const int *ids, int n, int cue_opened);
 /* Before a token is chosen: the id the budget makes the next token, or -1 to sample. */
 int think_budget_force(think_budget *b);
 /* Before sampling: an id that may not be sampled now, or -1. */

@@ -74,3 +74,30 @@ def test_batched_step_reads_the_weights_once(cairn, family_model):
     assert one and four, f"no one- and four-slot steps: {steps}"
     assert len(one) == 1 and min(one) > 0, f"a one-slot step's dense bytes vary: {sorted(one)}"
     assert all(dense == min(one) for dense, _ in four), f"four-slot steps read {four}, one-slot {sorted(one)}"
+
+
+STEP_JOBS = re.compile(r"step pool jobs: (\d+)\nstep: (\d+) slots decoded in one forward call")
+
+
+def test_batched_deepseek_v4_step_synchronises_once_per_layer(cairn, tiny_dsv4):
+    """A DeepSeek V4 decode step's pool jobs (synchronisations of every thread, counted by the
+    pool) do not grow with the conversations it carries: its attention runs one sequence per pool
+    task, one job per layer (deepseek_v4_attn.c attend_tokens), where attention run row by row
+    took a job or more per row and layer (on the tiny model 90 / 94 / 98 jobs for steps of 2 / 3 /
+    4 conversations, against 86 for each now). The batch shrinks 4 -> 3 -> 2 as conversations end.
+    Two threads, so the pool is used."""
+    prompts = [[20 + (11 * i + 5 * k) % 200 for k in range(6 + i)] for i in range(4)]
+    e = Engine(cairn, tiny_dsv4, "--ctx", str(CTX), "--slots", "4", "--kv-share", "0", "--threads", "2",
+               env={"CAIRN_STEP_LOG": "1"})
+    try:
+        with e.one_write():
+            for i, p in enumerate(prompts):
+                e.submit("j%d" % i, ids=p, max_tokens=(9, 3, 6, 12)[i], slot=i)
+        reps = [e.collect("j%d" % i) for i in range(4)]
+    finally:
+        e.close()
+    assert all(r.error is None for r in reps)
+    steps = [(int(k), int(jobs)) for jobs, k in STEP_JOBS.findall(e.read_stderr())]
+    by_size = {k: {jobs for size, jobs in steps if size == k} for k in (2, 3, 4)}
+    assert all(by_size.values()) and min(by_size[2]) > 0, f"no 2-, 3- and 4-slot steps using the pool: {steps}"
+    assert max(by_size[4]) <= min(by_size[2]), f"pool jobs grew with the slots of a step: {steps}"

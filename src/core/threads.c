@@ -49,6 +49,7 @@ static struct {
     void *ctx;
 } pool = {.run_lock = PTHREAD_MUTEX_INITIALIZER};
 
+static atomic_ullong jobs_run;      /* pool_jobs */
 static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
 static _Thread_local int in_task;   /* set while this thread runs pool work: nested calls go serial */
 
@@ -184,6 +185,8 @@ void pool_set_threads(int n) {
     pthread_mutex_unlock(&pool.run_lock);
 }
 
+unsigned long long pool_jobs(void) { return atomic_load_explicit(&jobs_run, memory_order_relaxed); }
+
 void pool_run(int n, pool_task fn, void *ctx) {
     if (n <= 0) return;
     if (in_task || n == 1 || pool_threads() == 1) {
@@ -194,6 +197,7 @@ void pool_run(int n, pool_task fn, void *ctx) {
         return;
     }
     pthread_mutex_lock(&pool.run_lock);
+    atomic_fetch_add_explicit(&jobs_run, 1, memory_order_relaxed);
     unsigned gen = current_generation() + 2;   /* gen - 1 closes the last job */
     atomic_store_explicit(&pool.claim, (uint64_t)(gen - 1) << 32 | INT32_MAX, memory_order_relaxed);
     int grain = n / (pool.active * POOL_RUNS_PER_THREAD);

@@ -15,5 +15,8 @@ typedef void (*pool_task)(void *ctx, int i);
 void pool_run(int n, pool_task fn, void *ctx);
 int pool_threads(void);
 void pool_set_threads(int n);   /* before first use; 1 = no threads */
+/* Jobs handed to the pool's threads since the start (pool_run calls that did not run serially:
+ * nested, one index, or one thread): each one is a synchronisation of every thread. */
+unsigned long long pool_jobs(void);
 
 #endif

@@ -42,6 +42,8 @@
  * weight tile across them. */
 #define DSV4_CHUNK 256
 #define DSV4_HEAD_ROWS 8       /* rows per head product (a batched decode step's sequences) */
+#define DSV4_ATTEND_SPREAD_ROWS 8   /* rows per sequence up to which a pass's attention runs one
+                                     * sequence per pool task (deepseek_v4_attn.c attend_tokens) */
 
 typedef struct {
     int dim, n_layers, n_mtp, vocab;

@@ -297,28 +297,74 @@ static void capture_layer(const dsv4_layer *L, const dsv4_layer_state *ls, state
     }
 }
 
-/* The stateful part, row by row: ring write, emissions, then attention over what is visible, in
- * the row's own sequence. The only writes to RING/RECUR parts are here (projections above write
+/* The stateful part of row t: ring write, emissions, then attention over what is visible, in the
+ * row's own sequence. The only writes to RING/RECUR parts are here (projections above write
  * scratch only); a sequence's rows come in position order. */
-static void attend_tokens(const dsv4_model *d, const dsv4_layer *L, int li, dsv4_seq *s, int n) {
+static void attend_row(const dsv4_model *d, const dsv4_layer *L, int li, dsv4_seq *s, int t) {
     const dsv4_config *c = &d->c;
     int hd = c->head_dim;
-    for (int t = 0; t < n; t++) {
-        dsv4_seq *own = s->row_seq[t];
-        dsv4_layer_state *ls = &own->ls[li];
-        int pos = s->row_pos[t];
-        capture_layer(L, ls, own->st, pos);
-        memcpy(ls->ring + ring_slot(d, L, pos), s->kv + (size_t)t * hd, sizeof(float) * hd);
-        if (L->ratio) {
-            int cw = L->comp.coff * hd;
-            compress_main(d, L, ls, s->ca + (size_t)t * cw, s->cs + (size_t)t * cw, pos);
-        }
-        if (L->ratio == 4) {
-            int iw = L->idx_comp.coff * c->idx_dim;
-            compress_indexer(d, L, ls, s->ia + (size_t)t * iw, s->is + (size_t)t * iw, pos);
-        }
-        attend_token(d, L, ls, s, own, t, pos);
+    dsv4_seq *own = s->row_seq[t];
+    dsv4_layer_state *ls = &own->ls[li];
+    int pos = s->row_pos[t];
+    capture_layer(L, ls, own->st, pos);
+    memcpy(ls->ring + ring_slot(d, L, pos), s->kv + (size_t)t * hd, sizeof(float) * hd);
+    if (L->ratio) {
+        int cw = L->comp.coff * hd;
+        compress_main(d, L, ls, s->ca + (size_t)t * cw, s->cs + (size_t)t * cw, pos);
     }
+    if (L->ratio == 4) {
+        int iw = L->idx_comp.coff * c->idx_dim;
+        compress_indexer(d, L, ls, s->ia + (size_t)t * iw, s->is + (size_t)t * iw, pos);
+    }
+    attend_token(d, L, ls, s, own, t, pos);
+}
+
+/* A pass's rows as runs of consecutive rows of one sequence: run i is rows [start[i],
+ * start[i + 1]). */
+typedef struct {
+    const dsv4_model *d;
+    const dsv4_layer *L;
+    int li;
+    dsv4_seq *s;
+    int start[DSV4_CHUNK + 1];
+} attend_job;
+
+static void attend_run(void *ctx, int i) {
+    const attend_job *j = ctx;
+    for (int t = j->start[i]; t < j->start[i + 1]; t++) attend_row(j->d, j->L, j->li, j->s, t);
+}
+
+/* The runs of j->s's n rows, if the pass is decode-sized: two or more sequences, each in one run
+ * of at most DSV4_ATTEND_SPREAD_ROWS rows (a batched decode step, with or without drafts); else
+ * 0. */
+static int decode_runs(attend_job *j, int n) {
+    int runs = 0;
+    for (int t = 0; t < n; t++) {
+        if (t && j->s->row_seq[t] == j->s->row_seq[t - 1]) continue;
+        for (int i = 0; i < runs; i++)
+            if (j->s->row_seq[j->start[i]] == j->s->row_seq[t]) return 0;
+        if (runs && t - j->start[runs - 1] > DSV4_ATTEND_SPREAD_ROWS) return 0;
+        j->start[runs++] = t;
+    }
+    if (runs < 2 || n - j->start[runs - 1] > DSV4_ATTEND_SPREAD_ROWS) return 0;
+    j->start[runs] = n;
+    return runs;
+}
+
+/* Every row's stateful part. Rows of different sequences touch different state and scratch, so
+ * a decode-sized pass runs one sequence per pool task, its rows in order on one thread: one pool
+ * synchronisation per layer instead of the two or three of every row's attention products
+ * (each of a few dozen rows of keys for 16 heads, too small to split well), and the sequences'
+ * rows in parallel. The products inside a task run serially over the same row split: the same
+ * bits (kernels.h). Otherwise rows run one after another, each product across the pool. */
+static void attend_tokens(const dsv4_model *d, const dsv4_layer *L, int li, dsv4_seq *s, int n) {
+    attend_job j = {.d = d, .L = L, .li = li, .s = s};
+    int runs = pool_threads() > 1 ? decode_runs(&j, n) : 0;
+    if (runs) {
+        pool_run(runs, attend_run, &j);
+        return;
+    }
+    for (int t = 0; t < n; t++) attend_row(d, L, li, s, t);
 }
 
 /* Row t of the output latent u: BF16, then the QDQ of wo_b's input. */

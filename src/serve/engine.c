@@ -24,7 +24,8 @@
  * requests finish, then exits 0. CAIRN_STEP_LOG=1 logs on stderr each joint step: how many slots
  * its one forward call decoded, the weight bytes that call streamed (kernels_streamed: dense, and
  * routed experts), and the prefill rows it carried for how many requests, so a test can see the
- * weights read once per pass; and each speculative step's kept drafts.
+ * weights read once per pass, on a line after the pool jobs (thread synchronisations) the call
+ * took; and each speculative step's kept drafts.
  *
  * Frames go to stdout, one fflush per frame; logs go to stderr. A request's reply is ACCEPT,
  * DATA*, DONE, or a single ERROR. A failure after a slot's state started changing taints that
@@ -317,15 +318,16 @@ static void joint_step(engine *e, request **rs, int k, request **ps, int np) {
         budget -= f->n;
         prefill_rows += f->n;
     }
-    unsigned long long dense0, routed0, dense1, routed1;
+    unsigned long long dense0, routed0, dense1, routed1, jobs0 = pool_jobs();
     kernels_streamed(&dense0, &routed0);
     double t0 = now_seconds();
     int rc = seq_spec_steps(jobs, k, feeds, nf, err, sizeof err);
     double dt = now_seconds() - t0;
     kernels_streamed(&dense1, &routed1);
     if (e->log_steps)
-        fprintf(stderr, "step: %d slots decoded in one forward call, weight bytes streamed: dense %llu routed %llu;"
-                        " prefill rows %d of %d requests\n", k, dense1 - dense0, routed1 - routed0, prefill_rows, nf);
+        fprintf(stderr, "step pool jobs: %llu\nstep: %d slots decoded in one forward call, weight bytes streamed: dense %llu"
+                        " routed %llu; prefill rows %d of %d requests\n", pool_jobs() - jobs0, k, dense1 - dense0,
+                routed1 - routed0, prefill_rows, nf);
     if (rc) {
         for (int i = 0; i < k; i++) fail(e, rs[i], "ENGINE_ERROR", err);
         for (int i = 0; i < nf; i++) fail(e, ps[i], "ENGINE_ERROR", err);

@@ -68,7 +68,7 @@ struct experts {
     expert_scratch_fn scratch;
     void *ctx;
     arena sc;                    /* gathered rows and the expert function's scratch, grown on demand */
-    arena *task_sc;              /* [task_sc_cap] the same per light expert when a call spreads them */
+    arena *task_sc;              /* [task_sc_cap] the same per pool thread when a call spreads them */
     int task_sc_cap;
     int rank, ranks;             /* cluster.h, read at experts_new */
     void **msg;                  /* [ranks] request / reply buffers, and their capacities */
@@ -525,21 +525,23 @@ typedef struct {
     void *arg;
 } spread_job;
 
-/* Pool task i: the i-th expert of x->light, whole, on this thread with its own scratch (the
- * kernels' own pool calls run serially inside a task, over the same row split: the same bits). */
+/* Pool task i: the i-th expert of x->light, whole, on this thread with its thread's scratch
+ * (the kernels' own pool calls run serially inside a task, over the same row split: the same
+ * bits). Scratch per thread, not per expert: a prefill pass spreads every expert of a layer. */
 static void spread_task(void *ctx, int i) {
     const spread_job *j = ctx;
     experts *x = j->x;
     int e = x->light[i];
-    j->one(x, j->arg, j->layer, e, x->layers[j->layer].at[e]->mapped, &x->task_sc[i]);
+    j->one(x, j->arg, j->layer, e, x->layers[j->layer].at[e]->mapped, &x->task_sc[pool_worker()]);
 }
 
 /* One pool job for the experts of x->light (see experts.h). */
 static void spread_light(experts *x, int layer, run_one one, void *arg) {
-    if (x->nlight > x->task_sc_cap) {
-        x->task_sc = xrealloc(x->task_sc, (size_t)x->nlight * sizeof *x->task_sc);
-        memset(x->task_sc + x->task_sc_cap, 0, (size_t)(x->nlight - x->task_sc_cap) * sizeof *x->task_sc);
-        x->task_sc_cap = x->nlight;
+    int threads = pool_threads();
+    if (threads > x->task_sc_cap) {
+        x->task_sc = xrealloc(x->task_sc, (size_t)threads * sizeof *x->task_sc);
+        memset(x->task_sc + x->task_sc_cap, 0, (size_t)(threads - x->task_sc_cap) * sizeof *x->task_sc);
+        x->task_sc_cap = threads;
     }
     spread_job j = {x, layer, one, arg};
     pool_run(x->nlight, spread_task, &j);

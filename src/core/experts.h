@@ -18,12 +18,13 @@
  *    rows) runs alone across the pool through its kernel calls, one after another ascending.
  *  - The others, when there are at least two, mapped experts and a pool, spread over the pool:
  *    one pool job, one task per expert, most rows first (so the pool's claims hand out the big
- *    ones first and the small ones even out the end), each run whole on one thread with scratch
- *    of its own. The call pays one pool synchronisation instead of one per matrix product of
- *    every expert (a 4-conversation DeepSeek V4 decode step chooses ~21 experts a layer, a
- *    256-token prefill pass all 64), and an expert's gathered rows, inner rows and output stay
- *    in one core's cache. The expert function's own kernel calls run serially inside the task
- *    over the same row split, so the bits are the same as run across the pool (kernels.h).
+ *    ones first and the small ones even out the end), each run whole on one thread with that
+ *    thread's scratch (pool_worker). The call pays one pool synchronisation instead of one per
+ *    matrix product of every expert (a 4-conversation DeepSeek V4 decode step chooses ~21
+ *    experts a layer, a 256-token prefill pass all 64), and an expert's gathered rows, inner
+ *    rows and output stay in one core's cache. The expert function's own kernel calls run
+ *    serially inside the task over the same row split, so the bits are the same as run across
+ *    the pool (kernels.h).
  *  - Otherwise (one expert, the cache, one thread, the serving ranks) experts run one after
  *    another in ascending order, each across the pool through its kernel calls.
  *

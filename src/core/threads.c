@@ -52,6 +52,7 @@ static struct {
 static atomic_ullong jobs_run;      /* pool_jobs */
 static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
 static _Thread_local int in_task;   /* set while this thread runs pool work: nested calls go serial */
+static _Thread_local int worker_part;   /* a worker's part (pool_worker); 0 on every other thread */
 
 /* Polling pause: the CPU hint first, then yield the core to anything else runnable. */
 static void cpu_relax(int spin) {
@@ -126,6 +127,7 @@ static unsigned start_generation[POOL_MAX_THREADS];
 static void *worker_main(void *arg) {
     int part = (int)(long)arg;
     unsigned seen = start_generation[part];
+    worker_part = part;
     for (;;) {
         seen = wait_new_generation(seen);
         if (part < pool.active) run_claims(seen);
@@ -167,6 +169,8 @@ static void pool_start(void) {
     grow_to(pool.active ? pool.active : threads_from_env());
     pool.started = 1;
 }
+
+int pool_worker(void) { return worker_part; }
 
 int pool_threads(void) {
     pthread_once(&pool_once, pool_start);

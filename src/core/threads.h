@@ -14,6 +14,9 @@ typedef void (*pool_task)(void *ctx, int i);
 
 void pool_run(int n, pool_task fn, void *ctx);
 int pool_threads(void);
+/* Inside a task: which of the pool_threads() threads runs it, in [0, pool_threads()) (the
+ * calling thread is 0), so a task can use scratch of its thread's own; 0 outside the pool. */
+int pool_worker(void);
 void pool_set_threads(int n);   /* before first use; 1 = no threads */
 /* Jobs handed to the pool's threads since the start (pool_run calls that did not run serially:
  * nested, one index, or one thread): each one is a synchronisation of every thread. */

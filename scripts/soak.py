@@ -13,6 +13,8 @@
    two-turn conversation reuses and matches a freshly started server).
 
 usage: scripts/soak.py [-m MODEL_DIR] [--seconds 600] [--warmup 60] [--connections 500] [--loris 200]
+                       [--rss-every S]
+--rss-every S also prints both processes' RSS every S seconds of the load (the growth curve).
 Exits 1 if any check fails; prints every figure either way."""
 import argparse
 import json
@@ -90,6 +92,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=60)
     ap.add_argument("--connections", type=int, default=500)
     ap.add_argument("--loris", type=int, default=200)
+    ap.add_argument("--rss-every", type=float, default=0)
     a = ap.parse_args()
     model = a.model or conftest.make_model("deepseek_v4")
     tmp = os.path.join(ROOT, "build", "soak")
@@ -121,9 +124,18 @@ def main():
         url = f"http://127.0.0.1:{s.port}"
         load = subprocess.Popen(["node", os.path.join(NODE_DIR, "soak_load.mjs"), url, str(a.connections),
                                  str(a.seconds)], cwd=NODE_DIR, stdout=subprocess.PIPE, text=True)
-        time.sleep(a.warmup)
+        t0 = time.monotonic()
+
+        def pause(seconds):
+            end = time.monotonic() + seconds
+            while (left := end - time.monotonic()) > 0:
+                time.sleep(min(left, a.rss_every) if a.rss_every else left)
+                if a.rss_every:
+                    print(f"rss at {time.monotonic() - t0:4.0f} s: server {proc_status(s.p.pid)[0] / 2**20:.1f} MiB, "
+                          f"engine {proc_status(engine_pid)[0] / 2**20:.1f} MiB", flush=True)
+        pause(a.warmup)
         warm = {"server": proc_status(s.p.pid), "engine": proc_status(engine_pid)}
-        time.sleep(max(1, a.seconds - a.warmup - 5))
+        pause(max(1, a.seconds - a.warmup - 5))
         end = {"server": proc_status(s.p.pid), "engine": proc_status(engine_pid)}
         out, _ = load.communicate()
         loris.close()

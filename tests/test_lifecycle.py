@@ -1,15 +1,20 @@
 """Ctrl-C and systemd stops (issue 13 §6): SIGINT sent to the whole process group, as a terminal
 does, must not kill the engine child with the gateway. The gateway drains the replies in flight
 (they end with a finish reason and [DONE], not engine_restarted), then stops the engine, and
-exits 0. Runs the real engine on the tiny model of every family."""
+exits 0. Runs the real engine on the tiny model of every family.
+
+Also the gateway's start-up re-execution (src/serve/malloc_tune.h): the gateway runs with glibc's
+per-thread malloc cache off, its engine child with the environment the user gave."""
 import json
 import os
 import signal
 import subprocess
 import urllib.request
 
+import pytest
+
 from conftest import CAIRN
-from test_http_robustness import free_port, open_stream, stream_lines, wait_until
+from test_http_robustness import free_port, open_stream, servers, stream_lines, wait_until  # noqa: F401
 
 
 def test_sigint_to_the_group_drains_in_flight_replies(family_model, tmp_path):
@@ -50,3 +55,35 @@ def test_sigint_to_the_group_drains_in_flight_replies(family_model, tmp_path):
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
         log.close()
+
+
+def environ_of(pid):
+    """The block of environment strings a process was exec'd with, as /proc shows it. glibc cuts
+    GLIBC_TUNABLES there into one string per tunable while it reads them, so the gateway's are
+    looked for as strings, not as one variable's value."""
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        return [kv.decode() for kv in f.read().split(b"\0") if kv]
+
+
+def variables(env):
+    return dict(kv.split("=", 1) for kv in env if "=" in kv)
+
+
+@pytest.mark.parametrize("user", [None, "glibc.malloc.perturb=0"])
+def test_gateway_runs_without_the_thread_cache_and_the_engine_as_started(servers, tiny_dsv4, user, monkeypatch):
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    s = servers(tiny_dsv4, env={"GLIBC_TUNABLES": user} if user else None)
+    gateway, engine = environ_of(s.p.pid), variables(environ_of(s.engine_pid()))
+    tunables = [kv.removeprefix("GLIBC_TUNABLES=") for kv in gateway if kv.startswith(("GLIBC_TUNABLES=", "glibc."))]
+    assert tunables == ([user] if user else []) + ["glibc.malloc.tcache_count=0"], gateway
+    assert engine.get("GLIBC_TUNABLES") == user, engine
+    assert not [k for k in engine if k.startswith("CAIRN_SERVE_")], engine
+    assert s.json("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                                   "max_tokens": 4, "temperature": 0})[0] == 200
+
+
+def test_a_thread_cache_the_user_set_is_left_alone(servers, tiny_dsv4):
+    s = servers(tiny_dsv4, env={"GLIBC_TUNABLES": "glibc.malloc.tcache_count=3"})
+    gateway, engine = variables(environ_of(s.p.pid)), variables(environ_of(s.engine_pid()))
+    assert gateway["GLIBC_TUNABLES"] == engine["GLIBC_TUNABLES"] == "glibc.malloc.tcache_count=3"
+    assert not [k for k in gateway if k.startswith("CAIRN_SERVE_")], gateway

@@ -35,6 +35,7 @@
 #include "header_deadline.h"
 #include "http.h"
 #include "info.h"
+#include "malloc_tune.h"
 #include "responses.h"
 #include "slot_api.h"
 #include "openai.h"
@@ -46,6 +47,12 @@
 #define MAX_ALIASES 8
 #define MAX_CORS_ORIGINS 16
 #define MAX_ENGINE_ARGS 32
+/* --max-header is libmicrohttpd's per-connection memory pool. One of at most 32 KiB is malloc'd
+ * (memorypool.c, 0.9.75), a larger one is mapped on its own: mapped, a closed connection's pool
+ * goes back to the kernel, where a malloc'd one left a 32 KiB hole between long-lived blocks of
+ * the heap and, as connections came and went, the heap's resident pages crept up
+ * (docs/reliability.md §4). So the default is just over that line. */
+#define DEFAULT_MAX_HEADER (36 << 10)
 
 typedef struct {
     const char *model_dir, *host, *api_key, *model_id, *engine_exe;
@@ -103,7 +110,7 @@ static void usage(FILE *f) {
             "  --queue-timeout S        seconds a request may wait for a slot (default 300)\n"
             "  --keepalive S            SSE keep-alive after S idle seconds (default 10)\n"
             "  --max-body BYTES         largest request body (default 4194304)\n"
-            "  --max-header BYTES       memory for one request's headers (default 32768)\n"
+            "  --max-header BYTES       memory for one request's headers (default %d)\n"
             "  --max-connections N      open connections in total (default 64)\n"
             "  --max-connections-per-ip N (default 16)\n"
             "  --read-timeout S         close a connection idle this long (default 30)\n"
@@ -124,7 +131,8 @@ static void usage(FILE *f) {
             "  --no-webui               do not serve the chat page at / (the API alone)\n"
             "  --numerics M, --threads N, --ckpt-mb N, --kv-dir DIR, --kv-share 0|1, --expert-cache-mb N,\n"
             "  --mlock, --spec mtp, --draft K\n"
-            "                           passed through to the engine\n");
+            "                           passed through to the engine\n",
+            DEFAULT_MAX_HEADER);
 }
 
 static int is_loopback(const char *host) {
@@ -153,7 +161,7 @@ static int parse_flags(int argc, char **argv, serve_opts *o) {
     static const char *const passthrough[] = {"--numerics", "--threads", "--ckpt-mb", "--kv-dir", "--kv-share",
                                               "--expert-cache-mb", "--spec", "--draft"};
     *o = (serve_opts){.host = "127.0.0.1", .port = 8080, .slots = 2, .max_tokens = 1024, .max_queue = 8,
-                      .max_conn = 64, .max_conn_ip = 16, .read_timeout = 30, .max_header = 32768,
+                      .max_conn = 64, .max_conn_ip = 16, .read_timeout = 30, .max_header = DEFAULT_MAX_HEADER,
                       .max_body = 4 << 20, .queue_timeout = 300, .keepalive = 10, .grace = 30, .reply_ids = 1,
                       .header_timeout = 30};
     o->api_key = getenv("CAIRN_API_KEY");
@@ -654,14 +662,10 @@ static void teardown(server *s, struct MHD_Daemon *d, char **eargv, int lfd) {
 int cmd_serve(int argc, char **argv) {
     serve_opts o;
     if (parse_flags(argc, argv, &o)) return 2;
-    /* One malloc arena for every thread. glibc gives threads that contend for the heap arenas
-     * of their own (up to 8 per core); under thread-per-connection, hundreds of short-lived
-     * threads spread allocations over them, and each arena keeps its freed pages: the RSS of a
-     * long load run grew by 12% (make soak), by 5% with one arena and the trimming in
-     * wait_for_signal (docs/reliability.md §4). The gateway's work per
-     * request is small next to the engine's, so the shared arena's lock costs nothing visible.
-     * Must run before any thread starts; the engine child (exec'd) is unaffected. */
-    mallopt(M_ARENA_MAX, 1);
+    /* glibc's per-thread caches and arenas would keep memory for each of hundreds of connection
+     * threads (malloc_tune.h; docs/reliability.md §4). Before any thread starts. */
+    malloc_tune_exec(argc, argv);
+    malloc_tune_process();
     char err[512];
     server s = {.o = &o};
     serve_ctx *sc = &s.sc;

@@ -21,6 +21,18 @@ def ids_of(family, n, salt):
     return [20 + (13 * k + 7 * salt + (k * k) % 5) % (hi - 20) for k in range(n)]
 
 
+# The decoding slot of the CANCEL, STOP and grammar tests must still be decoding when the other
+# request arrives and while its chunks are fed: a tiny model decodes thousands of tokens a second,
+# so a 60-token reply could end before the test's next write reached the engine. Greedy from this
+# prompt every family's tiny model writes at least 474 tokens before an end token, so the slot
+# decodes DEC_TOKENS steps whatever the timing.
+DEC_TOKENS = 400
+
+
+def decoder_ids(family):
+    return ids_of(family, 10, 17)
+
+
 def steps_of(e):
     return [tuple(map(int, m)) for m in STEP.findall(e.read_stderr())]
 
@@ -64,12 +76,12 @@ def test_decoding_slots_stay_exact_while_another_prefills(cairn, family_model):
 
 def test_cancel_of_a_joined_prefill_leaves_the_others_exact(cairn, family_model):
     model = family_model.model
-    short = ids_of(family_model, 11, 4)
+    short = decoder_ids(family_model)
     long = ids_of(family_model, 1000, 5)
     after = ids_of(family_model, 12, 6)
     e = Engine(cairn, model, "--ctx", str(CTX), "--slots", "2", "--kv-share", "0", env={"CAIRN_STEP_LOG": "1"})
     try:
-        dec = e.submit("dec", ids=short, max_tokens=60, slot=0)
+        dec = e.submit("dec", ids=short, max_tokens=DEC_TOKENS, slot=0)
         while not dec.ids:                          # decoding: the long prompt's chunks all join its steps
             e.pump()
         lrep = e.submit("long", ids=long, max_tokens=8, slot=1)
@@ -88,7 +100,7 @@ def test_cancel_of_a_joined_prefill_leaves_the_others_exact(cairn, family_model)
     fed = sum(s[3] for s in steps)
     assert any(s[0] == 1 and s[3] >= 1 for s in steps) and fed < len(long), f"no joint step cut short: {steps}"
     assert lrep.error == "CANCELLED" and lrep.ids == [], f"not cancelled mid-prefill: {lrep.error} {lrep.ids}"
-    alone = cold(cairn, model, ids=short, max_tokens=60, args=("--ctx", str(CTX)))
+    alone = cold(cairn, model, ids=short, max_tokens=DEC_TOKENS, args=("--ctx", str(CTX)))
     assert dec.error is None and (dec.ids, dec.lps) == (alone.ids, alone.lps), "the decoding slot differs"
     assert nxt.error is None and nxt.reuse == 0
     alone2 = cold(cairn, model, ids=after, max_tokens=6, args=("--ctx", str(CTX)))
@@ -99,11 +111,11 @@ def test_a_grammar_request_prefilled_in_joint_steps_follows_its_grammar(cairn, f
     """The long prompt's first token is sampled from the last row of a joint call through its
     grammar's mask; every later one from its own decode rows beside the other slot's."""
     model = family_model.model
-    short, long = ids_of(family_model, 10, 7), ids_of(family_model, 700, 8)
+    short, long = decoder_ids(family_model), ids_of(family_model, 700, 8)
     kw = dict(max_tokens=80, temperature=1, logprobs=0, extra=" seed=3", grammar=GBNF)
     e = Engine(cairn, model, "--ctx", str(CTX), "--slots", "2", "--kv-share", "0", env={"CAIRN_STEP_LOG": "1"})
     try:
-        dec = e.submit("dec", ids=short, max_tokens=60, slot=0)
+        dec = e.submit("dec", ids=short, max_tokens=DEC_TOKENS, slot=0)
         while not dec.ids:
             e.pump()
         g = e.submit("g", ids=long, slot=1, **kw)
@@ -115,7 +127,7 @@ def test_a_grammar_request_prefilled_in_joint_steps_follows_its_grammar(cairn, f
     alone = cold(cairn, model, ids=long, args=("--ctx", str(CTX)), **kw)
     assert g.error is None and SHAPE.match(g.text.decode()), (g.error, g.text)
     assert g.text == alone.text
-    ref = cold(cairn, model, ids=short, max_tokens=60, args=("--ctx", str(CTX)))
+    ref = cold(cairn, model, ids=short, max_tokens=DEC_TOKENS, args=("--ctx", str(CTX)))
     assert (dec.ids, dec.lps) == (ref.ids, ref.lps)
 
 
@@ -123,14 +135,17 @@ def test_stop_of_a_joined_prefill_keeps_what_it_fed(cairn, family_model):
     """STOP during a joined prefill ends the request with DONE and no token; the slot keeps the
     prompt prefix the joint calls fed, recorded exactly, so the next turn extends it."""
     model = family_model.model
-    short, long = ids_of(family_model, 9, 9), ids_of(family_model, 1000, 10)
+    short, long = decoder_ids(family_model), ids_of(family_model, 1000, 10)
     e = Engine(cairn, model, "--ctx", str(CTX), "--slots", "2", "--kv-share", "0", env={"CAIRN_STEP_LOG": "1"})
     try:
-        dec = e.submit("dec", ids=short, max_tokens=60, slot=0)
+        dec = e.submit("dec", ids=short, max_tokens=DEC_TOKENS, slot=0)
         while not dec.ids:
             e.pump()
         lrep = e.submit("long", ids=long, max_tokens=8, slot=1)
         while lrep.accept is None:
+            e.pump()
+        seen = len(dec.ids)
+        while len(dec.ids) == seen:                 # a token of a step that carried a chunk
             e.pump()
         e.send(b"STOP long\n")
         e.collect("long")

@@ -222,7 +222,7 @@ static int parse_class(rx *r, cpset *c) {
     return negate ? set_complement(r, c) : 0;
 }
 
-static int parse_alt(rx *r);
+static int parse_alt(rx *r, int *nullable);
 
 static int parse_count(rx *r, long *v) {
     size_t start = r->i;
@@ -237,12 +237,18 @@ static int parse_count(rx *r, long *v) {
     return 0;
 }
 
-/* Quantifier after an atom, written as the GBNF postfix. */
-static int quantifier(rx *r) {
+/* Quantifier after an atom, written as the GBNF postfix. *nullable: the atom can match nothing on
+ * entry, the quantified item on return. An unbounded repetition of an atom that can match nothing
+ * ((a|)*, (b*)+) is refused: the grammar compiler refuses it as left recursion, and its language
+ * is the same as the atom's without the empty match, which the pattern should say. */
+static int quantifier(rx *r, int *nullable) {
     char c = cur(r);
+    size_t at = r->i;
+    int unbounded = 0, zero = c == '*' || c == '?';
     if (c == '*' || c == '+' || c == '?') {
         r->i++;
         sbuf_put(r->e, &c, 1);
+        unbounded = c != '?';
     } else if (c == '{') {
         long m, n;
         r->i++;
@@ -258,17 +264,24 @@ static int quantifier(rx *r) {
         if (n >= 0 && n < m) return errf(r->err, r->errlen, "repetition {%ld,%ld} has max below min", m, n);
         if (n < 0) sbuf_printf(r->e, "{%ld,}", m);
         else sbuf_printf(r->e, "{%ld,%ld}", m, n);
+        unbounded = n < 0;
+        zero = m == 0;
     } else {
         return 0;
     }
+    if (unbounded && *nullable)
+        return errf(r->err, r->errlen, "the repetition at offset %zu repeats something that can match the empty string", at);
+    *nullable |= zero;
     if (cur(r) == '?') r->i++;       /* lazy: the same strings */
     if (cur(r) && strchr("*+?{", cur(r))) return errf(r->err, r->errlen, "nothing to repeat at offset %zu", r->i);
     return 0;
 }
 
-static int parse_atom(rx *r) {
+/* One atom; *nullable: it can match the empty string (a group whose alternatives can). */
+static int parse_atom(rx *r, int *nullable) {
     char c = cur(r);
     cpset set = {.n = 0};
+    *nullable = 0;
     if (c == '(') {
         r->i++;
         if (cur(r) == '?') {
@@ -277,7 +290,7 @@ static int parse_atom(rx *r) {
         }
         if (++r->depth > NEST_MAX) return errf(r->err, r->errlen, "groups nested too deeply");
         sbuf_puts(r->e, "(");
-        if (parse_alt(r)) return -1;
+        if (parse_alt(r, nullable)) return -1;
         if (cur(r) != ')') return errf(r->err, r->errlen, "missing ')'");
         r->i++;
         r->depth--;
@@ -307,24 +320,31 @@ static int parse_atom(rx *r) {
     return emit_set(r, &set);
 }
 
-static int parse_seq(rx *r) {
+/* *nullable: every item of the sequence can match nothing. */
+static int parse_seq(rx *r, int *nullable) {
     int items = 0;
+    *nullable = 1;
     sbuf_puts(r->e, "(");
     while (!at_end(r) && cur(r) != '|' && cur(r) != ')') {
+        int item;
         if (items++) sbuf_puts(r->e, " ");
-        if (parse_atom(r) || quantifier(r)) return -1;
+        if (parse_atom(r, &item) || quantifier(r, &item)) return -1;
+        *nullable &= item;
     }
     if (!items) sbuf_puts(r->e, "\"\"");
     sbuf_puts(r->e, ")");
     return 0;
 }
 
-static int parse_alt(rx *r) {
-    if (parse_seq(r)) return -1;
+/* *nullable: some alternative can match nothing. */
+static int parse_alt(rx *r, int *nullable) {
+    if (parse_seq(r, nullable)) return -1;
     while (cur(r) == '|') {
+        int alt;
         r->i++;
         sbuf_puts(r->e, " | ");
-        if (parse_seq(r)) return -1;
+        if (parse_seq(r, &alt)) return -1;
+        *nullable |= alt;
     }
     return 0;
 }
@@ -339,8 +359,9 @@ int json_pattern_expr(const char *re, const char *char_rule, int raw, sbuf *e, c
     int tail = n > start && re[n - 1] == '$' && bs % 2 == 0;
     rx r = {.s = re + start, .n = n - start - (size_t)tail, .e = e, .raw = raw, .err = err, .errlen = errlen};
     if (!head) sbuf_printf(e, "%s* ", char_rule);
+    int nullable;
     sbuf_puts(e, "(");
-    if (parse_alt(&r)) return -1;
+    if (parse_alt(&r, &nullable)) return -1;
     if (!at_end(&r)) return errf(err, errlen, "unmatched ')'");
     sbuf_puts(e, ")");
     if (!tail) sbuf_printf(e, " %s*", char_rule);

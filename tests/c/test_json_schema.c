@@ -92,6 +92,8 @@ static void test_patterns(void) {
     CHECK(match(q, "\"\\\"\\\\\"") == 1, "quote and backslash members are written escaped");
     CHECK(match("{\"pattern\":\"^a.c$\"}", "\"a\\nc\"") == -1 && match("{\"pattern\":\"^a.c$\"}", "\"a€c\"") == 1, "dot");
     CHECK(match("{\"pattern\":\"^(ab|c)*?$\"}", "\"abcab\"") == 1, "groups, alternation, lazy");
+    /* an atom that can match nothing may still be repeated a bounded number of times */
+    CHECK(match("{\"pattern\":\"^(ab|){2,3}x{0,}(y?z)+$\"}", "\"ababxxyzz\"") == 1, "bounded repetition of a nullable group");
     const char *c0 = "{\"pattern\":\"^[\\u0001-\\u001f]$\"}";    /* the C0 controls but NUL */
     CHECK(match(c0, "\"\\u0001\"") == 1 && match(c0, "\"\\u000b\"") == 1 && match(c0, "\"\\u001f\"") == 1 &&
               match(c0, "\"\\n\"") == 1 && match(c0, "\"\\b\"") == 1,
@@ -142,6 +144,9 @@ static void test_errors(void) {
         {"{\"uniqueItems\":true}", "uniqueItems"},
         {"{\"type\":\"string\",\"format\":\"hostname\"}", "unsupported format 'hostname'"},
         {"{\"pattern\":\"(?=x)\"}", "lookaround"},
+        {"{\"pattern\":\"^(ab|)*l\"}", "repeats something that can match the empty string"},
+        {"{\"pattern\":\"(b*)+\"}", "repeats something that can match the empty string"},
+        {"{\"pattern\":\"((c?)(d{0,2})){1,}\"}", "repeats something that can match the empty string"},
         {"{\"pattern\":\"(a)\\\\1\"}", "backreferences"},
         {"{\"pattern\":\"a\\\\bc\"}", "\\b"},
         {"{\"pattern\":\"a\",\"maxLength\":3}", "'pattern' together with"},

@@ -18,6 +18,7 @@ usage: scripts/soak.py [-m MODEL_DIR] [--seconds 600] [--warmup 60] [--connectio
 --rss-every S also prints both processes' RSS every S seconds of the load (the growth curve).
 Exits 1 if any check fails; prints every figure either way."""
 import argparse
+import glob
 import json
 import os
 import socket
@@ -99,6 +100,11 @@ class Loris:
             t.join()
 
 
+def drop_logs(tmp):
+    for f in glob.glob(os.path.join(tmp, "serve-*.log")) + glob.glob(os.path.join(tmp, "fake-*.jsonl")):
+        os.remove(f)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("-m", dest="model")
@@ -111,6 +117,9 @@ def main():
     model = a.model or conftest.make_model("deepseek_v4")
     tmp = os.path.join(ROOT, "build", "soak")
     os.makedirs(tmp, exist_ok=True)
+    # The servers log every request (~1 GB over a full run): a run keeps its logs only if it
+    # fails, and the next run starts by removing them.
+    drop_logs(tmp)
     limit = str(2 * (a.connections + a.loris) + 64)
     args = ["--slots", "4", "--max-queue", "256", "--max-tokens", "8", "--queue-timeout", "20",
             "--max-connections", limit, "--max-connections-per-ip", limit, "--read-timeout", "600"]
@@ -200,6 +209,10 @@ def main():
               f"reuse exact afterwards ({cached} cached tokens, reply equals a fresh server's)")
     finally:
         s.stop()
+    if failures:
+        print(f"soak: the servers' logs are kept in {tmp}")
+    else:
+        drop_logs(tmp)
     print("soak: " + ("PASS" if not failures else f"FAIL ({len(failures)})"))
     sys.exit(1 if failures else 0)
 

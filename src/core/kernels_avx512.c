@@ -333,7 +333,13 @@ INLINE void nibble_dot_rows(const qmat *w, wformat f, int r, int NR, const float
 #define NIB_CHUNK_FLOATS 80
 #define NIB_R 2
 #define NIB_X 6
-#define NIB_KC 32           /* chunks per column range: the range's decoded rows and inputs fit L1 */
+/* Chunks per column range: a range's NIB_X input slices (6 x 16 x 256 B = 24 KiB) and the two
+ * decoded rows of a tile (2 x 16 x 320 B = 10 KiB) fit a 48 KiB L1 together, so the inputs stay
+ * in L1 while every row pair of the call passes over them. At 32 chunks they took 68 KiB and were
+ * read from L2 for each pair: one thread's FP4 product of 12-48 inputs ran 20-35 % slower at 2048,
+ * 4096 and 7168 columns (process CPU time, best of 15, alternated builds, Zen 5); at 1024 columns
+ * (16 chunks) the two are the same code. */
+#define NIB_KC 16
 
 /* NR weight rows (decoded, ldw floats apart) x NX input rows over chunks [k0, k1); each pair's
  * 16 lanes stay in a register over the range and in acc[(input row * nr_all + weight row) * 16]

@@ -12,6 +12,11 @@
  * class: one closure per class instead of one per byte. (A token mask walks every byte of the
  * vocabulary's trie from states it has not seen — inside a bounded string each position is a new
  * state — so closures were most of a cache miss's cost.)
+ *
+ * A rebuild keeps the current state and drops the rest. It reuses every buffer (the two node
+ * arrays swap, hash tables are cleared in place, dropped states' transition tables go to new
+ * states), since a small cache limit rebuilds after nearly every byte: the fuzz target runs with
+ * one, and allocating afresh each time was a large part of its time.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +26,7 @@
 #include "util.h"
 
 enum { UNKNOWN = -2, NODES_LIMIT = 1 << 20, STATES_LIMIT = 1 << 16, STACKS_MAX = 4096, CLOSURE_WORK_MAX = 1 << 18 };
+enum { CLASSED_MAX = 64, TABLES_KEPT = 64 };
 #define MASK_BYTES_LIMIT ((size_t)64 << 20)   /* cached token masks (16 KiB each at a 129k vocabulary) */
 
 typedef struct {
@@ -28,10 +34,14 @@ typedef struct {
 } gnode;
 
 typedef struct {
+    int trans[256];               /* UNKNOWN until computed */
+    unsigned char cls[256];       /* byte classes; unused past CLASSED_MAX stacks */
+} gtable;
+
+typedef struct {
     int off, n;                   /* stack ids in pool[off .. off + n) */
     int accepting, can_continue;
-    int *trans;                   /* [256] or NULL; UNKNOWN until computed */
-    unsigned char *cls;           /* [256] byte classes (with trans), NULL past 64 stacks */
+    gtable *tab;                  /* NULL until the first gm_next from the state */
     uint64_t *mask;
 } gstate;
 
@@ -39,12 +49,15 @@ typedef struct {
 typedef struct {
     int *slot;
     size_t cap;                   /* power of two; slots hold id + 1, 0 = empty */
+    size_t alloc;                 /* slots allocated (>= cap), kept across resets */
 } idtab;
 
 struct gm {
     const grammar *g;
     gnode *nodes;
     int nnodes, capnodes;
+    gnode *spare;                 /* a rebuild's other node array: rebuilds swap the two */
+    int capspare;
     idtab node_tab;
     gstate *states;
     int nstates, capstates;
@@ -64,6 +77,10 @@ struct gm {
     unsigned *seen;               /* per node: closure stamp */
     unsigned stamp;
     int capseen;
+    int *sorted, capsorted;       /* sort_ids scratch */
+    int *fresh, capfresh;         /* rebuild scratch: old node id -> new */
+    gtable *kept[TABLES_KEPT];    /* tables of dropped states, for new ones: with a small cache */
+    int nkept;                    /* limit every byte drops a few and makes a few */
 };
 
 static uint64_t mix(uint64_t h) {
@@ -73,7 +90,8 @@ static uint64_t mix(uint64_t h) {
     return h;
 }
 
-static void push(int **v, int *n, int *cap, int x) {
+/* Always inlined: clang -O1 (the fuzz build) left it a call, 8 % of the fuzzer's time. */
+__attribute__((always_inline)) static inline void push(int **v, int *n, int *cap, int x) {
     if (*n == *cap) {
         *cap = *cap ? 2 * *cap : 64;
         *v = xrealloc(*v, (size_t)*cap * sizeof **v);
@@ -81,10 +99,16 @@ static void push(int **v, int *n, int *cap, int x) {
     (*v)[(*n)++] = x;
 }
 
+/* Empty t at cap slots. The allocation is kept: with a small cache limit a rebuild follows
+ * nearly every byte, and a fresh calloc each time was a good part of its cost. */
 static void tab_init(idtab *t, size_t cap) {
-    free(t->slot);
+    if (cap > t->alloc) {
+        free(t->slot);
+        t->alloc = cap;
+        t->slot = xmalloc(cap * sizeof *t->slot);
+    }
     t->cap = cap;
-    t->slot = xcalloc(cap, sizeof *t->slot);
+    memset(t->slot, 0, cap * sizeof *t->slot);
 }
 
 /* ---- nodes ------------------------------------------------------------------------------ */
@@ -120,8 +144,9 @@ static int node(gm *m, int pos, int next) {
 /* ---- states ------------------------------------------------------------------------------ */
 
 static uint64_t ids_hash(const int *ids, int n) {
-    uint64_t h = FNV64_INIT;
-    return fnv64(h, ids, (size_t)n * sizeof *ids);
+    uint64_t h = (uint64_t)n;
+    for (int i = 0; i < n; i++) h = (h ^ (unsigned)ids[i]) * 0x9e3779b97f4a7c15ULL;   /* byte-wise FNV was 8 % */
+    return mix(h);
 }
 
 static void state_tab_insert(gm *m, int id) {
@@ -164,9 +189,36 @@ static int state(gm *m, const int *ids, int n) {
 
 /* ---- closure ------------------------------------------------------------------------------ */
 
-static int by_int(const void *a, const void *b) {
-    int x = *(const int *)a, y = *(const int *)b;
-    return (x > y) - (x < y);
+/* Sort ids v[0..n) (distinct, non-negative) ascending: insertion for a few, else LSD radix over
+ * the bytes the largest id uses, through m->sorted. qsort and its comparator calls were 40 % of a
+ * native replay of the fuzz corpus, whose slow inputs make states of thousands of stacks. */
+static void sort_ids(gm *m, int *v, int n) {
+    if (n <= 32) {
+        for (int i = 1; i < n; i++) {
+            int x = v[i], j = i;
+            for (; j > 0 && v[j - 1] > x; j--) v[j] = v[j - 1];
+            v[j] = x;
+        }
+        return;
+    }
+    if (m->capsorted < n) {           /* doubling: successive closures tend to grow */
+        m->capsorted = n > 2 * m->capsorted ? n : 2 * m->capsorted;
+        free(m->sorted);
+        m->sorted = xmalloc((size_t)m->capsorted * sizeof *m->sorted);
+    }
+    unsigned all = 0;
+    for (int i = 0; i < n; i++) all |= (unsigned)v[i];
+    int *from = v, *to = m->sorted;
+    for (int shift = 0; shift < 32 && all >> shift; shift += 8) {
+        int start[257] = {0};
+        for (int i = 0; i < n; i++) start[((unsigned)from[i] >> shift & 255) + 1]++;
+        for (int d = 0; d < 256; d++) start[d + 1] += start[d];
+        for (int i = 0; i < n; i++) to[start[(unsigned)from[i] >> shift & 255]++] = from[i];
+        int *t = from;
+        from = to;
+        to = t;
+    }
+    if (from != v) memcpy(v, from, (size_t)n * sizeof *v);
 }
 
 /* Expand the stacks in m->work until every one has a byte class on top (or is empty); the
@@ -207,7 +259,7 @@ static int closure(gm *m) {
         }
     }
     if (!m->nout) return GM_DEAD;
-    qsort(m->out, (size_t)m->nout, sizeof *m->out, by_int);
+    sort_ids(m, m->out, m->nout);
     return state(m, m->out, m->nout);
 }
 
@@ -221,14 +273,15 @@ static int initial_state(gm *m) {
 
 /* ---- cache ------------------------------------------------------------------------------- */
 
-static void state_tables_free(gstate *s) {
-    free(s->trans);
-    free(s->cls);
+/* Free a dropped state's mask; keep its table for a new state (up to TABLES_KEPT of them). */
+static void state_drop(gm *m, gstate *s) {
+    if (s->tab && m->nkept < TABLES_KEPT) m->kept[m->nkept++] = s->tab;
+    else free(s->tab);
     free(s->mask);
 }
 
 static void cache_reset(gm *m) {
-    for (int i = 0; i < m->nstates; i++) state_tables_free(&m->states[i]);
+    for (int i = 0; i < m->nstates; i++) state_drop(m, &m->states[i]);
     m->nnodes = 1;                    /* node 0: the empty stack */
     m->nodes[0] = (gnode){-1, -1};
     m->nstates = 0;
@@ -258,22 +311,30 @@ static int reintern(gm *m, const gnode *old, int *fresh, int top) {
 static void rebuild(gm *m) {
     const gstate *s = &m->states[m->cur];
     int n = s->n, nold = m->nnodes;
-    int *ids = xmalloc((size_t)n * sizeof *ids);
+    if (m->capout < n) {              /* the stacks move to m->out: the pool is about to be emptied */
+        m->capout = n;
+        m->out = xrealloc(m->out, (size_t)n * sizeof *m->out);
+    }
+    int *ids = m->out;
     memcpy(ids, m->pool + s->off, (size_t)n * sizeof *ids);
+    if (m->capfresh < nold) {
+        m->capfresh = nold;
+        m->fresh = xrealloc(m->fresh, (size_t)nold * sizeof *m->fresh);
+    }
+    memset(m->fresh, 0xff, (size_t)nold * sizeof *m->fresh);   /* -1: not re-interned yet */
+    m->fresh[0] = 0;                  /* the empty stack stays node 0 */
     gnode *old = m->nodes;
-    m->nodes = xmalloc((size_t)m->capnodes * sizeof *m->nodes);
-    int *fresh = xmalloc((size_t)nold * sizeof *fresh);
-    fresh[0] = 0;                     /* the empty stack stays node 0 */
-    for (int i = 1; i < nold; i++) fresh[i] = -1;
+    int capold = m->capnodes;
+    m->nodes = m->spare;
+    m->capnodes = m->capspare;
+    m->spare = old;
+    m->capspare = capold;
     cache_reset(m);
     m->rebuild_copies = 0;
-    for (int i = 0; i < n; i++) ids[i] = reintern(m, old, fresh, ids[i]);
-    qsort(ids, (size_t)n, sizeof *ids, by_int);
+    for (int i = 0; i < n; i++) ids[i] = reintern(m, old, m->fresh, ids[i]);
+    sort_ids(m, ids, n);
     m->cur = state(m, ids, n);
     m->rebuilds++;
-    free(old);
-    free(fresh);
-    free(ids);
 }
 
 /* ---- API ---------------------------------------------------------------------------------- */
@@ -281,8 +342,9 @@ static void rebuild(gm *m) {
 gm *gm_new(const grammar *g) {
     gm *m = xcalloc(1, sizeof *m);
     m->g = g;
-    m->capnodes = 1024;
+    m->capnodes = m->capspare = 1024;
     m->nodes = xmalloc((size_t)m->capnodes * sizeof *m->nodes);
+    m->spare = xmalloc((size_t)m->capspare * sizeof *m->spare);
     m->capstates = 256;
     m->states = xmalloc((size_t)m->capstates * sizeof *m->states);
     m->cappool = 1024;
@@ -295,8 +357,10 @@ gm *gm_new(const grammar *g) {
 
 void gm_free(gm *m) {
     if (!m) return;
-    for (int i = 0; i < m->nstates; i++) state_tables_free(&m->states[i]);
+    for (int i = 0; i < m->nstates; i++) state_drop(m, &m->states[i]);
+    for (int i = 0; i < m->nkept; i++) free(m->kept[i]);
     free(m->nodes);
+    free(m->spare);
     free(m->node_tab.slot);
     free(m->states);
     free(m->state_tab.slot);
@@ -304,36 +368,55 @@ void gm_free(gm *m) {
     free(m->work);
     free(m->out);
     free(m->seen);
+    free(m->sorted);
+    free(m->fresh);
     free(m);
 }
 
 int gm_state(const gm *m) { return m->cur; }
 
-/* The transition table of state s, with its bytes grouped by the stacks they advance. */
-static void make_table(gm *m, gstate *st) {
-    st->trans = xmalloc(256 * sizeof(int));
-    for (int i = 0; i < 256; i++) st->trans[i] = UNKNOWN;
-    if (st->n > 64) return;
-    st->cls = xmalloc(256);
-    uint64_t sigs[256];
-    int nsigs = 0;
-    for (int b = 0; b < 256; b++) {
-        uint64_t sig = 0;
-        for (int i = 0; i < st->n; i++) {
-            int id = m->pool[st->off + i];
-            if (id && byteset_has(&m->g->sets[m->g->sym[m->nodes[id].pos].arg], (unsigned char)b)) sig |= 1ULL << i;
+/* Split every class of cls[0..n) that set cuts into its bytes inside set and those outside; the
+ * new count. */
+static int split(byteset *cls, int n, const byteset *set) {
+    for (int c = 0, was = n; c < was; c++) {
+        byteset in, out;
+        uint64_t any_in = 0, any_out = 0;
+        for (int w = 0; w < 4; w++) {
+            in.w[w] = cls[c].w[w] & set->w[w];
+            out.w[w] = cls[c].w[w] & ~set->w[w];
+            any_in |= in.w[w];
+            any_out |= out.w[w];
         }
-        int c = 0;
-        while (c < nsigs && sigs[c] != sig) c++;
-        if (c == nsigs) sigs[nsigs++] = sig;
-        st->cls[b] = (unsigned char)c;
+        if (any_in && any_out) {
+            cls[c] = in;
+            cls[n++] = out;
+        }
     }
+    return n;
+}
+
+/* The transition table of state s, with its bytes grouped by the stacks they advance: starting
+ * from one class of all 256 bytes, each stack's byte set splits the classes it cuts, 256-bit words
+ * at a time (bounded to states of 64 stacks, so a table costs at most 64 passes over the classes). */
+static void make_table(gm *m, gstate *st) {
+    gtable *t = st->tab = m->nkept ? m->kept[--m->nkept] : xmalloc(sizeof *t);
+    for (int i = 0; i < 256; i++) t->trans[i] = UNKNOWN;
+    if (st->n > CLASSED_MAX) return;
+    byteset cls[256] = {{{~0ULL, ~0ULL, ~0ULL, ~0ULL}}};
+    int ncls = 1;
+    for (int i = 0; i < st->n && ncls < 256; i++) {
+        int id = m->pool[st->off + i];
+        if (id) ncls = split(cls, ncls, &m->g->sets[m->g->sym[m->nodes[id].pos].arg]);
+    }
+    for (int c = 0; c < ncls; c++)
+        for (int w = 0; w < 4; w++)
+            for (uint64_t x = cls[c].w[w]; x; x &= x - 1) t->cls[64 * w + __builtin_ctzll(x)] = (unsigned char)c;
 }
 
 int gm_next(gm *m, int s, unsigned char b) {
     if (s < 0) return GM_DEAD;
-    if (!m->states[s].trans) make_table(m, &m->states[s]);
-    int t = m->states[s].trans[b];
+    if (!m->states[s].tab) make_table(m, &m->states[s]);
+    int t = m->states[s].tab->trans[b];
     if (t != UNKNOWN) return t;
     m->nwork = 0;
     for (int i = 0; i < m->states[s].n; i++) {
@@ -345,10 +428,11 @@ int gm_next(gm *m, int s, unsigned char b) {
     }
     t = m->nwork ? closure(m) : GM_DEAD;
     gstate *st = &m->states[s];       /* states[] may have moved: index again */
-    if (!st->cls) st->trans[b] = t;
+    gtable *tab = st->tab;
+    if (st->n > CLASSED_MAX) tab->trans[b] = t;
     else
         for (int i = 0; i < 256; i++)
-            if (st->cls[i] == st->cls[b]) st->trans[i] = t;
+            if (tab->cls[i] == tab->cls[b]) tab->trans[i] = t;
     return t;
 }
 

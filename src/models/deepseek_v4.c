@@ -365,13 +365,9 @@ static void layout_scratch(arena *a, dsv4_seq *s, const dsv4_config *c, int mtp)
     s->moe_ue = arena_take(a, C * inter, F);
     s->moe_ye = arena_take(a, C * c->dim, F);
     s->moe_y = arena_take(a, C * k * c->dim, F);
-    s->att_scores = arena_take(a, (size_t)c->n_heads * s->max_cand, F);
-    s->cand = arena_take(a, s->max_cand, sizeof(float *));
-    s->kmat = arena_take(a, (size_t)s->max_cand * c->head_dim, F);
-    s->kt = arena_take(a, (size_t)s->max_cand * c->head_dim, F);
-    s->idx_dots = arena_take(a, ((size_t)s->ctx / 4 + 1) * c->idx_heads, F);
-    s->idx_scores = arena_take(a, (size_t)s->ctx / 4 + 1, F);
-    s->idx_top = arena_take(a, c->idx_topk, sizeof(int));
+    s->kv_over = arena_take(a, C * c->head_dim, F);
+    s->run_first = arena_take(a, C, sizeof(int));
+    s->run_last = arena_take(a, C, sizeof(int));
     s->row_id = arena_take(a, C, sizeof(int));
     s->row_pos = arena_take(a, C, sizeof(int));
     s->row_seq = arena_take(a, C, sizeof(dsv4_seq *));
@@ -417,7 +413,7 @@ static int mtp_parts(state *st, const dsv4_model *d, int ctx, dsv4_seq *s) {
 
 /* The scratch layout measured for ctx: every buffer, sized for DSV4_CHUNK tokens per pass. */
 static size_t dsv4_scratch_bytes(const model *m, int ctx) {
-    dsv4_seq probe = {.ctx = ctx, .max_cand = max_candidates(m->priv, ctx)};
+    dsv4_seq probe = {.ctx = ctx};
     arena measure = {0};
     layout_scratch(&measure, &probe, &((const dsv4_model *)m->priv)->c, runs_mtp(m));
     return measure.used;

@@ -42,8 +42,6 @@
  * weight tile across them. */
 #define DSV4_CHUNK 256
 #define DSV4_HEAD_ROWS 8       /* rows per head product (a batched decode step's sequences) */
-#define DSV4_ATTEND_SPREAD_ROWS 8   /* rows per sequence up to which a pass's attention runs one
-                                     * sequence per pool task (deepseek_v4_attn.c attend_tokens) */
 
 typedef struct {
     int dim, n_layers, n_mtp, vocab;
@@ -130,8 +128,8 @@ typedef struct {
 
 /* A sequence's handle is also the scratch of a pass: a forward call over several sequences
  * runs each pass in the first one's scratch. Rows are tokens of any of the call's sequences
- * (row_seq, row_pos, row_id); the per-token temporaries (att_scores .. idx_top, sized by the
- * context) are always taken from the row's own sequence. */
+ * (row_seq, row_pos, row_id). A row's attention temporaries (candidates, scores, indexer dots)
+ * are per thread, not per sequence (deepseek_v4_attn.c): rows attend in parallel. */
 typedef struct dsv4_seq dsv4_seq;
 struct dsv4_seq {
     int ctx;
@@ -150,13 +148,11 @@ struct dsv4_seq {
     int *moe_idx;              /* [C*k] chosen experts */
     float *moe_ge, *moe_ue, *moe_ye;              /* [C][..] the shared expert's inner and output rows */
     float *moe_y;              /* [C][k][dim] routed outputs by rank */
-    float *att_scores;         /* [n_heads][max_cand] scores, then weights */
-    const float **cand;        /* [max_cand] candidate rows of one query */
-    float *kmat, *kt;          /* candidates gathered [max_cand][head_dim] and transposed */
-    int max_cand;
-    float *idx_dots;           /* [idx_heads][ctx/4] */
-    float *idx_scores;         /* [ctx/4] */
-    int *idx_top;              /* [idx_topk] */
+    int max_cand;              /* most attention candidates of one of this sequence's queries */
+    /* attention's two steps (deepseek_v4_attn.c): kv_over[t] is the window row that row t's ring
+     * write replaced; row t's run is rows run_first[t] .. run_last[t] of its sequence */
+    float *kv_over;            /* [C][head_dim] */
+    int *run_first, *run_last; /* [C] */
     int *row_id, *row_pos;     /* [C] token id and absolute position of each row of the pass */
     dsv4_seq **row_seq;        /* [C] the sequence each row belongs to */
     float *head_out;           /* [DSV4_HEAD_ROWS][vocab] logits of a group of rows */

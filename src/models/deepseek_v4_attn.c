@@ -2,10 +2,12 @@
  * per-head RMS, window KV ring, CSA/HCA compressors, lightning indexer, shared-KV attention with
  * sinks and de-rotation, grouped low-rank output.
  *
- * Projections run over all n tokens of the pass; the ring write, compressor emission, indexer
- * and attention then run token by token in position order, because each token must see exactly
- * the entries emitted up to and including itself. */
+ * Projections run over all n tokens of the pass; the ring writes and compressor emissions then
+ * run token by token in position order, and last every token's indexer and attention, tokens in
+ * parallel: each sees exactly the entries emitted up to and including itself (attend_tokens). */
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "../core/threads.h"
@@ -200,48 +202,99 @@ static void project_indexer(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *
     pool_run(n, indexer_row, &j);
 }
 
+/* The temporaries of one row's attention. Rows attend in parallel (attend_tokens), so each
+ * thread keeps one block of them, grown to the largest sequence it has served, as kernels keep
+ * their scratch; every one is written before it is read. */
+typedef struct {
+    const float **cand;        /* [max_cand] candidate rows of one query */
+    float *kmat, *kt;          /* candidates gathered [max_cand][head_dim] and transposed */
+    float *scores;             /* [n_heads][max_cand] scores, then weights */
+    float *idx_dots;           /* [idx_heads][ctx/4 + 1] */
+    float *idx_scores;         /* [ctx/4 + 1] */
+    int *idx_top;              /* [idx_topk] */
+} row_temps;
+
+static void carve_temps(arena *a, const dsv4_config *c, const dsv4_seq *own, row_temps *t) {
+    size_t nc = (size_t)own->max_cand, vis = (size_t)own->ctx / 4 + 1;
+    t->cand = arena_take(a, nc, sizeof(float *));
+    t->kmat = arena_take(a, nc * c->head_dim, sizeof(float));
+    t->kt = arena_take(a, nc * c->head_dim, sizeof(float));
+    t->scores = arena_take(a, nc * c->n_heads, sizeof(float));
+    t->idx_dots = arena_take(a, vis * c->idx_heads, sizeof(float));
+    t->idx_scores = arena_take(a, vis, sizeof(float));
+    t->idx_top = arena_take(a, (size_t)c->idx_topk, sizeof(int));
+}
+
+static row_temps thread_temps(const dsv4_model *d, const dsv4_seq *own) {
+    static _Thread_local arena block;
+    arena measure = {0};
+    row_temps t;
+    carve_temps(&measure, &d->c, own, &t);
+    if (measure.used > block.cap) {
+        arena_free(&block);
+        if (arena_init(&block, measure.used)) {
+            fprintf(stderr, "cairn: out of memory for %zu bytes of attention temporaries\n", measure.used);
+            abort();
+        }
+    }
+    block.used = 0;
+    carve_temps(&block, &d->c, own, &t);
+    return t;
+}
+
 /* Top entries of I(t,s) = sum_h w_h relu(q_h . k_s) among the nvis visible ones of row t's
- * sequence `own` (its temporaries too). The dots of every head with every key are one product
+ * sequence (its compressed indexer keys). The dots of every head with every key are one product
  * with the key list as the matrix. */
-static int indexer_select(const dsv4_model *d, const dsv4_layer_state *ls, const dsv4_seq *s, dsv4_seq *own, int t,
-                          int nvis) {
+static int indexer_select(const dsv4_model *d, const dsv4_layer_state *ls, const dsv4_seq *s, const row_temps *tmp,
+                          int t, int nvis) {
     const dsv4_config *c = &d->c;
     const float *iq = s->iq + (size_t)t * c->idx_heads * c->idx_dim, *w = s->iw + (size_t)t * c->idx_heads;
     qmat keys = {.fmt = WF_F32, .rows = nvis, .cols = c->idx_dim, .data = ls->ilist};
-    qmat_mul(&keys, iq, c->idx_heads, own->idx_dots);
+    qmat_mul(&keys, iq, c->idx_heads, tmp->idx_dots);
     for (int e = 0; e < nvis; e++) {
         float acc = 0;
-        for (int h = 0; h < c->idx_heads; h++) acc += w[h] * fmaxf(own->idx_dots[(size_t)h * nvis + e], 0);
-        own->idx_scores[e] = acc;
+        for (int h = 0; h < c->idx_heads; h++) acc += w[h] * fmaxf(tmp->idx_dots[(size_t)h * nvis + e], 0);
+        tmp->idx_scores[e] = acc;
     }
     int k = MIN(c->idx_topk, nvis);
-    topk(own->idx_scores, nvis, k, own->idx_top);
+    topk(tmp->idx_scores, nvis, k, tmp->idx_top);
     return k;
+}
+
+/* The window row of position p as the query of row t (at pos) sees it. Rows of t's run come from
+ * the pass (kv); older ones from the ring, where the pass has written the rows of positions up to
+ * its last: a slot one of them overwrote comes from the copy that row kept (kv_over). */
+static const float *window_row(const dsv4_model *d, const dsv4_layer *L, const dsv4_layer_state *ls,
+                               const dsv4_seq *s, int t, int pos, int p) {
+    int hd = d->c.head_dim, w = d->c.window;
+    if (p >= s->row_pos[s->run_first[t]]) return s->kv + (size_t)(t - (pos - p)) * hd;
+    if (p + w > s->row_pos[s->run_last[t]]) return ls->ring + ring_slot(d, L, p);
+    return s->kv_over + (size_t)(t + (p + w - pos)) * hd;
 }
 
 #define GATHER_BLOCK 16
 
-/* Candidate keys (= values) for the query at pos, gathered into kmat [nc][head_dim] and its
- * transpose kt [head_dim][nc]: the window oldest first, then compressed rows. */
+/* Candidate keys (= values) for the query of row t at pos, gathered into kmat [nc][head_dim] and
+ * its transpose kt [head_dim][nc]: the window oldest first, then compressed rows. */
 static int gather_candidates(const dsv4_model *d, const dsv4_layer *L, const dsv4_layer_state *ls, const dsv4_seq *s,
-                             dsv4_seq *own, int t, int pos) {
+                             const row_temps *tmp, int t, int pos) {
     const dsv4_config *c = &d->c;
     int hd = c->head_dim, nc = 0;
-    for (int p = MAX(0, pos - c->window + 1); p <= pos; p++) own->cand[nc++] = ls->ring + ring_slot(d, L, p);
+    for (int p = MAX(0, pos - c->window + 1); p <= pos; p++) tmp->cand[nc++] = window_row(d, L, ls, s, t, pos, p);
     if (L->ratio == 4) {
-        int k = indexer_select(d, ls, s, own, t, (pos + 1) / 4);
-        for (int i = 0; i < k; i++) own->cand[nc++] = ls->clist + (size_t)own->idx_top[i] * hd;
+        int k = indexer_select(d, ls, s, tmp, t, (pos + 1) / 4);
+        for (int i = 0; i < k; i++) tmp->cand[nc++] = ls->clist + (size_t)tmp->idx_top[i] * hd;
     } else if (L->ratio) {
-        for (int e = 0; e < (pos + 1) / L->ratio; e++) own->cand[nc++] = ls->clist + (size_t)e * hd;
+        for (int e = 0; e < (pos + 1) / L->ratio; e++) tmp->cand[nc++] = ls->clist + (size_t)e * hd;
     }
-    for (int i = 0; i < nc; i++) memcpy(own->kmat + (size_t)i * hd, own->cand[i], sizeof(float) * hd);
+    for (int i = 0; i < nc; i++) memcpy(tmp->kmat + (size_t)i * hd, tmp->cand[i], sizeof(float) * hd);
     /* The transpose GATHER_BLOCK candidates at a time: each dim's row of kt gets a run of
      * adjacent stores while the block's rows are read in order (one candidate at a time wrote
      * every store to another cache line: 2 % of a prefill). */
     for (int i0 = 0; i0 < nc; i0 += GATHER_BLOCK) {
         int i1 = MIN(i0 + GATHER_BLOCK, nc);
         for (int k = 0; k < hd; k++)
-            for (int i = i0; i < i1; i++) own->kt[(size_t)k * nc + i] = own->kmat[(size_t)i * hd + k];
+            for (int i = i0; i < i1; i++) tmp->kt[(size_t)k * nc + i] = tmp->kmat[(size_t)i * hd + k];
     }
     return nc;
 }
@@ -258,21 +311,22 @@ static void sink_softmax(float *z, int nc, float scale, float sink) {
     for (int i = 0; i < nc; i++) z[i] /= sum;
 }
 
-/* Attention of row t (sequence `own`), all heads: scores = K q_h, weights with sinks,
- * o_h = K^T p_h, then BF16 and de-rotation of the rope dims at the query position (V = K
- * carried key rotations). */
-static void attend_token(const dsv4_model *d, const dsv4_layer *L, const dsv4_layer_state *ls, dsv4_seq *s,
-                         dsv4_seq *own, int t, int pos) {
+/* Attention of row t, all heads: scores = K q_h, weights with sinks, o_h = K^T p_h, then BF16
+ * and de-rotation of the rope dims at the query position (V = K carried key rotations). Reads
+ * state only: every write of the pass is done before (attend_tokens). */
+static void attend_row(const dsv4_model *d, const dsv4_layer *L, int li, dsv4_seq *s, int t) {
     const dsv4_config *c = &d->c;
-    int hd = c->head_dim, qw = c->n_heads * hd;
-    int nc = gather_candidates(d, L, ls, s, own, t, pos);
-    qmat k = {.fmt = WF_F32, .rows = nc, .cols = hd, .data = own->kmat};
-    qmat kt = {.fmt = WF_F32, .rows = hd, .cols = nc, .data = own->kt};
-    qmat_mul(&k, s->q + (size_t)t * qw, c->n_heads, own->att_scores);
+    int hd = c->head_dim, qw = c->n_heads * hd, pos = s->row_pos[t];
+    const dsv4_seq *own = s->row_seq[t];
+    row_temps tmp = thread_temps(d, own);
+    int nc = gather_candidates(d, L, &own->ls[li], s, &tmp, t, pos);
+    qmat k = {.fmt = WF_F32, .rows = nc, .cols = hd, .data = tmp.kmat};
+    qmat kt = {.fmt = WF_F32, .rows = hd, .cols = nc, .data = tmp.kt};
+    qmat_mul(&k, s->q + (size_t)t * qw, c->n_heads, tmp.scores);
     for (int h = 0; h < c->n_heads; h++)
-        sink_softmax(own->att_scores + (size_t)h * nc, nc, 1.0f / sqrtf((float)hd), L->sink[h]);
+        sink_softmax(tmp.scores + (size_t)h * nc, nc, 1.0f / sqrtf((float)hd), L->sink[h]);
     float *o = s->o + (size_t)t * qw;
-    qmat_mul(&kt, own->att_scores, c->n_heads, o);
+    qmat_mul(&kt, tmp.scores, c->n_heads, o);
     for (int h = 0; h < c->n_heads; h++) {
         dsv4_bf16(d, o + (size_t)h * hd, hd);
         rope_tail(d, L, o + (size_t)h * hd, hd, pos, 1);
@@ -280,7 +334,7 @@ static void attend_token(const dsv4_model *d, const dsv4_layer *L, const dsv4_la
 }
 
 /* Offer the layer's ring and partials to an armed capture before position pos changes them:
- * every write to them happens in attend_tokens, in position order, after this call. An MTP
+ * every write to them happens in write_row, in position order, after this call. An MTP
  * block's row of position pos enters the state with the token at pos + 1 (deepseek_v4.h), and a
  * draft step's private ring copy (ring_part -1) is no state at all. */
 static void capture_layer(const dsv4_layer *L, const dsv4_layer_state *ls, state *st, int pos) {
@@ -297,17 +351,18 @@ static void capture_layer(const dsv4_layer *L, const dsv4_layer_state *ls, state
     }
 }
 
-/* The stateful part of row t: ring write, emissions, then attention over what is visible, in the
- * row's own sequence. The only writes to RING/RECUR parts are here (projections above write
- * scratch only); a sequence's rows come in position order. */
-static void attend_row(const dsv4_model *d, const dsv4_layer *L, int li, dsv4_seq *s, int t) {
+/* Row t's writes to its sequence's state: the ring row (keeping the row it replaces in
+ * kv_over[t]), then the compressors' emissions. The only writes to RING/RECUR parts are here
+ * (projections write scratch only); a sequence's rows come in position order. */
+static void write_row(const dsv4_model *d, const dsv4_layer *L, int li, dsv4_seq *s, int t) {
     const dsv4_config *c = &d->c;
-    int hd = c->head_dim;
+    int hd = c->head_dim, pos = s->row_pos[t];
     dsv4_seq *own = s->row_seq[t];
     dsv4_layer_state *ls = &own->ls[li];
-    int pos = s->row_pos[t];
     capture_layer(L, ls, own->st, pos);
-    memcpy(ls->ring + ring_slot(d, L, pos), s->kv + (size_t)t * hd, sizeof(float) * hd);
+    float *slot = ls->ring + ring_slot(d, L, pos);
+    memcpy(s->kv_over + (size_t)t * hd, slot, sizeof(float) * hd);
+    memcpy(slot, s->kv + (size_t)t * hd, sizeof(float) * hd);
     if (L->ratio) {
         int cw = L->comp.coff * hd;
         compress_main(d, L, ls, s->ca + (size_t)t * cw, s->cs + (size_t)t * cw, pos);
@@ -316,55 +371,43 @@ static void attend_row(const dsv4_model *d, const dsv4_layer *L, int li, dsv4_se
         int iw = L->idx_comp.coff * c->idx_dim;
         compress_indexer(d, L, ls, s->ia + (size_t)t * iw, s->is + (size_t)t * iw, pos);
     }
-    attend_token(d, L, ls, s, own, t, pos);
 }
 
-/* A pass's rows as runs of consecutive rows of one sequence: run i is rows [start[i],
- * start[i + 1]). */
+/* Runs: maximal blocks of rows of one sequence at consecutive positions. */
+static void mark_runs(dsv4_seq *s, int n) {
+    for (int t = 0; t < n; t++)
+        s->run_first[t] = t && s->row_seq[t - 1] == s->row_seq[t] && s->row_pos[t - 1] + 1 == s->row_pos[t]
+                              ? s->run_first[t - 1] : t;
+    for (int t = n - 1; t >= 0; t--) s->run_last[t] = t + 1 < n && s->run_first[t + 1] == s->run_first[t] ? s->run_last[t + 1] : t;
+}
+
 typedef struct {
     const dsv4_model *d;
     const dsv4_layer *L;
     int li;
     dsv4_seq *s;
-    int start[DSV4_CHUNK + 1];
 } attend_job;
 
-static void attend_run(void *ctx, int i) {
+static void attend_task(void *ctx, int t) {
     const attend_job *j = ctx;
-    for (int t = j->start[i]; t < j->start[i + 1]; t++) attend_row(j->d, j->L, j->li, j->s, t);
+    attend_row(j->d, j->L, j->li, j->s, t);
 }
 
-/* The runs of j->s's n rows, if the pass is decode-sized: two or more sequences, each in one run
- * of at most DSV4_ATTEND_SPREAD_ROWS rows (a batched decode step, with or without drafts); else
- * 0. */
-static int decode_runs(attend_job *j, int n) {
-    int runs = 0;
-    for (int t = 0; t < n; t++) {
-        if (t && j->s->row_seq[t] == j->s->row_seq[t - 1]) continue;
-        for (int i = 0; i < runs; i++)
-            if (j->s->row_seq[j->start[i]] == j->s->row_seq[t]) return 0;
-        if (runs && t - j->start[runs - 1] > DSV4_ATTEND_SPREAD_ROWS) return 0;
-        j->start[runs++] = t;
-    }
-    if (runs < 2 || n - j->start[runs - 1] > DSV4_ATTEND_SPREAD_ROWS) return 0;
-    j->start[runs] = n;
-    return runs;
-}
-
-/* Every row's stateful part. Rows of different sequences touch different state and scratch, so
- * a decode-sized pass runs one sequence per pool task, its rows in order on one thread: one pool
- * synchronisation per layer instead of the two or three of every row's attention products
- * (each of a few dozen rows of keys for 16 heads, too small to split well), and the sequences'
- * rows in parallel. The products inside a task run serially over the same row split: the same
- * bits (kernels.h). Otherwise rows run one after another, each product across the pool. */
+/* Every row's stateful part in two steps: first each row's state writes, in row order (each
+ * sequence's positions in order); then every row's attention, which only reads, the rows in
+ * parallel. A row sees what it saw attending straight after its own writes: later rows' ring rows
+ * are not among its window (window_row), and their compressed entries are past its visible ones.
+ * A row's products inside a pool task run serially over the same row split: the same bits
+ * (kernels.h). A single row (one sequence's decode step) keeps its products across the pool. */
 static void attend_tokens(const dsv4_model *d, const dsv4_layer *L, int li, dsv4_seq *s, int n) {
-    attend_job j = {.d = d, .L = L, .li = li, .s = s};
-    int runs = pool_threads() > 1 ? decode_runs(&j, n) : 0;
-    if (runs) {
-        pool_run(runs, attend_run, &j);
+    mark_runs(s, n);
+    for (int t = 0; t < n; t++) write_row(d, L, li, s, t);
+    if (n == 1) {
+        attend_row(d, L, li, s, 0);
         return;
     }
-    for (int t = 0; t < n; t++) attend_row(d, L, li, s, t);
+    attend_job j = {.d = d, .L = L, .li = li, .s = s};
+    pool_run(n, attend_task, &j);
 }
 
 /* Row t of the output latent u: BF16, then the QDQ of wo_b's input. */

@@ -94,7 +94,11 @@ typedef struct {
     arena *scratch;    /* glm_scratch_bytes(ctx) bytes, owned by the generic seq */
 } glm_seq;
 
-#define GLM_CHUNK 64   /* tokens per internal pass: bounds the scratch */
+/* Tokens per internal pass: bounds the scratch, batches weight reads. Every pass decodes the dense
+ * weights again and splits the routed experts' tokens (n_active / n_experts of the pass each): at 64
+ * the GLM bench model's 256-token prefill decoded 5.1 GB of BF16 rows for its 1.9 GB of weights, and
+ * its experts saw ~16 tokens a pass; 256 (as DeepSeek V4) prefills 17-27 % faster. */
+#define GLM_CHUNK 256
 
 size_t glm_scratch_bytes(const model *m, int ctx);
 /* One routed expert over gathered rows (core/experts.h expert_fn, ctx the model) and its scratch. */

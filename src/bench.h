@@ -42,6 +42,10 @@ int bench_parse(const char *cmd, int argc, char **argv, void (*usage)(FILE *), b
  * (*mlocked, if not NULL, gets the bytes locked); NULL with "cairn CMD: ..." on stderr. */
 model *bench_open(const char *cmd, const bench_opts *o, size_t *mlocked);
 int bench_argmax(const float *x, int n);
+/* v[0..n) sorted ascending in place; bench_median sorts it and returns its median (the mean of
+ * the middle two for even n). */
+void bench_sort(double *v, long n);
+double bench_median(double *v, long n);
 /* bench -m DIR --expert-cache-mb N: decode from disk through the mapping and the expert cache
  * (src/bench_disk.c). */
 int bench_disk(const bench_opts *o);

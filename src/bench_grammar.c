@@ -48,22 +48,16 @@ static double thread_seconds(void) {
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static int by_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /* Mean, p99 and max of the grammar seconds g[0..n) over the median of the decode seconds d. */
 static void summarize(constraint_result *r, const double *g, double *d, long n) {
-    qsort(d, (size_t)n, sizeof *d, by_double);
-    r->decode_s = n % 2 ? d[n / 2] : (d[n / 2 - 1] + d[n / 2]) / 2;
+    r->decode_s = bench_median(d, n);
     double *sorted = xmalloc((size_t)n * sizeof *sorted), sum = 0;
     for (long i = 0; i < n; i++) {
         sum += g[i];
         sorted[i] = g[i];
         if (g[i] > g[r->worst_step]) r->worst_step = i;
     }
-    qsort(sorted, (size_t)n, sizeof *sorted, by_double);
+    bench_sort(sorted, n);
     long p = (long)(0.99 * (double)(n - 1) + 0.5);
     r->mean = sum / (double)n / r->decode_s;
     r->p99 = sorted[p] / r->decode_s;

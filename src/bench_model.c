@@ -104,6 +104,18 @@ int bench_argmax(const float *x, int n) {
     return best;
 }
 
+static int by_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+void bench_sort(double *v, long n) { qsort(v, (size_t)n, sizeof *v, by_double); }
+
+double bench_median(double *v, long n) {
+    bench_sort(v, n);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
 /* Timed rounds. On a shared 2-core VM one timed run of the same binary scatters by 10-20 %
  * (neighbours, clock), and a ratio of two such runs twice that; alternating the thread counts and
  * taking medians tells the engine's work apart from the machine's noise. */
@@ -114,22 +126,12 @@ static const size_t timed_fields[] = {
     offsetof(bench_result, decode_tok_s), offsetof(bench_result, verify_cost_ratio),
     offsetof(bench_result, mpi_bytes_per_token), offsetof(bench_result, mpi_messages_per_token)};
 
-static double median(double *v, int n) {
-    for (int i = 1; i < n; i++)
-        for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
-            double t = v[j];
-            v[j] = v[j - 1];
-            v[j - 1] = t;
-        }
-    return v[n / 2];
-}
-
 /* out's timed figures = the medians of runs[0..n) (its other fields untouched). */
 static void take_medians(const bench_result *runs, int n, bench_result *out) {
     for (size_t f = 0; f < sizeof timed_fields / sizeof *timed_fields; f++) {
         double v[TIMED_ROUNDS];
         for (int i = 0; i < n; i++) v[i] = *(const double *)((const char *)&runs[i] + timed_fields[f]);
-        *(double *)((char *)out + timed_fields[f]) = median(v, n);
+        *(double *)((char *)out + timed_fields[f]) = bench_median(v, n);
     }
 }
 

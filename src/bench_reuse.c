@@ -177,16 +177,6 @@ static int tail_run(const turn_arms *a, int reused, double *took, char *err, siz
     return first;
 }
 
-static int by_value(const void *x, const void *y) {
-    double a = *(const double *)x, b = *(const double *)y;
-    return (a > b) - (a < b);
-}
-
-static double median(double *v, long n) {
-    qsort(v, (size_t)n, sizeof *v, by_value);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 /* One turn: the real warm run on the conversation's state, then the cold reference on a second
  * sequence: the reused prefix once (untimed for the tail), then the tail alone (the split is free
  * of numerical effect by chunking invariance). Both arms then run `repeat` times in pairs from
@@ -217,7 +207,7 @@ static int measure_turn(turn_arms *a, long repeat, turn_result *t, char *err, si
         t->warm = MIN(t->warm, w), t->tail = MIN(t->tail, tl);
         ratio[i] = w / tl;
     }
-    if (first >= 0) t->ratio = median(ratio, repeat);
+    if (first >= 0) t->ratio = bench_median(ratio, repeat);
     t->cold = prefix + t->tail;
     snapshot_free(a->wstart);
     snapshot_free(a->cstart);

@@ -436,9 +436,13 @@ static int prefill(runner *r, const prompt *pr, char *err, size_t errlen) {
     double t0 = now_seconds();
     int rc = 0;
     for (int i = 0, at = 0; i < ne && !rc; at = ends[i++]) {
-        int k = ends[i] - at;
+        int k = ends[i] - at, usual = r->s->chunk;
+        /* With --prefill-chunks each segment is one forward call, as the flag says, even past the
+         * sequence's usual call size: that is how tests reach the families' internal passes. */
+        if (o->nchunks) r->s->chunk = MAX(usual, k);
         rc = all ? seq_feed_all(r->s, pr->ids + at, k, all + (size_t)at * vocab, err, errlen)
                  : seq_feed(r->s, pr->ids + at, k, ends[i] == pr->n ? r->logits : NULL, err, errlen);
+        r->s->chunk = usual;
         if (!rc && ends[i] == o->snapshot_at) rc = snapshot_roundtrip(r, err, errlen);
     }
     r->st.prefill_s += now_seconds() - t0;

@@ -91,7 +91,7 @@ def test_long_prompt_across_internal_passes(cairn, tiny_dsv4, tmp_path):
     bit."""
     ids = [0] + [(97 * i + 11) % 1021 + 2 for i in range(1, 300)]
     dumps = [tmp_path / f"{i}.state" for i in range(3)]
-    outs = [traced(cairn, tiny_dsv4, ids, "--dump-state", dumps[0]),
+    outs = [traced(cairn, tiny_dsv4, ids, "--dump-state", dumps[0], "--prefill-chunks", "300"),
             traced(cairn, tiny_dsv4, ids, "--dump-state", dumps[1], "--prefill-chunks", ids_arg([1] * 299)),
             traced(cairn, tiny_dsv4, ids, "--dump-state", dumps[2], "--prefill-chunks", "255,3,20")]
     assert outs[1] == outs[0] and outs[2] == outs[0]

@@ -4,7 +4,7 @@ files are read; nothing here names a family.
 
 - chunking invariance: any split of a prompt into forward calls (random splits, splits at small
   power-of-two boundaries and their neighbours, where windows and compression ratios sit, token by
-  token, and across the 64-token internal passes) gives the same per-position logprobs, the same
+  token, and across the families' internal passes of 64 or 256 rows) gives the same per-position logprobs, the same
   generation and a byte-identical state dump;
 - snapshot -> serialize -> restore -> continue mid-prompt equals an uninterrupted run;
 - a light checkpoint captured inside one forward call is byte for byte the light snapshot of a
@@ -106,14 +106,16 @@ def test_state_dump_depends_on_the_prompt(cairn, family_model, tmp_path, baselin
 
 
 def test_long_prompt_across_internal_passes(cairn, family_model, tmp_path):
-    """90 tokens: families bound their scratch by passes of 64 tokens inside one forward call."""
-    ids = prompt_of(family_model, 90, 2)
-    dumps = [tmp_path / f"{i}.state" for i in range(3)]
-    outs = [traced(cairn, family_model.model, ids, "--dump-state", dumps[0]),
-            traced(cairn, family_model.model, ids, "--dump-state", dumps[1], "--prefill-chunks", "63,3,20"),
-            traced(cairn, family_model.model, ids, "--dump-state", dumps[2], "--prefill-chunks", ids_arg([1] * 89))]
-    assert outs[1] == outs[0] and outs[2] == outs[0]
-    assert dumps[1].read_bytes() == dumps[0].read_bytes() == dumps[2].read_bytes()
+    """300 tokens: families bound their scratch by passes of 64 or 256 rows inside one forward call
+    (`--prefill-chunks 300` makes the whole prompt one call). That call, the default calls of 256,
+    calls straddling 64 and 256, and token by token all agree bit for bit."""
+    ids = prompt_of(family_model, 300, 2)
+    splits = [["--prefill-chunks", "300"], [], ["--prefill-chunks", "63,3,20,170,10"],
+              ["--prefill-chunks", ids_arg([1] * 299)]]
+    dumps = [tmp_path / f"{i}.state" for i in range(len(splits))]
+    outs = [traced(cairn, family_model.model, ids, "--dump-state", d, *s) for d, s in zip(dumps, splits)]
+    assert all(o == outs[0] for o in outs[1:])
+    assert all(d.read_bytes() == dumps[0].read_bytes() for d in dumps[1:])
 
 
 @pytest.mark.parametrize("k", [1, 7, 8, 9, 17, PROMPT_LEN - 1, PROMPT_LEN])

@@ -267,13 +267,3 @@ def test_int4_container_mismatch_is_refused_by_name(cairn, tmp_path, damage):
     assert r.returncode != 0 and name in r.stderr, r.stderr
     assert ("missing" if damage == "no-scales" else "match no quantized layout") in r.stderr, r.stderr
 
-
-def test_long_prompt_across_internal_passes(cairn, tiny_glm, tmp_path):
-    """300 tokens: GLM cuts a forward call into passes of GLM_CHUNK = 256 rows; one call, token by
-    token and a split straddling 256 must agree bit for bit, in the logits and in the state."""
-    ids = [BASE + 2, BASE + 4] + [(53 * i + 7) % 950 for i in range(298)]
-    dumps = [tmp_path / f"{i}.state" for i in range(3)]
-    splits = [(), ("--prefill-chunks", ",".join(["1"] * 299)), ("--prefill-chunks", "255,3,20")]
-    outs = [echo(cairn, tiny_glm, ids, "qat", ("--dump-state", str(d), *s))[1] for d, s in zip(dumps, splits)]
-    assert outs[1] == outs[0] and outs[2] == outs[0]
-    assert dumps[1].read_bytes() == dumps[0].read_bytes() == dumps[2].read_bytes()

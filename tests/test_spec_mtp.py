@@ -127,14 +127,16 @@ def test_run_spec_greedy_prints_what_plain_prints(cairn, mtp_model, k):
 
 
 def test_run_spec_long_prompt_with_every_logit(cairn, mtp_model):
-    """A prompt over one internal pass (GLM: 64 rows) with every position's logits: the head's rows
-    and the MTP rows of one pass share the scratch, and the output is plain decoding's."""
-    ids = [(53 * i + 7) % 950 for i in range(90)]
+    """A prompt over one internal pass (256 rows) in one forward call, with every position's logits:
+    the head's rows and the MTP rows of one pass share the scratch, and the output is plain
+    decoding's."""
+    ids = [(53 * i + 7) % 950 for i in range(300)]
     model = mtp_model[1]
-    plain = run(cairn, model, "--echo-logprobs", "3", ids=ids)
-    fast = run(cairn, model, "--echo-logprobs", "3", "--spec", "mtp", "--draft", "2", ids=ids)
+    one_call = ("--echo-logprobs", "3", "--prefill-chunks", "300")
+    plain = run(cairn, model, *one_call, ids=ids)
+    fast = run(cairn, model, *one_call, "--spec", "mtp", "--draft", "2", ids=ids)
     assert plain.returncode == 0 and fast.returncode == 0, plain.stderr + fast.stderr
-    assert len(plain.stdout.splitlines()) == 90 + 24
+    assert len(plain.stdout.splitlines()) == 300 + 24
     assert fast.stdout == plain.stdout
 
 

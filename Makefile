@@ -39,7 +39,7 @@ Q   =
 endif
 NPROC := $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: all deps test test-c run bench asan clean deepseek-v4-tiny-check fuzz fuzz-build soak mpi
+.PHONY: all deps test test-c run bench asan clean deepseek-v4-tiny-check fuzz fuzz-build soak mpi kernel-variants
 all: $(BUILD)/cairn $(TEST_BIN)
 
 # Plain `make` checks the C libraries first, so a missing one is named with the command that
@@ -62,6 +62,23 @@ $(BUILD)/tests/%: tests/c/%.c $(LIB_OBJ)
 	$(CC) $(CFLAGS) -Isrc -o $@ $< $(LIB_OBJ) $(LDLIBS)
 
 -include $(OBJ:.o=.d)
+
+# The kernel unit test once more for each SIMD path this machine runs but the native build does
+# not select, so every path's bitwise match with the scalar twin is tested where it can run:
+# AVX2 (the AVX-512 kernels compiled out) and AVX-512 without GFNI and VBMI (FP8's 32-column
+# decode). On a machine without those extensions a variant is the native path again.
+KERNEL_VARIANTS := avx2 avx512-nogfni
+KVAR_avx2          := -mno-avx512f
+KVAR_avx512-nogfni := -mno-gfni -mno-avx512vbmi
+KVAR_SRC := src/core/kernels.c src/core/kernels_avx2.c src/core/kernels_avx512.c src/core/quant.c \
+            src/core/threads.c src/core/util.c
+KVAR_BIN := $(KERNEL_VARIANTS:%=build/kernel-variants/%/test_kernels)
+
+kernel-variants: $(KVAR_BIN)
+
+build/kernel-variants/%/test_kernels: tests/c/test_kernels.c $(KVAR_SRC) $(wildcard src/core/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(KVAR_$*) -Isrc -o $@ $< $(KVAR_SRC) -lm
 
 # URL=file pairs the page is made of; the markdown renderer and sanitizer come from npm
 # (webui/package-lock.json pins them) and are vendored into the binary, never fetched at run time.
@@ -93,6 +110,7 @@ deps:
 test: deps
 	@$(MAKE) --no-print-directory all
 	@$(MAKE) --no-print-directory BUILD=build/portable SIMD=portable all
+	@$(MAKE) --no-print-directory kernel-variants
 	@$(MAKE) --no-print-directory mpi
 	@$(MAKE) --no-print-directory fuzz-build
 	$(PYTHON) -m pytest -q tests
@@ -101,6 +119,7 @@ test: deps
 test-c: deps
 	@$(MAKE) --no-print-directory all
 	@$(MAKE) --no-print-directory BUILD=build/portable SIMD=portable all
+	@$(MAKE) --no-print-directory kernel-variants
 	$(PYTHON) -m pytest -q tests/test_c_units.py
 
 # libFuzzer targets (tests/fuzz/fuzz_*.c): every reader of untrusted bytes, under ASan + UBSan,

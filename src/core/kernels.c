@@ -97,10 +97,6 @@ size_t qmat_scale_bytes(const qmat *w) {
 
 size_t qmat_bytes(const qmat *w) { return qmat_data_bytes(w) + qmat_scale_bytes(w); }
 
-size_t kernel_scale_row_len(const qmat *w) {
-    return ceil_div((size_t)w->cols, w->fmt == WF_FP8 ? 128 : w->fmt == WF_I4_G64 ? 64 : w->fmt == WF_NVFP4 ? 16 : 32);
-}
-
 float kernel_fp8_scale(const qmat *w, int r, int c) {
     size_t at = (size_t)(r / 128) * kernel_scale_row_len(w) + (size_t)(c / 128);
     return w->scale_f32 ? w->scale_f32[at] * 256.0f : kernel_fp8_scale_lut[w->scale[at]];

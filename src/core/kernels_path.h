@@ -88,8 +88,12 @@ float kernel_fp8_scale(const qmat *w, int r, int c);
 static inline size_t kernel_nibble_row_bytes(const qmat *w) {   /* ceil(cols / 2): the nibble formats */
     return ((size_t)w->cols + 1) / 2;
 }
-size_t kernel_scale_row_len(const qmat *w);      /* scales per scale row (FP8: per 128 rows; I4_G64: groups;
-                                                  * NVFP4: 16-column sub-blocks) */
+/* Scales per scale row (FP8: per 128 rows; I4_G64: groups; NVFP4: 16-column sub-blocks; FP4: blocks).
+ * Inline: the nibble kernels look up a row's scales once per row. */
+static inline size_t kernel_scale_row_len(const qmat *w) {
+    size_t block = w->fmt == WF_FP8 ? 128 : w->fmt == WF_I4_G64 ? 64 : w->fmt == WF_NVFP4 ? 16 : 32;
+    return ((size_t)w->cols + block - 1) / block;
+}
 
 
 /* Rule 4 for nibble-format row r over blocks [b0, end): adds into acc[16]. x holds the input

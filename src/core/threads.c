@@ -1,19 +1,28 @@
 /* threads.c — the process-global worker pool (see threads.h).
  *
- * One job at a time: pool_run publishes (n, fn, ctx) under a new generation number, and the
- * caller and every worker then claim runs of `grain` indices from a shared counter until none
- * are left; the caller returns when all n calls have finished. Claiming instead of a fixed
- * split matters on a shared machine: a worker that the OS has descheduled, or that wakes up
- * late, leaves its share to the others instead of holding the whole job up. The generation and
- * the next index live in one 64-bit word, so a claim by a worker that woke for an old job fails
- * instead of running an index of a new one; and before the caller writes a new job's n, fn and
- * ctx it closes the old one (a generation of its own with no index left), so a claim against the
- * old job cannot succeed with the new n. Workers spin briefly before sleeping because decode
- * issues hundreds of small jobs per token and a scheduler wake-up costs as much as a small
- * matvec. Sleeping is a futex on a word of its own (the generation for workers, the done count
- * for the caller), and the other side makes the wake-up system call only when a sleeper has
- * announced itself: a job that finds its workers spinning costs no lock and no system call, and
- * its last call to finish touches only the done count.
+ * One job at a time. pool_run cuts [0, n) into one contiguous range per thread (part p: the
+ * calling thread is part 0, worker k part k), publishes the job under a new generation number,
+ * and every thread claims runs of `grain` indices from the front of its own range, then takes
+ * runs from the back of the others' ranges until none are left; the caller returns when all n
+ * calls have finished. Taking from the others matters on a shared machine: a worker that the
+ * OS has descheduled, or that wakes up late, leaves its range to the others instead of holding
+ * the whole job up.
+ *
+ * Each range, each thread's count of finished calls and the job itself sit in cache lines of
+ * their own, so a thread working through its own range touches only lines it holds: on a
+ * virtual machine a cache line moving between cores costs about as much as a small task (a
+ * counter shared by every claim, next to the done count the caller polls, made a 2-thread job
+ * of 64 short tasks slower than one thread running them all). A range word holds the
+ * generation with the next and end index, so a claim by a thread that woke for an old job fails
+ * instead of running an index of a new one, and a successful claim reads the job's fn and ctx
+ * only then: the job cannot finish, and so cannot be replaced, before the claimed calls return.
+ * Finished counts only grow; the caller waits until their sum reaches the total of every job's n.
+ *
+ * Workers spin briefly before sleeping because decode issues hundreds of small jobs per token
+ * and a scheduler wake-up costs as much as a small matvec. Sleeping is a futex on a word of its
+ * own (the generation for workers, a done word for the caller), and the other side makes the
+ * wake-up system call only when a sleeper has announced itself: a job that finds its workers
+ * spinning costs no lock and no system call.
  *
  * Only workers with part < `active` claim, so pool_set_threads can lower or raise the count
  * between jobs (tests compare thread counts). */
@@ -32,22 +41,31 @@
 
 #define POOL_MAX_THREADS 256
 #define POOL_SPIN_ROUNDS 4000     /* polls before sleeping: half with a pause hint, half yielding */
-#define POOL_RUNS_PER_THREAD 16   /* claims per thread in an even job: balance vs counter traffic */
+#define POOL_RUNS_PER_PART 8      /* claims in a range: what the others can take vs claims made */
+#define INDEX_BITS 22             /* a range word: generation << 44 | next << 22 | end */
+#define INDEX_LIMIT (1 << INDEX_BITS)
+#define GEN_MASK ((1u << (64 - 2 * INDEX_BITS)) - 1)
+
+typedef struct { _Alignas(64) _Atomic uint64_t word; } range_line;
+typedef struct { _Alignas(64) _Atomic uint64_t calls; } done_line;
 
 static struct {
-    atomic_int active;            /* threads that work on a job, including the calling thread */
-    int created;                  /* threads running worker_main, plus the caller */
-    int started;
-    pthread_mutex_t run_lock;     /* serialises pool_run callers from different threads */
-    _Atomic uint64_t claim;       /* generation << 32 | next unclaimed index of the current job */
-    _Atomic uint32_t wake_word;   /* bumped after each new job is published: the workers' futex */
-    atomic_int sleepers;          /* workers in (or on their way into) a futex wait on wake_word */
-    _Atomic uint32_t done;        /* calls of the current job that have returned: the caller's futex */
-    atomic_int caller_sleeps;     /* the caller is in (or on its way into) a futex wait on done */
-    atomic_int n, grain;          /* atomic: a late worker may read them as the next job sets them */
+    _Alignas(64) _Atomic uint32_t gen;   /* the current job's generation: the workers' futex word */
+    atomic_int grain, parts;             /* atomic: a late worker may read them as the next job sets them */
     pool_task fn;
     void *ctx;
+    _Alignas(64) atomic_int sleepers;    /* workers in (or on their way into) a futex wait on gen */
+    _Alignas(64) _Atomic uint32_t done_word;   /* bumped when a call finishes while the caller sleeps */
+    atomic_int caller_sleeps;            /* the caller is in (or on its way into) a futex wait on done_word */
+    _Alignas(64) atomic_int active;      /* threads that work on a job, including the calling thread */
+    int created;                         /* threads running worker_main, plus the caller */
+    int started;
+    uint64_t total;                      /* calls of every job so far: the finished counts' target */
+    pthread_mutex_t run_lock;            /* serialises pool_run callers from different threads */
 } pool = {.run_lock = PTHREAD_MUTEX_INITIALIZER};
+
+static range_line ranges[POOL_MAX_THREADS];   /* part p's unclaimed indices */
+static done_line finished[POOL_MAX_THREADS];  /* calls part p's thread has finished, ever */
 
 static atomic_ullong jobs_run;      /* pool_jobs */
 static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
@@ -62,7 +80,12 @@ static void cpu_relax(int spin) {
     if (spin > POOL_SPIN_ROUNDS / 2) sched_yield();
 }
 
-static unsigned claim_generation(uint64_t c) { return (unsigned)(c >> 32); }
+static uint64_t range_word(unsigned gen, unsigned next, unsigned end) {
+    return (uint64_t)(gen & GEN_MASK) << (2 * INDEX_BITS) | (uint64_t)next << INDEX_BITS | end;
+}
+static unsigned range_gen(uint64_t w) { return (unsigned)(w >> (2 * INDEX_BITS)); }
+static unsigned range_next(uint64_t w) { return (unsigned)(w >> INDEX_BITS) & (INDEX_LIMIT - 1); }
+static unsigned range_end(uint64_t w) { return (unsigned)w & (INDEX_LIMIT - 1); }
 
 /* Sleep while *word == expected (the kernel compares atomically with the wake-up); returns at
  * once if it differs, and may return spuriously: callers re-check their condition. */
@@ -74,33 +97,51 @@ static void futex_wake_all(_Atomic uint32_t *word) {
     syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
 }
 
-/* Claim and run index runs of job `gen` until none are left. The job's n, fn and ctx are read
- * only after a successful claim: the job cannot finish, and so cannot be replaced, before the
- * claimed calls return. n is read before claiming: if it is already the next job's, the acquire
- * load also shows that job's close, so the claim fails. */
-static void run_claims(unsigned gen) {
-    in_task = 1;
+/* Claim one run of job `gen` from part p: from the front of the thread's own range, from the
+ * back of another's. Returns 0 when the part has none left (or belongs to another job). */
+static int claim(unsigned gen, int p, int own, unsigned *lo, unsigned *hi) {
+    uint64_t w = atomic_load_explicit(&ranges[p].word, memory_order_acquire);
     for (;;) {
-        uint64_t c = atomic_load_explicit(&pool.claim, memory_order_acquire);
-        int next = (int)(uint32_t)c, n = atomic_load_explicit(&pool.n, memory_order_acquire);
-        if (claim_generation(c) != gen || next >= n) break;
-        int grain = atomic_load_explicit(&pool.grain, memory_order_relaxed);
-        int hi = n - next > grain ? next + grain : n;
-        if (!atomic_compare_exchange_weak_explicit(&pool.claim, &c, (uint64_t)gen << 32 | (uint32_t)hi,
-                                                   memory_order_acq_rel, memory_order_relaxed))
-            continue;
-        for (int i = next; i < hi; i++) pool.fn(pool.ctx, i);
-        /* seq_cst pairs with pool_run's: either it sees the count or this sees it asleep */
-        if (atomic_fetch_add(&pool.done, (uint32_t)(hi - next)) + (uint32_t)(hi - next) == (uint32_t)n &&
-            atomic_load(&pool.caller_sleeps))
-            futex_wake_all(&pool.done);
+        unsigned next = range_next(w), end = range_end(w);
+        if (range_gen(w) != (gen & GEN_MASK) || next >= end) return 0;
+        unsigned grain = (unsigned)atomic_load_explicit(&pool.grain, memory_order_relaxed);
+        unsigned take = end - next < grain ? end - next : grain;
+        *lo = own ? next : end - take;
+        *hi = own ? next + take : end;
+        uint64_t rest = own ? range_word(gen, *hi, end) : range_word(gen, next, *lo);
+        if (atomic_compare_exchange_weak_explicit(&ranges[p].word, &w, rest, memory_order_acq_rel,
+                                                  memory_order_acquire))
+            return 1;
+    }
+}
+
+/* Run the claimed calls, then count them as this part's; wake the caller if it sleeps. */
+static void run_calls(int me, unsigned lo, unsigned hi) {
+    pool_task fn = pool.fn;
+    void *ctx = pool.ctx;
+    for (unsigned i = lo; i < hi; i++) fn(ctx, (int)i);
+    /* seq_cst pairs with pool_run's: either it sees the count or this sees it asleep */
+    atomic_fetch_add(&finished[me].calls, hi - lo);
+    if (atomic_load(&pool.caller_sleeps)) {
+        atomic_fetch_add(&pool.done_word, 1);
+        futex_wake_all(&pool.done_word);
+    }
+}
+
+/* Part `me` of job `gen`: its own range, then what is left of the others'. */
+static void run_claims(unsigned gen, int me) {
+    int parts = atomic_load_explicit(&pool.parts, memory_order_acquire);
+    unsigned lo, hi;
+    in_task = 1;
+    for (int k = 0; k < parts; k++) {
+        int p = (me + k) % parts;
+        while (claim(gen, p, k == 0, &lo, &hi)) run_calls(me, lo, hi);
     }
     in_task = 0;
 }
 
-static unsigned current_generation(void) {
-    return claim_generation(atomic_load_explicit(&pool.claim, memory_order_acquire));
-}
+/* seq_cst: after announcing itself as a sleeper a worker must see a generation published before */
+static unsigned current_generation(void) { return atomic_load(&pool.gen); }
 
 static unsigned wait_new_generation(unsigned seen) {
     for (int spin = 0; spin < POOL_SPIN_ROUNDS; spin++) {
@@ -108,14 +149,10 @@ static unsigned wait_new_generation(unsigned seen) {
         if (g != seen) return g;
         cpu_relax(spin);
     }
-    /* seq_cst pairs with pool_run's: either it sees this sleeper or this sees the new word */
+    /* seq_cst pairs with pool_run's: either it sees this sleeper or this sees the new generation */
     atomic_fetch_add(&pool.sleepers, 1);
     unsigned g;
-    for (;;) {
-        uint32_t word = atomic_load(&pool.wake_word);
-        if ((g = current_generation()) != seen) break;
-        futex_wait(&pool.wake_word, word);
-    }
+    while ((g = current_generation()) == seen) futex_wait(&pool.gen, seen);
     atomic_fetch_sub(&pool.sleepers, 1);
     return g;
 }
@@ -130,7 +167,7 @@ static void *worker_main(void *arg) {
     worker_part = part;
     for (;;) {
         seen = wait_new_generation(seen);
-        if (part < pool.active) run_claims(seen);
+        if (part < pool.active) run_claims(seen, part);
     }
     return NULL;
 }
@@ -191,6 +228,41 @@ void pool_set_threads(int n) {
 
 unsigned long long pool_jobs(void) { return atomic_load_explicit(&jobs_run, memory_order_relaxed); }
 
+/* Calls finished by every thread that ever ran one (a resize may have idled some since). */
+static uint64_t finished_calls(void) {
+    uint64_t sum = 0;
+    for (int p = 0; p < pool.created; p++) sum += atomic_load(&finished[p].calls);
+    return sum;
+}
+
+typedef struct {
+    pool_task fn;
+    void *ctx;
+    int first;
+} offset_job;
+
+static void offset_task(void *ctx, int i) {
+    offset_job *job = ctx;
+    job->fn(job->ctx, job->first + i);
+}
+
+/* Publish job (n, fn, ctx) to `parts` threads: each range in its line, then the generation. */
+static unsigned publish(int n, pool_task fn, void *ctx, int parts) {
+    unsigned gen = current_generation() + 1;
+    int grain = n / (parts * POOL_RUNS_PER_PART);
+    atomic_store_explicit(&pool.grain, grain < 1 ? 1 : grain, memory_order_relaxed);
+    atomic_store_explicit(&pool.parts, parts, memory_order_relaxed);
+    pool.fn = fn;
+    pool.ctx = ctx;
+    for (int p = 0; p < parts; p++)
+        atomic_store_explicit(&ranges[p].word,
+                              range_word(gen, (unsigned)((long)n * p / parts), (unsigned)((long)n * (p + 1) / parts)),
+                              memory_order_relaxed);
+    atomic_store(&pool.gen, gen);   /* seq_cst: a worker that sees it sees the job; pairs with sleepers */
+    if (atomic_load(&pool.sleepers)) futex_wake_all(&pool.gen);
+    return gen;
+}
+
 void pool_run(int n, pool_task fn, void *ctx) {
     if (n <= 0) return;
     if (in_task || n == 1 || pool_threads() == 1) {
@@ -200,29 +272,29 @@ void pool_run(int n, pool_task fn, void *ctx) {
         in_task = was;
         return;
     }
+    if (n >= INDEX_LIMIT) {   /* more indices than a range word holds: in pieces */
+        for (int first = 0; first < n; first += INDEX_LIMIT - 1) {
+            offset_job piece = {fn, ctx, first};
+            pool_run(n - first < INDEX_LIMIT - 1 ? n - first : INDEX_LIMIT - 1, offset_task, &piece);
+        }
+        return;
+    }
     pthread_mutex_lock(&pool.run_lock);
     atomic_fetch_add_explicit(&jobs_run, 1, memory_order_relaxed);
-    unsigned gen = current_generation() + 2;   /* gen - 1 closes the last job */
-    atomic_store_explicit(&pool.claim, (uint64_t)(gen - 1) << 32 | INT32_MAX, memory_order_relaxed);
-    int grain = n / (pool.active * POOL_RUNS_PER_THREAD);
-    atomic_store_explicit(&pool.n, n, memory_order_release);   /* a worker that sees it sees the close */
-    atomic_store_explicit(&pool.grain, grain < 1 ? 1 : grain, memory_order_relaxed);
-    pool.fn = fn;
-    pool.ctx = ctx;
-    atomic_store_explicit(&pool.done, 0, memory_order_relaxed);
-    atomic_store_explicit(&pool.claim, (uint64_t)gen << 32, memory_order_release);
-    atomic_fetch_add(&pool.wake_word, 1);
-    if (atomic_load(&pool.sleepers)) futex_wake_all(&pool.wake_word);
+    int parts = pool.active;
+    unsigned gen = publish(n, fn, ctx, parts);
+    pool.total += (uint64_t)n;
 
-    run_claims(gen);
+    run_claims(gen, 0);
 
-    for (int spin = 0; spin < POOL_SPIN_ROUNDS && atomic_load_explicit(&pool.done, memory_order_acquire) < (uint32_t)n;
-         spin++)
-        cpu_relax(spin);
-    if (atomic_load_explicit(&pool.done, memory_order_acquire) < (uint32_t)n) {
+    for (int spin = 0; spin < POOL_SPIN_ROUNDS && finished_calls() < pool.total; spin++) cpu_relax(spin);
+    if (finished_calls() < pool.total) {
         atomic_store(&pool.caller_sleeps, 1);
-        uint32_t d;
-        while ((d = atomic_load(&pool.done)) < (uint32_t)n) futex_wait(&pool.done, d);
+        for (;;) {
+            uint32_t word = atomic_load(&pool.done_word);
+            if (finished_calls() >= pool.total) break;
+            futex_wait(&pool.done_word, word);
+        }
         atomic_store(&pool.caller_sleeps, 0);
     }
     pthread_mutex_unlock(&pool.run_lock);

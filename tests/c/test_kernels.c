@@ -410,6 +410,8 @@ int main(void) {
         /* batched column ranges (512 columns on AVX-512) with a partial last range and a tail */
         {WF_F32, 9, 600, 0},     {WF_BF16, 50, 1030, 0},  {WF_FP8, 53, 1100, 0},   {WF_FP4, 13, 1120, 0},
         {WF_NVFP4, 13, 1104, 1}, {WF_I4_G64, 50, 600, 0},
+        /* FP8 in 64-column steps (GFNI), then a 32-column and a 16-column step and a tail */
+        {WF_FP8, 19, 247, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         check_format(cases[i].fmt, cases[i].rows, cases[i].cols, cases[i].f32_scales);

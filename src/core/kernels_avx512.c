@@ -523,8 +523,17 @@ static void avx512_rows_vec(const qmat *w, int r0, int r1, const float *x, float
     rows_few_inputs(w, r0, r1, x, 1, y, r1 - r0);
 }
 
+/* Weight factors of tile row i at columns [c, c + 16): decoded f32 rows, or with BF the BF16 codes
+ * themselves, widened here (masked at the row's end: the columns past it read as +0). */
+INLINE __m512 tile_weight(const void *wb, int BF, int ldw, int i, int c, __mmask16 m) {
+    if (!BF) return _mm512_load_ps((const float *)wb + (size_t)i * ldw + c);
+    const uint16_t *p = (const uint16_t *)wb + (size_t)i * ldw + c;
+    __m256i codes = m == 0xffff ? _mm256_loadu_si256((const __m256i *)p) : _mm256_maskz_loadu_epi16(m, p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(codes), 16));
+}
+
 /* NR x NX tile over columns [c0, c1); partial lanes in acc[input row][weight row][16]. */
-INLINE void tile(const float *wb, int ldw, const float *x, int cols, int c0, int c1, int NR, int NX, float *acc,
+INLINE void tile(const void *wb, int BF, int ldw, const float *x, int cols, int c0, int c1, int NR, int NX, float *acc,
                  int nr_all) {
     __m512 a[TILE_R][TILE_X];
     const int full_end = c1 & ~15;
@@ -544,7 +553,7 @@ INLINE void tile(const float *wb, int ldw, const float *x, int cols, int c0, int
          * zmm registers (all four weights at once would spill accumulators to the stack). */
         #pragma GCC unroll 4
         for (int i = 0; i < NR; i++) {
-            __m512 wv = _mm512_load_ps(wb + (size_t)i * ldw + c);
+            __m512 wv = tile_weight(wb, BF, ldw, i, c, 0xffff);
             __asm__("" : "+v"(wv));
             #pragma GCC unroll 6
             for (int j = 0; j < NX; j++) a[i][j] = _mm512_fmadd_ps(wv, xv[j], a[i][j]);
@@ -554,7 +563,7 @@ INLINE void tile(const float *wb, int ldw, const float *x, int cols, int c0, int
         __mmask16 m = tail_mask(full_end, cols);
         #pragma GCC unroll 4
         for (int i = 0; i < NR; i++) {
-            __m512 wv = _mm512_load_ps(wb + (size_t)i * ldw + full_end);
+            __m512 wv = tile_weight(wb, BF, ldw, i, full_end, m);
             #pragma GCC unroll 6
             for (int j = 0; j < NX; j++)
                 a[i][j] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, x + (size_t)j * cols + full_end), a[i][j]);
@@ -567,16 +576,22 @@ INLINE void tile(const float *wb, int ldw, const float *x, int cols, int c0, int
 }
 
 #define TILE_CASE(nr, nx) \
-    case (nr) * 8 + (nx): tile(wb, ldw, x, cols, c0, c1, nr, nx, acc, nr_all); break
-
-static void tile_chunk(const float *wb, int ldw, const float *x, int cols, int c0, int c1, int nr, int nx, float *acc,
-                       int nr_all) {
-    switch (nr * 8 + nx) {
-        TILE_CASE(1, 1); TILE_CASE(1, 2); TILE_CASE(1, 3); TILE_CASE(1, 4); TILE_CASE(1, 5); TILE_CASE(1, 6);
-        TILE_CASE(2, 1); TILE_CASE(2, 2); TILE_CASE(2, 3); TILE_CASE(2, 4); TILE_CASE(2, 5); TILE_CASE(2, 6);
-        TILE_CASE(3, 1); TILE_CASE(3, 2); TILE_CASE(3, 3); TILE_CASE(3, 4); TILE_CASE(3, 5); TILE_CASE(3, 6);
-        TILE_CASE(4, 1); TILE_CASE(4, 2); TILE_CASE(4, 3); TILE_CASE(4, 4); TILE_CASE(4, 5); TILE_CASE(4, 6);
+    case (nr) * 8 + (nx): tile(wb, BF, ldw, x, cols, c0, c1, nr, nx, acc, nr_all); break
+#define TILE_CASES(bf)                                                                                      \
+    {                                                                                                       \
+        const int BF = bf;                                                                                  \
+        switch (nr * 8 + nx) {                                                                              \
+            TILE_CASE(1, 1); TILE_CASE(1, 2); TILE_CASE(1, 3); TILE_CASE(1, 4); TILE_CASE(1, 5); TILE_CASE(1, 6); \
+            TILE_CASE(2, 1); TILE_CASE(2, 2); TILE_CASE(2, 3); TILE_CASE(2, 4); TILE_CASE(2, 5); TILE_CASE(2, 6); \
+            TILE_CASE(3, 1); TILE_CASE(3, 2); TILE_CASE(3, 3); TILE_CASE(3, 4); TILE_CASE(3, 5); TILE_CASE(3, 6); \
+            TILE_CASE(4, 1); TILE_CASE(4, 2); TILE_CASE(4, 3); TILE_CASE(4, 4); TILE_CASE(4, 5); TILE_CASE(4, 6); \
+        }                                                                                                   \
     }
+
+/* One tile call; bf: the weights are BF16 codes, widened in the tile (see avx512_rows_mul). */
+static void tile_chunk(const void *wb, int bf, int ldw, const float *x, int cols, int c0, int c1, int nr, int nx,
+                       float *acc, int nr_all) {
+    if (bf) TILE_CASES(1) else TILE_CASES(0)
 }
 
 static void avx512_rows_mul(const qmat *w, int r0, int r1, const float *x, int n, float *y, int ldy) {
@@ -589,12 +604,16 @@ static void avx512_rows_mul(const qmat *w, int r0, int r1, const float *x, int n
         return;
     }
     /* Decoded rows one cache line further apart than their length: rows of a power-of-two
-     * width would otherwise all map to the same L1 sets as each other and as the inputs. */
-    const int cols = w->cols, ldw = ((cols + 15) & ~15) + 16, nr = r1 - r0;
-    float *wb = kernel_scratch((size_t)nr * ldw + (size_t)MUL_XROWS * nr * 16);
-    float *acc = wb + (size_t)nr * ldw;
-    for (int r = r0; r < r1; r++)
-        KERNEL_FOR_EACH_FORMAT(w->fmt, decode_row(w, F, r, wb + (size_t)(r - r0) * ldw), (void)0)
+     * width would otherwise all map to the same L1 sets as each other and as the inputs. BF16
+     * needs no decoded copy: the tile widens its codes in registers (a shift), which reads half
+     * the bytes from L2 on each pass over the rows and skips the copy. */
+    const int cols = w->cols, bf = w->fmt == WF_BF16, nr = r1 - r0;
+    const int ldw = bf ? cols : ((cols + 15) & ~15) + 16;
+    float *acc = kernel_scratch((size_t)(bf ? 0 : nr * ldw) + (size_t)MUL_XROWS * nr * 16);
+    const void *wb = bf ? (const void *)kernel_row_ptr(w, r0) : acc;
+    acc += bf ? 0 : (size_t)nr * ldw;
+    for (int r = r0; r < r1 && !bf; r++)
+        KERNEL_FOR_EACH_FORMAT(w->fmt, decode_row(w, F, r, (float *)wb + (size_t)(r - r0) * ldw), (void)0)
     row_stream next = row_stream_after(w, r0, r1, (n + MUL_XROWS - 1) / MUL_XROWS * ((cols + MUL_CHUNK - 1) / MUL_CHUNK) *
                                                       ((nr + TILE_R - 1) / TILE_R));
     for (int j0 = 0; j0 < n; j0 += MUL_XROWS) {
@@ -605,7 +624,7 @@ static void avx512_rows_mul(const qmat *w, int r0, int r1, const float *x, int n
             int c1 = c0 + MUL_CHUNK < cols ? c0 + MUL_CHUNK : cols;
             for (int j = 0; j < nx_all; j += TILE_X)
                 for (int i = 0; i < nr; i += TILE_R, row_stream_step(&next))
-                    tile_chunk(wb + (size_t)i * ldw, ldw, xg + (size_t)j * cols, cols, c0, c1,
+                    tile_chunk((const char *)wb + (size_t)i * ldw * (bf ? 2 : 4), bf, ldw, xg + (size_t)j * cols, cols, c0, c1,
                                nr - i < TILE_R ? nr - i : TILE_R, nx_all - j < TILE_X ? nx_all - j : TILE_X,
                                acc + ((size_t)j * nr + i) * 16, nr);
         }

@@ -31,3 +31,16 @@ void *arena_take(arena *a, size_t n, size_t size) {
     a->used += bytes;
     return p;
 }
+
+arena *arena_thread(size_t bytes) {
+    static _Thread_local arena block;
+    if (bytes > block.cap) {
+        arena_free(&block);
+        if (arena_init(&block, bytes)) {
+            fprintf(stderr, "cairn: out of memory for %zu bytes of per-thread temporaries\n", bytes);
+            abort();
+        }
+    }
+    block.used = 0;
+    return &block;
+}

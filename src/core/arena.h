@@ -30,6 +30,11 @@ int arena_init(arena *a, size_t cap);
 void arena_free(arena *a);
 /* n elements of size bytes; NULL while measuring. */
 void *arena_take(arena *a, size_t n, size_t size);
+/* This thread's own arena of at least `bytes`, emptied: for pool tasks that each need
+ * temporaries of their own (a row's attention, say). Grown (contents lost) when too small,
+ * never shrunk, as the kernels keep their scratch; aborts when out of memory. One user at a
+ * time per thread: a task takes it, carves, and is done with it before it returns. */
+arena *arena_thread(size_t bytes);
 /* Everything taken after mark is given back by arena_release(a, mark). */
 static inline size_t arena_mark(const arena *a) { return a->used; }
 static inline void arena_release(arena *a, size_t mark) { a->used = mark; }

@@ -226,19 +226,10 @@ static void carve_temps(arena *a, const dsv4_config *c, const dsv4_seq *own, row
 }
 
 static row_temps thread_temps(const dsv4_model *d, const dsv4_seq *own) {
-    static _Thread_local arena block;
     arena measure = {0};
     row_temps t;
     carve_temps(&measure, &d->c, own, &t);
-    if (measure.used > block.cap) {
-        arena_free(&block);
-        if (arena_init(&block, measure.used)) {
-            fprintf(stderr, "cairn: out of memory for %zu bytes of attention temporaries\n", measure.used);
-            abort();
-        }
-    }
-    block.used = 0;
-    carve_temps(&block, &d->c, own, &t);
+    carve_temps(arena_thread(measure.used), &d->c, own, &t);
     return t;
 }
 

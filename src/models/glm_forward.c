@@ -161,58 +161,103 @@ static void run_indexer(const model *m, const glm_layer *l, int li, const rows_i
 typedef struct {
     const glm_model *g;
     mla_pass pass;
-    int i;                   /* the row */
-    const float *q;          /* this row's [heads][nope + rope], roped */
-    const float *rows;       /* the attended latent + rope rows, contiguous */
-    int cnt;
-    float *work;             /* [heads][mla_work_floats] */
+    const rows_info *ri;
+    const selection *sel;
+    int li;
+    const float *q;          /* [n][heads][nope + rope], roped */
     size_t work_stride;
 } attn_job;
 
-static void attend_head(void *ctx, int h) {
-    attn_job *j = ctx;
+/* One row's temporaries: its gathered selection ([sel->cap][kv_lora + rope], NULL without an
+ * indexer selection) and each head's work. Rows attend in parallel, so each thread carves its
+ * own (arena_thread); every one is written before it is read. */
+typedef struct {
+    float *gathered, *work;
+} attend_temps;
+
+static void carve_attend_temps(arena *a, const attn_job *j, attend_temps *t) {
+    const glm_model *g = j->g;
+    t->gathered = j->sel->cap > 1 ? floats(a, (size_t)j->sel->cap * (g->kv_lora + g->rope)) : NULL;
+    t->work = floats(a, (size_t)g->n_heads * j->work_stride);
+}
+
+static attend_temps thread_attend_temps(const attn_job *j) {
+    arena measure = {0};
+    attend_temps t;
+    carve_attend_temps(&measure, j, &t);
+    carve_attend_temps(arena_thread(measure.used), j, &t);
+    return t;
+}
+
+/* Row i's attended rows: every t <= pos of its sequence (already contiguous in its state) or
+ * the indexer's selection, gathered into `gathered`. */
+static const float *attended_rows(const attn_job *j, int i, float *gathered, int *cnt) {
+    const glm_model *g = j->g;
+    int row_len = g->kv_lora + g->rope, k = j->sel->nsel[i];
+    const float *state_rows = j->ri->seq[i]->kv[j->li];
+    if (k < 0) {
+        *cnt = j->ri->pos[i] + 1;
+        return state_rows;
+    }
+    const int *picked = j->sel->sel + (size_t)i * j->sel->cap;
+    for (int r = 0; r < k; r++)
+        memcpy(gathered + (size_t)r * row_len, state_rows + (size_t)picked[r] * row_len, (size_t)row_len * sizeof(float));
+    *cnt = k;
+    return gathered;
+}
+
+/* Head h of row i over its attended rows, in the row's temporaries. */
+static void attend_one(attn_job *j, const attend_temps *t, int i, int h, const float *rows, int cnt) {
     const glm_model *g = j->g;
     int qk = g->nope + g->rope;
-    mla_attend_head(&j->pass, h, j->i, g->rope, j->q + (size_t)h * qk + g->nope, j->rows, j->cnt,
-                    1.0f / sqrtf((float)qk), j->work + (size_t)h * j->work_stride);
+    const float *q = j->q + ((size_t)i * g->n_heads + h) * qk;
+    mla_attend_head(&j->pass, h, i, g->rope, q + g->nope, rows, cnt, 1.0f / sqrtf((float)qk),
+                    t->work + (size_t)h * j->work_stride);
 }
 
-/* The pass's MLA buffers, j->work, and the rows an indexer selection is gathered into (NULL
- * without one). */
-static float *attend_layout(arena *a, const glm_model *g, const glm_layer *l, int n, int end, int sel_cap,
-                            attn_job *j) {
-    int row_len = g->kv_lora + g->rope;
+/* A pass of several rows: rows in parallel, each row's gather and heads on one thread. */
+static void attend_row(void *ctx, int i) {
+    attn_job *j = ctx;
+    attend_temps t = thread_attend_temps(j);
+    int cnt;
+    const float *rows = attended_rows(j, i, t.gathered, &cnt);
+    for (int h = 0; h < j->g->n_heads; h++) attend_one(j, &t, i, h, rows, cnt);
+}
+
+/* A single row (decode): its heads in parallel, in the calling thread's temporaries. */
+typedef struct {
+    attn_job *j;
+    attend_temps t;
+    int i, cnt;
+    const float *rows;
+} head_job;
+
+static void attend_head(void *ctx, int h) {
+    head_job *hj = ctx;
+    attend_one(hj->j, &hj->t, hj->i, h, hj->rows, hj->cnt);
+}
+
+static void attend_layout(arena *a, const glm_model *g, const glm_layer *l, int n, int end, attn_job *j) {
     mla_pass_layout(a, &l->mla, n, &j->pass);
     j->work_stride = mla_work_floats(g->kv_lora, g->rope, end);
-    j->work = floats(a, (size_t)g->n_heads * j->work_stride);
-    return sel_cap > 1 ? floats(a, (size_t)sel_cap * row_len) : NULL;
 }
 
-/* Queries of every row through W_uk^T, then every row in order: the attended rows are all
- * t <= pos of the row's sequence (already contiguous in its state) or the indexer's selection
- * gathered into one buffer, heads in parallel; then every row's latents through W_uv. */
+/* Queries of every row through W_uk^T; attention over each row's attended rows (rows in
+ * parallel when there are at least as many as threads, else one row at a time with its heads
+ * in parallel: a head's result is the same either way); every row's latents through W_uv. */
 static void attend(const glm_model *g, const glm_layer *l, int li, const rows_info *ri, const float *q,
                    const selection *sel, int n, float *out, arena *sc) {
-    int row_len = g->kv_lora + g->rope, qk = g->nope + g->rope;
-    attn_job j = {.g = g};
-    float *gathered = attend_layout(sc, g, l, n, ri->end, sel->cap, &j);
+    attn_job j = {.g = g, .ri = ri, .sel = sel, .li = li, .q = q};
+    attend_layout(sc, g, l, n, ri->end, &j);
     mla_queries(&j.pass, q, g->rope);
-    for (int i = 0; i < n; i++) {
-        int k = sel->nsel[i];
-        const float *state_rows = ri->seq[i]->kv[li];
-        if (k < 0) {
-            j.rows = state_rows;
-            j.cnt = ri->pos[i] + 1;
-        } else {
-            const int *picked = sel->sel + (size_t)i * sel->cap;
-            for (int r = 0; r < k; r++)
-                memcpy(gathered + (size_t)r * row_len, state_rows + (size_t)picked[r] * row_len, (size_t)row_len * sizeof(float));
-            j.rows = gathered;
-            j.cnt = k;
+    if (n >= pool_threads() && n > 1) {
+        pool_run(n, attend_row, &j);
+    } else {
+        for (int i = 0; i < n; i++) {
+            head_job hj = {&j, thread_attend_temps(&j), i, 0, NULL};
+            hj.rows = attended_rows(&j, i, hj.t.gathered, &hj.cnt);
+            pool_run(g->n_heads, attend_head, &hj);
         }
-        j.i = i;
-        j.q = q + (size_t)i * g->n_heads * qk;
-        pool_run(g->n_heads, attend_head, &j);
     }
     mla_values(&j.pass, out);
 }
@@ -438,7 +483,7 @@ static void chunk_layout(arena *a, const glm_model *g, int n, chunk_bufs *b) {
 }
 
 /* One layer's scratch at its peak: attention's buffers stay taken while the FFN runs. */
-static size_t layer_bytes(const glm_model *g, const glm_layer *l, int n, int end, int sel_cap) {
+static size_t layer_bytes(const glm_model *g, const glm_layer *l, int n, int end) {
     arena a = {0};
     attention_bufs ab;
     indexer_bufs ib;
@@ -446,7 +491,7 @@ static size_t layer_bytes(const glm_model *g, const glm_layer *l, int n, int end
     float *p, *q;
     attention_layout(&a, g, n, &ab);
     if (g->has_indexer && l->full_indexer) indexer_layout(&a, g, n, end, &ib);
-    attend_layout(&a, g, l, n, end, sel_cap, &j);
+    attend_layout(&a, g, l, n, end, &j);
     if (!l->sparse) {
         swiglu_layout(&a, n, l->gate.rows, &p, &q);
         return a.used;
@@ -471,7 +516,7 @@ size_t glm_scratch_bytes(const model *m, int ctx) {
     float *hn, *out;
     chunk_layout(&a, g, GLM_CHUNK, &cb);
     size_t body = 0;
-    for (int li = 0; li < g->n_layers; li++) body = MAX(body, layer_bytes(g, &g->layers[li], GLM_CHUNK, ctx, cb.sel.cap));
+    for (int li = 0; li < g->n_layers; li++) body = MAX(body, layer_bytes(g, &g->layers[li], GLM_CHUNK, ctx));
     if (g->has_mtp) {      /* the MTP pass holds its input rows, its row table and one layer */
         arena t = {0};      /* the takes of forward_chunk's ids, mtp_rows and mtp_pass, in order */
         chunk_bufs mb;
@@ -480,7 +525,7 @@ size_t glm_scratch_bytes(const model *m, int ctx) {
         floats(&t, (size_t)GLM_CHUNK * g->dim);
         mtp_layout(&t, g, GLM_CHUNK);
         chunk_layout(&t, g, GLM_CHUNK, &mb);
-        body = MAX(body, t.used + layer_bytes(g, &g->mtp, GLM_CHUNK, ctx, cb.sel.cap) + (size_t)64 * 8);
+        body = MAX(body, t.used + layer_bytes(g, &g->mtp, GLM_CHUNK, ctx) + (size_t)64 * 8);
     }
     size_t held = a.used;
     head_layout(&a, g, GLM_CHUNK, &hn, &out);

@@ -204,7 +204,9 @@ INLINE void dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, in
             #pragma GCC unroll 4
             for (int i = 0; i < NR; i++) _mm_prefetch((const char *)row[i] + b + ahead, _MM_HINT_T0);
         }
+#if FP8_STEP == 64
         __m512i kept[VEC_ROWS];
+#endif
         #pragma GCC unroll 2
         for (int h = 0; h < n_half; h++) {
             const int ch = c + 32 * h;
@@ -218,14 +220,15 @@ INLINE void dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, in
             for (int i = 0; i < NR; i++) {
                 __m512 wlo, whi;
                 if (n_half == 1) decode_step2(f, row[i], ch, &wlo, &whi);
-                else {
-                    __m512i half = kept[i];
 #if FP8_STEP == 64
+                else {
+                    __m512i half;
                     if (h == 0) fp8_f16x64(row[i] + c, &half, &kept[i]);
-#endif
+                    else half = kept[i];
                     wlo = _mm512_cvtph_ps(_mm512_castsi512_si256(half));
                     whi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(half, 1));
                 }
+#endif
                 #pragma GCC unroll 4
                 for (int j = 0; j < NX; j++) acc[i][j] = _mm512_fmadd_ps(whi, xhi[j], _mm512_fmadd_ps(wlo, xlo[j], acc[i][j]));
             }
@@ -610,12 +613,12 @@ static void avx512_rows_mul(const qmat *w, int r0, int r1, const float *x, int n
      * needs no decoded copy: the tile widens its codes in registers (a shift), which reads half
      * the bytes from L2 on each pass over the rows and skips the copy. */
     const int cols = w->cols, bf = w->fmt == WF_BF16, nr = r1 - r0;
-    const int ldw = bf ? cols : ((cols + 15) & ~15) + 16;
-    float *acc = kernel_scratch((size_t)(bf ? 0 : nr * ldw) + (size_t)MUL_XROWS * nr * 16);
-    const void *wb = bf ? (const void *)kernel_row_ptr(w, r0) : acc;
-    acc += bf ? 0 : (size_t)nr * ldw;
+    const int ldw = bf ? cols : ((cols + 15) & ~15) + 16;     /* elements from one weight row to the next */
+    const size_t decoded = bf ? 0 : (size_t)nr * ldw, row_bytes = (size_t)ldw * (bf ? sizeof(uint16_t) : sizeof(float));
+    float *scratch = kernel_scratch(decoded + (size_t)MUL_XROWS * nr * 16), *acc = scratch + decoded;
+    const char *wb = bf ? (const char *)kernel_row_ptr(w, r0) : (const char *)scratch;
     for (int r = r0; r < r1 && !bf; r++)
-        KERNEL_FOR_EACH_FORMAT(w->fmt, decode_row(w, F, r, (float *)wb + (size_t)(r - r0) * ldw), (void)0)
+        KERNEL_FOR_EACH_FORMAT(w->fmt, decode_row(w, F, r, scratch + (size_t)(r - r0) * ldw), (void)0)
     row_stream next = row_stream_after(w, r0, r1, (n + MUL_XROWS - 1) / MUL_XROWS * ((cols + MUL_CHUNK - 1) / MUL_CHUNK) *
                                                       ((nr + TILE_R - 1) / TILE_R));
     for (int j0 = 0; j0 < n; j0 += MUL_XROWS) {
@@ -626,7 +629,7 @@ static void avx512_rows_mul(const qmat *w, int r0, int r1, const float *x, int n
             int c1 = c0 + MUL_CHUNK < cols ? c0 + MUL_CHUNK : cols;
             for (int j = 0; j < nx_all; j += TILE_X)
                 for (int i = 0; i < nr; i += TILE_R, row_stream_step(&next))
-                    tile_chunk((const char *)wb + (size_t)i * ldw * (bf ? 2 : 4), bf, ldw, xg + (size_t)j * cols, cols, c0, c1,
+                    tile_chunk(wb + (size_t)i * row_bytes, bf, ldw, xg + (size_t)j * cols, cols, c0, c1,
                                nr - i < TILE_R ? nr - i : TILE_R, nx_all - j < TILE_X ? nx_all - j : TILE_X,
                                acc + ((size_t)j * nr + i) * 16, nr);
         }

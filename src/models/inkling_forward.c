@@ -8,9 +8,9 @@
  * and softmax, the routing weights and the final logits stay f32.
  *
  * ORDER. A layer runs in phases over the chunk: batched projections; per token in position order
- * the k/v convs; per token the ring/rows write and attention (a sliding-window ring slot is
- * overwritten only after every earlier token has read it); batched o_proj; per token the
- * attention-output conv; the MLP batched; per token the MLP-output conv. Each phase that writes a
+ * the k/v convs; attention of every row (rows in parallel, see ATTENTION OF A PASS), then the
+ * ring/rows writes in position order; batched o_proj; per token the attention-output conv; the
+ * MLP batched; per token the MLP-output conv. Each phase that writes a
  * ring or conv part calls state_capture before writing each position. */
 #include <math.h>
 #include <string.h>
@@ -22,12 +22,13 @@
 #include "inkling.h"
 
 /* SCRATCH. Every buffer of a chunk comes from the sequence's arena (core/arena.h), carved by
- * chunk_layout for n tokens whose last position is below `end`; inkling_scratch_bytes runs the
- * same layout with a measuring arena for INK_CHUNK tokens at end = ctx (every size grows with
- * n and end, so a smaller chunk always fits). */
+ * chunk_layout for n tokens; inkling_scratch_bytes runs the same layout with a measuring arena
+ * for INK_CHUNK tokens (every size grows with n, so a smaller chunk always fits). A row's
+ * attention temporaries are its thread's own (arena_thread). */
 typedef struct {
     float *x, *hn, *delta, *branch, *heads;          /* [n][D], heads [n][H*hd] */
-    float *q, *kv, *raw, *kp, *vp, *r, *work;        /* attention */
+    float *q, *kv, *raw, *kp, *vp, *r;               /* attention */
+    int *run;
     float *logits, *gam, *eout, *ex, *g1, *act, *fused, *choice;   /* MLP (routed experts: core/experts.c's scratch) */
     int *idx;
     float *head_hn, *head_out;                       /* [n][D], [n][unpadded] */
@@ -35,15 +36,13 @@ typedef struct {
 
 static float *floats(arena *a, size_t n) { return arena_take(a, n, sizeof(float)); }
 
-static void chunk_layout(arena *a, const ink_model *g, int n, int end, ink_bufs *b) {
-    size_t qmax = 1, kvmax = 1, hmax = 1, hdmax = 1, extmax = 1, imax = (size_t)g->moe_inter;
+static void chunk_layout(arena *a, const ink_model *g, int n, ink_bufs *b) {
+    size_t qmax = 1, kvmax = 1, hmax = 1, imax = (size_t)g->moe_inter;
     for (int i = 0; i < g->n_layers; i++) {
         const ink_layer *l = &g->layers[i];
         qmax = MAX(qmax, (size_t)l->heads * l->head_dim);
         kvmax = MAX(kvmax, (size_t)l->kv_heads * l->head_dim);
         hmax = MAX(hmax, (size_t)l->heads);
-        hdmax = MAX(hdmax, (size_t)l->head_dim);
-        extmax = MAX(extmax, (size_t)l->extent);
         imax = MAX(imax, (size_t)l->mlp.inter);
     }
     size_t nd = (size_t)n * g->dim, ks = (size_t)(g->top_k + g->n_shared);
@@ -51,7 +50,7 @@ static void chunk_layout(arena *a, const ink_model *g, int n, int end, ink_bufs 
     b->heads = floats(a, n * qmax), b->q = floats(a, n * qmax);
     b->kv = floats(a, n * 2 * kvmax), b->raw = floats(a, n * 2 * kvmax);
     b->kp = floats(a, n * kvmax), b->vp = floats(a, n * kvmax), b->r = floats(a, n * hmax * g->d_rel);
-    b->work = floats(a, hmax * (hdmax + extmax + (size_t)MAX(g->window, end)));
+    b->run = arena_take(a, (size_t)n, sizeof(int));
     b->logits = floats(a, (size_t)n * (g->n_experts + g->n_shared)), b->gam = floats(a, n * ks);
     b->idx = arena_take(a, (size_t)n * g->top_k, sizeof(int));
     b->eout = floats(a, nd), b->ex = floats(a, n * ks * g->dim), b->g1 = floats(a, (size_t)n);
@@ -62,7 +61,7 @@ static void chunk_layout(arena *a, const ink_model *g, int n, int end, ink_bufs 
 size_t inkling_scratch_bytes(const model *m, int ctx) {
     arena a = {0};
     ink_bufs b;
-    chunk_layout(&a, m->priv, INK_CHUNK, ctx, &b);
+    chunk_layout(&a, m->priv, INK_CHUNK, &b);
     return a.used;
 }
 
@@ -118,57 +117,33 @@ static void conv_rows(const model *m, const ink_rows *rw, int li, conv_which whi
 
 /* ---- attention -------------------------------------------------------------------------- */
 
+/* ATTENTION OF A PASS. Every row reads the keys of this pass's earlier rows of its sequence from
+ * the pass's own k/v rows, and older keys from its sequence's ring or rows, so no row writes the
+ * state before every row has attended: rows can attend in any order and in parallel, and a
+ * sliding-window slot is still overwritten only after every earlier token has read it. The
+ * writes come after, per row in position order, each captured first (state_capture). A head's
+ * result depends only on its row, so which thread runs it changes no bit. */
 typedef struct {
     const model *m;
     const ink_model *g;
     const ink_layer *l;
-    const float *kv;          /* ring or rows of [k | v] */
-    const float *q, *r;       /* this token's [heads][hd], [heads][d_rel] */
-    int pos, first;           /* attended key positions first..pos */
-    float tau;                /* 1 unless log scaling applies */
-    float *work;              /* [heads][hd + extent + keys] */
-    size_t work_stride;
-    float *out;               /* [heads][hd] */
+    const ink_rows *rw;
+    int li;
+    const float *q, *r, *kv;  /* the pass's rows: [n][heads][hd], [n][heads][d_rel], [n][k | v] */
+    const int *run;           /* run[i]: the pass's first row of row i's run of consecutive positions */
+    size_t work_stride;       /* a head's work: [hd + extent + keys] */
+    float *out;               /* [n][heads][hd] */
 } attn_job;
 
-static const float *key_row(const attn_job *j, int t) {
-    int slot = j->l->sliding ? t % j->g->window : t;
-    return j->kv + (size_t)slot * 2 * j->l->kv_heads * j->l->head_dim;
-}
-
-/* One head: relative-bias profile over distances, tau scaling, scores over the attended keys,
- * softmax, weighted values. */
-static void attend_head(void *ctx, int h) {
-    attn_job *j = ctx;
+/* Key/value row of position t as row i sees it: from the pass if a row of i's run wrote it,
+ * else from i's sequence's ring (a slot per position mod window) or rows. */
+static const float *key_row(const attn_job *j, int i, int t) {
     const ink_layer *l = j->l;
-    int hd = l->head_dim, kvd = l->kv_heads * hd, grp = h / (l->heads / l->kv_heads), nk = j->pos - j->first + 1;
-    float *q = j->work + (size_t)h * j->work_stride, *prof = q + hd, *score = prof + l->extent;
-    memcpy(q, j->q + (size_t)h * hd, (size_t)hd * sizeof *q);
-    const float *rh = j->r + (size_t)h * j->g->d_rel;
-    for (int d = 0; d < l->extent; d++) {
-        float acc = 0.0f;
-        for (int e = 0; e < j->g->d_rel; e++) acc += rh[e] * l->rel[(size_t)e * l->extent + d];
-        prof[d] = acc;
-    }
-    act_round(j->m, prof, (size_t)l->extent);
-    if (j->tau != 1.0f) {
-        for (int d = 0; d < hd; d++) q[d] *= j->tau;
-        for (int d = 0; d < l->extent; d++) prof[d] *= j->tau;
-        act_round(j->m, q, (size_t)hd);
-        act_round(j->m, prof, (size_t)l->extent);
-    }
-    float inv = 1.0f / (float)hd;
-    for (int k = 0; k < nk; k++) {
-        int t = j->first + k, dist = j->pos - t;
-        score[k] = dot_f32(q, key_row(j, t) + (size_t)grp * hd, hd) * inv + (dist < l->extent ? prof[dist] : 0.0f);
-    }
-    softmax(score, nk);
-    float *o = j->out + (size_t)h * hd;
-    memset(o, 0, (size_t)hd * sizeof *o);
-    for (int k = 0; k < nk; k++) {
-        const float *v = key_row(j, j->first + k) + kvd + (size_t)grp * hd;
-        for (int d = 0; d < hd; d++) o[d] += score[k] * v[d];
-    }
+    size_t kv_len = (size_t)2 * l->kv_heads * l->head_dim;
+    int r0 = j->run[i], p0 = j->rw->pos[r0];
+    if (t >= p0) return j->kv + (size_t)(r0 + t - p0) * kv_len;
+    int slot = l->sliding ? t % j->g->window : t;
+    return j->rw->seq[i]->layers[j->li].kv.buf + (size_t)slot * kv_len;
 }
 
 /* tau = 1 + alpha * ln(max((pos + 1) / n_floor, 1)) on global layers, in f32 as HF computes it. */
@@ -176,6 +151,82 @@ static float log_tau(const ink_model *g, const ink_layer *l, int pos) {
     if (l->sliding || !g->log_floor) return 1.0f;
     float ratio = (float)(pos + 1) / (float)g->log_floor;
     return 1.0f + g->log_alpha * logf(ratio > 1.0f ? ratio : 1.0f);
+}
+
+/* Head h of row i, in `work`: relative-bias profile over distances, tau scaling, scores over the
+ * attended keys, softmax, weighted values. */
+static void attend_head(const attn_job *j, int i, int h, float *work) {
+    const ink_layer *l = j->l;
+    int hd = l->head_dim, kvd = l->kv_heads * hd, grp = h / (l->heads / l->kv_heads);
+    int pos = j->rw->pos[i], first = l->sliding && pos - j->g->window + 1 > 0 ? pos - j->g->window + 1 : 0;
+    int nk = pos - first + 1;
+    float tau = log_tau(j->g, l, pos);
+    float *q = work, *prof = q + hd, *score = prof + l->extent;
+    memcpy(q, j->q + ((size_t)i * l->heads + h) * hd, (size_t)hd * sizeof *q);
+    const float *rh = j->r + ((size_t)i * l->heads + h) * j->g->d_rel;
+    for (int d = 0; d < l->extent; d++) {
+        float acc = 0.0f;
+        for (int e = 0; e < j->g->d_rel; e++) acc += rh[e] * l->rel[(size_t)e * l->extent + d];
+        prof[d] = acc;
+    }
+    act_round(j->m, prof, (size_t)l->extent);
+    if (tau != 1.0f) {
+        for (int d = 0; d < hd; d++) q[d] *= tau;
+        for (int d = 0; d < l->extent; d++) prof[d] *= tau;
+        act_round(j->m, q, (size_t)hd);
+        act_round(j->m, prof, (size_t)l->extent);
+    }
+    float inv = 1.0f / (float)hd;
+    for (int k = 0; k < nk; k++) {
+        int t = first + k, dist = pos - t;
+        score[k] = dot_f32(q, key_row(j, i, t) + (size_t)grp * hd, hd) * inv + (dist < l->extent ? prof[dist] : 0.0f);
+    }
+    softmax(score, nk);
+    float *o = j->out + ((size_t)i * l->heads + h) * hd;
+    memset(o, 0, (size_t)hd * sizeof *o);
+    for (int k = 0; k < nk; k++) {
+        const float *v = key_row(j, i, first + k) + kvd + (size_t)grp * hd;
+        for (int d = 0; d < hd; d++) o[d] += score[k] * v[d];
+    }
+}
+
+/* The calling thread's work for every head of a row (arena_thread: rows attend in parallel). */
+static float *thread_work(const attn_job *j) {
+    size_t len = (size_t)j->l->heads * j->work_stride;
+    arena measure = {0};
+    floats(&measure, len);
+    return floats(arena_thread(measure.used), len);
+}
+
+/* A pass of several rows: rows in parallel, a row's heads one after another on one thread. */
+static void attend_row(void *ctx, int i) {
+    const attn_job *j = ctx;
+    float *work = thread_work(j);
+    for (int h = 0; h < j->l->heads; h++) attend_head(j, i, h, work + (size_t)h * j->work_stride);
+}
+
+/* A single row (decode): its heads in parallel, each in its slice of the caller's work. */
+typedef struct {
+    const attn_job *j;
+    int i;
+    float *work;
+} head_job;
+
+static void attend_head_task(void *ctx, int h) {
+    const head_job *hj = ctx;
+    attend_head(hj->j, hj->i, h, hj->work + (size_t)h * hj->j->work_stride);
+}
+
+/* Each row's k/v into its sequence's ring slot or row, in position order. */
+static void write_keys(const attn_job *j) {
+    const ink_layer *l = j->l;
+    size_t kv_len = (size_t)2 * l->kv_heads * l->head_dim;
+    for (int i = 0; i < j->rw->n; i++) {
+        int pos = j->rw->pos[i], slot = l->sliding ? pos % j->g->window : pos;
+        ink_part *kvp = &j->rw->seq[i]->layers[j->li].kv;
+        if (l->sliding) state_capture(j->rw->seq[i]->st, kvp->part, pos);
+        memcpy(kvp->buf + (size_t)slot * kv_len, j->kv + (size_t)i * kv_len, kv_len * sizeof(float));
+    }
 }
 
 /* heads[n][H*hd] for the pass; writes each row's k/v at its position into its sequence's ring or rows. */
@@ -200,26 +251,22 @@ static void attention(const model *m, int li, const ink_rows *rw, const float *h
                                                   l->q_norm, hd, g->eps);
         for (int h = 0; h < l->kv_heads; h++) rmsnorm(kv + (size_t)i * 2 * kvd + (size_t)h * hd,
                                                      kv + (size_t)i * 2 * kvd + (size_t)h * hd, l->k_norm, hd, g->eps);
+        b->run[i] = i && rw->seq[i - 1] == rw->seq[i] && rw->pos[i - 1] + 1 == rw->pos[i] ? b->run[i - 1] : i;
     }
     act_round(m, q, (size_t)n * qd);
     act_round(m, kv, (size_t)n * 2 * kvd);
     int keys = l->sliding ? g->window : rw->end;
-    attn_job j = {.m = m, .g = g, .l = l, .work = b->work, .work_stride = (size_t)hd + l->extent + keys};
-    for (int i = 0; i < n; i++) {
-        int pos = rw->pos[i];
-        int slot = l->sliding ? pos % g->window : pos;
-        ink_part *kvp = &rw->seq[i]->layers[li].kv;
-        if (l->sliding) state_capture(rw->seq[i]->st, kvp->part, pos);
-        memcpy(kvp->buf + (size_t)slot * 2 * kvd, kv + (size_t)i * 2 * kvd, (size_t)2 * kvd * sizeof(float));
-        j.kv = kvp->buf;
-        j.pos = pos;
-        j.first = l->sliding && pos - g->window + 1 > 0 ? pos - g->window + 1 : 0;
-        j.tau = log_tau(g, l, pos);
-        j.q = q + (size_t)i * qd;
-        j.r = r + (size_t)i * l->heads * g->d_rel;
-        j.out = heads + (size_t)i * qd;
-        pool_run(l->heads, attend_head, &j);
+    attn_job j = {.m = m, .g = g, .l = l, .rw = rw, .li = li, .q = q, .r = r, .kv = kv, .run = b->run,
+                  .work_stride = (size_t)hd + l->extent + keys, .out = heads};
+    if (n >= pool_threads() && n > 1) {
+        pool_run(n, attend_row, &j);
+    } else {
+        for (int i = 0; i < n; i++) {
+            head_job hj = {&j, i, thread_work(&j)};
+            pool_run(l->heads, attend_head_task, &hj);
+        }
     }
+    write_keys(&j);
     act_round(m, heads, (size_t)n * qd);
     project(m, &l->o, heads, n, out);
 }
@@ -367,7 +414,7 @@ static void forward_rows(const model *m, const ink_rows *rw, arena *sc) {
     const ink_model *g = m->priv;
     size_t start = arena_mark(sc), len = (size_t)rw->n * g->dim;
     ink_bufs b;
-    chunk_layout(sc, g, rw->n, rw->end, &b);
+    chunk_layout(sc, g, rw->n, &b);
     float *x = b.x, *hn = b.hn, *delta = b.delta, *branch = b.branch;
     for (int i = 0; i < rw->n; i++) embed(m, rw->seq[i], rw->ids[i], x + (size_t)i * g->dim, delta);
     for (int li = 0; li < g->n_layers; li++) {

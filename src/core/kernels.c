@@ -271,7 +271,16 @@ static void scalar_rows_vec(const qmat *w, int r0, int r1, const float *x, float
     scalar_rows_mul(w, r0, r1, x, 1, y, r1 - r0);
 }
 
-const kernel_path kernel_path_scalar = {"scalar", scalar_rows_vec, scalar_rows_mul, 0, weight_row};
+void kernel_transpose_scalar(const float *src, int r0, int rows, int c0, int cols, size_t lds, float *dst, size_t ldd) {
+    for (int r = r0; r < rows; r++)
+        for (int c = c0; c < cols; c++) dst[(size_t)c * ldd + r] = src[(size_t)r * lds + c];
+}
+
+static void scalar_transpose(const float *src, int rows, int cols, size_t lds, float *dst, size_t ldd) {
+    kernel_transpose_scalar(src, 0, rows, 0, cols, lds, dst, ldd);
+}
+
+const kernel_path kernel_path_scalar = {"scalar", scalar_rows_vec, scalar_rows_mul, 0, weight_row, scalar_transpose};
 
 static int force_scalar;
 
@@ -289,6 +298,10 @@ static const kernel_path *active_path(void) {
 void kernels_force_scalar(int on) { force_scalar = on; }
 
 const char *kernels_simd_name(void) { return active_path()->name; }
+
+void kernels_transpose(const float *src, int rows, int cols, size_t lds, float *dst, size_t ldd) {
+    active_path()->transpose(src, rows, cols, lds, dst, ldd);
+}
 
 /* One matrix's rows [r0, r1) of a job, written to y[n][r1 - r0]; its tasks are indices
  * [first, first + tasks) of the job, rows_per_task rows each (run_parts sets both). */

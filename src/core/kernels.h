@@ -82,6 +82,10 @@ void qmat_row(const qmat *w, int r, float *out);
  * counted. */
 void kernels_streamed(unsigned long long *dense, unsigned long long *routed);
 
+/* dst[c * ldd + r] = src[r * lds + c] for r < rows, c < cols: an exact copy (a transposed
+ * operand for qmat_mul), in SIMD blocks where the path has them. */
+void kernels_transpose(const float *src, int rows, int cols, size_t lds, float *dst, size_t ldd);
+
 void kernels_force_scalar(int on);
 const char *kernels_simd_name(void);                 /* "avx512", "avx2" or "scalar" */
 

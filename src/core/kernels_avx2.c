@@ -396,6 +396,34 @@ static void avx2_rows_mul(const qmat *w, int r0, int r1, const float *x, int n, 
     }
 }
 
-const kernel_path kernel_path_avx2 = {"avx2", avx2_rows_vec, avx2_rows_mul, 8, NULL};
+/* One 8 x 8 block: rows to columns in three rounds of shuffles (pairs, quads, halves). */
+static void transpose8(const float *src, size_t lds, float *dst, size_t ldd) {
+    __m256 r[8], t[8], u[8];
+    for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(src + (size_t)i * lds);
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+        u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+        u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+    }
+    for (int i = 0; i < 4; i++) {
+        _mm256_storeu_ps(dst + (size_t)i * ldd, _mm256_permute2f128_ps(u[i], u[i + 4], 0x20));
+        _mm256_storeu_ps(dst + (size_t)(i + 4) * ldd, _mm256_permute2f128_ps(u[i], u[i + 4], 0x31));
+    }
+}
+
+void kernel_transpose_avx2(const float *src, int rows, int cols, size_t lds, float *dst, size_t ldd) {
+    int r8 = rows / 8 * 8, c8 = cols / 8 * 8;
+    for (int r = 0; r < r8; r += 8)
+        for (int c = 0; c < c8; c += 8) transpose8(src + (size_t)r * lds + c, lds, dst + (size_t)c * ldd + r, ldd);
+    kernel_transpose_scalar(src, 0, rows, c8, cols, lds, dst, ldd);
+    kernel_transpose_scalar(src, r8, rows, 0, c8, lds, dst, ldd);
+}
+
+const kernel_path kernel_path_avx2 = {"avx2", avx2_rows_vec, avx2_rows_mul, 8, NULL, kernel_transpose_avx2};
 
 #endif

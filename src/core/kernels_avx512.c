@@ -646,6 +646,7 @@ static void avx512_row_factors(const qmat *w, int r, float *out) {
     for (int c = full; c < w->cols; c++) out[c] = kernel_weight(w, r, c);
 }
 
-const kernel_path kernel_path_avx512 = {"avx512", avx512_rows_vec, avx512_rows_mul, 16, avx512_row_factors};
+const kernel_path kernel_path_avx512 = {"avx512", avx512_rows_vec, avx512_rows_mul, 16, avx512_row_factors,
+                                        kernel_transpose_avx2};
 
 #endif

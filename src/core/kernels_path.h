@@ -59,11 +59,17 @@ typedef struct {
     /* out[c] = rule 1's weight factor (r, c) for c < cols (kernel_weight, unscaled), for the
      * rule-2 formats; NULL: kernel_weight per element. qmat_row applies the scales. */
     void (*row_factors)(const qmat *w, int r, float *out);
+    /* dst[c * ldd + r] = src[r * lds + c] for r < rows, c < cols (kernels_transpose). */
+    void (*transpose)(const float *src, int rows, int cols, size_t lds, float *dst, size_t ldd);
 } kernel_path;
 
 extern const kernel_path kernel_path_scalar;
 extern const kernel_path kernel_path_avx2;     /* defined only when compiled with AVX2+FMA+F16C */
 extern const kernel_path kernel_path_avx512;   /* defined only when compiled with AVX-512F + BW (+ AVX2) */
+/* The AVX2 path's transpose (8 x 8 blocks), which the AVX-512 path uses too. */
+void kernel_transpose_avx2(const float *src, int rows, int cols, size_t lds, float *dst, size_t ldd);
+/* Element by element, for what a SIMD transpose leaves: rows [r0, rows) of columns [c0, cols). */
+void kernel_transpose_scalar(const float *src, int r0, int rows, int c0, int cols, size_t lds, float *dst, size_t ldd);
 
 /* 256-entry table: E4M3 byte read as an f16 bit pattern ((b&0x7f)<<7 | (b&0x80)<<8), i.e. the
  * E4M3 value times 2^-8 (the NaN codes read as +-480 * 2^-8; checkpoints do not contain them). */

@@ -12,10 +12,16 @@
 #include "deepseek_v4.h"
 
 /* Sum of squares in double: one fixed order, and accurate enough that the rsqrt does not
- * depend on how a reference happens to order its float sum. */
+ * depend on how a reference happens to order its float sum. Eight running sums (element i in
+ * sum i % 8, squares exact in double), added pairwise: one chain of 8192 dependent adds was a
+ * serial 1 % of a decode step. */
 float dsv4_rsqrt_mean_square(const float *x, int n, double eps) {
-    double ss = 0;
-    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    double acc[8] = {0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) acc[j] += (double)x[i + j] * x[i + j];
+    for (int j = 0; i < n; i++, j++) acc[j] += (double)x[i] * x[i];
+    double ss = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
     return (float)(1.0 / sqrt(ss / n + eps));
 }
 
@@ -49,13 +55,15 @@ static void hc_split(const dsv4_config *c, const dsv4_hc *p, const float *mix, f
     }
 }
 
-/* x = sum_i pre_i * H_i over the streams of one token (FP32 sum, then BF16). */
-static void hc_collapse(const dsv4_model *d, const float *h, const float *pre, float *x) {
+/* x = sum_i pre_i * H_i over the streams of one token (FP32 sum, i ascending, then BF16). A
+ * stream at a time over every column: the same sum per column, in loops that vectorize. */
+static void hc_collapse(const dsv4_model *d, const float *restrict h, const float *pre, float *restrict x) {
     int dim = d->c.dim;
-    for (int k = 0; k < dim; k++) {
-        float acc = 0;
-        for (int i = 0; i < d->c.hc; i++) acc += pre[i] * h[i * dim + k];
-        x[k] = acc;
+    for (int k = 0; k < dim; k++) x[k] = 0;
+    for (int i = 0; i < d->c.hc; i++) {
+        float p = pre[i];
+        const float *restrict hi = h + (size_t)i * dim;
+        for (int k = 0; k < dim; k++) x[k] += p * hi[k];
     }
     dsv4_bf16(d, x, dim);
 }
@@ -68,6 +76,7 @@ typedef struct {
     const dsv4_hc *p;
     const uint16_t *norm;
     dsv4_seq *s;
+    int blocks;              /* hc_post's column blocks per token */
 } hc_job;
 
 /* Token t of hc_pre: scale its mixing logits, split them, collapse the streams into x, norm. */
@@ -91,40 +100,55 @@ static void hc_pre_token(void *ctx, int t) {
  * the sub-layer input x, which is normed with `norm`. post/comb are kept for hc_post. */
 void dsv4_hc_pre(const dsv4_model *d, const dsv4_hc *p, const uint16_t *norm, dsv4_seq *s, int n) {
     qmat_mul(&p->fn, s->h, n, s->mix);
-    hc_job j = {d, p, norm, s};
+    hc_job j = {d, p, norm, s, 1};
     pool_run(n, hc_pre_token, &j);
 }
 
-/* Token t of hc_post: new stream j = post_j * f + sum_i comb[i][j] * R_i, replacing the
- * residual add. HC_POST_COLS columns at a time: the old streams' columns are copied before any
- * stream's are overwritten, and each output then sums in the same order (post * f, then i
- * ascending) in loops over columns, which vectorize. */
+/* Columns [k0, k1) of token t's hc_post: new stream j = post_j * f + sum_i comb[i][j] * R_i,
+ * replacing the residual add. HC_POST_COLS columns at a time: the old streams' columns are copied
+ * before any stream's are overwritten, and each output then sums in the same order (post * f,
+ * then i ascending) in loops over columns, which vectorize. Every column is its own: any cut
+ * into column ranges gives the same bits. */
 #define HC_POST_COLS 64
+#define HC_POST_SPLIT 256    /* columns per task when a lone token is cut (see hc_post) */
 
-static void hc_post_token(void *ctx, int t) {
-    const hc_job *job = ctx;
+static void hc_post_cols(const hc_job *job, int t, int k0, int k1) {
     const dsv4_config *c = &job->d->c;
     dsv4_seq *s = job->s;
     int hc = c->hc, dim = c->dim;
     float *h = s->h + (size_t)t * hc * dim;
-    const float *f = s->f + (size_t)t * dim, *post = s->post + t * hc, *comb = s->comb + t * hc * hc;
-    for (int k0 = 0; k0 < dim; k0 += HC_POST_COLS) {
-        int kn = MIN(HC_POST_COLS, dim - k0);
+    const float *restrict f = s->f + (size_t)t * dim, *post = s->post + t * hc, *comb = s->comb + t * hc * hc;
+    for (int b0 = k0; b0 < k1; b0 += HC_POST_COLS) {
+        int kn = MIN(HC_POST_COLS, k1 - b0);
         float old[DSV4_MAX_HC][HC_POST_COLS];
-        for (int i = 0; i < hc; i++) memcpy(old[i], h + (size_t)i * dim + k0, sizeof(float) * kn);
+        for (int i = 0; i < hc; i++) memcpy(old[i], h + (size_t)i * dim + b0, sizeof(float) * kn);
         for (int j = 0; j < hc; j++) {
-            float *out = h + (size_t)j * dim + k0;
-            for (int k = 0; k < kn; k++) out[k] = post[j] * f[k0 + k];
-            for (int i = 0; i < hc; i++)
-                for (int k = 0; k < kn; k++) out[k] += comb[i * hc + j] * old[i][k];
+            float *restrict out = h + (size_t)j * dim + b0, pj = post[j];
+            for (int k = 0; k < kn; k++) out[k] = pj * f[b0 + k];
+            for (int i = 0; i < hc; i++) {
+                float cij = comb[i * hc + j];
+                for (int k = 0; k < kn; k++) out[k] += cij * old[i][k];
+            }
         }
     }
-    dsv4_bf16(job->d, h, (size_t)hc * dim);
+    for (int j = 0; j < hc; j++) dsv4_bf16(job->d, h + (size_t)j * dim + k0, (size_t)(k1 - k0));
 }
 
+/* Task i: token i / blocks, its block i % blocks of HC_POST_SPLIT columns (all of them when
+ * blocks is 1). */
+static void hc_post_task(void *ctx, int i) {
+    const hc_job *job = ctx;
+    int dim = job->d->c.dim, t = i / job->blocks, b = i % job->blocks;
+    if (job->blocks == 1) hc_post_cols(job, t, 0, dim);
+    else hc_post_cols(job, t, b * HC_POST_SPLIT, MIN(dim, (b + 1) * HC_POST_SPLIT));
+}
+
+/* A token per task when every thread has one; fewer tokens than threads (a decode step) are cut
+ * into column blocks, so the threads share them instead of waiting for the caller alone. */
 static void hc_post(const dsv4_model *d, dsv4_seq *s, int n) {
-    hc_job j = {d, NULL, NULL, s};
-    pool_run(n, hc_post_token, &j);
+    int blocks = n < pool_threads() ? (d->c.dim + HC_POST_SPLIT - 1) / HC_POST_SPLIT : 1;
+    hc_job j = {d, NULL, NULL, s, blocks};
+    pool_run(n * blocks, hc_post_task, &j);
 }
 
 void dsv4_block(const dsv4_model *d, const dsv4_layer *L, int li, dsv4_seq *s, int n) {

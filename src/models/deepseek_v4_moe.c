@@ -102,17 +102,18 @@ typedef struct {
 } moe_sum_job;
 
 /* Token t's output (a pool task: tokens are independent): its routed rows summed in rank order,
- * then the shared expert's row, then BF16. */
+ * then the shared expert's row, then BF16; a row at a time over every column (loops that
+ * vectorize, the same sum per column). */
 static void moe_sum_token(void *ctx, int t) {
     const moe_sum_job *j = ctx;
     int k = j->d->c.n_active, dim = j->d->c.dim;
-    const float *y = j->s->moe_y + (size_t)t * k * dim, *sh = j->s->moe_ye + (size_t)t * dim;
-    float *o = j->out + (size_t)t * dim;
-    for (int c = 0; c < dim; c++) {
-        float acc = 0;
-        for (int r = 0; r < k; r++) acc += y[(size_t)r * dim + c];
-        o[c] = j->shared ? acc + sh[c] : acc;
-    }
+    const float *restrict y = j->s->moe_y + (size_t)t * k * dim, *restrict sh = j->s->moe_ye + (size_t)t * dim;
+    float *restrict o = j->out + (size_t)t * dim;
+    for (int c = 0; c < dim; c++) o[c] = 0;
+    for (int r = 0; r < k; r++)
+        for (int c = 0; c < dim; c++) o[c] += y[(size_t)r * dim + c];
+    if (j->shared)
+        for (int c = 0; c < dim; c++) o[c] += sh[c];
     dsv4_bf16(j->d, o, dim);
 }
 

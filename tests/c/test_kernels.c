@@ -387,8 +387,34 @@ static void check_pool_sleepers(void) {
           atomic_load(&q.calls[0]), atomic_load(&q.calls[1]));
 }
 
+/* kernels_transpose: every element lands where the definition puts it, on the SIMD path and the
+ * scalar one, for shapes with and without whole 8 x 8 blocks, and with strides wider than the
+ * matrix (a block written past its columns would show in the untouched guard values). */
+static void check_transpose(void) {
+    static const int shapes[][2] = {{8, 8}, {19, 37}, {16, 512}, {1, 9}, {130, 24}, {7, 5}};
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        int rows = shapes[k][0], cols = shapes[k][1];
+        size_t lds = (size_t)cols + 3, ldd = (size_t)rows + 5;
+        float *src = malloc(sizeof(float) * (size_t)rows * lds), *dst = malloc(sizeof(float) * (size_t)cols * ldd);
+        for (size_t i = 0; i < (size_t)rows * lds; i++) src[i] = rnd_float();
+        for (int s = 0; s < 2; s++) {
+            kernels_force_scalar(s);
+            for (size_t i = 0; i < (size_t)cols * ldd; i++) dst[i] = -7.0f;
+            kernels_transpose(src, rows, cols, lds, dst, ldd);
+            int bad = 0;
+            for (int c = 0; c < cols; c++)
+                for (size_t r = 0; r < ldd; r++)
+                    bad += (int)r < rows ? dst[c * ldd + r] != src[r * lds + (size_t)c] : dst[c * ldd + r] != -7.0f;
+            CHECK(!bad, "%s: transpose %dx%d: %d elements wrong", kernels_simd_name(), rows, cols, bad);
+        }
+        kernels_force_scalar(0);
+        free(src); free(dst);
+    }
+}
+
 int main(void) {
     check_simd_selected();
+    check_transpose();
     check_pool();
     check_pool_claims();
     check_pool_sleepers();

@@ -57,18 +57,17 @@ static void query_latent_row(void *ctx, int t) {
     dsv4_act_qdq(j->d, qrq, c->q_lora);
 }
 
-/* Row t's query heads: per-head RMS (BF16 around it), RoPE on the tail. */
-static void query_heads_row(void *ctx, int t) {
+/* Query head i % n_heads of row i / n_heads: per-head RMS (BF16 around it), RoPE on the tail.
+ * A task per head, not per row: a decode step's one row would leave its 16 heads to the caller. */
+static void query_head(void *ctx, int i) {
     const token_job *j = ctx;
     const dsv4_config *c = &j->d->c;
-    int hd = c->head_dim;
-    for (int h = 0; h < c->n_heads; h++) {
-        float *q = j->s->q + (size_t)t * c->n_heads * hd + (size_t)h * hd;
-        dsv4_bf16(j->d, q, hd);
-        rmsnorm(q, q, NULL, hd, (float)c->eps);
-        dsv4_bf16(j->d, q, hd);
-        rope_tail(j->d, j->L, q, hd, j->s->row_pos[t], 0);
-    }
+    int hd = c->head_dim, t = i / c->n_heads;
+    float *q = j->s->q + (size_t)i * hd;
+    dsv4_bf16(j->d, q, hd);
+    rmsnorm(q, q, NULL, hd, (float)c->eps);
+    dsv4_bf16(j->d, q, hd);
+    rope_tail(j->d, j->L, q, hd, j->s->row_pos[t], 0);
 }
 
 /* qr (holding wq_a x) = q_norm(qr), also the indexer's query latent; q = wq_b qr with per-head
@@ -79,7 +78,7 @@ static void project_query(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s,
     const qmat *w[] = {&L->wq_b, &L->idx_wq_b};
     float *y[] = {s->q, s->iq};
     qmat_mul_each(L->ratio == 4 ? 2 : 1, w, s->qrq, n, y);
-    pool_run(n, query_heads_row, &j);
+    pool_run(n * d->c.n_heads, query_head, &j);
 }
 
 /* Row t's window KV (kv holding wkv x): kv_norm, RoPE on the tail, E4M3 QDQ (blocks of 64) of
@@ -295,6 +294,27 @@ static void sink_softmax(float *z, int nc, float scale, float sink) {
     for (int i = 0; i < nc; i++) z[i] /= sum;
 }
 
+/* A row's per-head steps between and after its two products, a task per head: in a decode step
+ * (one row) they spread over the pool; inside a row's task (rows in parallel) they run inline. */
+typedef struct {
+    const dsv4_model *d;
+    const dsv4_layer *L;
+    float *scores, *o;        /* [n_heads][nc], [n_heads][head_dim] */
+    int nc, pos;
+} head_job;
+
+static void softmax_head(void *ctx, int h) {
+    const head_job *j = ctx;
+    sink_softmax(j->scores + (size_t)h * j->nc, j->nc, 1.0f / sqrtf((float)j->d->c.head_dim), j->L->sink[h]);
+}
+
+static void finish_head(void *ctx, int h) {
+    const head_job *j = ctx;
+    int hd = j->d->c.head_dim;
+    dsv4_bf16(j->d, j->o + (size_t)h * hd, hd);
+    rope_tail(j->d, j->L, j->o + (size_t)h * hd, hd, j->pos, 1);
+}
+
 /* Attention of row t, all heads: scores = K q_h, weights with sinks, o_h = K^T p_h, then BF16
  * and de-rotation of the rope dims at the query position (V = K carried key rotations). Reads
  * state only: every write of the pass is done before (attend_tokens). */
@@ -306,15 +326,11 @@ static void attend_row(const dsv4_model *d, const dsv4_layer *L, int li, dsv4_se
     int nc = gather_candidates(d, L, &own->ls[li], s, &tmp, t, pos);
     qmat k = {.fmt = WF_F32, .rows = nc, .cols = hd, .data = tmp.kmat};
     qmat kt = {.fmt = WF_F32, .rows = hd, .cols = nc, .data = tmp.kt};
+    head_job hj = {d, L, tmp.scores, s->o + (size_t)t * qw, nc, pos};
     qmat_mul(&k, s->q + (size_t)t * qw, c->n_heads, tmp.scores);
-    for (int h = 0; h < c->n_heads; h++)
-        sink_softmax(tmp.scores + (size_t)h * nc, nc, 1.0f / sqrtf((float)hd), L->sink[h]);
-    float *o = s->o + (size_t)t * qw;
-    qmat_mul(&kt, tmp.scores, c->n_heads, o);
-    for (int h = 0; h < c->n_heads; h++) {
-        dsv4_bf16(d, o + (size_t)h * hd, hd);
-        rope_tail(d, L, o + (size_t)h * hd, hd, pos, 1);
-    }
+    pool_run(c->n_heads, softmax_head, &hj);
+    qmat_mul(&kt, tmp.scores, c->n_heads, hj.o);
+    pool_run(c->n_heads, finish_head, &hj);
 }
 
 /* Offer the layer's ring and partials to an armed capture before position pos changes them:

@@ -350,9 +350,9 @@ static void mul_task(void *ctx, int i) {
 /* PER-THREAD COUNTERS. A 2-thread MoE prefill runs experts on both threads at once, each
  * expert's products calling run_parts; one process-wide call counter and byte counters made
  * their cache line the hottest in the profile (the line moved between the cores on every
- * product: run_parts was 8 % of each thread's time, 0.5 % on one thread). So each thread
- * numbers its own calls from a base of its own, and counts its streamed bytes on a line of its
- * own; kernels_streamed sums the lines. */
+ * product: run_parts was 8 % of each thread's time on two threads, 4 % on one, 1 % since, in
+ * an Inkling prefill). So each thread numbers its own calls from a base of its own, and counts
+ * its streamed bytes on a line of its own; kernels_streamed sums the lines. */
 enum { STREAM_LINES = 64 };
 typedef struct {
     _Alignas(64) atomic_ullong dense;

@@ -58,7 +58,7 @@ static void query_latent_row(void *ctx, int t) {
 }
 
 /* Query head i % n_heads of row i / n_heads: per-head RMS (BF16 around it), RoPE on the tail.
- * A task per head, not per row: a decode step's one row would leave its 16 heads to the caller. */
+ * A task per head, not per row: a decode step's one row would leave all its heads to the caller. */
 static void query_head(void *ctx, int i) {
     const token_job *j = ctx;
     const dsv4_config *c = &j->d->c;

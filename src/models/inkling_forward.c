@@ -10,8 +10,8 @@
  * ORDER. A layer runs in phases over the chunk: batched projections; per token in position order
  * the k/v convs; attention of every row (rows in parallel, see ATTENTION OF A PASS), then the
  * ring/rows writes in position order; batched o_proj; per token the attention-output conv; the
- * MLP batched; per token the MLP-output conv. Each phase that writes a
- * ring or conv part calls state_capture before writing each position. */
+ * MLP batched; per token the MLP-output conv. Each phase that writes a ring or conv part calls
+ * state_capture before writing each position. */
 #include <math.h>
 #include <string.h>
 

@@ -54,7 +54,7 @@ int bench_disk(const bench_opts *o);
  * using the same thread pool as the kernels. */
 double bench_read_bandwidth(size_t bytes);
 
-/* Size of the largest CPU cache (sysfs, cpu0), 0 if unknown. Streaming measurements use buffers
+/* Size of the largest CPU cache (sysfs, cpu0; else CPUID on x86), 0 if unknown. Streaming measurements use buffers
  * of several times this, so they read memory, not the last-level cache. */
 size_t bench_llc_bytes(void);
 /* Bytes a streaming measurement should touch: 4 x the last-level cache, at least 1 GiB. */

@@ -21,6 +21,36 @@
 #define PEAK_ITERS 2000000
 #define PEAK_TASKS_PER_THREAD 4
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+
+/* The largest cache a deterministic cache parameters leaf lists (Intel's leaf 4, AMD's
+ * 0x8000001D, one subleaf per cache: ways x partitions x line size x sets), 0 if it lists none. */
+static size_t cpuid_cache_leaf(unsigned leaf) {
+    size_t best = 0;
+    for (unsigned sub = 0; sub < 16; sub++) {
+        unsigned a, b, c, d;
+        if (!__get_cpuid_count(leaf, sub, &a, &b, &c, &d) || !(a & 0x1f)) break;
+        size_t size = (size_t)((b >> 22) + 1) * (((b >> 12) & 0x3ff) + 1) * ((b & 0xfff) + 1) * ((size_t)c + 1);
+        best = MAX(best, size);
+    }
+    return best;
+}
+
+/* Where sysfs has no cache directory (some virtual machines), what CPUID reports: the leaves
+ * above, else AMD's legacy 0x80000006 (EDX[31:18]: L3 in 512 KiB units). A hypervisor may report
+ * the host's whole L3, more than a guest's cores share: that only makes streaming buffers larger. */
+static size_t cpuid_llc_bytes(void) {
+    unsigned a, b, c, d, ext = __get_cpuid(0x80000000, &a, &b, &c, &d) ? a : 0;
+    size_t best = cpuid_cache_leaf(4);
+    if (ext >= 0x8000001D) best = MAX(best, cpuid_cache_leaf(0x8000001D));
+    if (!best && ext >= 0x80000006 && __get_cpuid(0x80000006, &a, &b, &c, &d)) best = (size_t)(d >> 18) << 19;
+    return best;
+}
+#else
+static size_t cpuid_llc_bytes(void) { return 0; }
+#endif
+
 size_t bench_llc_bytes(void) {
     size_t best = 0;
     for (int i = 0; i < 16; i++) {
@@ -38,7 +68,7 @@ size_t bench_llc_bytes(void) {
         else if (*end == 'G') v <<= 30;
         if (v > best) best = v;
     }
-    return best;
+    return best ? best : cpuid_llc_bytes();
 }
 
 size_t bench_stream_bytes(void) { return MAX((size_t)1 << 30, 4 * bench_llc_bytes()); }

@@ -76,7 +76,7 @@ typedef struct {
     const dsv4_hc *p;
     const uint16_t *norm;
     dsv4_seq *s;
-    int blocks;              /* hc_post's column blocks per token */
+    int cols;                /* hc_post's columns per task */
 } hc_job;
 
 /* Token t of hc_pre: scale its mixing logits, split them, collapse the streams into x, norm. */
@@ -100,7 +100,7 @@ static void hc_pre_token(void *ctx, int t) {
  * the sub-layer input x, which is normed with `norm`. post/comb are kept for hc_post. */
 void dsv4_hc_pre(const dsv4_model *d, const dsv4_hc *p, const uint16_t *norm, dsv4_seq *s, int n) {
     qmat_mul(&p->fn, s->h, n, s->mix);
-    hc_job j = {d, p, norm, s, 1};
+    hc_job j = {d, p, norm, s, 0};
     pool_run(n, hc_pre_token, &j);
 }
 
@@ -134,21 +134,19 @@ static void hc_post_cols(const hc_job *job, int t, int k0, int k1) {
     for (int j = 0; j < hc; j++) dsv4_bf16(job->d, h + (size_t)j * dim + k0, (size_t)(k1 - k0));
 }
 
-/* Task i: token i / blocks, its block i % blocks of HC_POST_SPLIT columns (all of them when
- * blocks is 1). */
+/* Task i: columns [k0, k0 + cols) of token i / blocks, k0 = (i % blocks) * cols. */
 static void hc_post_task(void *ctx, int i) {
     const hc_job *job = ctx;
-    int dim = job->d->c.dim, t = i / job->blocks, b = i % job->blocks;
-    if (job->blocks == 1) hc_post_cols(job, t, 0, dim);
-    else hc_post_cols(job, t, b * HC_POST_SPLIT, MIN(dim, (b + 1) * HC_POST_SPLIT));
+    int dim = job->d->c.dim, blocks = (dim + job->cols - 1) / job->cols, k0 = i % blocks * job->cols;
+    hc_post_cols(job, i / blocks, k0, MIN(dim, k0 + job->cols));
 }
 
 /* A token per task when every thread has one; fewer tokens than threads (a decode step) are cut
- * into column blocks, so the threads share them instead of waiting for the caller alone. */
+ * into HC_POST_SPLIT-column blocks, so the threads share them instead of waiting for the caller. */
 static void hc_post(const dsv4_model *d, dsv4_seq *s, int n) {
-    int blocks = n < pool_threads() ? (d->c.dim + HC_POST_SPLIT - 1) / HC_POST_SPLIT : 1;
-    hc_job j = {d, NULL, NULL, s, blocks};
-    pool_run(n * blocks, hc_post_task, &j);
+    int dim = d->c.dim, cols = n < pool_threads() ? MIN(dim, HC_POST_SPLIT) : dim;
+    hc_job j = {d, NULL, NULL, s, cols};
+    pool_run(n * ((dim + cols - 1) / cols), hc_post_task, &j);
 }
 
 void dsv4_block(const dsv4_model *d, const dsv4_layer *L, int li, dsv4_seq *s, int n) {

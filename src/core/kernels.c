@@ -147,28 +147,45 @@ static void scale_columns(float *restrict out, const float *restrict x, int n, f
 
 /* The input rows a path reads for rows from r on: x itself, FP8's scaled input of rule 1 for the
  * scale block of r (each column times its block's scale * 2^8), or the nibble formats' permuted
- * input. Kept per thread for the current call (`call` numbers every qmat_mul_rows), since a
- * thread's contiguous rows mostly share one FP8 block and every nibble row one input order. */
-static const float *prepared_x(const kernel_path *path, const qmat *w, int r, const float *x, int n,
-                               unsigned long long call) {
-    static _Thread_local float *buf;
-    static _Thread_local size_t cap;
+ * input, with its exact BF16 pairs where the path has them and every row qualifies
+ * (kernel_path.nibble_pairs; `pairs` NULL otherwise). Kept per thread for the current call (`call`
+ * numbers every qmat_mul_rows), since a thread's contiguous rows mostly share one FP8 block and
+ * every nibble row one input order. */
+typedef struct {
+    const float *x;
+    const uint32_t *pairs;
+} prepared;
+
+static void count_paired(int products);
+
+static uint32_t *grow(uint32_t **buf, size_t *cap, size_t words) {
+    if (words > *cap) {
+        free(*buf);
+        *cap = words;
+        *buf = scratch_alloc(sizeof(uint32_t) * words);
+    }
+    return *buf;
+}
+
+static prepared prepared_x(const kernel_path *path, const qmat *w, int r, const float *x, int n,
+                           unsigned long long call) {
+    static _Thread_local uint32_t *buf, *pair_buf;
+    static _Thread_local size_t cap, pair_cap;
     static _Thread_local unsigned long long cached_call;
     static _Thread_local int cached_block = -1;
+    static _Thread_local prepared cached;
     int fp8 = w->fmt == WF_FP8, block = fp8 ? r / 128 : 0;
-    if (!fp8 && !(kernel_is_nibbles(w->fmt) && path->nibble_width)) return x;
-    size_t len = (size_t)n * (size_t)w->cols;
-    if (cached_call == call && cached_block == block) return buf;
-    if (len > cap) {
-        free(buf);
-        cap = len;
-        buf = scratch_alloc(sizeof(float) * cap);
-    }
+    if (!fp8 && !(kernel_is_nibbles(w->fmt) && path->nibble_width)) return (prepared){x, NULL};
+    if (cached_call == call && cached_block == block) return cached;
+    float *out_all = (float *)grow(&buf, &cap, (size_t)n * (size_t)w->cols);
+    size_t pair_row = (size_t)w->cols / 64 * 32;
+    uint32_t *pairs = path->nibble_pairs && !fp8 && pair_row ? grow(&pair_buf, &pair_cap, (size_t)n * pair_row) : NULL;
     for (int j = 0; j < n; j++) {
         const float *xr = x + (size_t)j * w->cols;
-        float *out = buf + (size_t)j * w->cols;
+        float *out = out_all + (size_t)j * w->cols;
         if (!fp8) {
             kernel_nibble_permute_x(xr, w->cols, path->nibble_width, out);
+            if (pairs && !path->nibble_pairs(out, w->cols, pairs + (size_t)j * pair_row)) pairs = NULL;
             continue;
         }
         for (int c0 = 0; c0 < w->cols; c0 += 128) {
@@ -179,7 +196,8 @@ static const float *prepared_x(const kernel_path *path, const qmat *w, int r, co
     }
     cached_call = call;
     cached_block = block;
-    return buf;
+    cached = (prepared){out_all, pairs};
+    return cached;
 }
 
 /* nibble_src[width == 16][d]: the chunk column that kernel_nibble_permute_x stores at d. */
@@ -280,7 +298,8 @@ static void scalar_transpose(const float *src, int rows, int cols, size_t lds, f
     kernel_transpose_scalar(src, 0, rows, 0, cols, lds, dst, ldd);
 }
 
-const kernel_path kernel_path_scalar = {"scalar", scalar_rows_vec, scalar_rows_mul, 0, weight_row, scalar_transpose};
+const kernel_path kernel_path_scalar = {"scalar", scalar_rows_vec, scalar_rows_mul, 0, weight_row, scalar_transpose,
+                                        NULL, NULL};
 
 static int force_scalar;
 
@@ -298,6 +317,8 @@ static const kernel_path *active_path(void) {
 void kernels_force_scalar(int on) { force_scalar = on; }
 
 const char *kernels_simd_name(void) { return active_path()->name; }
+
+int kernels_has_pairs(void) { return active_path()->nibble_pairs != NULL; }
 
 void kernels_transpose(const float *src, int rows, int cols, size_t lds, float *dst, size_t ldd) {
     active_path()->transpose(src, rows, cols, lds, dst, ldd);
@@ -330,10 +351,14 @@ static void job_rows(const mul_job *job, int k, int lo, int hi) {
     while (lo < hi) {
         int end = hi;
         if (w->fmt == WF_FP8) end = MIN(hi, (lo / 128 + 1) * 128);
-        const float *x = prepared_x(job->path, w, lo, job->x, job->n, job->call + (unsigned)k);
+        prepared in = prepared_x(job->path, w, lo, job->x, job->n, job->call + (unsigned)k);
         float *y = p->y + (lo - p->r0);
-        if (job->n == 1) job->path->rows_vec(w, lo, end, x, y);
-        else job->path->rows_mul(w, lo, end, x, job->n, y, ldy);
+        if (in.pairs) {
+            job->path->rows_pairs(w, lo, end, in.x, in.pairs, job->n, y, ldy);
+            count_paired(job->n * (end - lo));
+        }
+        else if (job->n == 1) job->path->rows_vec(w, lo, end, in.x, y);
+        else job->path->rows_mul(w, lo, end, in.x, job->n, y, ldy);
         lo = end;
     }
 }
@@ -357,6 +382,7 @@ enum { STREAM_LINES = 64 };
 typedef struct {
     _Alignas(64) atomic_ullong dense;
     atomic_ullong routed;
+    atomic_ullong paired;     /* kernels_paired_products */
 } stream_line;
 static stream_line streamed[STREAM_LINES];
 
@@ -374,6 +400,17 @@ static unsigned long long take_calls(int parts) {
     unsigned long long first = ((unsigned long long)thread_number() << 40) + taken + 1;
     taken += (unsigned)parts;
     return first;
+}
+
+static void count_paired(int products) {
+    atomic_fetch_add_explicit(&streamed[thread_number() % STREAM_LINES].paired, (unsigned long long)products,
+                              memory_order_relaxed);
+}
+
+unsigned long long kernels_paired_products(void) {
+    unsigned long long sum = 0;
+    for (int i = 0; i < STREAM_LINES; i++) sum += atomic_load_explicit(&streamed[i].paired, memory_order_relaxed);
+    return sum;
 }
 
 void kernels_streamed(unsigned long long *dense, unsigned long long *routed) {

@@ -82,6 +82,12 @@ void qmat_row(const qmat *w, int r, float *out);
  * counted. */
 void kernels_streamed(unsigned long long *dense, unsigned long long *routed);
 
+/* (weight row, input row) dot products of nibble formats computed from exact BF16 pairs since the
+ * start (kernels_path.h: the input qualified and the path has them), for tests and benches that
+ * must see the fast path fire; the results are the same bits either way. */
+unsigned long long kernels_paired_products(void);
+int kernels_has_pairs(void);                         /* the active path has them */
+
 /* dst[c * ldd + r] = src[r * lds + c] for r < rows, c < cols: an exact copy (a transposed
  * operand for qmat_mul), in SIMD blocks where the path has them. */
 void kernels_transpose(const float *src, int rows, int cols, size_t lds, float *dst, size_t ldd);

@@ -336,12 +336,107 @@ static float nibble_finish(const qmat *w, int r, int full, const float *x, __m51
  * second stream and do without. Prefetches change no result. */
 #define NIB_L2_AHEAD 16384
 
+#ifdef __AVX512BF16__
+/* ---- exact BF16 pairs (the nibble formats' partials as BF16 dot products) ----
+ *
+ * Rule 4's partial of a 4-column group is exact when its input is coarse enough: the weight
+ * factors are integers of magnitude <= 12, so with every input of the group a BF16 value whose
+ * bits lie between 2^lo (its lowest set bit) and 2^hi (its exponent), all four products and
+ * every partial sum of them are multiples of 2^lo below 48 * 2^(hi + 1) <= 2^(hi + 7), so
+ * integers times 2^lo below 2^24 when hi - lo <= 17: exact in f32. Then the partial is the same
+ * number however it is summed, and vdpbf16ps (two products per lane, whatever its internal order
+ * and rounding) gives bit for bit what the FMA chain gives. A DeepSeek V4 linear's input after its
+ * E4M3 QDQ meets this with nothing to spare (E4M3 spans 2^-9 .. 2^8 over a block's scale).
+ * Keeping 2^lo >= 2^-126 and hi <= 120 keeps every value normal and finite, so the instruction's
+ * flushing of denormals never applies. The canonical order is untouched: this is a faster way to
+ * the same partials, chosen per call when every input row qualifies (nibble_pairs), and the
+ * scalar path stays its twin. Per 64 columns: three word shuffles and two dot products where
+ * four table lookups and four FMAs were (1.3x the FP4 matvec in L2, Zen 5). */
+
+#define PAIR_SPAN 17       /* hi - lo allowed */
+#define PAIR_MAX_EXP 247   /* biased: 2^120 */
+
+/* The 16 lanes of one term vector (width-16 order): lanes that are nonzero get their biased
+ * exponent into *hi (max) and the biased exponent of their lowest set bit into *lo (min); returns
+ * the lanes that cannot be paired (not BF16, denormal, too large, inf, NaN). */
+INLINE __mmask16 pair_span(__m512i bits, __m512i *hi, __m512i *lo) {
+    const __m512i mag = _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff));
+    const __m512i e = _mm512_srli_epi32(mag, 23);
+    const __m512i m = _mm512_or_si512(_mm512_and_si512(mag, _mm512_set1_epi32(0x7fffff)), _mm512_set1_epi32(0x800000));
+    const __m512i low_bit = _mm512_and_si512(m, _mm512_sub_epi32(_mm512_setzero_si512(), m));
+    const __m512i low = _mm512_sub_epi32(e, _mm512_add_epi32(_mm512_set1_epi32(23 - 31), _mm512_lzcnt_epi32(low_bit)));
+    __mmask16 nonzero = _mm512_test_epi32_mask(mag, mag);
+    *hi = _mm512_mask_max_epi32(*hi, nonzero, *hi, e);
+    *lo = _mm512_mask_min_epi32(*lo, nonzero, *lo, low);
+    __mmask16 not_bf16 = _mm512_test_epi32_mask(bits, _mm512_set1_epi32(0xffff));
+    __mmask16 out_of_range = _mm512_mask_cmpgt_epi32_mask(nonzero, e, _mm512_set1_epi32(PAIR_MAX_EXP)) |
+                             _mm512_mask_cmpeq_epi32_mask(nonzero, e, _mm512_setzero_si512());
+    return not_bf16 | out_of_range;
+}
+
+/* out[32 k .. 32 k + 31] for each full 64-column chunk k of an input row in the width-16 order:
+ * lane L of the first 16 dwords holds the BF16 pair (term 0, term 1) of lane L, of the second
+ * (term 2, term 3). Returns 0, leaving out partly written, if a group is not exact as above. */
+static int avx512_nibble_pairs(const float *x, int cols, uint32_t *out) {
+    const __m512i top = _mm512_set1_epi32((int)0xffff0000u);
+    for (int c = 0; c + 64 <= cols; c += 64) {
+        __m512i v[4], hi = _mm512_setzero_si512(), lo = _mm512_set1_epi32(1 << 20);
+        __mmask16 bad = 0;
+        #pragma GCC unroll 4
+        for (int t = 0; t < 4; t++) {
+            v[t] = _mm512_castps_si512(_mm512_loadu_ps(x + c + 16 * t));
+            bad |= pair_span(v[t], &hi, &lo);
+        }
+        __mmask16 any = _mm512_cmpgt_epi32_mask(hi, _mm512_setzero_si512());
+        bad |= _mm512_mask_cmpgt_epi32_mask(any, _mm512_sub_epi32(hi, lo), _mm512_set1_epi32(PAIR_SPAN)) |
+               _mm512_mask_cmplt_epi32_mask(any, lo, _mm512_set1_epi32(1));
+        if (bad) return 0;
+        _mm512_storeu_si512(out + c / 2, _mm512_or_si512(_mm512_and_si512(v[1], top), _mm512_srli_epi32(v[0], 16)));
+        _mm512_storeu_si512(out + c / 2 + 16, _mm512_or_si512(_mm512_and_si512(v[3], top), _mm512_srli_epi32(v[2], 16)));
+    }
+    return 1;
+}
+
+/* The format's 16 weight factors as BF16 words, twice: a word lookup reads five index bits, and
+ * the fifth (the next nibble's lowest) then selects the same factor. */
+INLINE __m512i nibble_table_bf16(wformat f) {
+    __m256i words = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(nibble_table(f)), 16));
+    return _mm512_inserti64x4(_mm512_castsi256_si512(words), words, 1);
+}
+
+/* 32 bytes = the 64 codes of a chunk -> *a, *b: lane L's BF16 weight pairs (term 0, term 1) and
+ * (term 2, term 3), matching avx512_nibble_pairs' input pairs. One word shuffle puts lane L's
+ * codes word (dec64_nibbles) in both halves of dword L; shifting each half by its term's nibble
+ * and looking the words up decodes two terms per lane per shuffle. */
+INLINE void dec64_pairs(const uint8_t *p, __m512i table, __m512i *a, __m512i *b) {
+    const __m512i both = _mm512_set_epi16(15, 15, 14, 14, 13, 13, 12, 12, 7, 7, 6, 6, 5, 5, 4, 4,
+                                          11, 11, 10, 10, 9, 9, 8, 8, 3, 3, 2, 2, 1, 1, 0, 0);
+    __m512i u = _mm512_permutexvar_epi16(both, _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p)));
+    *a = _mm512_permutexvar_epi16(_mm512_srlv_epi16(u, _mm512_set1_epi32(0x00040000)), table);
+    *b = _mm512_permutexvar_epi16(_mm512_srlv_epi16(u, _mm512_set1_epi32(0x000c0008)), table);
+}
+
+/* Rule 4's partial of every lane from BF16 pairs (exact, see above). */
+INLINE __m512 pair_partial(__m512i wa, __m512i wb, __m512i xa, __m512i xb) {
+    __m512 p = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)wa, (__m512bh)xa);
+    return _mm512_dpbf16_ps(p, (__m512bh)wb, (__m512bh)xb);
+}
+#define HAVE_PAIRS 1
+#else
+#define HAVE_PAIRS 0
+#endif
+
 /* NR interleaved rows x NX inputs, decoding in registers (as dot_rows; x in the width-16
- * order), prefetching as dot_rows does, plus the L2 stream NIB_L2_AHEAD ahead. */
-INLINE void nibble_dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, int NX, float *y, int ldy) {
+ * order), prefetching as dot_rows does, plus the L2 stream NIB_L2_AHEAD ahead. With PAIRS the
+ * partials come from `pairs` (avx512_nibble_pairs of each input row) by BF16 dot products. */
+INLINE void nibble_dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, const uint32_t *pairs, int PAIRS,
+                            int NX, float *y, int ldy) {
     const int cols = w->cols, full = cols / 64 * 64;
     const size_t ahead = (size_t)(kernel_row_ptr(w, VEC_ROWS) - kernel_row_ptr(w, 0));
     const __m512 table = nibble_table(f);
+#if HAVE_PAIRS
+    const __m512i table16 = nibble_table_bf16(f);
+#endif
     const uint8_t *row[VEC_ROWS];
     const void *srow[VEC_ROWS];
     __m512 acc[VEC_ROWS][FEW_X];
@@ -360,6 +455,26 @@ INLINE void nibble_dot_rows(const qmat *w, wformat f, int r, int NR, const float
                 _mm_prefetch((const char *)row[i] + c / 2 + NIB_L2_AHEAD, _MM_HINT_T1);
             }
         }
+#if HAVE_PAIRS
+        if (PAIRS) {   /* the inputs' pairs in registers for all NR rows, as xv below */
+            __m512i xa[FEW_X], xb[FEW_X];
+            #pragma GCC unroll 4
+            for (int j = 0; j < NX; j++) {
+                xa[j] = _mm512_loadu_si512(pairs + (size_t)j * (full / 2) + c / 2);
+                xb[j] = _mm512_loadu_si512(pairs + (size_t)j * (full / 2) + c / 2 + 16);
+                __asm__("" : "+v"(xa[j]), "+v"(xb[j]));
+            }
+            #pragma GCC unroll 4
+            for (int i = 0; i < NR; i++) {
+                __m512i wa, wb;
+                __m512 scale = nibble_scales(f, srow[i], c / 32);
+                dec64_pairs(row[i] + c / 2, table16, &wa, &wb);
+                #pragma GCC unroll 4
+                for (int j = 0; j < NX; j++) acc[i][j] = _mm512_fmadd_ps(pair_partial(wa, wb, xa[j], xb[j]), scale, acc[i][j]);
+            }
+            continue;
+        }
+#endif
         /* With one or two inputs their chunk stays in registers for all NR rows (folded into each
          * row's FMAs the loads would compete with the code and scale loads for the load ports);
          * more inputs would not fit beside the accumulators. */
@@ -498,7 +613,11 @@ static void nibble_rows_mul(const qmat *w, int r0, int r1, const float *x, int n
 #define FEW_CASE(nx)                                                                                      \
     case nx:                                                                                              \
         KERNEL_FOR_EACH_FORMAT(w->fmt, dot_rows(w, F, r, nr, x, nx, y, ldy),                              \
-                               nibble_dot_rows(w, F, r, nr, x, nx, y, ldy))                               \
+                               nibble_dot_rows(w, F, r, nr, x, NULL, 0, nx, y, ldy))                      \
+        break
+#define PAIRS_CASE(nx)                                                                                    \
+    case nx:                                                                                              \
+        KERNEL_FOR_EACH_FORMAT(w->fmt, (void)0, nibble_dot_rows(w, F, r, nr, x, pairs, 1, nx, y, ldy))   \
         break
 
 /* Rows [r, r + nr) (nr = VEC_ROWS or 1) x nx <= FEW_X inputs, decoded in registers. */
@@ -512,20 +631,40 @@ static void rows_few(const qmat *w, int r, int nr, const float *x, int nx, float
     }
 }
 
+/* The same for a nibble format from the inputs' BF16 pairs (a function of its own: inlined into
+ * rows_few, the pairs kernels made GCC allocate the f32 kernels' registers worse). */
+static void rows_few_pairs(const qmat *w, int r, int nr, const float *x, const uint32_t *pairs, int nx, float *y,
+                           int ldy) {
+#if HAVE_PAIRS
+    if (nr == VEC_ROWS) {
+        enum { nr = VEC_ROWS };
+        switch (nx) { PAIRS_CASE(1); PAIRS_CASE(2); PAIRS_CASE(3); PAIRS_CASE(4); }
+    } else {
+        enum { nr = 1 };
+        switch (nx) { PAIRS_CASE(1); PAIRS_CASE(2); PAIRS_CASE(3); PAIRS_CASE(4); }
+    }
+#endif
+}
+
 /* y[j * ldy + (r - r0)] for inputs j in [0, n), n <= FEW_X * 2, rows in groups of VEC_ROWS. */
-static void rows_few_inputs(const qmat *w, int r0, int r1, const float *x, int n, float *y, int ldy) {
+static void rows_few_inputs(const qmat *w, int r0, int r1, const float *x, const uint32_t *pairs, int n, float *y,
+                            int ldy) {
     for (int j = 0; j < n; j += FEW_X) {
         int nx = MIN(FEW_X, n - j);
         const float *xj = x + (size_t)j * w->cols;
+        const uint32_t *pj = pairs ? pairs + (size_t)j * (w->cols / 64 * 32) : NULL;
         float *yj = y + (size_t)j * ldy;
         int r = r0;
-        for (; r + VEC_ROWS <= r1; r += VEC_ROWS) rows_few(w, r, VEC_ROWS, xj, nx, yj + (r - r0), ldy);
-        for (; r < r1; r++) rows_few(w, r, 1, xj, nx, yj + (r - r0), ldy);
+        for (; r < r1; r += r + VEC_ROWS <= r1 ? VEC_ROWS : 1) {
+            int nr = r + VEC_ROWS <= r1 ? VEC_ROWS : 1;
+            if (pj) rows_few_pairs(w, r, nr, xj, pj, nx, yj + (r - r0), ldy);
+            else rows_few(w, r, nr, xj, nx, yj + (r - r0), ldy);
+        }
     }
 }
 
 static void avx512_rows_vec(const qmat *w, int r0, int r1, const float *x, float *y) {
-    rows_few_inputs(w, r0, r1, x, 1, y, r1 - r0);
+    rows_few_inputs(w, r0, r1, x, NULL, 1, y, r1 - r0);
 }
 
 /* Weight factors of tile row i at columns [c, c + 16): decoded f32 rows, or with BF the BF16 codes
@@ -601,7 +740,7 @@ static void tile_chunk(const void *wb, int bf, int ldw, const float *x, int cols
 
 static void avx512_rows_mul(const qmat *w, int r0, int r1, const float *x, int n, float *y, int ldy) {
     if (n <= FEW_BATCH) {
-        rows_few_inputs(w, r0, r1, x, n, y, ldy);
+        rows_few_inputs(w, r0, r1, x, NULL, n, y, ldy);
         return;
     }
     if (kernel_is_nibbles(w->fmt)) {
@@ -646,7 +785,23 @@ static void avx512_row_factors(const qmat *w, int r, float *out) {
     for (int c = full; c < w->cols; c++) out[c] = kernel_weight(w, r, c);
 }
 
+#if HAVE_PAIRS
+/* rows_mul of a nibble format whose inputs all have BF16 pairs: the register kernels use them;
+ * larger batches keep the f32 tile. */
+static void avx512_rows_pairs(const qmat *w, int r0, int r1, const float *x, const uint32_t *pairs, int n, float *y,
+                              int ldy) {
+    if (n <= FEW_BATCH) rows_few_inputs(w, r0, r1, x, pairs, n, y, ldy);
+    else nibble_rows_mul(w, r0, r1, x, n, y, ldy);
+}
+#endif
+
 const kernel_path kernel_path_avx512 = {"avx512", avx512_rows_vec, avx512_rows_mul, 16, avx512_row_factors,
-                                        kernel_transpose_avx2};
+                                        kernel_transpose_avx2,
+#if HAVE_PAIRS
+                                        avx512_nibble_pairs, avx512_rows_pairs
+#else
+                                        NULL, NULL
+#endif
+};
 
 #endif

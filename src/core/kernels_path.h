@@ -61,6 +61,14 @@ typedef struct {
     void (*row_factors)(const qmat *w, int r, float *out);
     /* dst[c * ldd + r] = src[r * lds + c] for r < rows, c < cols (kernels_transpose). */
     void (*transpose)(const float *src, int rows, int cols, size_t lds, float *dst, size_t ldd);
+    /* Optional (NULL where the path has none): the exact BF16 pairs of rule 4's partials.
+     * nibble_pairs writes them for the full 64-column chunks of one input row in the path's
+     * nibble order (cols / 64 * 32 words) and returns 1 if every 4-column group's partial is
+     * exact in f32 whatever the order of its terms (then a BF16 dot product gives the FMA
+     * chain's bits); else 0. rows_pairs is rows_mul for a nibble format whose n inputs all
+     * returned 1, their pairs cols / 64 * 32 words apart. */
+    int (*nibble_pairs)(const float *x, int cols, uint32_t *out);
+    void (*rows_pairs)(const qmat *w, int r0, int r1, const float *x, const uint32_t *pairs, int n, float *y, int ldy);
 } kernel_path;
 
 extern const kernel_path kernel_path_scalar;

@@ -168,23 +168,68 @@ static void check_matrix(const qmat *w, const float *x, const char *what, float 
     free(ym);
 }
 
-static void check_format(wformat fmt, int rows, int cols, int f32_scales) {
+/* qdq: the inputs get DeepSeek V4's E4M3 QDQ (blocks of 128, power-of-two scales), which makes
+ * every nibble partial exact, so a path with BF16 pairs must take them for every product of the
+ * full 64-column chunks (kernels_paired_products) and still give the scalar path's bits. */
+static void check_format_input(wformat fmt, int rows, int cols, int f32_scales, int qdq) {
     test_matrix m = make(fmt, rows, cols, f32_scales);
     float *x = malloc(sizeof(float) * (size_t)cols * NX);
-    for (size_t i = 0; i < (size_t)cols * NX; i++) x[i] = rnd_float();
-    char what[80];
+    for (size_t i = 0; i < (size_t)cols * NX; i++) x[i] = rnd_float() * (qdq ? 1.0f + (float)(i % 7) * 100.0f : 1.0f);
+    for (int j = 0; qdq && j < NX; j++) act_qdq_e4m3(x + (size_t)j * cols, (size_t)cols, 128);
+    char what[96];
     const char *scales = f32_scales && fmt == WF_FP8 ? "/f32-scales" : fmt == WF_NVFP4 && f32_scales ? "/divides" : "";
+    const char *input = qdq ? " e4m3-qdq input" : "";
     float *simd = malloc(sizeof(float) * rows * NX), *scalar = malloc(sizeof(float) * rows * NX);
 
-    snprintf(what, sizeof what, "%s%s %dx%d %s", wformat_name(fmt), scales, rows, cols, kernels_simd_name());
+    unsigned long long paired = kernels_paired_products();
+    snprintf(what, sizeof what, "%s%s %dx%d%s %s", wformat_name(fmt), scales, rows, cols, input, kernels_simd_name());
     check_matrix(&m.w, x, what, simd);
+    paired = kernels_paired_products() - paired;
+    int want_pairs = qdq && cols >= 64 && kernels_has_pairs() && (fmt == WF_FP4 || fmt == WF_NVFP4 || fmt == WF_I4_ROW ||
+                                                                  fmt == WF_I4_G64);
+    CHECK(want_pairs ? paired > 0 : paired == 0, "%s: %llu products from BF16 pairs, want %s", what, paired,
+          want_pairs ? "some" : "none");
     kernels_force_scalar(1);
-    snprintf(what, sizeof what, "%s%s %dx%d %s", wformat_name(fmt), scales, rows, cols, kernels_simd_name());
+    snprintf(what, sizeof what, "%s%s %dx%d%s %s", wformat_name(fmt), scales, rows, cols, input, kernels_simd_name());
     check_matrix(&m.w, x, what, scalar);
     kernels_force_scalar(0);
-    CHECK(bits_equal(simd, scalar, (size_t)rows * NX), "%s%s %dx%d: SIMD path differs from scalar", wformat_name(fmt),
-          scales, rows, cols);
+    CHECK(bits_equal(simd, scalar, (size_t)rows * NX), "%s%s %dx%d%s: SIMD path differs from scalar",
+          wformat_name(fmt), scales, rows, cols, input);
     free(simd); free(scalar); free(x); free(m.data); free(m.scale); free(m.fscale);
+}
+
+static void check_format(wformat fmt, int rows, int cols, int f32_scales) {
+    check_format_input(fmt, rows, cols, f32_scales, 0);
+    if (fmt != WF_F32 && fmt != WF_BF16) check_format_input(fmt, rows, cols, f32_scales, 1);
+}
+
+/* The BF16 pairs' exactness bound (kernels_avx512.c): a group whose inputs span 2^-9 .. 2^8 (17
+ * binades, E4M3's range) is paired; one more binade is not, and neither is an input with bits
+ * below BF16's. Either way the result is the scalar path's. */
+static void check_pair_bound(void) {
+    enum { C = 64 };
+    uint8_t codes[C / 2], scales[C / 32] = {127, 127};
+    for (int i = 0; i < C / 2; i++) codes[i] = (uint8_t)(0x77 ^ (i * 0x35));   /* codes up to 12, both signs */
+    qmat m = {WF_FP4, 1, C, codes, scales, NULL, 0, 0, QM_SCRATCH};
+    struct { float low, high; int paired; } cases[] = {
+        {0x1p-9f, 0x1.ep8f, 1}, {0x1p-10f, 0x1.ep8f, 0}, {0x1.01p0f, 1.0f, 0}, {0x1p-126f, 0x1p-110f, 1},
+        {0x1p-127f, 0x1p-112f, 0},
+    };
+    if (!kernels_has_pairs()) printf("  note: %s has no BF16 pairs; only the scalar match is checked\n", kernels_simd_name());
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        float x[C], y[2];
+        for (int c = 0; c < C; c++) x[c] = c % 4 == 1 ? cases[k].low * (c % 8 == 1 ? -1.0f : 1.0f) : c % 4 == 2 ? cases[k].high : 0.75f * cases[k].high;
+        unsigned long long paired = kernels_paired_products();
+        for (int s = 0; s < 2; s++) {
+            kernels_force_scalar(s);
+            qmat_vec(&m, x, &y[s]);
+        }
+        kernels_force_scalar(0);
+        paired = kernels_paired_products() - paired;
+        CHECK(!memcmp(&y[0], &y[1], sizeof(float)), "pair bound case %zu: SIMD %.9g, scalar %.9g", k, y[0], y[1]);
+        int want = cases[k].paired && kernels_has_pairs();
+        CHECK(paired == (unsigned long long)want, "pair bound case %zu: %llu paired products, want %d", k, paired, want);
+    }
 }
 
 /* The canonical order is fixed, not merely "some order": a hand-built case where it matters. */
@@ -422,6 +467,7 @@ int main(void) {
     check_fp4_rule4();
     check_nvfp4_rules();
     check_int_rules();
+    check_pair_bound();
     static const struct { wformat fmt; int rows, cols, f32_scales; } cases[] = {
         {WF_F32, 37, 45, 0},     {WF_F32, 20, 256, 0},    {WF_BF16, 29, 77, 0},    {WF_BF16, 16, 512, 0},
         {WF_FP8, 150, 200, 0},   {WF_FP8, 131, 256, 0},   {WF_FP8, 7, 24, 0},      {WF_FP8, 150, 200, 1},

@@ -505,8 +505,10 @@ INLINE void nibble_dot_rows(const qmat *w, wformat f, int r, int NR, const float
             y[(size_t)j * ldy + i] = nibble_finish(w, r + i, full, x + (size_t)j * cols, acc[i][j]);
 }
 
-/* A decoded nibble row: per 64-column chunk the four term vectors, then its scale vector. */
+/* A decoded nibble row: per 64-column chunk the four term vectors, then its scale vector; or,
+ * for inputs with BF16 pairs, the chunk's two pair vectors (dec64_pairs), then the scale vector. */
 #define NIB_CHUNK_FLOATS 80
+#define NIB_PAIR_CHUNK 48
 #define NIB_R 2
 #define NIB_X 6
 /* Chunks per column range: a range's NIB_X input slices (6 x 16 x 256 B = 24 KiB) and the two
@@ -519,15 +521,40 @@ INLINE void nibble_dot_rows(const qmat *w, wformat f, int r, int NR, const float
 
 /* NR weight rows (decoded, ldw floats apart) x NX input rows over chunks [k0, k1); each pair's
  * 16 lanes stay in a register over the range and in acc[(input row * nr_all + weight row) * 16]
- * between ranges (as tile() keeps them), so a range's decoded weights and inputs stay in L1. */
-INLINE void nibble_tile(const float *wb, int ldw, const float *x, int cols, int k0, int k1, int NR, int NX,
-                        float *acc, int nr_all) {
+ * between ranges (as tile() keeps them), so a range's decoded weights and inputs stay in L1.
+ * With PAIRS the rows are decoded as pairs and the inputs are their pairs, `pstride` words apart:
+ * two dot products and the scale FMA per (row, input) and chunk instead of five FMAs. */
+INLINE void nibble_tile(const float *wb, int ldw, const float *x, const uint32_t *pairs, int PAIRS, int cols,
+                        int k0, int k1, int NR, int NX, float *acc, int nr_all) {
+    const size_t pstride = (size_t)cols / 64 * 32;
     __m512 a[NIB_R][NIB_X];
     #pragma GCC unroll 2
     for (int i = 0; i < NR; i++)
         #pragma GCC unroll 6
         for (int j = 0; j < NX; j++) a[i][j] = _mm512_load_ps(acc + ((size_t)j * nr_all + i) * 16);
     for (int k = k0; k < k1; k++) {
+#if HAVE_PAIRS
+        if (PAIRS) {
+            const float *wk = wb + (size_t)k * NIB_PAIR_CHUNK;
+            __m512i wa[NIB_R], wbv[NIB_R];
+            __m512 scale[NIB_R];
+            #pragma GCC unroll 2
+            for (int i = 0; i < NR; i++) {
+                wa[i] = _mm512_load_si512(wk + (size_t)i * ldw);
+                wbv[i] = _mm512_load_si512(wk + (size_t)i * ldw + 16);
+                scale[i] = _mm512_load_ps(wk + (size_t)i * ldw + 32);
+            }
+            #pragma GCC unroll 6
+            for (int j = 0; j < NX; j++) {
+                __m512i xa = _mm512_loadu_si512(pairs + (size_t)j * pstride + 32 * k);
+                __m512i xb = _mm512_loadu_si512(pairs + (size_t)j * pstride + 32 * k + 16);
+                __asm__("" : "+v"(xa), "+v"(xb));
+                #pragma GCC unroll 2
+                for (int i = 0; i < NR; i++) a[i][j] = _mm512_fmadd_ps(pair_partial(wa[i], wbv[i], xa, xb), scale[i], a[i][j]);
+            }
+            continue;
+        }
+#endif
         const float *wk = wb + (size_t)k * NIB_CHUNK_FLOATS;
         __m512 p[NIB_R][NIB_X];
         #pragma GCC unroll 4
@@ -557,22 +584,38 @@ INLINE void nibble_tile(const float *wb, int ldw, const float *x, int cols, int 
 }
 
 #define NIB_CASE(nr, nx) \
-    case (nr) * 8 + (nx): nibble_tile(wb, ldw, x, cols, k0, k1, nr, nx, acc, nr_all); break
-
-static void nibble_tile_any(const float *wb, int ldw, const float *x, int cols, int k0, int k1, int nr, int nx,
-                            float *acc, int nr_all) {
-    switch (nr * 8 + nx) {
-        NIB_CASE(1, 1); NIB_CASE(1, 2); NIB_CASE(1, 3); NIB_CASE(1, 4); NIB_CASE(1, 5); NIB_CASE(1, 6);
-        NIB_CASE(2, 1); NIB_CASE(2, 2); NIB_CASE(2, 3); NIB_CASE(2, 4); NIB_CASE(2, 5); NIB_CASE(2, 6);
+    case (nr) * 8 + (nx): nibble_tile(wb, ldw, x, pairs, PAIRS, cols, k0, k1, nr, nx, acc, nr_all); break
+#define NIB_CASES(pairs_const)                                                                                  \
+    {                                                                                                           \
+        const int PAIRS = pairs_const;                                                                          \
+        switch (nr * 8 + nx) {                                                                                  \
+            NIB_CASE(1, 1); NIB_CASE(1, 2); NIB_CASE(1, 3); NIB_CASE(1, 4); NIB_CASE(1, 5); NIB_CASE(1, 6);     \
+            NIB_CASE(2, 1); NIB_CASE(2, 2); NIB_CASE(2, 3); NIB_CASE(2, 4); NIB_CASE(2, 5); NIB_CASE(2, 6);     \
+        }                                                                                                       \
     }
+
+static void nibble_tile_any(const float *wb, int ldw, const float *x, const uint32_t *pairs, int cols, int k0, int k1,
+                            int nr, int nx, float *acc, int nr_all) {
+    if (pairs) NIB_CASES(HAVE_PAIRS) else NIB_CASES(0)
 }
 
-INLINE void nibble_decode_row(const qmat *w, wformat f, int r, float *out) {
+INLINE void nibble_decode_row(const qmat *w, wformat f, int r, int pairs, float *out) {
     const int chunks = w->cols / 64;
     const __m512 table = nibble_table(f);
     const uint8_t *row = kernel_row_ptr(w, r);
     const void *srow = kernel_nibble_scale_row(w, r);
     for (int k = 0; k < chunks; k++) {
+#if HAVE_PAIRS
+        if (pairs) {
+            __m512i a, b;
+            float *o = out + (size_t)k * NIB_PAIR_CHUNK;
+            dec64_pairs(row + 32 * k, nibble_table_bf16(f), &a, &b);
+            _mm512_store_si512(o, a);
+            _mm512_store_si512(o + 16, b);
+            _mm512_store_ps(o + 32, nibble_scales(f, srow, 2 * k));
+            continue;
+        }
+#endif
         __m512 z[4];
         dec64_nibbles(row + 32 * k, table, z);
         float *o = out + (size_t)k * NIB_CHUNK_FLOATS;
@@ -582,21 +625,26 @@ INLINE void nibble_decode_row(const qmat *w, wformat f, int r, float *out) {
     }
 }
 
-static void nibble_rows_mul(const qmat *w, int r0, int r1, const float *x, int n, float *y, int ldy) {
-    const int cols = w->cols, chunks = cols / 64, ldw = chunks * NIB_CHUNK_FLOATS, nr = r1 - r0;
+/* Batches past FEW_BATCH: each row decoded once (as pairs when `pairs` holds the inputs'), then
+ * the NIB_R x NIB_X tile over column ranges of NIB_KC chunks. */
+static void nibble_rows_mul(const qmat *w, int r0, int r1, const float *x, const uint32_t *pairs, int n, float *y,
+                            int ldy) {
+    const int cols = w->cols, chunks = cols / 64, nr = r1 - r0;
+    const int ldw = chunks * (pairs ? NIB_PAIR_CHUNK : NIB_CHUNK_FLOATS);
     float *wb = kernel_scratch((size_t)nr * ldw + (size_t)NIB_X * nr * 16);
     float *acc = wb + (size_t)nr * ldw;
     for (int r = r0; r < r1; r++)
-        KERNEL_FOR_EACH_FORMAT(w->fmt, (void)0, nibble_decode_row(w, F, r, wb + (size_t)(r - r0) * ldw))
+        KERNEL_FOR_EACH_FORMAT(w->fmt, (void)0, nibble_decode_row(w, F, r, pairs != NULL, wb + (size_t)(r - r0) * ldw))
     row_stream next = row_stream_after(w, r0, r1, (n + NIB_X - 1) / NIB_X * ((chunks + NIB_KC - 1) / NIB_KC) *
                                                       ((nr + NIB_R - 1) / NIB_R));
     for (int j0 = 0; j0 < n; j0 += NIB_X) {
         int nx = MIN(NIB_X, n - j0);
         const float *xg = x + (size_t)j0 * cols;
+        const uint32_t *pg = pairs ? pairs + (size_t)j0 * chunks * 32 : NULL;
         memset(acc, 0, sizeof(float) * (size_t)nx * nr * 16);
         for (int k0 = 0; k0 < chunks; k0 += NIB_KC)
             for (int i = 0; i < nr; i += NIB_R, row_stream_step(&next))
-                nibble_tile_any(wb + (size_t)i * ldw, ldw, xg, cols, k0, MIN(k0 + NIB_KC, chunks), MIN(NIB_R, nr - i),
+                nibble_tile_any(wb + (size_t)i * ldw, ldw, xg, pg, cols, k0, MIN(k0 + NIB_KC, chunks), MIN(NIB_R, nr - i),
                                 nx, acc + (size_t)i * 16, nr);
         for (int j = 0; j < nx; j++) {
             if (chunks * 64 == cols) {
@@ -744,7 +792,7 @@ static void avx512_rows_mul(const qmat *w, int r0, int r1, const float *x, int n
         return;
     }
     if (kernel_is_nibbles(w->fmt)) {
-        nibble_rows_mul(w, r0, r1, x, n, y, ldy);
+        nibble_rows_mul(w, r0, r1, x, NULL, n, y, ldy);
         return;
     }
     /* Decoded rows one cache line further apart than their length: rows of a power-of-two
@@ -786,12 +834,12 @@ static void avx512_row_factors(const qmat *w, int r, float *out) {
 }
 
 #if HAVE_PAIRS
-/* rows_mul of a nibble format whose inputs all have BF16 pairs: the register kernels use them;
- * larger batches keep the f32 tile. */
+/* rows_mul of a nibble format whose inputs all have BF16 pairs: the register kernels and the
+ * tile both use them. */
 static void avx512_rows_pairs(const qmat *w, int r0, int r1, const float *x, const uint32_t *pairs, int n, float *y,
                               int ldy) {
     if (n <= FEW_BATCH) rows_few_inputs(w, r0, r1, x, pairs, n, y, ldy);
-    else nibble_rows_mul(w, r0, r1, x, n, y, ldy);
+    else nibble_rows_mul(w, r0, r1, x, pairs, n, y, ldy);
 }
 #endif
 

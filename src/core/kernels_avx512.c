@@ -336,7 +336,7 @@ static float nibble_finish(const qmat *w, int r, int full, const float *x, __m51
  * second stream and do without. Prefetches change no result. */
 #define NIB_L2_AHEAD 16384
 
-#ifdef __AVX512BF16__
+#if defined(__AVX512BF16__) && defined(__AVX512VBMI__)
 /* ---- exact BF16 pairs (the nibble formats' partials as BF16 dot products) ----
  *
  * Rule 4's partial of a 4-column group is exact when its input is coarse enough: the weight
@@ -375,8 +375,8 @@ INLINE __mmask16 pair_span(__m512i bits, __m512i *hi, __m512i *lo) {
 }
 
 /* out[32 k .. 32 k + 31] for each full 64-column chunk k of an input row in the width-16 order:
- * lane L of the first 16 dwords holds the BF16 pair (term 0, term 1) of lane L, of the second
- * (term 2, term 3). Returns 0, leaving out partly written, if a group is not exact as above. */
+ * lane L of the first 16 dwords holds the BF16 pair (term 0, term 2) of lane L, of the second
+ * (term 1, term 3). Returns 0, leaving out partly written, if a group is not exact as above. */
 static int avx512_nibble_pairs(const float *x, int cols, uint32_t *out) {
     const __m512i top = _mm512_set1_epi32((int)0xffff0000u);
     for (int c = 0; c + 64 <= cols; c += 64) {
@@ -391,8 +391,8 @@ static int avx512_nibble_pairs(const float *x, int cols, uint32_t *out) {
         bad |= _mm512_mask_cmpgt_epi32_mask(any, _mm512_sub_epi32(hi, lo), _mm512_set1_epi32(PAIR_SPAN)) |
                _mm512_mask_cmplt_epi32_mask(any, lo, _mm512_set1_epi32(1));
         if (bad) return 0;
-        _mm512_storeu_si512(out + c / 2, _mm512_or_si512(_mm512_and_si512(v[1], top), _mm512_srli_epi32(v[0], 16)));
-        _mm512_storeu_si512(out + c / 2 + 16, _mm512_or_si512(_mm512_and_si512(v[3], top), _mm512_srli_epi32(v[2], 16)));
+        _mm512_storeu_si512(out + c / 2, _mm512_or_si512(_mm512_and_si512(v[2], top), _mm512_srli_epi32(v[0], 16)));
+        _mm512_storeu_si512(out + c / 2 + 16, _mm512_or_si512(_mm512_and_si512(v[3], top), _mm512_srli_epi32(v[1], 16)));
     }
     return 1;
 }
@@ -404,16 +404,21 @@ INLINE __m512i nibble_table_bf16(wformat f) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(words), words, 1);
 }
 
-/* 32 bytes = the 64 codes of a chunk -> *a, *b: lane L's BF16 weight pairs (term 0, term 1) and
- * (term 2, term 3), matching avx512_nibble_pairs' input pairs. One word shuffle puts lane L's
- * codes word (dec64_nibbles) in both halves of dword L; shifting each half by its term's nibble
- * and looking the words up decodes two terms per lane per shuffle. */
+/* 32 bytes = the 64 codes of a chunk -> *a, *b: lane L's BF16 weight pairs (term 0, term 2) and
+ * (term 1, term 3), matching avx512_nibble_pairs' input pairs (any pairing gives the same exact
+ * partial). One byte shuffle puts the low byte of lane L's codes word (dec64_nibbles), terms 0
+ * and 1, in the low word of dword L and its high byte, terms 2 and 3, in the high word; those
+ * words index the table for terms 0 and 2, and shifted right by 4 for terms 1 and 3. A word
+ * lookup reads five index bits and the table is doubled, so the bits above a nibble never
+ * matter. Per chunk that is one shuffle and one immediate shift where a word shuffle and two
+ * variable shifts were: they share the ports that bound the FP4 matvec. */
 INLINE void dec64_pairs(const uint8_t *p, __m512i table, __m512i *a, __m512i *b) {
-    const __m512i both = _mm512_set_epi16(15, 15, 14, 14, 13, 13, 12, 12, 7, 7, 6, 6, 5, 5, 4, 4,
-                                          11, 11, 10, 10, 9, 9, 8, 8, 3, 3, 2, 2, 1, 1, 0, 0);
-    __m512i u = _mm512_permutexvar_epi16(both, _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p)));
-    *a = _mm512_permutexvar_epi16(_mm512_srlv_epi16(u, _mm512_set1_epi32(0x00040000)), table);
-    *b = _mm512_permutexvar_epi16(_mm512_srlv_epi16(u, _mm512_set1_epi32(0x000c0008)), table);
+    const __m512i place = _mm512_set_epi32(0x1f1f1f1e, 0x1d1d1d1c, 0x1b1b1b1a, 0x19191918, 0x0f0f0f0e, 0x0d0d0d0c,
+                                           0x0b0b0b0a, 0x09090908, 0x17171716, 0x15151514, 0x13131312, 0x11111110,
+                                           0x07070706, 0x05050504, 0x03030302, 0x01010100);
+    __m512i u = _mm512_permutexvar_epi8(place, _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p)));
+    *a = _mm512_permutexvar_epi16(u, table);
+    *b = _mm512_permutexvar_epi16(_mm512_srli_epi16(u, 4), table);
 }
 
 /* Rule 4's partial of every lane from BF16 pairs (exact, see above). */
@@ -526,7 +531,6 @@ INLINE void nibble_dot_rows(const qmat *w, wformat f, int r, int NR, const float
  * two dot products and the scale FMA per (row, input) and chunk instead of five FMAs. */
 INLINE void nibble_tile(const float *wb, int ldw, const float *x, const uint32_t *pairs, int PAIRS, int cols,
                         int k0, int k1, int NR, int NX, float *acc, int nr_all) {
-    const size_t pstride = (size_t)cols / 64 * 32;
     __m512 a[NIB_R][NIB_X];
     #pragma GCC unroll 2
     for (int i = 0; i < NR; i++)
@@ -535,6 +539,7 @@ INLINE void nibble_tile(const float *wb, int ldw, const float *x, const uint32_t
     for (int k = k0; k < k1; k++) {
 #if HAVE_PAIRS
         if (PAIRS) {
+            const size_t pstride = (size_t)cols / 64 * 32;
             const float *wk = wb + (size_t)k * NIB_PAIR_CHUNK;
             __m512i wa[NIB_R], wbv[NIB_R];
             __m512 scale[NIB_R];

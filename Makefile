@@ -72,7 +72,8 @@ $(BUILD)/tests/%: tests/c/%.c $(LIB_OBJ)
 # The kernel unit test once more for each SIMD path this machine runs but the native build does
 # not select, so every path's bitwise match with the scalar twin is tested where it can run:
 # AVX2 (the AVX-512 kernels compiled out) and AVX-512 without GFNI and VBMI (FP8's 32-column
-# decode). On a machine without those extensions a variant is the native path again.
+# decode, and the nibble formats' FMA path, as the BF16 pairs need VBMI). On a machine without
+# those extensions a variant is the native path again.
 KERNEL_VARIANTS := avx2 avx512-nogfni
 KVAR_avx2          := -mno-avx512f
 KVAR_avx512-nogfni := -mno-gfni -mno-avx512vbmi

@@ -350,8 +350,9 @@ static float nibble_finish(const qmat *w, int r, int full, const float *x, __m51
  * Keeping 2^lo >= 2^-126 and hi <= 120 keeps every value normal and finite, so the instruction's
  * flushing of denormals never applies. The canonical order is untouched: this is a faster way to
  * the same partials, chosen per call when every input row qualifies (nibble_pairs), and the
- * scalar path stays its twin. Per 64 columns: three word shuffles and two dot products where
- * four table lookups and four FMAs were (1.3x the FP4 matvec in L2, Zen 5). */
+ * scalar path stays its twin. Per 64 columns: a byte shuffle (VBMI, hence the guard), a shift,
+ * two word lookups and two dot products where four table lookups and four FMAs were (1.4x the
+ * FP4 matvec in L2, Zen 5). */
 
 #define PAIR_SPAN 17       /* hi - lo allowed */
 #define PAIR_MAX_EXP 247   /* biased: 2^120 */

@@ -192,7 +192,7 @@ static float nibble_finish(const qmat *w, int r, int full, const float *x, const
 }
 
 /* Nibble-format matvec (rule 4) of NR interleaved rows, x in kernel_nibble_permute_x order;
- * prefetching as dot_rows does (2 KiB per row of 4096 columns). */
+ * prefetching the next row group in memory order, as the AVX-512 path does. */
 INLINE void nibble_dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, float *y) {
     const int full = w->cols / 64 * 64;
     const size_t ahead = (size_t)(kernel_row_ptr(w, VEC_ROWS) - kernel_row_ptr(w, 0));
@@ -208,10 +208,7 @@ INLINE void nibble_dot_rows(const qmat *w, wformat f, int r, int NR, const float
         acc[i][0] = acc[i][1] = _mm256_setzero_ps();
     }
     for (int c = 0; c < full; c += 64) {
-        if (c % 128 == 0) {
-            #pragma GCC unroll 4
-            for (int i = 0; i < NR; i++) _mm_prefetch((const char *)row[i] + c / 2 + ahead, _MM_HINT_T0);
-        }
+        if (c % 128 == 0) kernel_prefetch_next_group(row[0], NR, (size_t)c / 2, ahead);
         #pragma GCC unroll 4
         for (int i = 0; i < NR; i++) {
             __m256 v[8], scale[2];

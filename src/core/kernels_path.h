@@ -186,6 +186,16 @@ static inline const uint8_t *kernel_row_ptr(const qmat *w, int r) {
     return (const uint8_t *)w->data + (size_t)r * row_bytes;
 }
 
+/* Prefetch into L1 the next row group of a walk over nr consecutive rows (row0 its first),
+ * `ahead` bytes on (the group's size), in memory order: called once per 64 bytes each row
+ * consumes, `done` bytes into each row, it fetches nr lines of the next group from where the
+ * previous call stopped. A kernel reading nr rows side by side presents nr short interleaved
+ * streams; prefetching the same lines in ascending order presents one, which streams from
+ * memory faster (nibble rows of 512 B-1 KiB, see kernels_avx512.c). Changes no result. */
+static inline void kernel_prefetch_next_group(const uint8_t *row0, int nr, size_t done, size_t ahead) {
+    for (int i = 0; i < nr; i++) __builtin_prefetch(row0 + ahead + done * (size_t)nr + 64 * (size_t)i, 0, 3);
+}
+
 /* The scales row r of a nibble format reads, for kernel_nibble_scale: FP4 its E8M0 bytes,
  * NVFP4 its E4M3 bytes, I4_G64 its group scales, I4_ROW its one scale. */
 static inline const void *kernel_nibble_scale_row(const qmat *w, int r) {

@@ -102,6 +102,23 @@ float kernel_fp8_scale(const qmat *w, int r, int c) {
     return w->scale_f32 ? w->scale_f32[at] * 256.0f : kernel_fp8_scale_lut[w->scale[at]];
 }
 
+/* In blocks of 16 with a constant trip count, as scale_columns, so that -O2 vectorizes both
+ * passes (element by element they were a tenth of a 1 KiB-row FP8 matvec's time). */
+int kernel_fp8_widen(float *x, size_t n) {
+    float most[16] = {0};     /* the largest |x| per lane; NaN once a NaN is seen (the compare fails) */
+    size_t full = n / 16 * 16;
+    for (size_t c0 = 0; c0 < full; c0 += 16)
+        for (int i = 0; i < 16; i++) most[i] = !(fabsf(x[c0 + i]) <= most[i]) ? fabsf(x[c0 + i]) : most[i];
+    for (size_t c = full; c < n; c++) most[0] = !(fabsf(x[c]) <= most[0]) ? fabsf(x[c]) : most[0];
+    int in_range = 1;
+    for (int i = 0; i < 16; i++) in_range &= most[i] < 0x1p16f;
+    if (!in_range) return 0;
+    for (size_t c0 = 0; c0 < full; c0 += 16)
+        for (int i = 0; i < 16; i++) x[c0 + i] *= 0x1p112f;
+    for (size_t c = full; c < n; c++) x[c] *= 0x1p112f;
+    return 1;
+}
+
 float kernel_tree16(const float acc[16]) {
     float s8[8], s4[4];
     for (int i = 0; i < 8; i++) s8[i] = acc[i] + acc[i + 8];
@@ -154,9 +171,9 @@ static void scale_columns(float *restrict out, const float *restrict x, int n, f
 typedef struct {
     const float *x;
     const uint32_t *pairs;
+    int fp8_wide;             /* x is FP8's wide input (kernel_path.rows_fp8_wide) */
 } prepared;
 
-static void count_paired(int products);
 
 static uint32_t *grow(uint32_t **buf, size_t *cap, size_t words) {
     if (words > *cap) {
@@ -175,7 +192,7 @@ static prepared prepared_x(const kernel_path *path, const qmat *w, int r, const 
     static _Thread_local int cached_block = -1;
     static _Thread_local prepared cached;
     int fp8 = w->fmt == WF_FP8, block = fp8 ? r / 128 : 0;
-    if (!fp8 && !(kernel_is_nibbles(w->fmt) && path->nibble_width)) return (prepared){x, NULL};
+    if (!fp8 && !(kernel_is_nibbles(w->fmt) && path->nibble_width)) return (prepared){x, NULL, 0};
     if (cached_call == call && cached_block == block) return cached;
     float *out_all = (float *)grow(&buf, &cap, (size_t)n * (size_t)w->cols);
     size_t pair_row = (size_t)w->cols / 64 * 32;
@@ -194,9 +211,11 @@ static prepared prepared_x(const kernel_path *path, const qmat *w, int r, const 
             scale_columns(out + c0, xr + c0, c1 - c0, scale);
         }
     }
+    int wide = fp8 && n <= path->fp8_wide_batch && w->cols % 64 == 0 &&
+               kernel_fp8_widen(out_all, (size_t)n * (size_t)w->cols);
     cached_call = call;
     cached_block = block;
-    cached = (prepared){out_all, pairs};
+    cached = (prepared){out_all, pairs, wide};
     return cached;
 }
 
@@ -299,7 +318,7 @@ static void scalar_transpose(const float *src, int rows, int cols, size_t lds, f
 }
 
 const kernel_path kernel_path_scalar = {"scalar", scalar_rows_vec, scalar_rows_mul, 0, weight_row, scalar_transpose,
-                                        NULL, NULL};
+                                        NULL, NULL, 0, NULL};
 
 static int force_scalar;
 
@@ -323,6 +342,57 @@ int kernels_has_pairs(void) { return active_path()->nibble_pairs != NULL; }
 void kernels_transpose(const float *src, int rows, int cols, size_t lds, float *dst, size_t ldd) {
     active_path()->transpose(src, rows, cols, lds, dst, ldd);
 }
+
+/* PER-THREAD COUNTERS. A 2-thread MoE prefill runs experts on both threads at once, each
+ * expert's products calling run_parts; one process-wide call counter and byte counters made
+ * their cache line the hottest in the profile (the line moved between the cores on every
+ * product: run_parts was 8 % of each thread's time on two threads, 4 % on one, 1 % since, in
+ * an Inkling prefill). So each thread numbers its own calls from a base of its own, and counts
+ * on a line of its own; the totals sum the lines. A thread's own line takes a plain load and
+ * store, not a locked add: the fast-path counts run once per pool task, four matvec rows, and
+ * a locked add there (a full barrier, waiting for the task's loads) was 2 % of a DeepSeek V4
+ * decode step. Threads past the lines' number share line 0 and add atomically. */
+enum { STREAM_LINES = 64 };
+typedef enum { COUNT_DENSE, COUNT_ROUTED, COUNT_PAIRED, COUNT_FP8_WIDE, COUNTS } counter;
+typedef struct {
+    _Alignas(64) atomic_ullong n[COUNTS];
+} stream_line;
+static stream_line streamed[STREAM_LINES];
+
+static unsigned thread_number(void) {
+    static atomic_uint threads_seen;
+    static _Thread_local unsigned number;
+    if (!number) number = atomic_fetch_add(&threads_seen, 1) + 1;
+    return number;
+}
+
+/* `parts` consecutive call numbers (prepared_x's cache key), unique in the process: the thread's
+ * number above bit 40, its own count below. */
+static unsigned long long take_calls(int parts) {
+    static _Thread_local unsigned long long taken;
+    unsigned long long first = ((unsigned long long)thread_number() << 40) + taken + 1;
+    taken += (unsigned)parts;
+    return first;
+}
+
+static void count_add(counter k, unsigned long long v) {
+    unsigned t = thread_number();
+    if (t >= STREAM_LINES) {
+        atomic_fetch_add_explicit(&streamed[0].n[k], v, memory_order_relaxed);
+        return;
+    }
+    atomic_ullong *c = &streamed[t].n[k];
+    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + v, memory_order_relaxed);
+}
+
+static unsigned long long count_total(counter k) {
+    unsigned long long sum = 0;
+    for (int i = 0; i < STREAM_LINES; i++) sum += atomic_load_explicit(&streamed[i].n[k], memory_order_relaxed);
+    return sum;
+}
+
+unsigned long long kernels_paired_products(void) { return count_total(COUNT_PAIRED); }
+unsigned long long kernels_fp8_wide_products(void) { return count_total(COUNT_FP8_WIDE); }
 
 /* One matrix's rows [r0, r1) of a job, written to y[n][r1 - r0]; its tasks are indices
  * [first, first + tasks) of the job, rows_per_task rows each (run_parts sets both). */
@@ -355,7 +425,10 @@ static void job_rows(const mul_job *job, int k, int lo, int hi) {
         float *y = p->y + (lo - p->r0);
         if (in.pairs) {
             job->path->rows_pairs(w, lo, end, in.x, in.pairs, job->n, y, ldy);
-            count_paired(job->n * (end - lo));
+            count_add(COUNT_PAIRED, (unsigned long long)job->n * (unsigned)(end - lo));
+        } else if (in.fp8_wide) {
+            job->path->rows_fp8_wide(w, lo, end, in.x, job->n, y, ldy);
+            count_add(COUNT_FP8_WIDE, (unsigned long long)job->n * (unsigned)(end - lo));
         }
         else if (job->n == 1) job->path->rows_vec(w, lo, end, in.x, y);
         else job->path->rows_mul(w, lo, end, in.x, job->n, y, ldy);
@@ -372,53 +445,11 @@ static void mul_task(void *ctx, int i) {
     job_rows(job, k, lo, MIN(lo + p->rows_per_task, p->r1));
 }
 
-/* PER-THREAD COUNTERS. A 2-thread MoE prefill runs experts on both threads at once, each
- * expert's products calling run_parts; one process-wide call counter and byte counters made
- * their cache line the hottest in the profile (the line moved between the cores on every
- * product: run_parts was 8 % of each thread's time on two threads, 4 % on one, 1 % since, in
- * an Inkling prefill). So each thread numbers its own calls from a base of its own, and counts
- * its streamed bytes on a line of its own; kernels_streamed sums the lines. */
-enum { STREAM_LINES = 64 };
-typedef struct {
-    _Alignas(64) atomic_ullong dense;
-    atomic_ullong routed;
-    atomic_ullong paired;     /* kernels_paired_products */
-} stream_line;
-static stream_line streamed[STREAM_LINES];
-
-static unsigned thread_number(void) {
-    static atomic_uint threads_seen;
-    static _Thread_local unsigned number;
-    if (!number) number = atomic_fetch_add(&threads_seen, 1) + 1;
-    return number;
-}
-
-/* `parts` consecutive call numbers (prepared_x's cache key), unique in the process: the thread's
- * number above bit 40, its own count below. */
-static unsigned long long take_calls(int parts) {
-    static _Thread_local unsigned long long taken;
-    unsigned long long first = ((unsigned long long)thread_number() << 40) + taken + 1;
-    taken += (unsigned)parts;
-    return first;
-}
-
-static void count_paired(int products) {
-    atomic_fetch_add_explicit(&streamed[thread_number() % STREAM_LINES].paired, (unsigned long long)products,
-                              memory_order_relaxed);
-}
-
-unsigned long long kernels_paired_products(void) {
-    unsigned long long sum = 0;
-    for (int i = 0; i < STREAM_LINES; i++) sum += atomic_load_explicit(&streamed[i].paired, memory_order_relaxed);
-    return sum;
-}
+int kernels_has_fp8_wide(void) { return active_path()->fp8_wide_batch > 0; }
 
 void kernels_streamed(unsigned long long *dense, unsigned long long *routed) {
-    *dense = *routed = 0;
-    for (int i = 0; i < STREAM_LINES; i++) {
-        *dense += atomic_load_explicit(&streamed[i].dense, memory_order_relaxed);
-        *routed += atomic_load_explicit(&streamed[i].routed, memory_order_relaxed);
-    }
+    *dense = count_total(COUNT_DENSE);
+    *routed = count_total(COUNT_ROUTED);
 }
 
 /* Rows per task of a product with n input rows: see VEC_ROWS_PER_TASK, MUL_ROWS_PER_TASK and
@@ -436,12 +467,9 @@ static void run_parts(int count, const mul_part *parts, const float *x, int n) {
     for (int k = 0; k < count; k++) {
         const mul_part *p = &parts[k];
         if (p->r1 <= p->r0) continue;
-        if (p->w->source != QM_SCRATCH) {
-            stream_line *line = &streamed[thread_number() % STREAM_LINES];
-            atomic_fetch_add_explicit(p->w->source == QM_ROUTED ? &line->routed : &line->dense,
-                                      qmat_bytes(p->w) / (size_t)p->w->rows * (size_t)(p->r1 - p->r0),
-                                      memory_order_relaxed);
-        }
+        if (p->w->source != QM_SCRATCH)
+            count_add(p->w->source == QM_ROUTED ? COUNT_ROUTED : COUNT_DENSE,
+                  qmat_bytes(p->w) / (size_t)p->w->rows * (size_t)(p->r1 - p->r0));
         mul_part *q = &job.part[job.parts++];
         *q = *p;
         q->first = tasks;

@@ -40,6 +40,15 @@
 #define FEW_BATCH 8      /* batches up to this many inputs decode in registers (two passes of 4) */
 #define MUL_CHUNK 512     /* columns per range: measured best of 128..whole row (bench kernels, 2048 cols) */
 #define MUL_XROWS 6       /* input rows per pass (one tile's width): few enough that their lines share L1 sets */
+/* FP8 rows up to this many bytes prefetch the next row group in memory order: DeepSeek V4's
+ * wq_b shape (8192 x 1024, 64 matrices, from memory) 30-35 -> 38-46 GB/s on two threads,
+ * 17-19 -> 20-24 on one; at 2 KiB and 4 KiB rows it measured 10-15 % slower than row by row. */
+#define FP8_SHORT_ROW 1024
+/* The wide FP8 input serves batches up to this size. Its decode is four byte permutes per 64
+ * codes where rule 1's is two and four conversions; one thread, 256 x 4096 in L2 (best of 5,
+ * alternated): 1 input 29.8 -> 35.7 GB/s, 2 inputs 23.3 -> 27.8, 3 inputs 19.8 -> 23.2, but
+ * 4 inputs 18.1 -> 15.9 (their 16 FMAs per 64 columns compete with the permutes). */
+#define FP8_WIDE_BATCH 3
 #define TILE_R 4
 #define TILE_X 6
 
@@ -108,6 +117,27 @@ INLINE void fp8_f16x64(const uint8_t *p, __m512i *lo, __m512i *hi) {
     __m512i h = _mm512_gf2p8affine_epi64_epi8(codes, high, 0), l = _mm512_gf2p8affine_epi64_epi8(codes, low, 0);
     *lo = _mm512_permutex2var_epi8(l, first, h);
     *hi = _mm512_permutex2var_epi8(l, second, h);
+}
+
+/* 64 E4M3 codes -> the two bytes of their wide weight factors (kernel_path.rows_fp8_wide): the
+ * f32 s000 0eee emmm 0... has byte 3 = s000 0eee (high) and byte 2 = emmm 0000 (low), each a
+ * bit permutation of the code by one affine transform, as in fp8_f16x64. */
+INLINE void fp8_wide_bytes(const uint8_t *p, __m512i *low, __m512i *high) {
+    __m512i codes = _mm512_loadu_si512(p);
+    *high = _mm512_gf2p8affine_epi64_epi8(codes, _mm512_set1_epi64(0x1020400000000080LL), 0);
+    *low = _mm512_gf2p8affine_epi64_epi8(codes, _mm512_set1_epi64(0x0000000001020408LL), 0);
+}
+
+/* Wide weight factors of the 16 columns 16 * q .. 16 * q + 15 of those 64: one two-table byte
+ * permute puts each column's two bytes in the top of its lane and zeroes the rest. */
+INLINE __m512 fp8_wide16(__m512i low, __m512i high, int q) {
+    const __m512i place = _mm512_set_epi32(79 << 24 | 15 << 16, 78 << 24 | 14 << 16, 77 << 24 | 13 << 16,
+                                           76 << 24 | 12 << 16, 75 << 24 | 11 << 16, 74 << 24 | 10 << 16,
+                                           73 << 24 | 9 << 16, 72 << 24 | 8 << 16, 71 << 24 | 7 << 16,
+                                           70 << 24 | 6 << 16, 69 << 24 | 5 << 16, 68 << 24 | 4 << 16,
+                                           67 << 24 | 3 << 16, 66 << 24 | 2 << 16, 65 << 24 | 1 << 16, 64 << 24);
+    __m512i idx = _mm512_add_epi8(place, _mm512_set1_epi8((char)(16 * q)));
+    return _mm512_castsi512_ps(_mm512_maskz_permutex2var_epi8(0xccccccccccccccccULL, low, idx, high));
 }
 #else
 #define FP8_STEP 32
@@ -181,11 +211,13 @@ static void finish_rows(const qmat *w, int r0, int nr, const float *acc, float *
 /* y[j * ldy + i] = dot(row r + i, input row j) for i < NR, j < NX (inputs cols apart), the rows
  * decoded in registers 16 columns at a time and each decoded vector used by all NX inputs:
  * matvec (NX = 1) and the few-input batches of batched decode, where decoding a row into a
- * buffer first would cost more than it saves. Prefetches one row group ahead as the AVX2 path
- * does. */
-INLINE void dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, int NX, float *y, int ldy) {
+ * buffer first would cost more than it saves. WIDE: FP8 from the wide input (rows_fp8_wide).
+ * Prefetches one row group ahead: row by row as the AVX2 path does, or for FP8 rows of at most
+ * FP8_SHORT_ROW bytes in memory order as the nibble kernels do. */
+INLINE void dot_rows(const qmat *w, wformat f, int WIDE, int r, int NR, const float *x, int NX, float *y, int ldy) {
     const int cols = w->cols, full = cols / 16 * 16, pairs = cols / 32 * 32;
     const size_t ahead = (size_t)(kernel_row_ptr(w, VEC_ROWS) - kernel_row_ptr(w, 0));
+    const int short_fp8_rows = f == WF_FP8 && cols <= FP8_SHORT_ROW;
     const uint8_t *row[VEC_ROWS];
     __m512 acc[VEC_ROWS][FEW_X];
     #pragma GCC unroll 4
@@ -199,13 +231,18 @@ INLINE void dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, in
      * and keeps the second half's patterns in a register per row. */
     for (int c = 0; c < pairs;) {
         const int n_half = f == WF_FP8 && c + FP8_STEP <= cols ? FP8_STEP / 32 : 1;
-        #pragma GCC unroll 2
-        for (size_t b = (kernel_col_bytes(f, c) + 63) & ~(size_t)63; b < kernel_col_bytes(f, c + 32 * n_half); b += 64) {
-            #pragma GCC unroll 4
-            for (int i = 0; i < NR; i++) _mm_prefetch((const char *)row[i] + b + ahead, _MM_HINT_T0);
+        if (short_fp8_rows) {
+            if (c % 64 == 0) kernel_prefetch_next_group(row[0], NR, (size_t)c, ahead);
+        } else {
+            #pragma GCC unroll 2
+            for (size_t b = (kernel_col_bytes(f, c) + 63) & ~(size_t)63; b < kernel_col_bytes(f, c + 32 * n_half);
+                 b += 64) {
+                #pragma GCC unroll 4
+                for (int i = 0; i < NR; i++) _mm_prefetch((const char *)row[i] + b + ahead, _MM_HINT_T0);
+            }
         }
 #if FP8_STEP == 64
-        __m512i kept[VEC_ROWS];
+        __m512i kept[VEC_ROWS], kept_low[VEC_ROWS];
 #endif
         #pragma GCC unroll 2
         for (int h = 0; h < n_half; h++) {
@@ -221,7 +258,11 @@ INLINE void dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, in
                 __m512 wlo, whi;
                 if (n_half == 1) decode_step2(f, row[i], ch, &wlo, &whi);
 #if FP8_STEP == 64
-                else {
+                else if (WIDE) {
+                    if (h == 0) fp8_wide_bytes(row[i] + c, &kept_low[i], &kept[i]);
+                    wlo = fp8_wide16(kept_low[i], kept[i], 2 * h);
+                    whi = fp8_wide16(kept_low[i], kept[i], 2 * h + 1);
+                } else {
                     __m512i half;
                     if (h == 0) fp8_f16x64(row[i] + c, &half, &kept[i]);
                     else half = kept[i];
@@ -657,7 +698,7 @@ static void nibble_rows_mul(const qmat *w, int r0, int r1, const float *x, const
 
 #define FEW_CASE(nx)                                                                                      \
     case nx:                                                                                              \
-        KERNEL_FOR_EACH_FORMAT(w->fmt, dot_rows(w, F, r, nr, x, nx, y, ldy),                              \
+        KERNEL_FOR_EACH_FORMAT(w->fmt, dot_rows(w, F, 0, r, nr, x, nx, y, ldy),                           \
                                nibble_dot_rows(w, F, r, nr, x, NULL, 0, nx, y, ldy))                      \
         break
 #define PAIRS_CASE(nx)                                                                                    \
@@ -691,9 +732,27 @@ static void rows_few_pairs(const qmat *w, int r, int nr, const float *x, const u
 #endif
 }
 
-/* y[j * ldy + (r - r0)] for inputs j in [0, n), n <= FEW_X * 2, rows in groups of VEC_ROWS. */
-static void rows_few_inputs(const qmat *w, int r0, int r1, const float *x, const uint32_t *pairs, int n, float *y,
-                            int ldy) {
+#if FP8_STEP == 64
+#define WIDE_CASE(nx) \
+    case nx: dot_rows(w, WF_FP8, 1, r, nr, x, nx, y, ldy); break
+
+/* The same for FP8 from the wide input (kernel_path.rows_fp8_wide): cols a multiple of 64,
+ * nx <= FP8_WIDE_BATCH. */
+static void rows_few_wide(const qmat *w, int r, int nr, const float *x, int nx, float *y, int ldy) {
+    if (nr == VEC_ROWS) {
+        enum { nr = VEC_ROWS };
+        switch (nx) { WIDE_CASE(1); WIDE_CASE(2); WIDE_CASE(3); }
+    } else {
+        enum { nr = 1 };
+        switch (nx) { WIDE_CASE(1); WIDE_CASE(2); WIDE_CASE(3); }
+    }
+}
+#endif
+
+/* y[j * ldy + (r - r0)] for inputs j in [0, n), n <= FEW_X * 2, rows in groups of VEC_ROWS;
+ * from the BF16 pairs where given, from the wide FP8 input with `wide`. */
+static void rows_few_inputs(const qmat *w, int r0, int r1, const float *x, const uint32_t *pairs, int wide, int n,
+                            float *y, int ldy) {
     for (int j = 0; j < n; j += FEW_X) {
         int nx = MIN(FEW_X, n - j);
         const float *xj = x + (size_t)j * w->cols;
@@ -703,13 +762,16 @@ static void rows_few_inputs(const qmat *w, int r0, int r1, const float *x, const
         for (; r < r1; r += r + VEC_ROWS <= r1 ? VEC_ROWS : 1) {
             int nr = r + VEC_ROWS <= r1 ? VEC_ROWS : 1;
             if (pj) rows_few_pairs(w, r, nr, xj, pj, nx, yj + (r - r0), ldy);
+#if FP8_STEP == 64
+            else if (wide) rows_few_wide(w, r, nr, xj, nx, yj + (r - r0), ldy);
+#endif
             else rows_few(w, r, nr, xj, nx, yj + (r - r0), ldy);
         }
     }
 }
 
 static void avx512_rows_vec(const qmat *w, int r0, int r1, const float *x, float *y) {
-    rows_few_inputs(w, r0, r1, x, NULL, 1, y, r1 - r0);
+    rows_few_inputs(w, r0, r1, x, NULL, 0, 1, y, r1 - r0);
 }
 
 /* Weight factors of tile row i at columns [c, c + 16): decoded f32 rows, or with BF the BF16 codes
@@ -785,7 +847,7 @@ static void tile_chunk(const void *wb, int bf, int ldw, const float *x, int cols
 
 static void avx512_rows_mul(const qmat *w, int r0, int r1, const float *x, int n, float *y, int ldy) {
     if (n <= FEW_BATCH) {
-        rows_few_inputs(w, r0, r1, x, NULL, n, y, ldy);
+        rows_few_inputs(w, r0, r1, x, NULL, 0, n, y, ldy);
         return;
     }
     if (kernel_is_nibbles(w->fmt)) {
@@ -835,17 +897,29 @@ static void avx512_row_factors(const qmat *w, int r, float *out) {
  * tile both use them. */
 static void avx512_rows_pairs(const qmat *w, int r0, int r1, const float *x, const uint32_t *pairs, int n, float *y,
                               int ldy) {
-    if (n <= FEW_BATCH) rows_few_inputs(w, r0, r1, x, pairs, n, y, ldy);
+    if (n <= FEW_BATCH) rows_few_inputs(w, r0, r1, x, pairs, 0, n, y, ldy);
     else nibble_rows_mul(w, r0, r1, x, pairs, n, y, ldy);
+}
+#endif
+
+#if FP8_STEP == 64
+/* kernel_path.rows_fp8_wide, n <= FP8_WIDE_BATCH. */
+static void avx512_rows_fp8_wide(const qmat *w, int r0, int r1, const float *x, int n, float *y, int ldy) {
+    rows_few_inputs(w, r0, r1, x, NULL, 1, n, y, ldy);
 }
 #endif
 
 const kernel_path kernel_path_avx512 = {"avx512", avx512_rows_vec, avx512_rows_mul, 16, avx512_row_factors,
                                         kernel_transpose_avx2,
 #if HAVE_PAIRS
-                                        avx512_nibble_pairs, avx512_rows_pairs
+                                        avx512_nibble_pairs, avx512_rows_pairs,
 #else
-                                        NULL, NULL
+                                        NULL, NULL,
+#endif
+#if FP8_STEP == 64
+                                        FP8_WIDE_BATCH, avx512_rows_fp8_wide
+#else
+                                        0, NULL
 #endif
 };
 

@@ -181,14 +181,20 @@ static void check_format_input(wformat fmt, int rows, int cols, int f32_scales, 
     const char *input = qdq ? " e4m3-qdq input" : "";
     float *simd = malloc(sizeof(float) * rows * NX), *scalar = malloc(sizeof(float) * rows * NX);
 
-    unsigned long long paired = kernels_paired_products();
+    unsigned long long paired = kernels_paired_products(), wide = kernels_fp8_wide_products();
     snprintf(what, sizeof what, "%s%s %dx%d%s %s", wformat_name(fmt), scales, rows, cols, input, kernels_simd_name());
     check_matrix(&m.w, x, what, simd);
     paired = kernels_paired_products() - paired;
+    wide = kernels_fp8_wide_products() - wide;
     int want_pairs = qdq && cols >= 64 && kernels_has_pairs() && (fmt == WF_FP4 || fmt == WF_NVFP4 || fmt == WF_I4_ROW ||
                                                                   fmt == WF_I4_G64);
     CHECK(want_pairs ? paired > 0 : paired == 0, "%s: %llu products from BF16 pairs, want %s", what, paired,
           want_pairs ? "some" : "none");
+    /* Inputs within +-1 and scales below 2^5 stay below the wide input's bound (check_fp8_wide_bound);
+     * the QDQ inputs reach 600 and take it only where their block's scale is small. */
+    int want_wide = fmt == WF_FP8 && cols % 64 == 0 && kernels_has_fp8_wide();
+    CHECK(want_wide && !qdq ? wide > 0 : want_wide || wide == 0, "%s: %llu products from the wide FP8 input, want %s",
+          what, wide, want_wide ? "some" : "none");
     kernels_force_scalar(1);
     snprintf(what, sizeof what, "%s%s %dx%d%s %s", wformat_name(fmt), scales, rows, cols, input, kernels_simd_name());
     check_matrix(&m.w, x, what, scalar);
@@ -229,6 +235,37 @@ static void check_pair_bound(void) {
         CHECK(!memcmp(&y[0], &y[1], sizeof(float)), "pair bound case %zu: SIMD %.9g, scalar %.9g", k, y[0], y[1]);
         int want = cases[k].paired && kernels_has_pairs();
         CHECK(paired == (unsigned long long)want, "pair bound case %zu: %llu paired products, want %d", k, paired, want);
+    }
+}
+
+/* The wide FP8 input's bound (kernels_path.h): every E4M3 code but NaN, E8M0 scale 1, so rule 1's
+ * input is x * 2^8. Inputs up to just below 2^16 there are widened, denormal ones included, and
+ * one input of 2^16 keeps the whole call on rule 1; the bits are the scalar path's either way. */
+static void check_fp8_wide_bound(void) {
+    enum { R = 4, C = 128 };
+    uint8_t codes[R * C], scales[1] = {127};
+    for (int i = 0; i < R * C; i++) codes[i] = (uint8_t)((i * 0x9d + i / 256) & 0xff);
+    for (int i = 0; i < R * C; i++)
+        if ((codes[i] & 0x7f) == 0x7f) codes[i] ^= 1;
+    qmat m = {WF_FP8, R, C, codes, scales, NULL, 0, 0, QM_SCRATCH};
+    struct { float big, small; int wide; } cases[] = {
+        {0x1.fffffep7f, 0x1p-140f, 1}, {0x1p8f, 0.5f, 0}, {1.5f, 0x1p-149f, 1}, {-0x1.fffffep7f, 3.0f, 1},
+    };
+    if (!kernels_has_fp8_wide()) printf("  note: %s has no wide FP8 input; only the scalar match is checked\n", kernels_simd_name());
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        float x[C], y[2][R];
+        for (int c = 0; c < C; c++)
+            x[c] = c == 5 ? cases[k].big : c % 3 == 0 ? cases[k].small * (c % 2 ? -1.0f : 1.0f) : (float)(c % 11) * 0.37f;
+        unsigned long long wide = kernels_fp8_wide_products();
+        for (int s = 0; s < 2; s++) {
+            kernels_force_scalar(s);
+            qmat_vec(&m, x, y[s]);
+        }
+        kernels_force_scalar(0);
+        wide = kernels_fp8_wide_products() - wide;
+        CHECK(!memcmp(y[0], y[1], sizeof y[0]), "wide FP8 case %zu: SIMD %.9g, scalar %.9g", k, y[0][0], y[1][0]);
+        unsigned long long want = cases[k].wide && kernels_has_fp8_wide() ? R : 0;
+        CHECK(wide == want, "wide FP8 case %zu: %llu wide products, want %llu", k, wide, want);
     }
 }
 
@@ -468,6 +505,7 @@ int main(void) {
     check_nvfp4_rules();
     check_int_rules();
     check_pair_bound();
+    check_fp8_wide_bound();
     static const struct { wformat fmt; int rows, cols, f32_scales; } cases[] = {
         {WF_F32, 37, 45, 0},     {WF_F32, 20, 256, 0},    {WF_BF16, 29, 77, 0},    {WF_BF16, 16, 512, 0},
         {WF_FP8, 150, 200, 0},   {WF_FP8, 131, 256, 0},   {WF_FP8, 7, 24, 0},      {WF_FP8, 150, 200, 1},

@@ -10,7 +10,8 @@
  * input rows: 24 accumulators, 10 loads per 24 FMAs, so the FMA ports and not the load ports
  * set the pace) over dequantized rows in column chunks that stay in L1; BF16 rows are not
  * dequantized first, the tile widens their codes as it loads them. With GFNI and VBMI the FP8
- * matvec decodes 64 codes per step (fp8_f16x64). I8_ROW widens its codes
+ * matvec decodes 64 codes per step (fp8_f16x64), and from the wide input of up to FP8_WIDE_BATCH
+ * rows straight into f32 bits without a conversion (fp8_wide_bytes). I8_ROW widens its codes
  * and takes the row scale on the result (rule 5).
  * The nibble formats (rule 4: FP4, NVFP4, I4_ROW, I4_G64) hold all 16 lanes in one zmm too: a 64-column
  * chunk decodes into four vectors, term t of every lane (kernel_nibble_permute_x width 16), by

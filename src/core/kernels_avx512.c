@@ -10,8 +10,8 @@
  * input rows: 24 accumulators, 10 loads per 24 FMAs, so the FMA ports and not the load ports
  * set the pace) over dequantized rows in column chunks that stay in L1; BF16 rows are not
  * dequantized first, the tile widens their codes as it loads them. With GFNI and VBMI the FP8
- * matvec decodes 64 codes per step (fp8_f16x64), and from the wide input of up to FP8_WIDE_BATCH
- * rows straight into f32 bits without a conversion (fp8_wide_bytes). I8_ROW widens its codes
+ * matvec decodes 64 codes per step (fp8_f16x64), and from the wide input straight into f32 bits
+ * without a conversion (fp8_wide_bytes, fp8_wide16_codes). I8_ROW widens its codes
  * and takes the row scale on the result (rule 5).
  * The nibble formats (rule 4: FP4, NVFP4, I4_ROW, I4_G64) hold all 16 lanes in one zmm too: a 64-column
  * chunk decodes into four vectors, term t of every lane (kernel_nibble_permute_x width 16), by
@@ -45,11 +45,14 @@
  * wq_b shape (8192 x 1024, 64 matrices, from memory) 30-35 -> 38-46 GB/s on two threads,
  * 17-19 -> 20-24 on one; at 2 KiB and 4 KiB rows it measured 10-15 % slower than row by row. */
 #define FP8_SHORT_ROW 1024
-/* The wide FP8 input serves batches up to this size. Its decode is four byte permutes per 64
- * codes where rule 1's is two and four conversions; one thread, 256 x 4096 in L2 (best of 5,
- * alternated): 1 input 29.8 -> 35.7 GB/s, 2 inputs 23.3 -> 27.8, 3 inputs 19.8 -> 23.2, but
- * 4 inputs 18.1 -> 15.9 (their 16 FMAs per 64 columns compete with the permutes). */
-#define FP8_WIDE_BATCH 3
+/* The wide FP8 input serves every batch that decodes in registers. Rule 1's decode is two affine
+ * transforms, two byte permutes and four conversions per 64 codes; the wide one from the same
+ * transforms is four permutes (fp8_wide16), which one thread, 256 x 4096 in L2 (best of 5,
+ * alternated) took from 29.8 to 35.7 GB/s with 1 input and 23.3 -> 27.8 with 2, but with 4
+ * inputs, 16 FMAs per 64 columns beside it, from 18.1 to 15.9. So 3 and 4 inputs decode with
+ * permutes, shifts and masks instead (fp8_wide16_codes): 4 inputs 17.2 -> 19.4, 3 inputs
+ * 21.5 -> 23.4 against the first wide decode, and 1 input 36.6 -> 33.8, so not there. */
+#define FP8_WIDE_BATCH FEW_BATCH
 #define TILE_R 4
 #define TILE_X 6
 
@@ -139,6 +142,18 @@ INLINE __m512 fp8_wide16(__m512i low, __m512i high, int q) {
                                            67 << 24 | 3 << 16, 66 << 24 | 2 << 16, 65 << 24 | 1 << 16, 64 << 24);
     __m512i idx = _mm512_add_epi8(place, _mm512_set1_epi8((char)(16 * q)));
     return _mm512_castsi512_ps(_mm512_maskz_permutex2var_epi8(0xccccccccccccccccULL, low, idx, high));
+}
+
+/* The same factors straight from the 64 codes: one byte permute puts code 16 * q + k in the top
+ * byte of lane k and zeroes the rest, an arithmetic shift by 4 turns s eeee mmm into sssss eeee
+ * mmm, and a mask keeps s000 0eee emmm. More operations than fp8_wide_bytes + fp8_wide16, but
+ * faster beside the 12-16 FMAs per 64 columns of 3 or 4 inputs (see FP8_WIDE_BATCH). */
+INLINE __m512 fp8_wide16_codes(__m512i codes, int q) {
+    const __m512i top = _mm512_set_epi32(15 << 24, 14 << 24, 13 << 24, 12 << 24, 11 << 24, 10 << 24, 9 << 24,
+                                         8 << 24, 7 << 24, 6 << 24, 5 << 24, 4 << 24, 3 << 24, 2 << 24, 1 << 24, 0);
+    __m512i idx = _mm512_add_epi32(top, _mm512_set1_epi32(16 * q << 24));
+    __m512i lanes = _mm512_maskz_permutexvar_epi8(0x8888888888888888ULL, idx, codes);
+    return _mm512_castsi512_ps(_mm512_and_si512(_mm512_srai_epi32(lanes, 4), _mm512_set1_epi32((int)0x87f00000)));
 }
 #else
 #define FP8_STEP 32
@@ -259,7 +274,11 @@ INLINE void dot_rows(const qmat *w, wformat f, int WIDE, int r, int NR, const fl
                 __m512 wlo, whi;
                 if (n_half == 1) decode_step2(f, row[i], ch, &wlo, &whi);
 #if FP8_STEP == 64
-                else if (WIDE) {
+                else if (WIDE && NX >= 3) {
+                    if (h == 0) kept[i] = _mm512_loadu_si512(row[i] + c);
+                    wlo = fp8_wide16_codes(kept[i], 2 * h);
+                    whi = fp8_wide16_codes(kept[i], 2 * h + 1);
+                } else if (WIDE) {
                     if (h == 0) fp8_wide_bytes(row[i] + c, &kept_low[i], &kept[i]);
                     wlo = fp8_wide16(kept_low[i], kept[i], 2 * h);
                     whi = fp8_wide16(kept_low[i], kept[i], 2 * h + 1);
@@ -737,15 +756,14 @@ static void rows_few_pairs(const qmat *w, int r, int nr, const float *x, const u
 #define WIDE_CASE(nx) \
     case nx: dot_rows(w, WF_FP8, 1, r, nr, x, nx, y, ldy); break
 
-/* The same for FP8 from the wide input (kernel_path.rows_fp8_wide): cols a multiple of 64,
- * nx <= FP8_WIDE_BATCH. */
+/* The same for FP8 from the wide input (kernel_path.rows_fp8_wide), cols a multiple of 64. */
 static void rows_few_wide(const qmat *w, int r, int nr, const float *x, int nx, float *y, int ldy) {
     if (nr == VEC_ROWS) {
         enum { nr = VEC_ROWS };
-        switch (nx) { WIDE_CASE(1); WIDE_CASE(2); WIDE_CASE(3); }
+        switch (nx) { WIDE_CASE(1); WIDE_CASE(2); WIDE_CASE(3); WIDE_CASE(4); }
     } else {
         enum { nr = 1 };
-        switch (nx) { WIDE_CASE(1); WIDE_CASE(2); WIDE_CASE(3); }
+        switch (nx) { WIDE_CASE(1); WIDE_CASE(2); WIDE_CASE(3); WIDE_CASE(4); }
     }
 }
 #endif

@@ -50,8 +50,8 @@
  * transforms is four permutes (fp8_wide16), which one thread, 256 x 4096 in L2 (best of 5,
  * alternated) took from 29.8 to 35.7 GB/s with 1 input and 23.3 -> 27.8 with 2, but with 4
  * inputs, 16 FMAs per 64 columns beside it, from 18.1 to 15.9. So 3 and 4 inputs decode with
- * permutes, shifts and masks instead (fp8_wide16_codes): 4 inputs 17.2 -> 19.4, 3 inputs
- * 21.5 -> 23.4 against the first wide decode, and 1 input 36.6 -> 33.8, so not there. */
+ * permutes, shifts and masks instead (fp8_wide16_codes): 4 inputs 17.2 -> 19.4 against rule 1's
+ * conversions, 3 inputs 21.5 -> 23.4 against the first wide decode, but 1 input 36.6 -> 33.8. */
 #define FP8_WIDE_BATCH FEW_BATCH
 #define TILE_R 4
 #define TILE_X 6

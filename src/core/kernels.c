@@ -102,23 +102,6 @@ float kernel_fp8_scale(const qmat *w, int r, int c) {
     return w->scale_f32 ? w->scale_f32[at] * 256.0f : kernel_fp8_scale_lut[w->scale[at]];
 }
 
-/* In blocks of 16 with a constant trip count, as scale_columns, so that -O2 vectorizes both
- * passes (element by element they were a tenth of a 1 KiB-row FP8 matvec's time). */
-int kernel_fp8_widen(float *x, size_t n) {
-    float most[16] = {0};     /* the largest |x| per lane; NaN once a NaN is seen (the compare fails) */
-    size_t full = n / 16 * 16;
-    for (size_t c0 = 0; c0 < full; c0 += 16)
-        for (int i = 0; i < 16; i++) most[i] = !(fabsf(x[c0 + i]) <= most[i]) ? fabsf(x[c0 + i]) : most[i];
-    for (size_t c = full; c < n; c++) most[0] = !(fabsf(x[c]) <= most[0]) ? fabsf(x[c]) : most[0];
-    int in_range = 1;
-    for (int i = 0; i < 16; i++) in_range &= most[i] < 0x1p16f;
-    if (!in_range) return 0;
-    for (size_t c0 = 0; c0 < full; c0 += 16)
-        for (int i = 0; i < 16; i++) x[c0 + i] *= 0x1p112f;
-    for (size_t c = full; c < n; c++) x[c] *= 0x1p112f;
-    return 1;
-}
-
 float kernel_tree16(const float acc[16]) {
     float s8[8], s4[4];
     for (int i = 0; i < 8; i++) s8[i] = acc[i] + acc[i + 8];
@@ -162,6 +145,26 @@ static void scale_columns(float *restrict out, const float *restrict x, int n, f
     for (int c = full; c < n; c++) out[c] = x[c] * scale;
 }
 
+/* Rule 1's scaled FP8 input x[n] -> the wide input (kernel_path.rows_fp8_wide), in place, and
+ * 1; or 0 with x untouched if some |x[c]| is 2^16 or more (times 2^112 it would overflow), or
+ * not a number. Below that the product by 2^112 is exact, denormals included. In blocks of 16
+ * with a constant trip count, as scale_columns, so that -O2 vectorizes both passes (element by
+ * element they were a tenth of a 1 KiB-row FP8 matvec's time). */
+static int fp8_widen(float *x, size_t n) {
+    float most[16] = {0};     /* the largest |x| per lane; NaN once a NaN is seen (the compare fails) */
+    size_t full = n / 16 * 16;
+    for (size_t c0 = 0; c0 < full; c0 += 16)
+        for (int i = 0; i < 16; i++) most[i] = !(fabsf(x[c0 + i]) <= most[i]) ? fabsf(x[c0 + i]) : most[i];
+    for (size_t c = full; c < n; c++) most[0] = !(fabsf(x[c]) <= most[0]) ? fabsf(x[c]) : most[0];
+    int in_range = 1;
+    for (int i = 0; i < 16; i++) in_range &= most[i] < 0x1p16f;
+    if (!in_range) return 0;
+    for (size_t c0 = 0; c0 < full; c0 += 16)
+        for (int i = 0; i < 16; i++) x[c0 + i] *= 0x1p112f;
+    for (size_t c = full; c < n; c++) x[c] *= 0x1p112f;
+    return 1;
+}
+
 /* The input rows a path reads for rows from r on: x itself, FP8's scaled input of rule 1 for the
  * scale block of r (each column times its block's scale * 2^8), or the nibble formats' permuted
  * input, with its exact BF16 pairs where the path has them and every row qualifies
@@ -173,7 +176,6 @@ typedef struct {
     const uint32_t *pairs;
     int fp8_wide;             /* x is FP8's wide input (kernel_path.rows_fp8_wide) */
 } prepared;
-
 
 static uint32_t *grow(uint32_t **buf, size_t *cap, size_t words) {
     if (words > *cap) {
@@ -212,7 +214,7 @@ static prepared prepared_x(const kernel_path *path, const qmat *w, int r, const 
         }
     }
     int wide = fp8 && n <= path->fp8_wide_batch && w->cols % 64 == 0 &&
-               kernel_fp8_widen(out_all, (size_t)n * (size_t)w->cols);
+               fp8_widen(out_all, (size_t)n * (size_t)w->cols);
     cached_call = call;
     cached_block = block;
     cached = (prepared){out_all, pairs, wide};
@@ -469,7 +471,7 @@ static void run_parts(int count, const mul_part *parts, const float *x, int n) {
         if (p->r1 <= p->r0) continue;
         if (p->w->source != QM_SCRATCH)
             count_add(p->w->source == QM_ROUTED ? COUNT_ROUTED : COUNT_DENSE,
-                  qmat_bytes(p->w) / (size_t)p->w->rows * (size_t)(p->r1 - p->r0));
+                      qmat_bytes(p->w) / (size_t)p->w->rows * (size_t)(p->r1 - p->r0));
         mul_part *q = &job.part[job.parts++];
         *q = *p;
         q->first = tasks;

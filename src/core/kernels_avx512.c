@@ -726,15 +726,19 @@ static void nibble_rows_mul(const qmat *w, int r0, int r1, const float *x, const
         KERNEL_FOR_EACH_FORMAT(w->fmt, (void)0, nibble_dot_rows(w, F, r, nr, x, pairs, 1, nx, y, ldy))   \
         break
 
+/* A register kernel's dispatch on (nr, nx): CASE(nx) sees both as compile-time constants. */
+#define FEW_DISPATCH(CASE)                                         \
+    if (nr == VEC_ROWS) {                                          \
+        enum { nr = VEC_ROWS };                                    \
+        switch (nx) { CASE(1); CASE(2); CASE(3); CASE(4); }        \
+    } else {                                                       \
+        enum { nr = 1 };                                           \
+        switch (nx) { CASE(1); CASE(2); CASE(3); CASE(4); }        \
+    }
+
 /* Rows [r, r + nr) (nr = VEC_ROWS or 1) x nx <= FEW_X inputs, decoded in registers. */
 static void rows_few(const qmat *w, int r, int nr, const float *x, int nx, float *y, int ldy) {
-    if (nr == VEC_ROWS) {
-        enum { nr = VEC_ROWS };
-        switch (nx) { FEW_CASE(1); FEW_CASE(2); FEW_CASE(3); FEW_CASE(4); }
-    } else {
-        enum { nr = 1 };
-        switch (nx) { FEW_CASE(1); FEW_CASE(2); FEW_CASE(3); FEW_CASE(4); }
-    }
+    FEW_DISPATCH(FEW_CASE)
 }
 
 /* The same for a nibble format from the inputs' BF16 pairs (a function of its own: inlined into
@@ -742,13 +746,7 @@ static void rows_few(const qmat *w, int r, int nr, const float *x, int nx, float
 static void rows_few_pairs(const qmat *w, int r, int nr, const float *x, const uint32_t *pairs, int nx, float *y,
                            int ldy) {
 #if HAVE_PAIRS
-    if (nr == VEC_ROWS) {
-        enum { nr = VEC_ROWS };
-        switch (nx) { PAIRS_CASE(1); PAIRS_CASE(2); PAIRS_CASE(3); PAIRS_CASE(4); }
-    } else {
-        enum { nr = 1 };
-        switch (nx) { PAIRS_CASE(1); PAIRS_CASE(2); PAIRS_CASE(3); PAIRS_CASE(4); }
-    }
+    FEW_DISPATCH(PAIRS_CASE)
 #endif
 }
 
@@ -758,13 +756,7 @@ static void rows_few_pairs(const qmat *w, int r, int nr, const float *x, const u
 
 /* The same for FP8 from the wide input (kernel_path.rows_fp8_wide), cols a multiple of 64. */
 static void rows_few_wide(const qmat *w, int r, int nr, const float *x, int nx, float *y, int ldy) {
-    if (nr == VEC_ROWS) {
-        enum { nr = VEC_ROWS };
-        switch (nx) { WIDE_CASE(1); WIDE_CASE(2); WIDE_CASE(3); WIDE_CASE(4); }
-    } else {
-        enum { nr = 1 };
-        switch (nx) { WIDE_CASE(1); WIDE_CASE(2); WIDE_CASE(3); WIDE_CASE(4); }
-    }
+    FEW_DISPATCH(WIDE_CASE)
 }
 #endif
 

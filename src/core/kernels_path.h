@@ -71,10 +71,10 @@ typedef struct {
     void (*rows_pairs)(const qmat *w, int r0, int r1, const float *x, const uint32_t *pairs, int n, float *y, int ldy);
     /* Optional (fp8_wide_batch 0 where the path has none): rows_mul of an FP8 matrix whose cols
      * are a multiple of 64, for n <= fp8_wide_batch inputs given as the WIDE input: rule 1's
-     * scaled input times 2^112 (kernel_fp8_widen). The weight factor is then the E4M3 code's
+     * scaled input times 2^112 (fp8_widen in kernels.c). The weight factor is then the E4M3 code's
      * bits placed in an f32 as sign and exponent:mantissa (s000 0eee emmm 0...), which is
      * value * 2^-120 for every code, subnormals included (an f32 denormal; DAZ is never set),
-     * built by two byte permutes of each code and no conversion instruction. Every product is
+     * built by byte transforms and permutes and no conversion instruction. Every product is
      * rule 1's own (the two powers of two cancel and neither factor rounds), so the bits are
      * rule 1's. */
     int fp8_wide_batch;
@@ -109,10 +109,6 @@ extern float kernel_nvfp4_scale_lut[256];
 
 /* Scale factor of FP8 weight (r, c) in rule 1: its block's scale * 2^8 (E8M0 or F32 grid). */
 float kernel_fp8_scale(const qmat *w, int r, int c);
-/* Rule 1's scaled FP8 input x[n] -> the wide input (kernel_path.rows_fp8_wide), in place, and
- * 1; or 0 with x untouched if some |x[c]| is 2^16 or more (times 2^112 it would overflow), or
- * not a number. Below that the product by 2^112 is exact, denormals included. */
-int kernel_fp8_widen(float *x, size_t n);
 static inline size_t kernel_nibble_row_bytes(const qmat *w) {   /* ceil(cols / 2): the nibble formats */
     return ((size_t)w->cols + 1) / 2;
 }

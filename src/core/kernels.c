@@ -145,26 +145,6 @@ static void scale_columns(float *restrict out, const float *restrict x, int n, f
     for (int c = full; c < n; c++) out[c] = x[c] * scale;
 }
 
-/* Rule 1's scaled FP8 input x[n] -> the wide input (kernel_path.rows_fp8_wide), in place, and
- * 1; or 0 with x untouched if some |x[c]| is 2^16 or more (times 2^112 it would overflow), or
- * not a number. Below that the product by 2^112 is exact, denormals included. In blocks of 16
- * with a constant trip count, as scale_columns, so that -O2 vectorizes both passes (element by
- * element they were a tenth of a 1 KiB-row FP8 matvec's time). */
-static int fp8_widen(float *x, size_t n) {
-    float most[16] = {0};     /* the largest |x| per lane; NaN once a NaN is seen (the compare fails) */
-    size_t full = n / 16 * 16;
-    for (size_t c0 = 0; c0 < full; c0 += 16)
-        for (int i = 0; i < 16; i++) most[i] = !(fabsf(x[c0 + i]) <= most[i]) ? fabsf(x[c0 + i]) : most[i];
-    for (size_t c = full; c < n; c++) most[0] = !(fabsf(x[c]) <= most[0]) ? fabsf(x[c]) : most[0];
-    int in_range = 1;
-    for (int i = 0; i < 16; i++) in_range &= most[i] < 0x1p16f;
-    if (!in_range) return 0;
-    for (size_t c0 = 0; c0 < full; c0 += 16)
-        for (int i = 0; i < 16; i++) x[c0 + i] *= 0x1p112f;
-    for (size_t c = full; c < n; c++) x[c] *= 0x1p112f;
-    return 1;
-}
-
 /* The input rows a path reads for rows from r on: x itself, FP8's scaled input of rule 1 for the
  * scale block of r (each column times its block's scale * 2^8), or the nibble formats' permuted
  * input, with its exact BF16 pairs where the path has them and every row qualifies
@@ -174,7 +154,6 @@ static int fp8_widen(float *x, size_t n) {
 typedef struct {
     const float *x;
     const uint32_t *pairs;
-    int fp8_wide;             /* x is FP8's wide input (kernel_path.rows_fp8_wide) */
 } prepared;
 
 static uint32_t *grow(uint32_t **buf, size_t *cap, size_t words) {
@@ -194,7 +173,7 @@ static prepared prepared_x(const kernel_path *path, const qmat *w, int r, const 
     static _Thread_local int cached_block = -1;
     static _Thread_local prepared cached;
     int fp8 = w->fmt == WF_FP8, block = fp8 ? r / 128 : 0;
-    if (!fp8 && !(kernel_is_nibbles(w->fmt) && path->nibble_width)) return (prepared){x, NULL, 0};
+    if (!fp8 && !(kernel_is_nibbles(w->fmt) && path->nibble_width)) return (prepared){x, NULL};
     if (cached_call == call && cached_block == block) return cached;
     float *out_all = (float *)grow(&buf, &cap, (size_t)n * (size_t)w->cols);
     size_t pair_row = (size_t)w->cols / 64 * 32;
@@ -213,11 +192,9 @@ static prepared prepared_x(const kernel_path *path, const qmat *w, int r, const 
             scale_columns(out + c0, xr + c0, c1 - c0, scale);
         }
     }
-    int wide = fp8 && n <= path->fp8_wide_batch && w->cols % 64 == 0 &&
-               fp8_widen(out_all, (size_t)n * (size_t)w->cols);
     cached_call = call;
     cached_block = block;
-    cached = (prepared){out_all, pairs, wide};
+    cached = (prepared){out_all, pairs};
     return cached;
 }
 
@@ -320,7 +297,7 @@ static void scalar_transpose(const float *src, int rows, int cols, size_t lds, f
 }
 
 const kernel_path kernel_path_scalar = {"scalar", scalar_rows_vec, scalar_rows_mul, 0, weight_row, scalar_transpose,
-                                        NULL, NULL, 0, NULL};
+                                        NULL, NULL};
 
 static int force_scalar;
 
@@ -355,7 +332,7 @@ void kernels_transpose(const float *src, int rows, int cols, size_t lds, float *
  * a locked add there (a full barrier, waiting for the task's loads) was 2 % of a DeepSeek V4
  * decode step. Threads past the lines' number share line 0 and add atomically. */
 enum { STREAM_LINES = 64 };
-typedef enum { COUNT_DENSE, COUNT_ROUTED, COUNT_PAIRED, COUNT_FP8_WIDE, COUNTS } counter;
+typedef enum { COUNT_DENSE, COUNT_ROUTED, COUNT_PAIRED, COUNTS } counter;
 typedef struct {
     _Alignas(64) atomic_ullong n[COUNTS];
 } stream_line;
@@ -394,7 +371,6 @@ static unsigned long long count_total(counter k) {
 }
 
 unsigned long long kernels_paired_products(void) { return count_total(COUNT_PAIRED); }
-unsigned long long kernels_fp8_wide_products(void) { return count_total(COUNT_FP8_WIDE); }
 
 /* One matrix's rows [r0, r1) of a job, written to y[n][r1 - r0]; its tasks are indices
  * [first, first + tasks) of the job, rows_per_task rows each (run_parts sets both). */
@@ -428,11 +404,7 @@ static void job_rows(const mul_job *job, int k, int lo, int hi) {
         if (in.pairs) {
             job->path->rows_pairs(w, lo, end, in.x, in.pairs, job->n, y, ldy);
             count_add(COUNT_PAIRED, (unsigned long long)job->n * (unsigned)(end - lo));
-        } else if (in.fp8_wide) {
-            job->path->rows_fp8_wide(w, lo, end, in.x, job->n, y, ldy);
-            count_add(COUNT_FP8_WIDE, (unsigned long long)job->n * (unsigned)(end - lo));
-        }
-        else if (job->n == 1) job->path->rows_vec(w, lo, end, in.x, y);
+        } else if (job->n == 1) job->path->rows_vec(w, lo, end, in.x, y);
         else job->path->rows_mul(w, lo, end, in.x, job->n, y, ldy);
         lo = end;
     }
@@ -446,8 +418,6 @@ static void mul_task(void *ctx, int i) {
     int lo = p->r0 + (i - p->first) * p->rows_per_task;
     job_rows(job, k, lo, MIN(lo + p->rows_per_task, p->r1));
 }
-
-int kernels_has_fp8_wide(void) { return active_path()->fp8_wide_batch > 0; }
 
 void kernels_streamed(unsigned long long *dense, unsigned long long *routed) {
     *dense = count_total(COUNT_DENSE);

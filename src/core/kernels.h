@@ -87,9 +87,6 @@ void kernels_streamed(unsigned long long *dense, unsigned long long *routed);
  * must see the fast path fire; the results are the same bits either way. */
 unsigned long long kernels_paired_products(void);
 int kernels_has_pairs(void);                         /* the active path has them */
-/* The same for FP8 rows computed from the wide input (kernels_path.h: rows_fp8_wide). */
-unsigned long long kernels_fp8_wide_products(void);
-int kernels_has_fp8_wide(void);
 
 /* dst[c * ldd + r] = src[r * lds + c] for r < rows, c < cols: an exact copy (a transposed
  * operand for qmat_mul), in SIMD blocks where the path has them. */

@@ -10,8 +10,7 @@
  * input rows: 24 accumulators, 10 loads per 24 FMAs, so the FMA ports and not the load ports
  * set the pace) over dequantized rows in column chunks that stay in L1; BF16 rows are not
  * dequantized first, the tile widens their codes as it loads them. With GFNI and VBMI the FP8
- * matvec decodes 64 codes per step (fp8_f16x64), and from the wide input straight into f32 bits
- * without a conversion (fp8_wide_bytes, fp8_wide16_codes). I8_ROW widens its codes
+ * matvec decodes 64 codes per step (fp8_f16x64). I8_ROW widens its codes
  * and takes the row scale on the result (rule 5).
  * The nibble formats (rule 4: FP4, NVFP4, I4_ROW, I4_G64) hold all 16 lanes in one zmm too: a 64-column
  * chunk decodes into four vectors, term t of every lane (kernel_nibble_permute_x width 16), by
@@ -45,14 +44,6 @@
  * wq_b shape (8192 x 1024, 64 matrices, from memory) 30-35 -> 38-46 GB/s on two threads,
  * 17-19 -> 20-24 on one; at 2 KiB and 4 KiB rows it measured 10-15 % slower than row by row. */
 #define FP8_SHORT_ROW 1024
-/* The wide FP8 input serves every batch that decodes in registers. Rule 1's decode is two affine
- * transforms, two byte permutes and four conversions per 64 codes; the wide one from the same
- * transforms is four permutes (fp8_wide16), which one thread, 256 x 4096 in L2 (best of 5,
- * alternated) took from 29.8 to 35.7 GB/s with 1 input and 23.3 -> 27.8 with 2, but with 4
- * inputs, 16 FMAs per 64 columns beside it, from 18.1 to 15.9. So 3 and 4 inputs decode with
- * permutes, shifts and masks instead (fp8_wide16_codes): 4 inputs 17.2 -> 19.4 against rule 1's
- * conversions, 3 inputs 21.5 -> 23.4 against the first wide decode, but 1 input 36.6 -> 33.8. */
-#define FP8_WIDE_BATCH FEW_BATCH
 #define TILE_R 4
 #define TILE_X 6
 
@@ -109,7 +100,15 @@ INLINE void decode_step2(wformat f, const uint8_t *row, int c, __m512 *lo, __m51
  * and byte 7 - i of the matrix), and one two-table byte permute per 32 columns interleaves them
  * into words. Four uops for 64 codes where widening, shifting and masking took eight: the FP8
  * matvec is bound by these vector ports, not by memory (bench kernels: 30 % more in-cache
- * throughput on Zen 5). The patterns, and so every sum, are the same as dec16_fp8's. */
+ * throughput on Zen 5). The patterns, and so every sum, are the same as dec16_fp8's.
+ *
+ * The f16 conversion that follows is what keeps every weight factor a normal f32. Placing the
+ * code's bits straight into an f32 (value * 2^-120, no conversion; ed7c23d..5d5bc5f) was 20 %
+ * faster in L2 on Zen 5, but its subnormal codes are f32 denormals, and an Intel core takes a
+ * microcode assist for each FMA with a denormal operand: the FP8 matvec fell to 1.25 GB/s on a
+ * Xeon (bench kernels; test_kernels checks MXCSR's denormal flag now). A table lookup of the
+ * factor's two top bytes instead (normal for every code) lost to the conversion there: 25.2
+ * against 27.7-29.2 GB/s from memory on two threads, 17.5 against 19.7 in L2 on one. */
 INLINE void fp8_f16x64(const uint8_t *p, __m512i *lo, __m512i *hi) {
     const __m512i high = _mm512_set1_epi64(0x0204081020400080LL), low = _mm512_set1_epi64(0x0000000000000001LL);
     const __m512i first = _mm512_set_epi8(95, 31, 94, 30, 93, 29, 92, 28, 91, 27, 90, 26, 89, 25, 88, 24,
@@ -121,39 +120,6 @@ INLINE void fp8_f16x64(const uint8_t *p, __m512i *lo, __m512i *hi) {
     __m512i h = _mm512_gf2p8affine_epi64_epi8(codes, high, 0), l = _mm512_gf2p8affine_epi64_epi8(codes, low, 0);
     *lo = _mm512_permutex2var_epi8(l, first, h);
     *hi = _mm512_permutex2var_epi8(l, second, h);
-}
-
-/* 64 E4M3 codes -> the two bytes of their wide weight factors (kernel_path.rows_fp8_wide): the
- * f32 s000 0eee emmm 0... has byte 3 = s000 0eee (high) and byte 2 = emmm 0000 (low), each a
- * bit permutation of the code by one affine transform, as in fp8_f16x64. */
-INLINE void fp8_wide_bytes(const uint8_t *p, __m512i *low, __m512i *high) {
-    __m512i codes = _mm512_loadu_si512(p);
-    *high = _mm512_gf2p8affine_epi64_epi8(codes, _mm512_set1_epi64(0x1020400000000080LL), 0);
-    *low = _mm512_gf2p8affine_epi64_epi8(codes, _mm512_set1_epi64(0x0000000001020408LL), 0);
-}
-
-/* Wide weight factors of the 16 columns 16 * q .. 16 * q + 15 of those 64: one two-table byte
- * permute puts each column's two bytes in the top of its lane and zeroes the rest. */
-INLINE __m512 fp8_wide16(__m512i low, __m512i high, int q) {
-    const __m512i place = _mm512_set_epi32(79 << 24 | 15 << 16, 78 << 24 | 14 << 16, 77 << 24 | 13 << 16,
-                                           76 << 24 | 12 << 16, 75 << 24 | 11 << 16, 74 << 24 | 10 << 16,
-                                           73 << 24 | 9 << 16, 72 << 24 | 8 << 16, 71 << 24 | 7 << 16,
-                                           70 << 24 | 6 << 16, 69 << 24 | 5 << 16, 68 << 24 | 4 << 16,
-                                           67 << 24 | 3 << 16, 66 << 24 | 2 << 16, 65 << 24 | 1 << 16, 64 << 24);
-    __m512i idx = _mm512_add_epi8(place, _mm512_set1_epi8((char)(16 * q)));
-    return _mm512_castsi512_ps(_mm512_maskz_permutex2var_epi8(0xccccccccccccccccULL, low, idx, high));
-}
-
-/* The same factors straight from the 64 codes: one byte permute puts code 16 * q + k in the top
- * byte of lane k and zeroes the rest, an arithmetic shift by 4 turns s eeee mmm into sssss eeee
- * mmm, and a mask keeps s000 0eee emmm. More operations than fp8_wide_bytes + fp8_wide16, but
- * faster beside the 12-16 FMAs per 64 columns of 3 or 4 inputs (see FP8_WIDE_BATCH). */
-INLINE __m512 fp8_wide16_codes(__m512i codes, int q) {
-    const __m512i top = _mm512_set_epi32(15 << 24, 14 << 24, 13 << 24, 12 << 24, 11 << 24, 10 << 24, 9 << 24,
-                                         8 << 24, 7 << 24, 6 << 24, 5 << 24, 4 << 24, 3 << 24, 2 << 24, 1 << 24, 0);
-    __m512i idx = _mm512_add_epi32(top, _mm512_set1_epi32(16 * q << 24));
-    __m512i lanes = _mm512_maskz_permutexvar_epi8(0x8888888888888888ULL, idx, codes);
-    return _mm512_castsi512_ps(_mm512_and_si512(_mm512_srai_epi32(lanes, 4), _mm512_set1_epi32((int)0x87f00000)));
 }
 #else
 #define FP8_STEP 32
@@ -227,10 +193,9 @@ static void finish_rows(const qmat *w, int r0, int nr, const float *acc, float *
 /* y[j * ldy + i] = dot(row r + i, input row j) for i < NR, j < NX (inputs cols apart), the rows
  * decoded in registers 16 columns at a time and each decoded vector used by all NX inputs:
  * matvec (NX = 1) and the few-input batches of batched decode, where decoding a row into a
- * buffer first would cost more than it saves. WIDE: FP8 from the wide input (rows_fp8_wide).
- * Prefetches one row group ahead: row by row as the AVX2 path does, or for FP8 rows of at most
+ * buffer first would cost more than it saves. Prefetches one row group ahead: row by row as the AVX2 path does, or for FP8 rows of at most
  * FP8_SHORT_ROW bytes in memory order as the nibble kernels do. */
-INLINE void dot_rows(const qmat *w, wformat f, int WIDE, int r, int NR, const float *x, int NX, float *y, int ldy) {
+INLINE void dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, int NX, float *y, int ldy) {
     const int cols = w->cols, full = cols / 16 * 16, pairs = cols / 32 * 32;
     const size_t ahead = (size_t)(kernel_row_ptr(w, VEC_ROWS) - kernel_row_ptr(w, 0));
     const int short_fp8_rows = f == WF_FP8 && cols <= FP8_SHORT_ROW;
@@ -258,7 +223,7 @@ INLINE void dot_rows(const qmat *w, wformat f, int WIDE, int r, int NR, const fl
             }
         }
 #if FP8_STEP == 64
-        __m512i kept[VEC_ROWS], kept_low[VEC_ROWS];
+        __m512i kept[VEC_ROWS];
 #endif
         #pragma GCC unroll 2
         for (int h = 0; h < n_half; h++) {
@@ -274,15 +239,7 @@ INLINE void dot_rows(const qmat *w, wformat f, int WIDE, int r, int NR, const fl
                 __m512 wlo, whi;
                 if (n_half == 1) decode_step2(f, row[i], ch, &wlo, &whi);
 #if FP8_STEP == 64
-                else if (WIDE && NX >= 3) {
-                    if (h == 0) kept[i] = _mm512_loadu_si512(row[i] + c);
-                    wlo = fp8_wide16_codes(kept[i], 2 * h);
-                    whi = fp8_wide16_codes(kept[i], 2 * h + 1);
-                } else if (WIDE) {
-                    if (h == 0) fp8_wide_bytes(row[i] + c, &kept_low[i], &kept[i]);
-                    wlo = fp8_wide16(kept_low[i], kept[i], 2 * h);
-                    whi = fp8_wide16(kept_low[i], kept[i], 2 * h + 1);
-                } else {
+                else {
                     __m512i half;
                     if (h == 0) fp8_f16x64(row[i] + c, &half, &kept[i]);
                     else half = kept[i];
@@ -718,7 +675,7 @@ static void nibble_rows_mul(const qmat *w, int r0, int r1, const float *x, const
 
 #define FEW_CASE(nx)                                                                                      \
     case nx:                                                                                              \
-        KERNEL_FOR_EACH_FORMAT(w->fmt, dot_rows(w, F, 0, r, nr, x, nx, y, ldy),                           \
+        KERNEL_FOR_EACH_FORMAT(w->fmt, dot_rows(w, F, r, nr, x, nx, y, ldy),                              \
                                nibble_dot_rows(w, F, r, nr, x, NULL, 0, nx, y, ldy))                      \
         break
 #define PAIRS_CASE(nx)                                                                                    \
@@ -750,20 +707,10 @@ static void rows_few_pairs(const qmat *w, int r, int nr, const float *x, const u
 #endif
 }
 
-#if FP8_STEP == 64
-#define WIDE_CASE(nx) \
-    case nx: dot_rows(w, WF_FP8, 1, r, nr, x, nx, y, ldy); break
-
-/* The same for FP8 from the wide input (kernel_path.rows_fp8_wide), cols a multiple of 64. */
-static void rows_few_wide(const qmat *w, int r, int nr, const float *x, int nx, float *y, int ldy) {
-    FEW_DISPATCH(WIDE_CASE)
-}
-#endif
-
 /* y[j * ldy + (r - r0)] for inputs j in [0, n), n <= FEW_X * 2, rows in groups of VEC_ROWS;
- * from the BF16 pairs where given, from the wide FP8 input with `wide`. */
-static void rows_few_inputs(const qmat *w, int r0, int r1, const float *x, const uint32_t *pairs, int wide, int n,
-                            float *y, int ldy) {
+ * from the BF16 pairs where given. */
+static void rows_few_inputs(const qmat *w, int r0, int r1, const float *x, const uint32_t *pairs, int n, float *y,
+                            int ldy) {
     for (int j = 0; j < n; j += FEW_X) {
         int nx = MIN(FEW_X, n - j);
         const float *xj = x + (size_t)j * w->cols;
@@ -773,16 +720,13 @@ static void rows_few_inputs(const qmat *w, int r0, int r1, const float *x, const
         for (; r < r1; r += r + VEC_ROWS <= r1 ? VEC_ROWS : 1) {
             int nr = r + VEC_ROWS <= r1 ? VEC_ROWS : 1;
             if (pj) rows_few_pairs(w, r, nr, xj, pj, nx, yj + (r - r0), ldy);
-#if FP8_STEP == 64
-            else if (wide) rows_few_wide(w, r, nr, xj, nx, yj + (r - r0), ldy);
-#endif
             else rows_few(w, r, nr, xj, nx, yj + (r - r0), ldy);
         }
     }
 }
 
 static void avx512_rows_vec(const qmat *w, int r0, int r1, const float *x, float *y) {
-    rows_few_inputs(w, r0, r1, x, NULL, 0, 1, y, r1 - r0);
+    rows_few_inputs(w, r0, r1, x, NULL, 1, y, r1 - r0);
 }
 
 /* Weight factors of tile row i at columns [c, c + 16): decoded f32 rows, or with BF the BF16 codes
@@ -858,7 +802,7 @@ static void tile_chunk(const void *wb, int bf, int ldw, const float *x, int cols
 
 static void avx512_rows_mul(const qmat *w, int r0, int r1, const float *x, int n, float *y, int ldy) {
     if (n <= FEW_BATCH) {
-        rows_few_inputs(w, r0, r1, x, NULL, 0, n, y, ldy);
+        rows_few_inputs(w, r0, r1, x, NULL, n, y, ldy);
         return;
     }
     if (kernel_is_nibbles(w->fmt)) {
@@ -908,29 +852,17 @@ static void avx512_row_factors(const qmat *w, int r, float *out) {
  * tile both use them. */
 static void avx512_rows_pairs(const qmat *w, int r0, int r1, const float *x, const uint32_t *pairs, int n, float *y,
                               int ldy) {
-    if (n <= FEW_BATCH) rows_few_inputs(w, r0, r1, x, pairs, 0, n, y, ldy);
+    if (n <= FEW_BATCH) rows_few_inputs(w, r0, r1, x, pairs, n, y, ldy);
     else nibble_rows_mul(w, r0, r1, x, pairs, n, y, ldy);
-}
-#endif
-
-#if FP8_STEP == 64
-/* kernel_path.rows_fp8_wide, n <= FP8_WIDE_BATCH. */
-static void avx512_rows_fp8_wide(const qmat *w, int r0, int r1, const float *x, int n, float *y, int ldy) {
-    rows_few_inputs(w, r0, r1, x, NULL, 1, n, y, ldy);
 }
 #endif
 
 const kernel_path kernel_path_avx512 = {"avx512", avx512_rows_vec, avx512_rows_mul, 16, avx512_row_factors,
                                         kernel_transpose_avx2,
 #if HAVE_PAIRS
-                                        avx512_nibble_pairs, avx512_rows_pairs,
+                                        avx512_nibble_pairs, avx512_rows_pairs
 #else
-                                        NULL, NULL,
-#endif
-#if FP8_STEP == 64
-                                        FP8_WIDE_BATCH, avx512_rows_fp8_wide
-#else
-                                        0, NULL
+                                        NULL, NULL
 #endif
 };
 

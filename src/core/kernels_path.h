@@ -69,16 +69,6 @@ typedef struct {
      * returned 1, their pairs cols / 64 * 32 words apart. */
     int (*nibble_pairs)(const float *x, int cols, uint32_t *out);
     void (*rows_pairs)(const qmat *w, int r0, int r1, const float *x, const uint32_t *pairs, int n, float *y, int ldy);
-    /* Optional (fp8_wide_batch 0 where the path has none): rows_mul of an FP8 matrix whose cols
-     * are a multiple of 64, for n <= fp8_wide_batch inputs given as the WIDE input: rule 1's
-     * scaled input times 2^112 (fp8_widen in kernels.c). The weight factor is then the E4M3 code's
-     * bits placed in an f32 as sign and exponent:mantissa (s000 0eee emmm 0...), which is
-     * value * 2^-120 for every code, subnormals included (an f32 denormal; DAZ is never set),
-     * built by byte transforms and permutes and no conversion instruction. Every product is
-     * rule 1's own (the two powers of two cancel and neither factor rounds), so the bits are
-     * rule 1's. */
-    int fp8_wide_batch;
-    void (*rows_fp8_wide)(const qmat *w, int r0, int r1, const float *x, int n, float *y, int ldy);
 } kernel_path;
 
 extern const kernel_path kernel_path_scalar;

@@ -177,7 +177,8 @@ static prepared prepared_x(const kernel_path *path, const qmat *w, int r, const 
     if (cached_call == call && cached_block == block) return cached;
     float *out_all = (float *)grow(&buf, &cap, (size_t)n * (size_t)w->cols);
     size_t pair_row = (size_t)w->cols / 64 * 32;
-    uint32_t *pairs = path->nibble_pairs && !fp8 && pair_row ? grow(&pair_buf, &pair_cap, (size_t)n * pair_row) : NULL;
+    int take_pairs = path->nibble_pairs && !fp8 && pair_row && (!path->pairs_pay || path->pairs_pay(n));
+    uint32_t *pairs = take_pairs ? grow(&pair_buf, &pair_cap, (size_t)n * pair_row) : NULL;
     for (int j = 0; j < n; j++) {
         const float *xr = x + (size_t)j * w->cols;
         float *out = out_all + (size_t)j * w->cols;
@@ -297,7 +298,7 @@ static void scalar_transpose(const float *src, int rows, int cols, size_t lds, f
 }
 
 const kernel_path kernel_path_scalar = {"scalar", scalar_rows_vec, scalar_rows_mul, 0, weight_row, scalar_transpose,
-                                        NULL, NULL};
+                                        NULL, NULL, NULL};
 
 static int force_scalar;
 
@@ -317,6 +318,15 @@ void kernels_force_scalar(int on) { force_scalar = on; }
 const char *kernels_simd_name(void) { return active_path()->name; }
 
 int kernels_has_pairs(void) { return active_path()->nibble_pairs != NULL; }
+
+int kernel_pairs_mode = -1;
+
+int kernels_pairs_pay(int n) {
+    const kernel_path *path = active_path();
+    return path->nibble_pairs && (!path->pairs_pay || path->pairs_pay(n));
+}
+
+void kernels_force_pairs(int mode) { kernel_pairs_mode = mode; }
 
 void kernels_transpose(const float *src, int rows, int cols, size_t lds, float *dst, size_t ldd) {
     active_path()->transpose(src, rows, cols, lds, dst, ldd);

@@ -87,6 +87,12 @@ void kernels_streamed(unsigned long long *dense, unsigned long long *routed);
  * must see the fast path fire; the results are the same bits either way. */
 unsigned long long kernels_paired_products(void);
 int kernels_has_pairs(void);                         /* the active path has them */
+/* Whether a nibble product of n inputs takes the pairs: a CPU's BF16 dot products can be slower
+ * than its FMAs, so the AVX-512 path times the matvec, the few-input kernels and the batched tile
+ * with and without them once per process and keeps the faster (the same bits either way).
+ * kernels_force_pairs(1 / 0) fixes the choice (tests run both), -1 returns to the measured one. */
+int kernels_pairs_pay(int n);
+void kernels_force_pairs(int mode);
 
 /* dst[c * ldd + r] = src[r * lds + c] for r < rows, c < cols: an exact copy (a transposed
  * operand for qmat_mul), in SIMD blocks where the path has them. */

@@ -9,7 +9,8 @@
  * vector serving up to FEW_X inputs. Larger batches run a 4x6 register tile (4 weight rows x 6
  * input rows: 24 accumulators, 10 loads per 24 FMAs, so the FMA ports and not the load ports
  * set the pace) over dequantized rows in column chunks that stay in L1; BF16 rows are not
- * dequantized first, the tile widens their codes as it loads them. With GFNI and VBMI the FP8
+ * dequantized first, and FP8 and I8_ROW rows too many for f32 copies in L2 only into BF16: the
+ * tile widens such codes as it loads them. With GFNI and VBMI the FP8
  * matvec decodes 64 codes per step (fp8_f16x64). I8_ROW widens its codes
  * and takes the row scale on the result (rule 5).
  * The nibble formats (rule 4: FP4, NVFP4, I4_ROW, I4_G64) hold all 16 lanes in one zmm too: a 64-column
@@ -28,6 +29,7 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 
 #include <immintrin.h>
+#include <pthread.h>
 #include <string.h>
 
 #include "kernels_path.h"
@@ -40,6 +42,12 @@
 #define FEW_BATCH 8      /* batches up to this many inputs decode in registers (two passes of 4) */
 #define MUL_CHUNK 512     /* columns per range: measured best of 128..whole row (bench kernels, 2048 cols) */
 #define MUL_XROWS 6       /* input rows per pass (one tile's width): few enough that their lines share L1 sets */
+/* Decoded f32 rows of one batched call beyond this many bytes decode to BF16 instead (avx512_rows_mul).
+ * The widening costs the tile two uops per weight vector beside its FMAs; an L2 full of rows costs
+ * more. Xeon (2 MiB L2), FP8 from memory, two threads: 8192x1024 (128-row tasks, 512 KiB of f32
+ * rows) n = 256 0.43 GB/s as f32 rows, 0.34 as BF16; 2048x4096 (2 MiB) n = 256 0.29-0.33 and 0.34-0.38,
+ * n = 32 1.87-1.94 and 2.12-2.33. */
+#define MUL_F32_ROWS_BYTES (1u << 20)
 /* FP8 rows up to this many bytes prefetch the next row group in memory order: DeepSeek V4's
  * wq_b shape (8192 x 1024, 64 matrices, from memory) 30-35 -> 38-46 GB/s on two threads,
  * 17-19 -> 20-24 on one; at 2 KiB and 4 KiB rows it measured 10-15 % slower than row by row. */
@@ -269,11 +277,20 @@ INLINE void dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, in
         }
 }
 
-INLINE void decode_row(const qmat *w, wformat f, int r, float *out) {
+/* Row r's rule-2 weight factors into out: f32 (zero-padded to 16 columns), or with BF their BF16
+ * patterns, exact for FP8 and I8_ROW (at most 8 significant bits), which the tile widens back to
+ * the same f32 as it widens BF16 weights. */
+INLINE void decode_row(const qmat *w, wformat f, int BF, int r, void *out) {
     const int full = w->cols / 16 * 16;
     const uint8_t *row = kernel_row_ptr(w, r);
-    for (int c = 0; c < full; c += 16) _mm512_store_ps(out + c, decode_step(f, row, c));
-    if (full < w->cols) tail_groups(w, r, full, NULL, _mm512_setzero_ps(), out);
+    for (int c = 0; c < full; c += 16) {
+        __m512 v = decode_step(f, row, c);
+        if (BF) _mm256_storeu_si256((__m256i *)((uint16_t *)out + c),
+                                    _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(v), 16)));
+        else _mm512_store_ps((float *)out + c, v);
+    }
+    if (full < w->cols && !BF) tail_groups(w, r, full, NULL, _mm512_setzero_ps(), out);
+    for (int c = full; c < w->cols && BF; c++) ((uint16_t *)out)[c] = f32_to_bf16(kernel_weight(w, r, c));
 }
 
 /* The rows after a batched call's [r0, r1), streamed into L2 while its tiles compute: a
@@ -794,7 +811,7 @@ INLINE void tile(const void *wb, int BF, int ldw, const float *x, int cols, int 
         }                                                                                                   \
     }
 
-/* One tile call; bf: the weights are BF16 codes, widened in the tile (see avx512_rows_mul). */
+/* One tile call; bf: the weights are BF16 patterns, widened in the tile (see avx512_rows_mul). */
 static void tile_chunk(const void *wb, int bf, int ldw, const float *x, int cols, int c0, int c1, int nr, int nx,
                        float *acc, int nr_all) {
     if (bf) TILE_CASES(1) else TILE_CASES(0)
@@ -810,16 +827,21 @@ static void avx512_rows_mul(const qmat *w, int r0, int r1, const float *x, int n
         return;
     }
     /* Decoded rows one cache line further apart than their length: rows of a power-of-two
-     * width would otherwise all map to the same L1 sets as each other and as the inputs. BF16
-     * needs no decoded copy: the tile widens its codes in registers (a shift), which reads half
-     * the bytes from L2 on each pass over the rows and skips the copy. */
-    const int cols = w->cols, bf = w->fmt == WF_BF16, nr = r1 - r0;
-    const int ldw = bf ? cols : ((cols + 15) & ~15) + 16;     /* elements from one weight row to the next */
-    const size_t decoded = bf ? 0 : (size_t)nr * ldw, row_bytes = (size_t)ldw * (bf ? sizeof(uint16_t) : sizeof(float));
+     * width would otherwise all map to the same L1 sets as each other and as the inputs. The tile
+     * reads BF16 rows in place, widening them in registers (a shift), which reads half the bytes
+     * from L2 on each pass over the rows. FP8 and I8_ROW rows decode to f32, or where the call's
+     * f32 rows would pass MUL_F32_ROWS_BYTES to BF16 (exact) widened the same way: FP8's 128-row
+     * task of 4096 columns is 2 MiB as f32 rows, all of this Xeon's L2. */
+    const int cols = w->cols, nr = r1 - r0, in_place = w->fmt == WF_BF16;
+    const int bf = in_place || (w->fmt != WF_F32 && (size_t)nr * (size_t)cols * sizeof(float) > MUL_F32_ROWS_BYTES);
+    const size_t elem = bf ? sizeof(uint16_t) : sizeof(float);
+    const int ldw = in_place ? cols : ((cols + 15) & ~15) + 64 / (int)elem;     /* elements from row to row */
+    const size_t row_bytes = (size_t)ldw * elem;
+    const size_t decoded = in_place ? 0 : ((size_t)nr * row_bytes / sizeof(float) + 15) & ~(size_t)15;
     float *scratch = kernel_scratch(decoded + (size_t)MUL_XROWS * nr * 16), *acc = scratch + decoded;
-    const char *wb = bf ? (const char *)kernel_row_ptr(w, r0) : (const char *)scratch;
-    for (int r = r0; r < r1 && !bf; r++)
-        KERNEL_FOR_EACH_FORMAT(w->fmt, decode_row(w, F, r, scratch + (size_t)(r - r0) * ldw), (void)0)
+    const char *wb = in_place ? (const char *)kernel_row_ptr(w, r0) : (const char *)scratch;
+    for (int r = r0; r < r1 && !in_place; r++)
+        KERNEL_FOR_EACH_FORMAT(w->fmt, decode_row(w, F, bf, r, (char *)scratch + (size_t)(r - r0) * row_bytes), (void)0)
     row_stream next = row_stream_after(w, r0, r1, (n + MUL_XROWS - 1) / MUL_XROWS * ((cols + MUL_CHUNK - 1) / MUL_CHUNK) *
                                                       ((nr + TILE_R - 1) / TILE_R));
     for (int j0 = 0; j0 < n; j0 += MUL_XROWS) {
@@ -855,14 +877,62 @@ static void avx512_rows_pairs(const qmat *w, int r0, int r1, const float *x, con
     if (n <= FEW_BATCH) rows_few_inputs(w, r0, r1, x, pairs, n, y, ldy);
     else nibble_rows_mul(w, r0, r1, x, pairs, n, y, ldy);
 }
+
+/* Whether nibble products take the BF16 pairs on this CPU, per kind of kernel: matvec, the
+ * few-input register kernels, the batched tile. Each is timed once per process on a small FP4
+ * product that stays in L2, with and without pairs alternated, best of 5 each. The pairs' two dot
+ * products replace four FMAs per 64 columns: on Zen 5 that made the FP4 matvec 1.35x and the tile
+ * 1.9x as fast; on a Xeon (Sapphire Rapids class, AVX512-BF16) the tile ran at 0.63x (DeepSeek V4
+ * prefill 160-168 GFLOP/s with pairs, 201-216 without) and 4 inputs from L3 at 0.5-0.6x. Same
+ * bits either way: only the speed depends on the timing. */
+enum { PAIR_KINDS = 3 };
+static const int pair_probe_n[PAIR_KINDS] = {1, FEW_X, 2 * MUL_XROWS};
+static int pairs_faster[PAIR_KINDS];
+
+static int pair_kind(int n) { return n == 1 ? 0 : n <= FEW_BATCH ? 1 : 2; }
+
+static int pairs_faster_at(int n) {
+    enum { R = 64, C = 1024, N = 2 * MUL_XROWS, ROUNDS = 5 };
+    static uint8_t codes[R * C / 2], scales[R * C / 32];
+    static float x[N * C], y[N * R];
+    static uint32_t pairs[N * C / 2];
+    for (int i = 0; i < R * C / 2; i++) codes[i] = (uint8_t)(i * 37 + i / 64);
+    memset(scales, 127, sizeof scales);
+    for (int i = 0; i < N * C; i++) x[i] = (float)(i % 5 + 1) * (i % 3 ? 0.25f : -0.5f);
+    for (int j = 0; j < N; j++) avx512_nibble_pairs(x + (size_t)j * C, C, pairs + (size_t)j * (C / 2));
+    const qmat w = {WF_FP4, R, C, codes, scales, NULL, 0, 0, QM_SCRATCH};
+    double best[2] = {1e30, 1e30};
+    for (int k = 0; k < 2 * ROUNDS + 2; k++) {   /* the first two warm the caches and the scratch */
+        double t = now_seconds();
+        for (int rep = 0; rep < N / n; rep++) {   /* about the same work at every n */
+            if (k % 2) avx512_rows_pairs(&w, 0, R, x, pairs, n, y, R);
+            else avx512_rows_mul(&w, 0, R, x, n, y, R);
+        }
+        t = now_seconds() - t;
+        if (k >= 2 && t < best[k % 2]) best[k % 2] = t;
+    }
+    return best[1] < best[0];
+}
+
+static void measure_pairs(void) {
+    for (int k = 0; k < PAIR_KINDS; k++) pairs_faster[k] = pairs_faster_at(pair_probe_n[k]);
+}
+
+/* kernel_path.pairs_pay: as measured, or as kernels_force_pairs set. */
+static int avx512_pairs_pay(int n) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    if (kernel_pairs_mode >= 0) return kernel_pairs_mode;
+    pthread_once(&once, measure_pairs);
+    return pairs_faster[pair_kind(n)];
+}
 #endif
 
 const kernel_path kernel_path_avx512 = {"avx512", avx512_rows_vec, avx512_rows_mul, 16, avx512_row_factors,
                                         kernel_transpose_avx2,
 #if HAVE_PAIRS
-                                        avx512_nibble_pairs, avx512_rows_pairs
+                                        avx512_nibble_pairs, avx512_rows_pairs, avx512_pairs_pay
 #else
-                                        NULL, NULL
+                                        NULL, NULL, NULL
 #endif
 };
 

@@ -69,7 +69,13 @@ typedef struct {
      * returned 1, their pairs cols / 64 * 32 words apart. */
     int (*nibble_pairs)(const float *x, int cols, uint32_t *out);
     void (*rows_pairs)(const qmat *w, int r0, int r1, const float *x, const uint32_t *pairs, int n, float *y, int ldy);
+    /* Optional beside them (NULL: always): whether a product of n inputs takes the pairs on this
+     * CPU, where they are not faster everywhere (kernels_pairs_pay). */
+    int (*pairs_pay)(int n);
 } kernel_path;
+
+/* kernels_force_pairs' setting: -1 as measured (the default), 0 off, 1 on. */
+extern int kernel_pairs_mode;
 
 extern const kernel_path kernel_path_scalar;
 extern const kernel_path kernel_path_avx2;     /* defined only when compiled with AVX2+FMA+F16C */

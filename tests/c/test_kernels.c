@@ -188,7 +188,7 @@ static void check_format_input(wformat fmt, int rows, int cols, int f32_scales, 
     snprintf(what, sizeof what, "%s%s %dx%d%s %s", wformat_name(fmt), scales, rows, cols, input, kernels_simd_name());
     check_matrix(&m.w, x, what, simd);
     paired = kernels_paired_products() - paired;
-    int want_pairs = qdq && cols >= 64 && kernels_has_pairs() && (fmt == WF_FP4 || fmt == WF_NVFP4 || fmt == WF_I4_ROW ||
+    int want_pairs = qdq && cols >= 64 && kernels_pairs_pay(1) && (fmt == WF_FP4 || fmt == WF_NVFP4 || fmt == WF_I4_ROW ||
                                                                   fmt == WF_I4_G64);
     CHECK(want_pairs ? paired > 0 : paired == 0, "%s: %llu products from BF16 pairs, want %s", what, paired,
           want_pairs ? "some" : "none");
@@ -219,6 +219,7 @@ static void check_pair_bound(void) {
         {0x1p-127f, 0x1p-112f, 0},
     };
     if (!kernels_has_pairs()) printf("  note: %s has no BF16 pairs; only the scalar match is checked\n", kernels_simd_name());
+    kernels_force_pairs(1);
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         float x[C], y[2];
         for (int c = 0; c < C; c++) x[c] = c % 4 == 1 ? cases[k].low * (c % 8 == 1 ? -1.0f : 1.0f) : c % 4 == 2 ? cases[k].high : 0.75f * cases[k].high;
@@ -233,6 +234,7 @@ static void check_pair_bound(void) {
         int want = cases[k].paired && kernels_has_pairs();
         CHECK(paired == (unsigned long long)want, "pair bound case %zu: %llu paired products, want %d", k, paired, want);
     }
+    kernels_force_pairs(-1);
 }
 
 /* No FMA of the FP8 kernels sees a denormal operand when the inputs are normal: every E4M3 code
@@ -519,8 +521,20 @@ int main(void) {
         {WF_NVFP4, 13, 1104, 1}, {WF_I4_G64, 50, 600, 0},
         /* FP8 in 64-column steps (GFNI), then a 32-column and a 16-column step and a tail */
         {WF_FP8, 19, 247, 0},
+        /* batched rows past 1 MiB as f32 (128-row FP8 tasks, 48-row I8_ROW ones): decoded to BF16 */
+        {WF_FP8, 130, 2100, 1},  {WF_I8_ROW, 50, 5500, 0},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        check_format(cases[i].fmt, cases[i].rows, cases[i].cols, cases[i].f32_scales);
+    /* Nibble products with and without the BF16 pairs (the CPU picks per kind of kernel, by speed). */
+    for (int pairs = 1; pairs >= 0; pairs--) {
+        kernels_force_pairs(pairs);
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+            if (pairs || cases[i].fmt == WF_FP4 || cases[i].fmt == WF_NVFP4 || cases[i].fmt == WF_I4_ROW ||
+                cases[i].fmt == WF_I4_G64)
+                check_format(cases[i].fmt, cases[i].rows, cases[i].cols, cases[i].f32_scales);
+    }
+    kernels_force_pairs(-1);
+    if (kernels_has_pairs())
+        printf("  note: %s takes the BF16 pairs here (measured) for 1 input: %s, 4: %s, 12: %s\n", kernels_simd_name(),
+               kernels_pairs_pay(1) ? "yes" : "no", kernels_pairs_pay(4) ? "yes" : "no", kernels_pairs_pay(12) ? "yes" : "no");
     return TEST_END();
 }

@@ -8,11 +8,10 @@
  * input rows (batched decode across conversations, MoE experts with few tokens), each decoded
  * vector serving up to FEW_X inputs. Larger batches run a 4x6 register tile (4 weight rows x 6
  * input rows: 24 accumulators, 10 loads per 24 FMAs, so the FMA ports and not the load ports
- * set the pace) over dequantized rows in column chunks that stay in L1; BF16 rows are not
- * dequantized first, and FP8 and I8_ROW rows too many for f32 copies in L2 only into BF16: the
- * tile widens such codes as it loads them. With GFNI and VBMI the FP8
- * matvec decodes 64 codes per step (fp8_f16x64). I8_ROW widens its codes
- * and takes the row scale on the result (rule 5).
+ * set the pace) over rows dequantized to f32, or where those would crowd L2, BF16 rows in place
+ * and FP8 and I8_ROW rows dequantized only into BF16: the tile widens those as it loads them.
+ * With GFNI and VBMI the FP8 matvec decodes 64 codes per step (fp8_f16x64). I8_ROW widens its
+ * codes and takes the row scale on the result (rule 5).
  * The nibble formats (rule 4: FP4, NVFP4, I4_ROW, I4_G64) hold all 16 lanes in one zmm too: a 64-column
  * chunk decodes into four vectors, term t of every lane (kernel_nibble_permute_x width 16), by
  * one vpermps table lookup each, so a chunk is four FMAs of partials and one FMA by the scale
@@ -42,12 +41,13 @@
 #define FEW_BATCH 8      /* batches up to this many inputs decode in registers (two passes of 4) */
 #define MUL_CHUNK 512     /* columns per range: measured best of 128..whole row (bench kernels, 2048 cols) */
 #define MUL_XROWS 6       /* input rows per pass (one tile's width): few enough that their lines share L1 sets */
-/* Decoded f32 rows of one batched call beyond this many bytes decode to BF16 instead (avx512_rows_mul).
+/* Decoded f32 rows of one batched call beyond this many bytes are BF16 instead (avx512_rows_mul).
  * The widening costs the tile two uops per weight vector beside its FMAs; an L2 full of rows costs
  * more. Xeon (2 MiB L2), FP8 from memory, two threads: 8192x1024 (128-row tasks, 512 KiB of f32
  * rows) n = 256 0.43 GB/s as f32 rows, 0.34 as BF16; 2048x4096 (2 MiB) n = 256 0.29-0.33 and 0.34-0.38,
  * n = 32 1.87-1.94 and 2.12-2.33. */
 #define MUL_F32_ROWS_BYTES (1u << 20)
+#define BF16_COPY_MIN_N 32   /* BF16 rows copy to f32 for batches of at least this many inputs (avx512_rows_mul) */
 /* FP8 rows up to this many bytes prefetch the next row group in memory order: DeepSeek V4's
  * wq_b shape (8192 x 1024, 64 matrices, from memory) 30-35 -> 38-46 GB/s on two threads,
  * 17-19 -> 20-24 on one; at 2 KiB and 4 KiB rows it measured 10-15 % slower than row by row. */
@@ -827,13 +827,17 @@ static void avx512_rows_mul(const qmat *w, int r0, int r1, const float *x, int n
         return;
     }
     /* Decoded rows one cache line further apart than their length: rows of a power-of-two
-     * width would otherwise all map to the same L1 sets as each other and as the inputs. The tile
-     * reads BF16 rows in place, widening them in registers (a shift), which reads half the bytes
-     * from L2 on each pass over the rows. FP8 and I8_ROW rows decode to f32, or where the call's
-     * f32 rows would pass MUL_F32_ROWS_BYTES to BF16 (exact) widened the same way: FP8's 128-row
-     * task of 4096 columns is 2 MiB as f32 rows, all of this Xeon's L2. */
-    const int cols = w->cols, nr = r1 - r0, in_place = w->fmt == WF_BF16;
-    const int bf = in_place || (w->fmt != WF_F32 && (size_t)nr * (size_t)cols * sizeof(float) > MUL_F32_ROWS_BYTES);
+     * width would otherwise all map to the same L1 sets as each other and as the inputs. Rows
+     * decode to f32 once per call, or where those would pass MUL_F32_ROWS_BYTES the tile widens
+     * BF16 codes as it loads them (a shift): BF16 rows in place, FP8 and I8_ROW rows decoded to
+     * BF16 (exact). FP8's 128-row task of 4096 columns is 2 MiB as f32 rows, all of this Xeon's
+     * L2; below that the widening costs more than the copy, once the copy serves enough inputs
+     * (BF16 from memory, 2 threads: 2048 x 2048, n = 256, 218-229 -> 250-267 GFLOP/s as f32 rows;
+     * 512 x 2048, an Inkling expert: n = 48 184-194 -> 205-228, but n = 24 153-175 -> 131-140). */
+    const int cols = w->cols, nr = r1 - r0;
+    const int bf = w->fmt != WF_F32 && ((size_t)nr * (size_t)cols * sizeof(float) > MUL_F32_ROWS_BYTES ||
+                                        (w->fmt == WF_BF16 && n < BF16_COPY_MIN_N));
+    const int in_place = bf && w->fmt == WF_BF16;
     const size_t elem = bf ? sizeof(uint16_t) : sizeof(float);
     const int ldw = in_place ? cols : ((cols + 15) & ~15) + 64 / (int)elem;     /* elements from row to row */
     const size_t row_bytes = (size_t)ldw * elem;

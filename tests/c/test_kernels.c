@@ -129,7 +129,7 @@ static void check_accuracy(const qmat *w, const float *x, const float *y, const 
     CHECK(bad == 0, "%s: %d rows off the double reference or qmat_row", what, bad);
 }
 
-enum { NX = 17 };
+enum { NX = 17, NX_BIG = 40 };   /* NX_BIG: one batch past BF16_COPY_MIN_N (kernels_avx512.c) */
 
 /* Every property for one matrix shape, on the current path. */
 static void check_matrix(const qmat *w, const float *x, const char *what, float *ref_out) {
@@ -145,6 +145,16 @@ static void check_matrix(const qmat *w, const float *x, const char *what, float 
             if (!bits_equal(ym, yv + s * rows, rows * n)) bad_batch++;
         }
     CHECK(bad_batch == 0, "%s: %d (start, n) batches differ from qmat_vec", what, bad_batch);
+
+    float *big = malloc(sizeof(float) * rows * NX_BIG);
+    int bad_big = 0;
+    qmat_mul(w, x, NX_BIG, big);
+    for (int j = 0; j < NX_BIG; j++) {
+        qmat_vec(w, x + (size_t)j * w->cols, ym);
+        if (!bits_equal(ym, big + j * rows, rows)) bad_big++;
+    }
+    free(big);
+    CHECK(bad_big == 0, "%s: %d rows of a %d-input batch differ from qmat_vec", what, bad_big, NX_BIG);
 
     int bad_rows = 0;
     int cuts[][2] = {{0, 1}, {1, 2}, {3, w->rows}, {w->rows / 2, w->rows}, {5, 5 + (w->rows - 5) / 3}};
@@ -176,9 +186,9 @@ static void check_matrix(const qmat *w, const float *x, const char *what, float 
  * full 64-column chunks (kernels_paired_products) and still give the scalar path's bits. */
 static void check_format_input(wformat fmt, int rows, int cols, int f32_scales, int qdq) {
     test_matrix m = make(fmt, rows, cols, f32_scales);
-    float *x = malloc(sizeof(float) * (size_t)cols * NX);
-    for (size_t i = 0; i < (size_t)cols * NX; i++) x[i] = rnd_float() * (qdq ? 1.0f + (float)(i % 7) * 100.0f : 1.0f);
-    for (int j = 0; qdq && j < NX; j++) act_qdq_e4m3(x + (size_t)j * cols, (size_t)cols, 128);
+    float *x = malloc(sizeof(float) * (size_t)cols * NX_BIG);
+    for (size_t i = 0; i < (size_t)cols * NX_BIG; i++) x[i] = rnd_float() * (qdq ? 1.0f + (float)(i % 7) * 100.0f : 1.0f);
+    for (int j = 0; qdq && j < NX_BIG; j++) act_qdq_e4m3(x + (size_t)j * cols, (size_t)cols, 128);
     char what[96];
     const char *scales = f32_scales && fmt == WF_FP8 ? "/f32-scales" : fmt == WF_NVFP4 && f32_scales ? "/divides" : "";
     const char *input = qdq ? " e4m3-qdq input" : "";
@@ -522,7 +532,7 @@ int main(void) {
         /* FP8 in 64-column steps (GFNI), then a 32-column and a 16-column step and a tail */
         {WF_FP8, 19, 247, 0},
         /* batched rows past 1 MiB as f32 (128-row FP8 tasks, 48-row I8_ROW ones): decoded to BF16 */
-        {WF_FP8, 130, 2100, 1},  {WF_I8_ROW, 50, 5500, 0},
+        {WF_FP8, 130, 2100, 1},  {WF_I8_ROW, 50, 5500, 0}, {WF_BF16, 50, 5500, 0},
     };
     /* Nibble products with and without the BF16 pairs (the CPU picks per kind of kernel, by speed). */
     for (int pairs = 1; pairs >= 0; pairs--) {

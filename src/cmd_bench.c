@@ -278,6 +278,10 @@ int bench_kernels(int argc, char **argv) {
     printf("cairn bench kernels: simd %s, %d threads, read bandwidth %.2f GB/s, last-level cache %zu MiB, "
            "f32 FMA peak %.1f GFLOP/s\n",
            kernels_simd_name(), pool_threads(), bw * 1e-9, llc / MIB, peak * 1e-9);
+    if (kernels_has_pairs())   /* timed once per process (kernels_pairs_pay): the rows below depend on it */
+        printf("nibble formats from BF16 pairs (this CPU, measured): matvec %s, 2-8 inputs %s, batched tiles %s\n",
+               kernels_pairs_pay(1) ? "yes" : "no", kernels_pairs_pay(4) ? "yes" : "no",
+               kernels_pairs_pay(12) ? "yes" : "no");
     printf("%-8s %12s %9s %12s %10s %12s %12s %9s %14s\n", "format", "matrix", "MiB", "matvec GB/s", "of bw",
            "n=8 GFLOP/s", "n=32 GFLOP/s", "of peak", "n=8 row speedup");
     for (int f = 0; f < N_LAYOUTS; f++) {

@@ -201,8 +201,9 @@ static void finish_rows(const qmat *w, int r0, int nr, const float *acc, float *
 /* y[j * ldy + i] = dot(row r + i, input row j) for i < NR, j < NX (inputs cols apart), the rows
  * decoded in registers 16 columns at a time and each decoded vector used by all NX inputs:
  * matvec (NX = 1) and the few-input batches of batched decode, where decoding a row into a
- * buffer first would cost more than it saves. Prefetches one row group ahead: row by row as the AVX2 path does, or for FP8 rows of at most
- * FP8_SHORT_ROW bytes in memory order as the nibble kernels do. */
+ * buffer first would cost more than it saves. Prefetches one row group ahead: row by row as the
+ * AVX2 path does, or for FP8 rows of at most FP8_SHORT_ROW bytes in memory order as the nibble
+ * kernels do. */
 INLINE void dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, int NX, float *y, int ldy) {
     const int cols = w->cols, full = cols / 16 * 16, pairs = cols / 32 * 32;
     const size_t ahead = (size_t)(kernel_row_ptr(w, VEC_ROWS) - kernel_row_ptr(w, 0));

@@ -182,8 +182,9 @@ static void check_matrix(const qmat *w, const float *x, const char *what, float 
 }
 
 /* qdq: the inputs get DeepSeek V4's E4M3 QDQ (blocks of 128, power-of-two scales), which makes
- * every nibble partial exact, so a path with BF16 pairs must take them for every product of the
- * full 64-column chunks (kernels_paired_products) and still give the scalar path's bits. */
+ * every nibble partial exact, so a path with BF16 pairs switched on (kernels_force_pairs) must take
+ * them for every product of the full 64-column chunks (kernels_paired_products), switched off
+ * for none, and give the scalar path's bits either way. */
 static void check_format_input(wformat fmt, int rows, int cols, int f32_scales, int qdq) {
     test_matrix m = make(fmt, rows, cols, f32_scales);
     float *x = malloc(sizeof(float) * (size_t)cols * NX_BIG);
@@ -198,8 +199,8 @@ static void check_format_input(wformat fmt, int rows, int cols, int f32_scales, 
     snprintf(what, sizeof what, "%s%s %dx%d%s %s", wformat_name(fmt), scales, rows, cols, input, kernels_simd_name());
     check_matrix(&m.w, x, what, simd);
     paired = kernels_paired_products() - paired;
-    int want_pairs = qdq && cols >= 64 && kernels_pairs_pay(1) && (fmt == WF_FP4 || fmt == WF_NVFP4 || fmt == WF_I4_ROW ||
-                                                                  fmt == WF_I4_G64);
+    int want_pairs = qdq && cols >= 64 && kernels_pairs_pay(1) &&
+                     (fmt == WF_FP4 || fmt == WF_NVFP4 || fmt == WF_I4_ROW || fmt == WF_I4_G64);
     CHECK(want_pairs ? paired > 0 : paired == 0, "%s: %llu products from BF16 pairs, want %s", what, paired,
           want_pairs ? "some" : "none");
     kernels_force_scalar(1);

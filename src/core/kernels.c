@@ -156,6 +156,16 @@ typedef struct {
     const uint32_t *pairs;
 } prepared;
 
+/* kernels_force_pairs' setting: -1 as the path measured (the default), 0 off, 1 on. */
+static int pairs_mode = -1;
+
+/* Whether `path` takes the BF16 pairs for a nibble product of n inputs (kernels_pairs_pay). */
+static int path_pairs_pay(const kernel_path *path, int n) {
+    if (!path->nibble_pairs) return 0;
+    if (pairs_mode >= 0) return pairs_mode;
+    return !path->pairs_pay || path->pairs_pay(n);
+}
+
 static uint32_t *grow(uint32_t **buf, size_t *cap, size_t words) {
     if (words > *cap) {
         free(*buf);
@@ -177,8 +187,8 @@ static prepared prepared_x(const kernel_path *path, const qmat *w, int r, const 
     if (cached_call == call && cached_block == block) return cached;
     float *out_all = (float *)grow(&buf, &cap, (size_t)n * (size_t)w->cols);
     size_t pair_row = (size_t)w->cols / 64 * 32;
-    int take_pairs = path->nibble_pairs && !fp8 && pair_row && (!path->pairs_pay || path->pairs_pay(n));
-    uint32_t *pairs = take_pairs ? grow(&pair_buf, &pair_cap, (size_t)n * pair_row) : NULL;
+    uint32_t *pairs = !fp8 && pair_row && path_pairs_pay(path, n) ? grow(&pair_buf, &pair_cap, (size_t)n * pair_row)
+                                                                   : NULL;
     for (int j = 0; j < n; j++) {
         const float *xr = x + (size_t)j * w->cols;
         float *out = out_all + (size_t)j * w->cols;
@@ -319,14 +329,9 @@ const char *kernels_simd_name(void) { return active_path()->name; }
 
 int kernels_has_pairs(void) { return active_path()->nibble_pairs != NULL; }
 
-int kernel_pairs_mode = -1;
+int kernels_pairs_pay(int n) { return path_pairs_pay(active_path(), n); }
 
-int kernels_pairs_pay(int n) {
-    const kernel_path *path = active_path();
-    return path->nibble_pairs && (!path->pairs_pay || path->pairs_pay(n));
-}
-
-void kernels_force_pairs(int mode) { kernel_pairs_mode = mode; }
+void kernels_force_pairs(int mode) { pairs_mode = mode; }
 
 void kernels_transpose(const float *src, int rows, int cols, size_t lds, float *dst, size_t ldd) {
     active_path()->transpose(src, rows, cols, lds, dst, ldd);

@@ -923,10 +923,9 @@ static void measure_pairs(void) {
     for (int k = 0; k < PAIR_KINDS; k++) pairs_faster[k] = pairs_faster_at(pair_probe_n[k]);
 }
 
-/* kernel_path.pairs_pay: as measured, or as kernels_force_pairs set. */
+/* kernel_path.pairs_pay: as measured, on the first call. */
 static int avx512_pairs_pay(int n) {
     static pthread_once_t once = PTHREAD_ONCE_INIT;
-    if (kernel_pairs_mode >= 0) return kernel_pairs_mode;
     pthread_once(&once, measure_pairs);
     return pairs_faster[pair_kind(n)];
 }

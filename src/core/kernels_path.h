@@ -70,12 +70,10 @@ typedef struct {
     int (*nibble_pairs)(const float *x, int cols, uint32_t *out);
     void (*rows_pairs)(const qmat *w, int r0, int r1, const float *x, const uint32_t *pairs, int n, float *y, int ldy);
     /* Optional beside them (NULL: always): whether a product of n inputs takes the pairs on this
-     * CPU, where they are not faster everywhere (kernels_pairs_pay). */
+     * CPU, where they are not faster everywhere (kernels_pairs_pay; kernels_force_pairs overrides
+     * it in kernels.c). */
     int (*pairs_pay)(int n);
 } kernel_path;
-
-/* kernels_force_pairs' setting: -1 as measured (the default), 0 off, 1 on. */
-extern int kernel_pairs_mode;
 
 extern const kernel_path kernel_path_scalar;
 extern const kernel_path kernel_path_avx2;     /* defined only when compiled with AVX2+FMA+F16C */

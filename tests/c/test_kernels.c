@@ -181,6 +181,10 @@ static void check_matrix(const qmat *w, const float *x, const char *what, float 
     free(ym);
 }
 
+static int is_nibbles(wformat fmt) {   /* rule 4's formats, which may take the BF16 pairs */
+    return fmt == WF_FP4 || fmt == WF_NVFP4 || fmt == WF_I4_ROW || fmt == WF_I4_G64;
+}
+
 /* qdq: the inputs get DeepSeek V4's E4M3 QDQ (blocks of 128, power-of-two scales), which makes
  * every nibble partial exact, so a path with BF16 pairs switched on (kernels_force_pairs) must take
  * them for every product of the full 64-column chunks (kernels_paired_products), switched off
@@ -199,8 +203,7 @@ static void check_format_input(wformat fmt, int rows, int cols, int f32_scales, 
     snprintf(what, sizeof what, "%s%s %dx%d%s %s", wformat_name(fmt), scales, rows, cols, input, kernels_simd_name());
     check_matrix(&m.w, x, what, simd);
     paired = kernels_paired_products() - paired;
-    int want_pairs = qdq && cols >= 64 && kernels_pairs_pay(1) &&
-                     (fmt == WF_FP4 || fmt == WF_NVFP4 || fmt == WF_I4_ROW || fmt == WF_I4_G64);
+    int want_pairs = qdq && cols >= 64 && kernels_pairs_pay(1) && is_nibbles(fmt);
     CHECK(want_pairs ? paired > 0 : paired == 0, "%s: %llu products from BF16 pairs, want %s", what, paired,
           want_pairs ? "some" : "none");
     kernels_force_scalar(1);
@@ -539,8 +542,7 @@ int main(void) {
     for (int pairs = 1; pairs >= 0; pairs--) {
         kernels_force_pairs(pairs);
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-            if (pairs || cases[i].fmt == WF_FP4 || cases[i].fmt == WF_NVFP4 || cases[i].fmt == WF_I4_ROW ||
-                cases[i].fmt == WF_I4_G64)
+            if (pairs || is_nibbles(cases[i].fmt))
                 check_format(cases[i].fmt, cases[i].rows, cases[i].cols, cases[i].f32_scales);
     }
     kernels_force_pairs(-1);

@@ -6,7 +6,7 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
-import { copyFileSync, mkdtempSync } from 'node:fs';
+import { copyFileSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { startServer, MODEL_ID } from './serve_helper.mjs';
@@ -21,7 +21,7 @@ const warmFinish = [];
 
 const warmKv = mkdtempSync(join(tmpdir(), 'cairn-warm-kv-'));
 before(async () => { warm = await startServer(['--slots', '2', '--kv-dir', warmKv]); });
-after(async () => { await warm.stop(); });
+after(async () => { await warm.stop(); rmSync(warmKv, { recursive: true, force: true }); });
 
 function client(server) {
   return new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'unused', maxRetries: 0 });
@@ -129,6 +129,7 @@ test('every warm reply equals a cold engine fed the same ids', async () => {
       assert.equal(r.choices[0].message.content, warmReplies[turn], `turn ${turn + 1}: warm and cold differ`);
     } finally {
       await cold.stop();
+      rmSync(coldKv, { recursive: true, force: true });
     }
     messages.push({ role: 'assistant', content: warmReplies[turn] });
   }

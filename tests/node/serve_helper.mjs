@@ -5,7 +5,7 @@
 // descriptor as `cairn families` prints it (name, turns, truncates, ...), found by the model's
 // config.json model_type: the tests take family facts from it, never from names.
 import { spawn, execFileSync } from 'node:child_process';
-import { readFileSync, existsSync, mkdtempSync } from 'node:fs';
+import { readFileSync, existsSync, mkdtempSync, rmSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -104,9 +104,11 @@ export async function startServer(args = [], env = {}, { fake = false, model = M
     },
     fakeFrames: () => (existsSync(fakeLog)
       ? readFileSync(fakeLog, 'utf8').trim().split('\n').filter(Boolean).map((l) => JSON.parse(l)) : []),
+    // Ends the server and removes its scratch directory (the fake engine's log).
     stop: () => new Promise((resolve) => {
-      if (exited !== null) return resolve(exited);
-      child.once('exit', (code) => resolve(code));
+      const done = (code) => { rmSync(dir, { recursive: true, force: true }); resolve(code); };
+      if (exited !== null) return done(exited);
+      child.once('exit', done);
       child.kill('SIGTERM');
     }),
   };

@@ -12,7 +12,7 @@ import OpenAI from 'openai';
 import Anthropic from '@anthropic-ai/sdk';
 import Ajv2020 from 'ajv/dist/2020.js';
 import addFormats from 'ajv-formats';
-import { mkdtempSync, readdirSync, readFileSync, symlinkSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readdirSync, readFileSync, symlinkSync, writeFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { basename, join } from 'node:path';
 import { startServer, MODEL } from './serve_helper.mjs';
@@ -82,7 +82,7 @@ before(async () => {
   openai = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'unused', maxRetries: 0 });
   anthropic = new Anthropic({ baseURL: server.url, apiKey: 'unused', maxRetries: 0 });
 });
-after(async () => { await server.stop(); });
+after(async () => { await server.stop(); if (SERVED !== MODEL) rmSync(SERVED, { recursive: true, force: true }); });
 
 // Run async jobs with at most `width` in flight (one per engine slot).
 async function pool(jobs, width = SLOTS) {

@@ -105,10 +105,13 @@ INLINE void decode_step2(wformat f, const uint8_t *row, int c, __m512 *lo, __m51
 /* 64 E4M3 codes -> their f16 patterns (dec16_fp8's), columns 0..31 in *lo, 32..63 in *hi. The
  * pattern's high byte s0eeeemm and low byte m0000000 are each a fixed bit permutation of the code,
  * one GF(2) affine transform per byte (gf2p8affineqb: output bit i is the parity of the code
- * and byte 7 - i of the matrix), and one two-table byte permute per 32 columns interleaves them
- * into words. Four uops for 64 codes where widening, shifting and masking took eight: the FP8
- * matvec is bound by these vector ports, not by memory (bench kernels: 30 % more in-cache
- * throughput on Zen 5). The patterns, and so every sum, are the same as dec16_fp8's.
+ * and byte 7 - i of the matrix), and byte unpacks interleave them into words. An unpack pairs
+ * bytes within each 128-bit lane, so one byte permute first puts columns 8i..8i+7 in the low
+ * half of lane i and 32+8i..32+8i+7 in its high half: the low unpacks then give columns 0..31
+ * in order, the high ones 32..63. Five shuffle-port uops for 64 codes: a two-table byte permute
+ * per 32 columns (three uops each on a Xeon) took eight, widening, shifting and masking took
+ * eight too, and the FP8 matvec is bound by these vector ports, not by memory. The patterns, and
+ * so every sum, are the same as dec16_fp8's.
  *
  * The f16 conversion that follows is what keeps every weight factor a normal f32. Placing the
  * code's bits straight into an f32 (value * 2^-120, no conversion; ed7c23d..5d5bc5f) was 20 %
@@ -119,15 +122,14 @@ INLINE void decode_step2(wformat f, const uint8_t *row, int c, __m512 *lo, __m51
  * against 27.7-29.2 GB/s from memory on two threads, 17.5 against 19.7 in L2 on one. */
 INLINE void fp8_f16x64(const uint8_t *p, __m512i *lo, __m512i *hi) {
     const __m512i high = _mm512_set1_epi64(0x0204081020400080LL), low = _mm512_set1_epi64(0x0000000000000001LL);
-    const __m512i first = _mm512_set_epi8(95, 31, 94, 30, 93, 29, 92, 28, 91, 27, 90, 26, 89, 25, 88, 24,
-                                          87, 23, 86, 22, 85, 21, 84, 20, 83, 19, 82, 18, 81, 17, 80, 16,
-                                          79, 15, 78, 14, 77, 13, 76, 12, 75, 11, 74, 10, 73, 9, 72, 8,
-                                          71, 7, 70, 6, 69, 5, 68, 4, 67, 3, 66, 2, 65, 1, 64, 0);
-    const __m512i second = _mm512_add_epi8(first, _mm512_set1_epi8(32));
-    __m512i codes = _mm512_loadu_si512(p);
+    const __m512i lanes = _mm512_set_epi8(63, 62, 61, 60, 59, 58, 57, 56, 31, 30, 29, 28, 27, 26, 25, 24,
+                                          55, 54, 53, 52, 51, 50, 49, 48, 23, 22, 21, 20, 19, 18, 17, 16,
+                                          47, 46, 45, 44, 43, 42, 41, 40, 15, 14, 13, 12, 11, 10, 9, 8,
+                                          39, 38, 37, 36, 35, 34, 33, 32, 7, 6, 5, 4, 3, 2, 1, 0);
+    __m512i codes = _mm512_permutexvar_epi8(lanes, _mm512_loadu_si512(p));
     __m512i h = _mm512_gf2p8affine_epi64_epi8(codes, high, 0), l = _mm512_gf2p8affine_epi64_epi8(codes, low, 0);
-    *lo = _mm512_permutex2var_epi8(l, first, h);
-    *hi = _mm512_permutex2var_epi8(l, second, h);
+    *lo = _mm512_unpacklo_epi8(l, h);
+    *hi = _mm512_unpackhi_epi8(l, h);
 }
 #else
 #define FP8_STEP 32
@@ -325,16 +327,33 @@ INLINE __m512 nibble_table(wformat f) {
     return _mm512_loadu_ps(kernel_nibble_is_e2m1(f) ? kernel_fp4_lut : kernel_i4_lut);
 }
 
+#ifdef __AVX512VBMI__
+/* A byte permute control: bytes 0 and 1 of dword L take the chunk's 16-bit word of lane L
+ * (dec64_nibbles), bytes 2 and 3 its high byte again. */
+INLINE __m512i nibble_lane_bytes(void) {
+    return _mm512_set_epi32(0x1f1f1f1e, 0x1d1d1d1c, 0x1b1b1b1a, 0x19191918, 0x0f0f0f0e, 0x0d0d0d0c,
+                            0x0b0b0b0a, 0x09090908, 0x17171716, 0x15151514, 0x13131312, 0x11111110,
+                            0x07070706, 0x05050504, 0x03030302, 0x01010100);
+}
+#endif
+
 /* 32 bytes = the 64 codes of blocks b, b + 1 -> z[t] = term t of lanes 0..15. Lane L's four
- * columns are the 16-bit word 8 * ((L / 4) % 2) + 4 * (L / 8) + L % 4 of the chunk: one vpermw
+ * columns are the 16-bit word 8 * ((L / 4) % 2) + 4 * (L / 8) + L % 4 of the chunk: one shuffle
  * puts that word in the low half of dword lane L (the high half is don't-care), and term t is
  * its nibble t. vpermps reads only the low four bits of each index, so shifting the word right
- * by 4t selects nibble t without masking: decoding costs the port that runs shuffles (the
- * bottleneck of the FP4 matvec) one vpermw and four vpermps per chunk, nothing else. */
+ * by 4t selects nibble t without masking: decoding costs one shuffle, three shifts and four
+ * vpermps per chunk, on the two ports that also run the FMAs (the FP4 matvec's bound). The
+ * shuffle is a byte permute where VBMI has one: a word permute is two uops on a Xeon, one more
+ * per chunk of fifteen (bench kernels' FP4 matvec in L2, one thread: +7 %). */
 INLINE void dec64_nibbles(const uint8_t *p, __m512 table, __m512 z[4]) {
+    const __m512i codes = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p));
+#ifdef __AVX512VBMI__
+    __m512i u = _mm512_permutexvar_epi8(nibble_lane_bytes(), codes);
+#else
     const __m512i words = _mm512_set_epi16(0, 15, 0, 14, 0, 13, 0, 12, 0, 7, 0, 6, 0, 5, 0, 4,
                                            0, 11, 0, 10, 0, 9, 0, 8, 0, 3, 0, 2, 0, 1, 0, 0);
-    __m512i u = _mm512_permutexvar_epi16(words, _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p)));
+    __m512i u = _mm512_permutexvar_epi16(words, codes);
+#endif
     z[0] = _mm512_permutexvar_ps(u, table);
     #pragma GCC unroll 3
     for (int t = 1; t < 4; t++) z[t] = _mm512_permutexvar_ps(_mm512_srli_epi32(u, 4 * t), table);
@@ -442,10 +461,7 @@ INLINE __m512i nibble_table_bf16(wformat f) {
  * matter. Per chunk that is one shuffle and one immediate shift where a word shuffle and two
  * variable shifts were: they share the ports that bound the FP4 matvec. */
 INLINE void dec64_pairs(const uint8_t *p, __m512i table, __m512i *a, __m512i *b) {
-    const __m512i place = _mm512_set_epi32(0x1f1f1f1e, 0x1d1d1d1c, 0x1b1b1b1a, 0x19191918, 0x0f0f0f0e, 0x0d0d0d0c,
-                                           0x0b0b0b0a, 0x09090908, 0x17171716, 0x15151514, 0x13131312, 0x11111110,
-                                           0x07070706, 0x05050504, 0x03030302, 0x01010100);
-    __m512i u = _mm512_permutexvar_epi8(place, _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p)));
+    __m512i u = _mm512_permutexvar_epi8(nibble_lane_bytes(), _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p)));
     *a = _mm512_permutexvar_epi16(u, table);
     *b = _mm512_permutexvar_epi16(_mm512_srli_epi16(u, 4), table);
 }

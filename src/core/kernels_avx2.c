@@ -13,7 +13,6 @@
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 
 #include <immintrin.h>
-#include <string.h>
 
 #include "kernels_path.h"
 #include "quant.h"
@@ -307,7 +306,8 @@ INLINE void nibble_rows_mul(const qmat *w, wformat f, int r0, int r1, const floa
 #define MUL_XROWS 12     /* input rows per pass: their chunk, the weight chunk and acc fit in L1 */
 
 /* One lane half h of an NR x NX tile over columns [c0, c1) (c1 - c0 a multiple of 16, or the
- * row end, whose partial group is read with masks). wb rows are zero-padded to ldw. */
+ * row end, whose partial group is read with masks). wb rows are zero-padded to ldw. The first
+ * range (c0 == 0) starts the lanes from zero rather than reading acc. */
 INLINE void tile_half(const float *wb, int ldw, const float *x, int cols, int c0, int c1, int NR, int NX, int h,
                       float *acc, int nr_all) {
     __m256 a[3][3];
@@ -315,7 +315,7 @@ INLINE void tile_half(const float *wb, int ldw, const float *x, int cols, int c0
     #pragma GCC unroll 4
     for (int i = 0; i < NR; i++)
         #pragma GCC unroll 4
-        for (int j = 0; j < NX; j++) a[i][j] = _mm256_load_ps(acc + ((size_t)j * nr_all + i) * 16 + h * 8);
+        for (int j = 0; j < NX; j++) a[i][j] = c0 ? _mm256_load_ps(acc + ((size_t)j * nr_all + i) * 16 + h * 8) : _mm256_setzero_ps();
     for (int c = c0 + h * 8; c < full_end; c += 16) {
         __m256 wv[3], xv[3];
         #pragma GCC unroll 4
@@ -376,7 +376,6 @@ static void avx2_rows_mul(const qmat *w, int r0, int r1, const float *x, int n, 
     for (int j0 = 0; j0 < n; j0 += MUL_XROWS) {
         int nx_all = n - j0 < MUL_XROWS ? n - j0 : MUL_XROWS;
         const float *xg = x + (size_t)j0 * cols;
-        memset(acc, 0, sizeof(float) * (size_t)nx_all * nr * 16);
         for (int c0 = 0; c0 < cols; c0 += MUL_CHUNK) {
             int c1 = c0 + MUL_CHUNK < cols ? c0 + MUL_CHUNK : cols;
             for (int j = 0; j < nx_all; j += 3)

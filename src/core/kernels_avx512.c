@@ -570,7 +570,8 @@ INLINE void nibble_dot_rows(const qmat *w, wformat f, int r, int NR, const float
 
 /* NR weight rows (decoded, ldw floats apart) x NX input rows over chunks [k0, k1); each pair's
  * 16 lanes stay in a register over the range and in acc[(input row * nr_all + weight row) * 16]
- * between ranges (as tile() keeps them), so a range's decoded weights and inputs stay in L1.
+ * between ranges (as tile() keeps them, starting from zero at k0 == 0), so a range's decoded
+ * weights and inputs stay in L1.
  * With PAIRS the rows are decoded as pairs and the inputs are their pairs, `pstride` words apart:
  * two dot products and the scale FMA per (row, input) and chunk instead of five FMAs. */
 INLINE void nibble_tile(const float *wb, int ldw, const float *x, const uint32_t *pairs, int PAIRS, int cols,
@@ -579,7 +580,7 @@ INLINE void nibble_tile(const float *wb, int ldw, const float *x, const uint32_t
     #pragma GCC unroll 2
     for (int i = 0; i < NR; i++)
         #pragma GCC unroll 6
-        for (int j = 0; j < NX; j++) a[i][j] = _mm512_load_ps(acc + ((size_t)j * nr_all + i) * 16);
+        for (int j = 0; j < NX; j++) a[i][j] = k0 ? _mm512_load_ps(acc + ((size_t)j * nr_all + i) * 16) : _mm512_setzero_ps();
     for (int k = k0; k < k1; k++) {
 #if HAVE_PAIRS
         if (PAIRS) {
@@ -690,8 +691,7 @@ static void nibble_rows_mul(const qmat *w, int r0, int r1, const float *x, const
         int nx = MIN(NIB_X, n - j0);
         const float *xg = x + (size_t)j0 * cols;
         const uint32_t *pg = pairs ? pairs + (size_t)j0 * chunks * 32 : NULL;
-        memset(acc, 0, sizeof(float) * (size_t)nx * nr * 16);
-        for (int k0 = 0; k0 < chunks; k0 += NIB_KC)
+        for (int k0 = 0; k0 == 0 || k0 < chunks; k0 += NIB_KC)   /* once at least: the first range zeroes acc */
             for (int i = 0; i < nr; i += NIB_R, row_stream_step(&next))
                 nibble_tile_any(wb + (size_t)i * ldw, ldw, xg, pg, cols, k0, MIN(k0 + NIB_KC, chunks), MIN(NIB_R, nr - i),
                                 nx, acc + (size_t)i * 16, nr);
@@ -772,7 +772,8 @@ INLINE __m512 tile_weight(const void *wb, int BF, int ldw, int i, int c, __mmask
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(codes), 16));
 }
 
-/* NR x NX tile over columns [c0, c1); partial lanes in acc[input row][weight row][16]. */
+/* NR x NX tile over columns [c0, c1); partial lanes in acc[input row][weight row][16], which
+ * the first range (c0 == 0) starts from zero rather than reads. */
 INLINE void tile(const void *wb, int BF, int ldw, const float *x, int cols, int c0, int c1, int NR, int NX, float *acc,
                  int nr_all) {
     __m512 a[TILE_R][TILE_X];
@@ -780,7 +781,7 @@ INLINE void tile(const void *wb, int BF, int ldw, const float *x, int cols, int 
     #pragma GCC unroll 4
     for (int i = 0; i < NR; i++)
         #pragma GCC unroll 6
-        for (int j = 0; j < NX; j++) a[i][j] = _mm512_load_ps(acc + ((size_t)j * nr_all + i) * 16);
+        for (int j = 0; j < NX; j++) a[i][j] = c0 ? _mm512_load_ps(acc + ((size_t)j * nr_all + i) * 16) : _mm512_setzero_ps();
     for (int c = c0; c < full_end; c += 16) {
         __m512 xv[TILE_X];
         #pragma GCC unroll 6
@@ -868,7 +869,6 @@ static void avx512_rows_mul(const qmat *w, int r0, int r1, const float *x, int n
     for (int j0 = 0; j0 < n; j0 += MUL_XROWS) {
         int nx_all = n - j0 < MUL_XROWS ? n - j0 : MUL_XROWS;
         const float *xg = x + (size_t)j0 * cols;
-        memset(acc, 0, sizeof(float) * (size_t)nx_all * nr * 16);
         for (int c0 = 0; c0 < cols; c0 += MUL_CHUNK) {
             int c1 = c0 + MUL_CHUNK < cols ? c0 + MUL_CHUNK : cols;
             for (int j = 0; j < nx_all; j += TILE_X)

@@ -66,6 +66,11 @@ void qmat_mul(const qmat *w, const float *x, int n, float *y);
  * (used for the per-group wo_a projection and per-expert slices). */
 void qmat_mul_rows(const qmat *w, int r0, int r1, const float *x, int n, float *y);
 
+/* Row r of W times x, the bits qmat_vec gives for that row, computed on the calling thread
+ * without the pool's hand-off, the call numbering or the byte counters: for the many short
+ * products of attention scores, where those cost more than the product. */
+float qmat_dot_row(const qmat *w, int r, const float *x);
+
 /* Y_k[n][W_k rows] = X[n][cols] W_k^T for `count` matrices of the same cols that read the same
  * input (an expert's gate and up, projections of one hidden state), as one pool job: one wait
  * for all of them instead of one per matrix. Each Y_k is bit-identical to qmat_mul(W_k). */

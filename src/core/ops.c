@@ -173,9 +173,7 @@ void hadamard(float *x, int n) {
 
 float dot_f32(const float *a, const float *b, int n) {
     qmat row = {.fmt = WF_F32, .rows = 1, .cols = n, .data = a};
-    float y;
-    qmat_vec(&row, b, &y);
-    return y;
+    return qmat_dot_row(&row, 0, b);
 }
 
 /* Blocks of 16 columns with a constant trip count: GCC's -O2 vectorizer (cheap cost model)

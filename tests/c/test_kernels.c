@@ -166,6 +166,13 @@ static void check_matrix(const qmat *w, const float *x, const char *what, float 
     }
     CHECK(bad_rows == 0, "%s: %d qmat_mul_rows slices differ", what, bad_rows);
 
+    int bad_dots = 0;
+    for (int r = 0; r < w->rows; r++) {
+        float d = qmat_dot_row(w, r, x + w->cols);
+        if (!bits_equal(&d, yv + rows + r, 1)) bad_dots++;
+    }
+    CHECK(bad_dots == 0, "%s: %d qmat_dot_row rows differ from qmat_vec", what, bad_dots);
+
     static const int thread_counts[] = {1, 3, 2};
     int bad_threads = 0;
     for (int t = 0; t < 3; t++) {

@@ -2,7 +2,8 @@
  *
  * One zmm holds all 16 canonical lanes of an output, so a group of 16 columns is one FMA and
  * the tree starts by adding the two 256-bit halves (lanes i and i+8), exactly as the other paths
- * do. FP8 (unscaled) and BF16 decode as in the AVX2 path; matvec decodes 32 columns per step
+ * do. FP8 (unscaled) decodes as in the AVX2 path, BF16 by one byte permute where VBMI exists
+ * (widen_bf16); matvec decodes 32 columns per step
  * (FP8: one zmm of f16 patterns, two conversions). Matvec interleaves
  * four rows for independent FMA chains, decoding in registers; so do batches of up to FEW_BATCH
  * input rows (batched decode across conversations, MoE experts with few tokens), each decoded
@@ -42,12 +43,16 @@
 #define MUL_CHUNK 512     /* columns per range: measured best of 128..whole row (bench kernels, 2048 cols) */
 #define MUL_XROWS 6       /* input rows per pass (one tile's width): few enough that their lines share L1 sets */
 /* Decoded f32 rows of one batched call beyond this many bytes are BF16 instead (avx512_rows_mul).
- * The widening costs the tile two uops per weight vector beside its FMAs; an L2 full of rows costs
- * more. Xeon (2 MiB L2), FP8 from memory, two threads: 8192x1024 (128-row tasks, 512 KiB of f32
+ * The widening costs the tile a uop per weight vector beside its FMAs (two without VBMI: these
+ * figures were measured so); an L2 full of rows costs more. Xeon (2 MiB L2), FP8 from memory, two threads: 8192x1024 (128-row tasks, 512 KiB of f32
  * rows) n = 256 0.43 GB/s as f32 rows, 0.34 as BF16; 2048x4096 (2 MiB) n = 256 0.29-0.33 and 0.34-0.38,
  * n = 32 1.87-1.94 and 2.12-2.33. */
 #define MUL_F32_ROWS_BYTES (1u << 20)
-#define BF16_COPY_MIN_N 32   /* BF16 rows copy to f32 for batches of at least this many inputs (avx512_rows_mul) */
+/* BF16 rows copy to f32 for batches of at least this many inputs (avx512_rows_mul). Measured with
+ * the two-uop widening; with widen_bf16's one (Xeon, best/median of 5 alternated): 512x2048 at
+ * n = 48 ties (one thread 127.9/122.1 copied, 126.5/121.9 in place), 2048x2048 at n = 256 still
+ * favours the copy (two threads 235/216 against 225/183 GFLOP/s). */
+#define BF16_COPY_MIN_N 32
 /* FP8 rows up to this many bytes prefetch the next row group in memory order: DeepSeek V4's
  * wq_b shape (8192 x 1024, 64 matrices, from memory) 30-35 -> 38-46 GB/s on two threads,
  * 17-19 -> 20-24 on one; at 2 KiB and 4 KiB rows it measured 10-15 % slower than row by row. */
@@ -67,9 +72,23 @@ INLINE __m512 dec16_fp8(const uint8_t *p) {
     return _mm512_cvtph_ps(h);
 }
 
+/* 16 BF16 codes (the low 256 bits) -> f32: each code becomes the high half of its lane. With
+ * VBMI one zero-masking byte permute does it (one shuffle uop); otherwise a widening and a shift
+ * (two uops on the ports the FMAs use, the larger cost of BF16 rows in the few-input kernels and
+ * the tile: 8 FMAs per 32 columns beside 4 such uops with four inputs). */
+INLINE __m512 widen_bf16(__m512i codes) {
+#ifdef __AVX512VBMI__
+    const __m512i high_halves = _mm512_set_epi32(0x1f1e0000, 0x1d1c0000, 0x1b1a0000, 0x19180000, 0x17160000, 0x15140000,
+                                                 0x13120000, 0x11100000, 0x0f0e0000, 0x0d0c0000, 0x0b0a0000, 0x09080000,
+                                                 0x07060000, 0x05040000, 0x03020000, 0x01000000);
+    return _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi8(0xccccccccccccccccULL, high_halves, codes));
+#else
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(codes)), 16));
+#endif
+}
+
 INLINE __m512 dec16_bf16(const uint16_t *p) {
-    __m512i u = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
+    return widen_bf16(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p)));
 }
 
 /* Weight factors of columns [c, c + 16) for the rule-2 formats (F32, BF16, FP8, I8_ROW). */
@@ -769,7 +788,7 @@ INLINE __m512 tile_weight(const void *wb, int BF, int ldw, int i, int c, __mmask
     if (!BF) return _mm512_load_ps((const float *)wb + (size_t)i * ldw + c);
     const uint16_t *p = (const uint16_t *)wb + (size_t)i * ldw + c;
     __m256i codes = m == 0xffff ? _mm256_loadu_si256((const __m256i *)p) : _mm256_maskz_loadu_epi16(m, p);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(codes), 16));
+    return widen_bf16(_mm512_castsi256_si512(codes));
 }
 
 /* NR x NX tile over columns [c0, c1); partial lanes in acc[input row][weight row][16], which

@@ -446,6 +446,13 @@ static int rows_per_task(const qmat *w, int n) {
     return w->fmt == WF_FP8 && n >= FP8_BLOCK_TASK_N ? FP8_ROWS_PER_TASK : MUL_ROWS_PER_TASK;
 }
 
+/* Rows [r0, r1) of w read once, for kernels_streamed (QM_SCRATCH views are not weights). */
+static void count_rows(const qmat *w, int r0, int r1) {
+    if (w->source != QM_SCRATCH)
+        count_add(w->source == QM_ROUTED ? COUNT_ROUTED : COUNT_DENSE,
+                  qmat_bytes(w) / (size_t)w->rows * (size_t)(r1 - r0));
+}
+
 /* Parts with rows go into one job; each part's rows are read once whatever n (kernels.h). */
 static void run_parts(int count, const mul_part *parts, const float *x, int n) {
     if (n <= 0) return;
@@ -454,9 +461,7 @@ static void run_parts(int count, const mul_part *parts, const float *x, int n) {
     for (int k = 0; k < count; k++) {
         const mul_part *p = &parts[k];
         if (p->r1 <= p->r0) continue;
-        if (p->w->source != QM_SCRATCH)
-            count_add(p->w->source == QM_ROUTED ? COUNT_ROUTED : COUNT_DENSE,
-                      qmat_bytes(p->w) / (size_t)p->w->rows * (size_t)(p->r1 - p->r0));
+        count_rows(p->w, p->r0, p->r1);
         mul_part *q = &job.part[job.parts++];
         *q = *p;
         q->first = tasks;
@@ -492,8 +497,12 @@ void qmat_mul(const qmat *w, const float *x, int n, float *y) { qmat_mul_rows(w,
  * score products per token; through run_parts and mul_task they were 4 % of its profile. */
 float qmat_dot_row(const qmat *w, int r, const float *x) {
     float y;
-    if (w->fmt == WF_FP8 || kernel_is_nibbles(w->fmt)) qmat_mul_rows(w, r, r + 1, x, 1, &y);
-    else active_path()->rows_vec(w, r, r + 1, x, &y);
+    if (w->fmt == WF_FP8 || kernel_is_nibbles(w->fmt)) {
+        qmat_mul_rows(w, r, r + 1, x, 1, &y);
+        return y;
+    }
+    count_rows(w, r, r + 1);
+    active_path()->rows_vec(w, r, r + 1, x, &y);
     return y;
 }
 

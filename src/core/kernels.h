@@ -66,8 +66,8 @@ void qmat_mul(const qmat *w, const float *x, int n, float *y);
  * (used for the per-group wo_a projection and per-expert slices). */
 void qmat_mul_rows(const qmat *w, int r0, int r1, const float *x, int n, float *y);
 
-/* Row r of W times x, the bits qmat_vec gives for that row, computed on the calling thread
- * without the pool's hand-off, the call numbering or the byte counters: for the many short
+/* Row r of W times x: the bits qmat_vec gives for that row (and the bytes it counts), computed
+ * on the calling thread without the pool's hand-off or the call numbering, for the many short
  * products of attention scores, where those cost more than the product. */
 float qmat_dot_row(const qmat *w, int r, const float *x);
 

@@ -315,7 +315,8 @@ INLINE void tile_half(const float *wb, int ldw, const float *x, int cols, int c0
     #pragma GCC unroll 4
     for (int i = 0; i < NR; i++)
         #pragma GCC unroll 4
-        for (int j = 0; j < NX; j++) a[i][j] = c0 ? _mm256_load_ps(acc + ((size_t)j * nr_all + i) * 16 + h * 8) : _mm256_setzero_ps();
+        for (int j = 0; j < NX; j++)
+            a[i][j] = c0 ? _mm256_load_ps(acc + ((size_t)j * nr_all + i) * 16 + h * 8) : _mm256_setzero_ps();
     for (int c = c0 + h * 8; c < full_end; c += 16) {
         __m256 wv[3], xv[3];
         #pragma GCC unroll 4

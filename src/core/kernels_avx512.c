@@ -44,9 +44,9 @@
 #define MUL_XROWS 6       /* input rows per pass (one tile's width): few enough that their lines share L1 sets */
 /* Decoded f32 rows of one batched call beyond this many bytes are BF16 instead (avx512_rows_mul).
  * The widening costs the tile a uop per weight vector beside its FMAs (two without VBMI: these
- * figures were measured so); an L2 full of rows costs more. Xeon (2 MiB L2), FP8 from memory, two threads: 8192x1024 (128-row tasks, 512 KiB of f32
- * rows) n = 256 0.43 GB/s as f32 rows, 0.34 as BF16; 2048x4096 (2 MiB) n = 256 0.29-0.33 and 0.34-0.38,
- * n = 32 1.87-1.94 and 2.12-2.33. */
+ * figures were measured so); an L2 full of rows costs more. Xeon (2 MiB L2), FP8 from memory, two
+ * threads: 8192x1024 (128-row tasks, 512 KiB of f32 rows) n = 256 0.43 GB/s as f32 rows, 0.34 as
+ * BF16; 2048x4096 (2 MiB) n = 256 0.29-0.33 and 0.34-0.38, n = 32 1.87-1.94 and 2.12-2.33. */
 #define MUL_F32_ROWS_BYTES (1u << 20)
 /* BF16 rows copy to f32 for batches of at least this many inputs (avx512_rows_mul). Measured with
  * the two-uop widening; with widen_bf16's one (Xeon, best/median of 5 alternated): 512x2048 at
@@ -480,7 +480,8 @@ INLINE __m512i nibble_table_bf16(wformat f) {
  * matter. Per chunk that is one shuffle and one immediate shift where a word shuffle and two
  * variable shifts were: they share the ports that bound the FP4 matvec. */
 INLINE void dec64_pairs(const uint8_t *p, __m512i table, __m512i *a, __m512i *b) {
-    __m512i u = _mm512_permutexvar_epi8(nibble_lane_bytes(), _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p)));
+    const __m512i codes = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p));
+    __m512i u = _mm512_permutexvar_epi8(nibble_lane_bytes(), codes);
     *a = _mm512_permutexvar_epi16(u, table);
     *b = _mm512_permutexvar_epi16(_mm512_srli_epi16(u, 4), table);
 }
@@ -599,7 +600,8 @@ INLINE void nibble_tile(const float *wb, int ldw, const float *x, const uint32_t
     #pragma GCC unroll 2
     for (int i = 0; i < NR; i++)
         #pragma GCC unroll 6
-        for (int j = 0; j < NX; j++) a[i][j] = k0 ? _mm512_load_ps(acc + ((size_t)j * nr_all + i) * 16) : _mm512_setzero_ps();
+        for (int j = 0; j < NX; j++)
+            a[i][j] = k0 ? _mm512_load_ps(acc + ((size_t)j * nr_all + i) * 16) : _mm512_setzero_ps();
     for (int k = k0; k < k1; k++) {
 #if HAVE_PAIRS
         if (PAIRS) {
@@ -800,7 +802,8 @@ INLINE void tile(const void *wb, int BF, int ldw, const float *x, int cols, int 
     #pragma GCC unroll 4
     for (int i = 0; i < NR; i++)
         #pragma GCC unroll 6
-        for (int j = 0; j < NX; j++) a[i][j] = c0 ? _mm512_load_ps(acc + ((size_t)j * nr_all + i) * 16) : _mm512_setzero_ps();
+        for (int j = 0; j < NX; j++)
+            a[i][j] = c0 ? _mm512_load_ps(acc + ((size_t)j * nr_all + i) * 16) : _mm512_setzero_ps();
     for (int c = c0; c < full_end; c += 16) {
         __m512 xv[TILE_X];
         #pragma GCC unroll 6

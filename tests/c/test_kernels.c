@@ -172,6 +172,16 @@ static void check_matrix(const qmat *w, const float *x, const char *what, float 
         if (!bits_equal(&d, yv + rows + r, 1)) bad_dots++;
     }
     CHECK(bad_dots == 0, "%s: %d qmat_dot_row rows differ from qmat_vec", what, bad_dots);
+    qmat dense = *w;   /* checkpoint weights: both count the row they read */
+    dense.source = QM_DENSE;
+    unsigned long long d0, d1, d2, routed;
+    kernels_streamed(&d0, &routed);
+    qmat_mul_rows(&dense, 0, 1, x, 1, ym);
+    kernels_streamed(&d1, &routed);
+    (void)qmat_dot_row(&dense, 0, x);
+    kernels_streamed(&d2, &routed);
+    CHECK(d1 > d0 && d2 - d1 == d1 - d0, "%s: qmat_dot_row counted %llu bytes, a one-row qmat_mul_rows %llu", what,
+          d2 - d1, d1 - d0);
 
     static const int thread_counts[] = {1, 3, 2};
     int bad_threads = 0;

@@ -6,7 +6,11 @@
  * The weights are paged in by one untimed prefill first, so the timed runs measure compute and
  * memory, not the disk. The timed run is repeated TIMED_ROUNDS times, each time on every thread and
  * then on one (with more than one), and every figure is the median over the rounds: the ratios of
- * the two speeds are the thread scaling of prefill and decode. */
+ * the two speeds are the thread scaling of prefill and decode. The read bandwidth is measured
+ * just before each round too, and its median is the efficiency's denominator: on a shared
+ * machine another tenant's load moves bandwidth and decode speed together, and one measurement
+ * before all rounds once read 23.7 GB/s against 29.5-30.8 in the runs around it, turning the
+ * same decode speed from 0.70 into 0.92 of "bandwidth". */
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,7 +44,8 @@ static void usage(FILE *f) {
             "and one 4-token forward call (a speculative verify step) as a multiple of one decode step.\n"
             "With more than one thread (--threads N, default every core) prefill and decode are timed again\n"
             "on one thread: thread scaling = tok/s on N threads / tok/s on one. The timed runs are repeated\n"
-            "3 times, the thread counts alternating, and every figure is the median of the 3.\n"
+            "3 times, the thread counts alternating, and every figure is the median of the 3 (the read\n"
+            "bandwidth too: it is measured before each round).\n"
             "--json prints {prefill_tok_s, prefill_gflops, prefill_vs_fma_peak, decode_tok_s, bandwidth_gbs,\n"
             "decode_efficiency, thread_scaling_prefill, thread_scaling_decode, ...}.\n"
             "\n"
@@ -124,6 +129,7 @@ double bench_median(double *v, long n) {
 static const size_t timed_fields[] = {
     offsetof(bench_result, prefill_tok_s), offsetof(bench_result, prefill_gflops),
     offsetof(bench_result, decode_tok_s), offsetof(bench_result, verify_cost_ratio),
+    offsetof(bench_result, bandwidth_gbs),
     offsetof(bench_result, mpi_bytes_per_token), offsetof(bench_result, mpi_messages_per_token)};
 
 /* out's timed figures = the medians of runs[0..n) (its other fields untouched). */
@@ -225,10 +231,10 @@ int bench_model(int argc, char **argv) {
     int *ids = bench_prompt((int)o.prompt, m->vocab_size, 0);
     r.decode_bytes = model_decode_bytes(m);
     int rc = measure(m, &o, ids, 0, &r, err, sizeof err);
-    double bw = rc ? 0 : bench_read_bandwidth(bench_stream_bytes());
     int threads = pool_threads();
     bench_result all[TIMED_ROUNDS] = {{0}}, one[TIMED_ROUNDS] = {{0}};
     for (int i = 0; !rc && i < TIMED_ROUNDS; i++) {
+        all[i].bandwidth_gbs = bench_read_bandwidth(bench_stream_bytes()) / 1e9;
         rc = measure(m, &o, ids, 1, &all[i], err, sizeof err);
         if (rc || threads == 1) continue;
         pool_set_threads(1);
@@ -245,8 +251,7 @@ int bench_model(int argc, char **argv) {
     r.fma_peak_gflops = bench_fma_peak() * 1e-9;
     r.bf16_peak_gflops = bench_bf16_dot_peak() * 1e-9;
     if (!rc) {
-        r.bandwidth_gbs = bw / 1e9;
-        r.decode_efficiency = bw > 0 ? r.decode_bytes * r.decode_tok_s / bw : 0;
+        r.decode_efficiency = r.bandwidth_gbs > 0 ? r.decode_bytes * r.decode_tok_s / (r.bandwidth_gbs * 1e9) : 0;
         report(&o, &r);
     } else {
         fprintf(stderr, "cairn bench: %s\n", err);

@@ -175,6 +175,11 @@ static uint32_t *grow(uint32_t **buf, size_t *cap, size_t words) {
     return *buf;
 }
 
+/* Whether the path reads a prepared input for w's rows (prepared_x) rather than x itself. */
+static int input_prepared(const kernel_path *path, const qmat *w) {
+    return w->fmt == WF_FP8 || (kernel_is_nibbles(w->fmt) && path->nibble_width);
+}
+
 static prepared prepared_x(const kernel_path *path, const qmat *w, int r, const float *x, int n,
                            unsigned long long call) {
     static _Thread_local uint32_t *buf, *pair_buf;
@@ -183,7 +188,7 @@ static prepared prepared_x(const kernel_path *path, const qmat *w, int r, const 
     static _Thread_local int cached_block = -1;
     static _Thread_local prepared cached;
     int fp8 = w->fmt == WF_FP8, block = fp8 ? r / 128 : 0;
-    if (!fp8 && !(kernel_is_nibbles(w->fmt) && path->nibble_width)) return (prepared){x, NULL};
+    if (!input_prepared(path, w)) return (prepared){x, NULL};
     if (cached_call == call && cached_block == block) return cached;
     float *out_all = (float *)grow(&buf, &cap, (size_t)n * (size_t)w->cols);
     size_t pair_row = (size_t)w->cols / 64 * 32;
@@ -496,13 +501,14 @@ void qmat_mul(const qmat *w, const float *x, int n, float *y) { qmat_mul_rows(w,
  * preparation is cached per call number. An Inkling prefill makes about ten thousand 64-column
  * score products per token; through run_parts and mul_task they were 4 % of its profile. */
 float qmat_dot_row(const qmat *w, int r, const float *x) {
+    const kernel_path *path = active_path();
     float y;
-    if (w->fmt == WF_FP8 || kernel_is_nibbles(w->fmt)) {
+    if (input_prepared(path, w)) {
         qmat_mul_rows(w, r, r + 1, x, 1, &y);
         return y;
     }
     count_rows(w, r, r + 1);
-    active_path()->rows_vec(w, r, r + 1, x, &y);
+    path->rows_vec(w, r, r + 1, x, &y);
     return y;
 }
 

@@ -934,22 +934,21 @@ static int pairs_faster[PAIR_KINDS];
 
 static int pair_kind(int n) { return n == 1 ? 0 : n <= FEW_BATCH ? 1 : 2; }
 
+/* The probe's FP4 product (R x C, N input rows with their pairs), filled once by measure_pairs. */
+enum { PROBE_R = 64, PROBE_C = 1024, PROBE_N = 2 * MUL_XROWS };
+static uint8_t probe_codes[PROBE_R * PROBE_C / 2], probe_scales[PROBE_R * PROBE_C / 32];
+static float probe_x[PROBE_N * PROBE_C], probe_y[PROBE_N * PROBE_R];
+static uint32_t probe_pairs[PROBE_N * PROBE_C / 2];
+
 static int pairs_faster_at(int n) {
-    enum { R = 64, C = 1024, N = 2 * MUL_XROWS, ROUNDS = 5 };
-    static uint8_t codes[R * C / 2], scales[R * C / 32];
-    static float x[N * C], y[N * R];
-    static uint32_t pairs[N * C / 2];
-    for (int i = 0; i < R * C / 2; i++) codes[i] = (uint8_t)(i * 37 + i / 64);
-    memset(scales, 127, sizeof scales);
-    for (int i = 0; i < N * C; i++) x[i] = (float)(i % 5 + 1) * (i % 3 ? 0.25f : -0.5f);
-    for (int j = 0; j < N; j++) avx512_nibble_pairs(x + (size_t)j * C, C, pairs + (size_t)j * (C / 2));
-    const qmat w = {WF_FP4, R, C, codes, scales, NULL, 0, 0, QM_SCRATCH};
+    enum { ROUNDS = 5 };
+    const qmat w = {WF_FP4, PROBE_R, PROBE_C, probe_codes, probe_scales, NULL, 0, 0, QM_SCRATCH};
     double best[2] = {1e30, 1e30};
     for (int k = 0; k < 2 * ROUNDS + 2; k++) {   /* the first two warm the caches and the scratch */
         double t = now_seconds();
-        for (int rep = 0; rep < N / n; rep++) {   /* about the same work at every n */
-            if (k % 2) avx512_rows_pairs(&w, 0, R, x, pairs, n, y, R);
-            else avx512_rows_mul(&w, 0, R, x, n, y, R);
+        for (int rep = 0; rep < PROBE_N / n; rep++) {   /* about the same work at every n */
+            if (k % 2) avx512_rows_pairs(&w, 0, PROBE_R, probe_x, probe_pairs, n, probe_y, PROBE_R);
+            else avx512_rows_mul(&w, 0, PROBE_R, probe_x, n, probe_y, PROBE_R);
         }
         t = now_seconds() - t;
         if (k >= 2 && t < best[k % 2]) best[k % 2] = t;
@@ -958,6 +957,11 @@ static int pairs_faster_at(int n) {
 }
 
 static void measure_pairs(void) {
+    for (int i = 0; i < PROBE_R * PROBE_C / 2; i++) probe_codes[i] = (uint8_t)(i * 37 + i / 64);
+    memset(probe_scales, 127, sizeof probe_scales);
+    for (int i = 0; i < PROBE_N * PROBE_C; i++) probe_x[i] = (float)(i % 5 + 1) * (i % 3 ? 0.25f : -0.5f);
+    for (int j = 0; j < PROBE_N; j++)
+        avx512_nibble_pairs(probe_x + (size_t)j * PROBE_C, PROBE_C, probe_pairs + (size_t)j * (PROBE_C / 2));
     for (int k = 0; k < PAIR_KINDS; k++) pairs_faster[k] = pairs_faster_at(pair_probe_n[k]);
 }
 

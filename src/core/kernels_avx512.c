@@ -18,7 +18,7 @@
  * one vpermps table lookup each, so a chunk is four FMAs of partials and one FMA by the scale
  * vector. Batched calls decode each weight row once into that layout (codes and the chunk's
  * scale vector) and run a NIB_R x NIB_X register tile of (weight row, input row) pairs over
- * column ranges of MUL_CHUNK, the pairs' lanes kept in memory between ranges as the rule-2 tile
+ * column ranges of NIB_KC chunks, the pairs' lanes kept in memory between ranges as the rule-2 tile
  * keeps them: MoE experts see a handful of tokens each, and every one of them reuses the decoded
  * tile instead of decoding the weights again. Both tiles load each input vector once into a
  * register for all weight rows of the tile (folded into every FMA, the loads would compete with
@@ -40,7 +40,13 @@
 #define VEC_ROWS 4
 #define FEW_X 4          /* inputs per register pass of dot_rows: VEC_ROWS x FEW_X accumulators */
 #define FEW_BATCH 8      /* batches up to this many inputs decode in registers (two passes of 4) */
-#define MUL_CHUNK 512     /* columns per range: measured best of 128..whole row (bench kernels, 2048 cols) */
+/* Columns per range of the rule-2 tile. A range's MUL_XROWS input slices (6 x 4 KiB) and a tile's
+ * four weight rows (16 KiB as f32) fit a 48 KiB L1 together, as NIB_KC's do for the nibble tile,
+ * and each tile call's fixed cost (its 24 lanes loaded and stored, its dispatch: 17 % of the
+ * tile's samples at 512 columns) is spread over twice the columns. Xeon, prefill of two 256-token
+ * prompts, alternated builds, tok/s median of 10-12: GLM 222 / 275 -> 242 / 290 (2048 columns:
+ * 272), DeepSeek V4 127.9 -> 132.6, Inkling 333.1 -> 333.2. 512 was measured best on Zen 5. */
+#define MUL_CHUNK 1024
 #define MUL_XROWS 6       /* input rows per pass (one tile's width): few enough that their lines share L1 sets */
 /* Decoded f32 rows of one batched call beyond this many bytes are BF16 instead (avx512_rows_mul).
  * The widening costs the tile a uop per weight vector beside its FMAs (two without VBMI: these

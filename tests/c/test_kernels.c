@@ -547,9 +547,9 @@ int main(void) {
         {WF_I4_G64, 7, 130, 0},  {WF_I4_G64, 11, 200, 0}, {WF_I4_G64, 6, 4096, 0},
         {WF_NVFP4, 41, 96, 0},   {WF_NVFP4, 33, 80, 1},   {WF_NVFP4, 9, 48, 0},    {WF_NVFP4, 5, 16, 1},
         {WF_NVFP4, 130, 512, 1}, {WF_NVFP4, 7, 64, 0},    {WF_NVFP4, 11, 112, 1},  {WF_NVFP4, 6, 4096, 0},
-        /* batched column ranges (512 columns on AVX-512) with a partial last range and a tail */
-        {WF_F32, 9, 600, 0},     {WF_BF16, 50, 1030, 0},  {WF_FP8, 53, 1100, 0},   {WF_FP4, 13, 1120, 0},
-        {WF_NVFP4, 13, 1104, 1}, {WF_I4_G64, 50, 600, 0},
+        /* batched column ranges (1024 columns on AVX-512, 256 on AVX2) with a partial last range and a tail */
+        {WF_F32, 9, 1100, 0},    {WF_BF16, 50, 1030, 0},  {WF_FP8, 53, 1100, 0},   {WF_FP4, 13, 1120, 0},
+        {WF_NVFP4, 13, 1104, 1}, {WF_I4_G64, 50, 1100, 0},
         /* FP8 in 64-column steps (GFNI), then a 32-column and a 16-column step and a tail */
         {WF_FP8, 19, 247, 0},
         /* batched rows past 1 MiB as f32 (128-row FP8 tasks, 48-row I8_ROW ones): decoded to BF16 */

@@ -313,7 +313,7 @@ static void scalar_transpose(const float *src, int rows, int cols, size_t lds, f
 }
 
 const kernel_path kernel_path_scalar = {"scalar", scalar_rows_vec, scalar_rows_mul, 0, weight_row, scalar_transpose,
-                                        NULL, NULL, NULL};
+                                        NULL, NULL, NULL, NULL};
 
 static int force_scalar;
 
@@ -335,6 +335,11 @@ const char *kernels_simd_name(void) { return active_path()->name; }
 int kernels_has_pairs(void) { return active_path()->nibble_pairs != NULL; }
 
 int kernels_pairs_pay(int n) { return path_pairs_pay(active_path(), n); }
+
+long long kernels_fp8_converted_groups(void) {
+    const kernel_path *path = active_path();
+    return path->fp8_converted_groups ? (long long)path->fp8_converted_groups() : -1;
+}
 
 void kernels_force_pairs(int mode) { pairs_mode = mode; }
 

@@ -92,6 +92,11 @@ void kernels_streamed(unsigned long long *dense, unsigned long long *routed);
  * must see the fast path fire; the results are the same bits either way. */
 unsigned long long kernels_paired_products(void);
 int kernels_has_pairs(void);                         /* the active path has them */
+/* FP8 64-code groups the calling thread's matvec and few-input kernels decoded through the f16
+ * conversion (a code with exponent field 0: zero or subnormal) instead of the BF16 patterns the
+ * others take, for tests that must see which decode ran; -1 where the active path has one decode
+ * for every code. The factors, and so the results, are the same bits either way. */
+long long kernels_fp8_converted_groups(void);
 /* Whether a nibble product of n inputs takes the pairs: a CPU's BF16 dot products can be slower
  * than its FMAs, so the AVX-512 path times the matvec, the few-input kernels and the batched tile
  * with and without them once per process and keeps the faster (the same bits either way).

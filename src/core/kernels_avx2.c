@@ -421,6 +421,7 @@ void kernel_transpose_avx2(const float *src, int rows, int cols, size_t lds, flo
     kernel_transpose_scalar(src, r8, rows, 0, c8, lds, dst, ldd);
 }
 
-const kernel_path kernel_path_avx2 = {"avx2", avx2_rows_vec, avx2_rows_mul, 8, NULL, kernel_transpose_avx2, NULL, NULL, NULL};
+const kernel_path kernel_path_avx2 = {"avx2", avx2_rows_vec, avx2_rows_mul, 8, NULL, kernel_transpose_avx2,
+                                      NULL,   NULL,          NULL,          NULL};
 
 #endif

@@ -11,7 +11,7 @@
  * input rows: 24 accumulators, 10 loads per 24 FMAs, so the FMA ports and not the load ports
  * set the pace) over rows dequantized to f32, or where those would crowd L2, BF16 rows in place
  * and FP8 and I8_ROW rows dequantized only into BF16: the tile widens those as it loads them.
- * With GFNI and VBMI the FP8 matvec decodes 64 codes per step (fp8_f16x64). I8_ROW widens its
+ * With GFNI and VBMI the FP8 matvec decodes 64 codes per step (fp8_factors64). I8_ROW widens its
  * codes and takes the row scale on the result (rule 5).
  * The nibble formats (rule 4: FP4, NVFP4, I4_ROW, I4_G64) hold all 16 lanes in one zmm too: a 64-column
  * chunk decodes into four vectors, term t of every lane (kernel_nibble_permute_x width 16), by
@@ -123,38 +123,67 @@ INLINE void decode_step2(wformat f, const uint8_t *row, int c, __m512 *lo, __m51
 }
 
 /* FP8_STEP columns per dot_rows step. With GFNI and VBMI, FP8 decodes 64 columns at a time into
- * f16 patterns (fp8_f16x64); otherwise every format steps 32 columns (decode_step2). */
+ * f32 factors (fp8_factors64); otherwise every format steps 32 columns (decode_step2). */
 #if defined(__GFNI__) && defined(__AVX512VBMI__)
 #define FP8_STEP 64
 
-/* 64 E4M3 codes -> their f16 patterns (dec16_fp8's), columns 0..31 in *lo, 32..63 in *hi. The
- * pattern's high byte s0eeeemm and low byte m0000000 are each a fixed bit permutation of the code,
- * one GF(2) affine transform per byte (gf2p8affineqb: output bit i is the parity of the code
- * and byte 7 - i of the matrix), and byte unpacks interleave them into words. An unpack pairs
- * bytes within each 128-bit lane, so one byte permute first puts columns 8i..8i+7 in the low
- * half of lane i and 32+8i..32+8i+7 in its high half: the low unpacks then give columns 0..31
- * in order, the high ones 32..63. Five shuffle-port uops for 64 codes: a two-table byte permute
- * per 32 columns (three uops each on a Xeon) took eight, widening, shifting and masking took
- * eight too, and the FP8 matvec is bound by these vector ports, not by memory. The patterns, and
- * so every sum, are the same as dec16_fp8's.
+/* 64-code groups this thread decoded through f16 patterns (fp8_factors64), for the tests. */
+static _Thread_local unsigned long long fp8_f16_groups;
+
+/* 64 E4M3 codes -> their weight factors (dec16_fp8's: value * 2^-8, every one a normal f32),
+ * columns c..c+15 in w[c / 16]. Each factor comes from a 16-bit pattern whose two bytes are each
+ * a fixed bit permutation of the code plus a constant: one GF(2) affine transform per byte
+ * (gf2p8affineqb: output bit i is the parity of the code and byte 7 - i of the matrix, XOR bit
+ * i of the immediate), and byte unpacks interleave them into words (an unpack pairs the bytes of
+ * each 128-bit lane, so a byte permute first puts the codes where their words should land).
  *
- * The f16 conversion that follows is what keeps every weight factor a normal f32. Placing the
- * code's bits straight into an f32 (value * 2^-120, no conversion; ed7c23d..5d5bc5f) was 20 %
- * faster in L2 on Zen 5, but its subnormal codes are f32 denormals, and an Intel core takes a
- * microcode assist for each FMA with a denormal operand: the FP8 matvec fell to 1.25 GB/s on a
- * Xeon (bench kernels; test_kernels checks MXCSR's denormal flag now). A table lookup of the
- * factor's two top bytes instead (normal for every code) lost to the conversion there: 25.2
- * against 27.7-29.2 GB/s from memory on two threads, 17.5 against 19.7 in L2 on one. */
-INLINE void fp8_f16x64(const uint8_t *p, __m512i *lo, __m512i *hi) {
+ * Where no code of the 64 has exponent field 0 (real checkpoints: a block's codes are scaled to
+ * its largest, so subnormals and zeros are rare), the words are the factors' BF16 patterns
+ * (s 0111eeee mmm0000: exponent e + 112, exact), placed so that word 2k of each half is column k
+ * and word 2k + 1 column 16 + k: a dword shift then gives columns 0..15 as f32 and a mask columns
+ * 16..31, with no shuffle. Eleven vector uops for 64 codes, four on the shuffle port (port 5 on a
+ * Xeon, which also takes half the FMAs). A code with exponent field 0 has no such pattern (its
+ * factor is an E4M3 subnormal but a normal f32), so those groups take f16 patterns
+ * (s 0eeee mmm0000000, value * 2^-8 with f16's own subnormals) in column order and the
+ * conversion, which costs a shuffle uop of its own: 16 uops, nine on the shuffle port. Both give
+ * the same factors, so every sum is the same either way.
+ *
+ * Placing the code's bits straight into an f32 for every code (value * 2^-120, no conversion;
+ * ed7c23d..5d5bc5f) made subnormal codes f32 denormals, and an Intel core takes a microcode
+ * assist for each FMA with a denormal operand: the FP8 matvec fell to 1.25 GB/s on a Xeon (bench
+ * kernels; test_kernels checks MXCSR's denormal flag now). A table lookup of the factor's two top
+ * bytes lost to the conversion there: 25.2 against 27.7-29.2 GB/s from memory on two threads. */
+INLINE void fp8_factors64(const uint8_t *p, __m512 w[4]) {
+    const __m512i interleaved = _mm512_set_epi8(63, 47, 62, 46, 61, 45, 60, 44, 31, 15, 30, 14, 29, 13, 28, 12,
+                                                59, 43, 58, 42, 57, 41, 56, 40, 27, 11, 26, 10, 25, 9, 24, 8,
+                                                55, 39, 54, 38, 53, 37, 52, 36, 23, 7, 22, 6, 21, 5, 20, 4,
+                                                51, 35, 50, 34, 49, 33, 48, 32, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __m512i in_order = _mm512_set_epi8(63, 62, 61, 60, 59, 58, 57, 56, 31, 30, 29, 28, 27, 26, 25, 24,
+                                             55, 54, 53, 52, 51, 50, 49, 48, 23, 22, 21, 20, 19, 18, 17, 16,
+                                             47, 46, 45, 44, 43, 42, 41, 40, 15, 14, 13, 12, 11, 10, 9, 8,
+                                             39, 38, 37, 36, 35, 34, 33, 32, 7, 6, 5, 4, 3, 2, 1, 0);
+    const __m512i raw = _mm512_loadu_si512(p);
+    __m512i codes = _mm512_permutexvar_epi8(interleaved, raw);
+    if (!_mm512_testn_epi8_mask(codes, _mm512_set1_epi8(0x78))) {
+        const __m512i high = _mm512_set1_epi64(0x1020400000000080LL), low = _mm512_set1_epi64(0x0000000001020408LL);
+        const __m512i odd_words = _mm512_set1_epi32((int)0xffff0000u);
+        __m512i h = _mm512_gf2p8affine_epi64_epi8(codes, high, 0x38), l = _mm512_gf2p8affine_epi64_epi8(codes, low, 0);
+        __m512i lo = _mm512_unpacklo_epi8(l, h), hi = _mm512_unpackhi_epi8(l, h);
+        w[0] = _mm512_castsi512_ps(_mm512_slli_epi32(lo, 16));
+        w[1] = _mm512_castsi512_ps(_mm512_and_si512(lo, odd_words));
+        w[2] = _mm512_castsi512_ps(_mm512_slli_epi32(hi, 16));
+        w[3] = _mm512_castsi512_ps(_mm512_and_si512(hi, odd_words));
+        return;
+    }
+    fp8_f16_groups++;
     const __m512i high = _mm512_set1_epi64(0x0204081020400080LL), low = _mm512_set1_epi64(0x0000000000000001LL);
-    const __m512i lanes = _mm512_set_epi8(63, 62, 61, 60, 59, 58, 57, 56, 31, 30, 29, 28, 27, 26, 25, 24,
-                                          55, 54, 53, 52, 51, 50, 49, 48, 23, 22, 21, 20, 19, 18, 17, 16,
-                                          47, 46, 45, 44, 43, 42, 41, 40, 15, 14, 13, 12, 11, 10, 9, 8,
-                                          39, 38, 37, 36, 35, 34, 33, 32, 7, 6, 5, 4, 3, 2, 1, 0);
-    __m512i codes = _mm512_permutexvar_epi8(lanes, _mm512_loadu_si512(p));
+    codes = _mm512_permutexvar_epi8(in_order, raw);
     __m512i h = _mm512_gf2p8affine_epi64_epi8(codes, high, 0), l = _mm512_gf2p8affine_epi64_epi8(codes, low, 0);
-    *lo = _mm512_unpacklo_epi8(l, h);
-    *hi = _mm512_unpackhi_epi8(l, h);
+    __m512i lo = _mm512_unpacklo_epi8(l, h), hi = _mm512_unpackhi_epi8(l, h);
+    w[0] = _mm512_cvtph_ps(_mm512_castsi512_si256(lo));
+    w[1] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(lo, 1));
+    w[2] = _mm512_cvtph_ps(_mm512_castsi512_si256(hi));
+    w[3] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(hi, 1));
 }
 #else
 #define FP8_STEP 32
@@ -243,51 +272,39 @@ INLINE void dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, in
         #pragma GCC unroll 4
         for (int j = 0; j < NX; j++) acc[i][j] = _mm512_setzero_ps();
     }
-    /* Steps of 32 columns, or of FP8_STEP for FP8, each as 32-column halves; lane l still adds
-     * column c + l before c + 16 + l. A 64-column FP8 step decodes its codes at the first half
-     * and keeps the second half's patterns in a register per row. */
+    /* Steps of 32 columns, or of FP8_STEP for FP8: a row's step decodes into step / 16 vectors,
+     * then each input adds them in column order, so lane l adds c + l, c + 16 + l, ... With more
+     * than one input each row loads the inputs again (the asm keeps GCC from holding them in
+     * registers across rows, which would not fit beside 16 accumulators); the loads go to the
+     * load ports, which these kernels leave idle. */
     for (int c = 0; c < pairs;) {
-        const int n_half = f == WF_FP8 && c + FP8_STEP <= cols ? FP8_STEP / 32 : 1;
+        const int step = f == WF_FP8 && c + FP8_STEP <= cols ? FP8_STEP : 32;
         if (short_fp8_rows) {
             if (c % 64 == 0) kernel_prefetch_next_group(row[0], NR, (size_t)c, ahead);
         } else {
             #pragma GCC unroll 2
-            for (size_t b = (kernel_col_bytes(f, c) + 63) & ~(size_t)63; b < kernel_col_bytes(f, c + 32 * n_half);
-                 b += 64) {
+            for (size_t b = (kernel_col_bytes(f, c) + 63) & ~(size_t)63; b < kernel_col_bytes(f, c + step); b += 64) {
                 #pragma GCC unroll 4
                 for (int i = 0; i < NR; i++) _mm_prefetch((const char *)row[i] + b + ahead, _MM_HINT_T0);
             }
         }
+        #pragma GCC unroll 4
+        for (int i = 0; i < NR; i++) {
+            __m512 wv[FP8_STEP / 16];
+            if (step == 32) decode_step2(f, row[i], c, &wv[0], &wv[1]);
 #if FP8_STEP == 64
-        __m512i kept[VEC_ROWS];
+            else fp8_factors64(row[i] + c, wv);
 #endif
-        #pragma GCC unroll 2
-        for (int h = 0; h < n_half; h++) {
-            const int ch = c + 32 * h;
-            __m512 xlo[FEW_X], xhi[FEW_X];
+            const float *xc = x + c;
+            if (NX > 1) __asm__ volatile("" : "+r"(xc));
             #pragma GCC unroll 4
             for (int j = 0; j < NX; j++) {
-                xlo[j] = _mm512_loadu_ps(x + (size_t)j * cols + ch);
-                xhi[j] = _mm512_loadu_ps(x + (size_t)j * cols + ch + 16);
-            }
-            #pragma GCC unroll 4
-            for (int i = 0; i < NR; i++) {
-                __m512 wlo, whi;
-                if (n_half == 1) decode_step2(f, row[i], ch, &wlo, &whi);
-#if FP8_STEP == 64
-                else {
-                    __m512i half;
-                    if (h == 0) fp8_f16x64(row[i] + c, &half, &kept[i]);
-                    else half = kept[i];
-                    wlo = _mm512_cvtph_ps(_mm512_castsi512_si256(half));
-                    whi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(half, 1));
-                }
-#endif
                 #pragma GCC unroll 4
-                for (int j = 0; j < NX; j++) acc[i][j] = _mm512_fmadd_ps(whi, xhi[j], _mm512_fmadd_ps(wlo, xlo[j], acc[i][j]));
+                for (int v = 0; v < step / 16; v++)
+                    acc[i][j] = _mm512_fmadd_ps(wv[v], _mm512_loadu_ps(xc + (size_t)j * cols + 16 * v), acc[i][j]);
             }
         }
-        c += 32 * n_half;
+        c += step;
     }
     if (pairs < full) {   /* one group of 16 left before the tail */
         #pragma GCC unroll 4
@@ -979,12 +996,21 @@ static int avx512_pairs_pay(int n) {
 }
 #endif
 
+#if FP8_STEP == 64
+static unsigned long long avx512_fp8_converted_groups(void) { return fp8_f16_groups; }
+#endif
+
 const kernel_path kernel_path_avx512 = {"avx512", avx512_rows_vec, avx512_rows_mul, 16, avx512_row_factors,
                                         kernel_transpose_avx2,
 #if HAVE_PAIRS
-                                        avx512_nibble_pairs, avx512_rows_pairs, avx512_pairs_pay
+                                        avx512_nibble_pairs, avx512_rows_pairs, avx512_pairs_pay,
 #else
-                                        NULL, NULL, NULL
+                                        NULL, NULL, NULL,
+#endif
+#if FP8_STEP == 64
+                                        avx512_fp8_converted_groups
+#else
+                                        NULL
 #endif
 };
 

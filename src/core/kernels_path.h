@@ -73,6 +73,10 @@ typedef struct {
      * CPU, where they are not faster everywhere (kernels_pairs_pay; kernels_force_pairs overrides
      * it in kernels.c). */
     int (*pairs_pay)(int n);
+    /* Optional (NULL where the path decodes every FP8 code one way): FP8 64-code groups the
+     * calling thread decoded through the f16 conversion because a code had exponent field 0,
+     * where the others take the cheaper exact BF16 patterns (kernels_fp8_converted_groups). */
+    unsigned long long (*fp8_converted_groups)(void);
 } kernel_path;
 
 extern const kernel_path kernel_path_scalar;

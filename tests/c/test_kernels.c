@@ -299,6 +299,48 @@ static void check_fp8_no_denormal_operands(void) {
 #endif
 }
 
+/* FP8 groups of 64 codes without exponent field 0 decode as BF16 patterns, the others through
+ * the f16 conversion (kernels_fp8_converted_groups): both must give the scalar path's bits, and
+ * the cheap decode must be the one that ran for the clean rows. Rows of 256 codes, all clean, then
+ * the same rows with a subnormal, a zero and a negative zero code in three of them. */
+static void check_fp8_decodes(void) {
+    enum { R = 8, C = 256, N = 9 };
+    uint8_t codes[R * C], scales[2] = {127, 125};
+    for (int i = 0; i < R * C; i++) {
+        uint8_t b = (uint8_t)rnd();
+        if ((b & 0x78) == 0) b |= 0x08;
+        codes[i] = (b & 0x7f) == 0x7f ? 0x7e : b;
+    }
+    qmat m = {WF_FP8, R, C, codes, scales, NULL, 0, 0, QM_SCRATCH};
+    float x[N * C], y[2][N * R];
+    for (int i = 0; i < N * C; i++) x[i] = rnd_float();
+    pool_set_threads(1);
+    for (int dirty = 0; dirty < 2; dirty++) {
+        if (dirty) {
+            codes[1 * C + 70] = 0x05;
+            codes[4 * C + 3] = 0x00;
+            codes[6 * C + 255] = 0x80;
+        }
+        for (int n = 1; n <= N; n++) {
+            kernels_force_scalar(1);
+            qmat_mul(&m, x, n, y[1]);
+            kernels_force_scalar(0);
+            long long before = kernels_fp8_converted_groups();
+            qmat_mul(&m, x, n, y[0]);
+            long long converted = kernels_fp8_converted_groups() - before;
+            CHECK(bits_equal(y[0], y[1], (size_t)n * R), "FP8 %s rows, %d inputs: SIMD differs from scalar",
+                  dirty ? "mixed" : "clean", n);
+            if (before < 0 || n > 8) continue;     /* one decode on this path; the tile above 8 */
+            CHECK(dirty ? converted >= 3 : converted == 0, "FP8 %s rows, %d inputs: %lld groups converted (want %s)",
+                  dirty ? "mixed" : "clean", n, converted, dirty ? "each of the 3 at least once" : "none");
+        }
+    }
+    if (kernels_fp8_converted_groups() < 0)
+        printf("  note: %s decodes every FP8 code one way (no GFNI/VBMI): only the bits are checked\n",
+               kernels_simd_name());
+    pool_set_threads(2);
+}
+
 /* The canonical order is fixed, not merely "some order": a hand-built case where it matters. */
 static void check_reduction_order(void) {
     enum { C = 48 };
@@ -536,6 +578,7 @@ int main(void) {
     check_int_rules();
     check_pair_bound();
     check_fp8_no_denormal_operands();
+    check_fp8_decodes();
     static const struct { wformat fmt; int rows, cols, f32_scales; } cases[] = {
         {WF_F32, 37, 45, 0},     {WF_F32, 20, 256, 0},    {WF_BF16, 29, 77, 0},    {WF_BF16, 16, 512, 0},
         {WF_FP8, 150, 200, 0},   {WF_FP8, 131, 256, 0},   {WF_FP8, 7, 24, 0},      {WF_FP8, 150, 200, 1},

@@ -144,9 +144,10 @@ static _Thread_local unsigned long long fp8_f16_groups;
  * 16..31, with no shuffle. Eleven vector uops for 64 codes, four on the shuffle port (port 5 on a
  * Xeon, which also takes half the FMAs). A code with exponent field 0 has no such pattern (its
  * factor is an E4M3 subnormal but a normal f32), so those groups take f16 patterns
- * (s 0eeee mmm0000000, value * 2^-8 with f16's own subnormals) in column order and the
- * conversion, which costs a shuffle uop of its own: 16 uops, nine on the shuffle port. Both give
- * the same factors, so every sum is the same either way.
+ * (s 0eeee mmm0000000, value * 2^-8 with f16's own subnormals) in column order (a second byte
+ * permute) and the conversion, which costs a shuffle uop of its own: 18 uops, ten on the shuffle
+ * port (15 and nine before the fast decode existed). Both give the same factors, so every sum is
+ * the same either way.
  *
  * Placing the code's bits straight into an f32 for every code (value * 2^-120, no conversion;
  * ed7c23d..5d5bc5f) made subnormal codes f32 denormals, and an Intel core takes a microcode

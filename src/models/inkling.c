@@ -69,7 +69,8 @@ static int read_dims(ink_model *g, const cJSON *t, char *err, size_t errlen) {
     if (g->n_shared < 1)
         return errf(err, errlen, "config.json: n_shared_experts %d: the router's shared logits need at least one",
                     g->n_shared);
-    if (g->conv_k < 1 || g->conv_k > 16) return errf(err, errlen, "config.json: sconv_kernel_size %d must be in [1, 16]", g->conv_k);
+    if (g->conv_k < 1 || g->conv_k > INK_CONV_MAX)
+        return errf(err, errlen, "config.json: sconv_kernel_size %d must be in [1, %d]", g->conv_k, INK_CONV_MAX);
     if (floor_set && g->log_floor < 1)
         return errf(err, errlen, "config.json: log_scaling_n_floor %d must be >= 1 (or null)", g->log_floor);
     if (!(div > 0)) return errf(err, errlen, "config.json: logits_mup_width_multiplier must be positive");

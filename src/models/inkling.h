@@ -120,6 +120,7 @@ typedef struct {
 
 extern const chat_template inkling_chat;   /* chat_inkling.c */
 
+#define INK_CONV_MAX 16   /* sconv_kernel_size allowed (the convs keep K input pointers on the stack) */
 #define INK_CHUNK 64   /* rows per internal pass: bounds the scratch */
 
 /* The rows of one pass: row i is token ids[i] at position pos[i] of sequence seq[i]; its logits

@@ -69,31 +69,46 @@ static void act_round(const model *m, float *x, size_t n) {
     if (m->num == NUMERICS_QAT) bf16_round_vec(x, n);
 }
 
-static void project(const model *m, const qmat *w, const float *x, int n, float *y) {
-    qmat_mul(w, x, n, y);
-    act_round(m, y, (size_t)n * w->rows);
+/* ROW-PARALLEL ELEMENT WORK. Norms, residual adds, the GLU's gating and the expert sum are a
+ * tenth of a prefill on one thread; each row's result depends on that row alone, so they run one
+ * pool index per row (the same bits on any number of threads). Inside a pool task (an expert's
+ * GLU) pool_run runs them serially on that thread. */
+typedef struct {
+    const model *m;
+    float *out;
+    const float *x, *w;       /* norms: weights; residual add: the delta */
+    int dim;
+    float eps;
+} row_job;
+
+static void norm_row(void *ctx, int i) {
+    const row_job *j = ctx;
+    float *out = j->out + (size_t)i * j->dim;
+    rmsnorm(out, j->x + (size_t)i * j->dim, j->w, j->dim, j->eps);
+    act_round(j->m, out, (size_t)j->dim);
 }
 
 static void norm_rows(const model *m, float *out, const float *x, const float *w, int n, int dim, float eps) {
-    for (int i = 0; i < n; i++) rmsnorm(out + (size_t)i * dim, x + (size_t)i * dim, w, dim, eps);
-    act_round(m, out, (size_t)n * dim);
+    row_job j = {.m = m, .out = out, .x = x, .w = w, .dim = dim, .eps = eps};
+    pool_run(n, norm_row, &j);
 }
 
-/* y = x + sum_j w[c][j] * in[t-K+1+j] for one token; hist holds the previous K-1 inputs, oldest
- * first, and takes x. */
-static void conv_token(const model *m, float *hist, const float *w, int K, int C, const float *x, float *y) {
-    for (int c = 0; c < C; c++) {
-        const float *wc = w + (size_t)c * K;
-        float acc = 0.0f;
-        for (int j = 0; j < K - 1; j++) acc += wc[j] * hist[(size_t)j * C + c];
-        acc += wc[K - 1] * x[c];
-        y[c] = acc + x[c];
+static void round_row(void *ctx, int i) {
+    const row_job *j = ctx;
+    act_round(j->m, j->out + (size_t)i * j->dim, (size_t)j->dim);
+}
+
+/* y[k] = round(w[k] x) for count matrices that read the same x, in one pool job. */
+static void project_each(const model *m, int count, const qmat *const *w, const float *x, int n, float *const *y) {
+    qmat_mul_each(count, w, x, n, y);
+    for (int k = 0; k < count && m->num == NUMERICS_QAT; k++) {
+        row_job j = {.m = m, .out = y[k], .dim = w[k]->rows};
+        pool_run(n, round_row, &j);
     }
-    if (K > 1) {
-        memmove(hist, hist + C, (size_t)(K - 2) * C * sizeof *hist);
-        memcpy(hist + (size_t)(K - 2) * C, x, (size_t)C * sizeof *hist);
-    }
-    act_round(m, y, (size_t)C);
+}
+
+static void project(const model *m, const qmat *w, const float *x, int n, float *y) {
+    project_each(m, 1, &w, x, n, &y);
 }
 
 /* Which conv of a layer a pass runs (each is its own RECUR part, see inkling.h). */
@@ -103,15 +118,68 @@ static ink_part *conv_part(ink_layer_state *ls, conv_which w) {
     return w == CONV_KV ? &ls->conv_kv : w == CONV_ATTN ? &ls->conv_attn : &ls->conv_mlp;
 }
 
+/* THE CONVS OF A PASS run over stretches of consecutive positions of one sequence that no armed
+ * capture splits (state_capture_next), channels in parallel: a channel's taps read only that
+ * channel of the history and of the stretch's inputs, so a task of CONV_CHANNELS channels walks
+ * the stretch in position order on its own, and the history takes the stretch's last K-1 inputs
+ * at its end. Per channel the arithmetic and its order are those of one token at a time:
+ * y = x + sum_j w[c][j] * in[t-K+1+j], j ascending, in f32. */
+#define CONV_CHANNELS 16         /* channels per pool index: a cache line of each row */
+#define CONV_PARALLEL_MIN 2048   /* rows x channels below which one thread runs the stretch */
+
+typedef struct {
+    const model *m;
+    float *hist;              /* [K-1][C] the inputs before the stretch, oldest first */
+    const float *w;           /* [C][K] */
+    int K, C, rows, per_task; /* channels per pool index */
+    const float *x;           /* rows of the stretch, stride ld */
+    float *y;
+    size_t ld;
+} conv_job;
+
+static void conv_channels(void *ctx, int t) {
+    const conv_job *j = ctx;
+    int K = j->K, C = j->C, c0 = t * j->per_task, c1 = MIN(C, c0 + j->per_task);
+    for (int i = 0; i < j->rows; i++) {
+        const float *in[INK_CONV_MAX];   /* input t - K + 1 + k of row i: the history, then the stretch */
+        for (int k = 0; k < K; k++) {
+            int src = i - (K - 1) + k;
+            in[k] = src < 0 ? j->hist + (size_t)(K - 1 + src) * C : j->x + (size_t)src * j->ld;
+        }
+        const float *x = in[K - 1];
+        float *y = j->y + (size_t)i * j->ld;
+        for (int c = c0; c < c1; c++) {
+            const float *wc = j->w + (size_t)c * K;
+            float acc = 0.0f;
+            for (int k = 0; k < K - 1; k++) acc += wc[k] * in[k][c];
+            acc += wc[K - 1] * x[c];
+            y[c] = acc + x[c];
+        }
+        act_round(j->m, y + c0, (size_t)(c1 - c0));
+    }
+    for (int k = 0; k < K - 1; k++) {   /* ascending: slot k reads slot k + rows, not yet rewritten */
+        int src = j->rows - (K - 1) + k;
+        const float *from = src < 0 ? j->hist + (size_t)(K - 1 + src) * C : j->x + (size_t)src * j->ld;
+        memmove(j->hist + (size_t)k * C + c0, from + c0, (size_t)(c1 - c0) * sizeof(float));
+    }
+}
+
 /* The conv over the chunk's rows of x (stride ld, C channels), each row in its own sequence's
  * window; rows of one sequence come in position order. */
 static void conv_rows(const model *m, const ink_rows *rw, int li, conv_which which, const float *w, int C,
                       const float *x, size_t ld, float *y) {
     const ink_model *g = m->priv;
-    for (int i = 0; i < rw->n; i++) {
-        ink_part *p = conv_part(&rw->seq[i]->layers[li], which);
-        state_capture(rw->seq[i]->st, p->part, rw->pos[i]);
-        conv_token(m, p->buf, w, g->conv_k, C, x + (size_t)i * ld, y + (size_t)i * ld);
+    for (int i = 0, end; i < rw->n; i = end) {
+        ink_seq *s = rw->seq[i];
+        ink_part *p = conv_part(&s->layers[li], which);
+        state_capture(s->st, p->part, rw->pos[i]);
+        int stop = state_capture_next(s->st, rw->pos[i]);
+        for (end = i + 1; end < rw->n && rw->seq[end] == s && rw->pos[end] == rw->pos[end - 1] + 1 && rw->pos[end] < stop;)
+            end++;
+        int rows = end - i, per_task = (size_t)rows * C >= CONV_PARALLEL_MIN ? CONV_CHANNELS : C;
+        conv_job j = {.m = m, .hist = p->buf, .w = w, .K = g->conv_k, .C = C, .rows = rows, .per_task = per_task,
+                      .x = x + (size_t)i * ld, .y = y + (size_t)i * ld, .ld = ld};
+        pool_run((C + per_task - 1) / per_task, conv_channels, &j);
     }
 }
 
@@ -233,6 +301,25 @@ static void write_keys(const attn_job *j) {
     }
 }
 
+typedef struct {
+    const model *m;
+    const ink_model *g;
+    const ink_layer *l;
+    float *q, *kv;            /* [n][heads][hd], [n][k | v] */
+} qk_norm_job;
+
+/* Row i's q heads and k heads through their RMSNorms, then the row's q and k | v rounded. */
+static void qk_norm_row(void *ctx, int i) {
+    const qk_norm_job *j = ctx;
+    const ink_layer *l = j->l;
+    size_t hd = (size_t)l->head_dim, qd = l->heads * hd, kvd = l->kv_heads * hd;
+    float *q = j->q + i * qd, *kv = j->kv + i * 2 * kvd;
+    for (int h = 0; h < l->heads; h++) rmsnorm(q + h * hd, q + h * hd, l->q_norm, (int)hd, j->g->eps);
+    for (int h = 0; h < l->kv_heads; h++) rmsnorm(kv + h * hd, kv + h * hd, l->k_norm, (int)hd, j->g->eps);
+    act_round(j->m, q, qd);
+    act_round(j->m, kv, 2 * kvd);
+}
+
 /* heads[n][H*hd] for the pass; writes each row's k/v at its position into its sequence's ring or rows. */
 static void attention(const model *m, int li, const ink_rows *rw, const float *hn, ink_bufs *b, float *out) {
     const ink_model *g = m->priv;
@@ -240,25 +327,19 @@ static void attention(const model *m, int li, const ink_rows *rw, const float *h
     int n = rw->n;
     int hd = l->head_dim, qd = l->heads * hd, kvd = l->kv_heads * hd;
     float *q = b->q, *kv = b->kv, *raw = b->raw, *r = b->r, *heads = b->heads;
-    project(m, &l->q, hn, n, q);
-    project(m, &l->r, hn, n, r);
     /* raw[i] = [W_k h | W_v h]: the k/v convs share one part, updated together per token */
-    project(m, &l->k, hn, n, b->kp);
-    project(m, &l->v, hn, n, b->vp);
+    const qmat *wp[] = {&l->q, &l->r, &l->k, &l->v};
+    float *yp[] = {q, r, b->kp, b->vp};
+    project_each(m, 4, wp, hn, n, yp);
     for (int i = 0; i < n; i++) {
         memcpy(raw + (size_t)i * 2 * kvd, b->kp + (size_t)i * kvd, (size_t)kvd * sizeof *raw);
         memcpy(raw + (size_t)i * 2 * kvd + kvd, b->vp + (size_t)i * kvd, (size_t)kvd * sizeof *raw);
     }
     conv_rows(m, rw, li, CONV_KV, l->conv_kv, 2 * kvd, raw, (size_t)2 * kvd, kv);
-    for (int i = 0; i < n; i++) {
-        for (int h = 0; h < l->heads; h++) rmsnorm(q + (size_t)i * qd + (size_t)h * hd, q + (size_t)i * qd + (size_t)h * hd,
-                                                  l->q_norm, hd, g->eps);
-        for (int h = 0; h < l->kv_heads; h++) rmsnorm(kv + (size_t)i * 2 * kvd + (size_t)h * hd,
-                                                     kv + (size_t)i * 2 * kvd + (size_t)h * hd, l->k_norm, hd, g->eps);
+    qk_norm_job nj = {m, g, l, q, kv};
+    pool_run(n, qk_norm_row, &nj);
+    for (int i = 0; i < n; i++)
         b->run[i] = i && rw->seq[i - 1] == rw->seq[i] && rw->pos[i - 1] + 1 == rw->pos[i] ? b->run[i - 1] : i;
-    }
-    act_round(m, q, (size_t)n * qd);
-    act_round(m, kv, (size_t)n * 2 * kvd);
     int keys = l->sliding ? g->window : rw->end;
     attn_job j = {.m = m, .g = g, .l = l, .rw = rw, .li = li, .q = q, .r = r, .kv = kv, .run = b->run,
                   .work_stride = (size_t)hd + l->extent + keys, .out = heads};
@@ -277,28 +358,43 @@ static void attention(const model *m, int li, const ink_rows *rw, const float *h
 
 /* ---- MLP -------------------------------------------------------------------------------- */
 
+typedef struct {
+    const model *m;
+    const ink_glu *u;
+    const float *gamma;
+    float *act;
+    const float *f;
+} gate_job;
+
+/* Row i's silu(gate) * up * gamma into act: the gate in act (GLU_SPLIT) or in f's fused row. */
+static void gate_row(void *ctx, int i) {
+    const gate_job *j = ctx;
+    int in = j->u->inter;
+    float *a = j->act + (size_t)i * in;
+    const float *fi = j->f + (size_t)i * (j->u->layout == GLU_SPLIT ? 1 : 2) * in;
+    for (int c = 0; c < in; c++) {
+        if (j->u->layout == GLU_SPLIT) a[c] = silu(a[c]) * fi[c];
+        else if (j->u->layout == GLU_HALVES) a[c] = silu(fi[c]) * fi[in + c];
+        else a[c] = silu(fi[2 * c]) * fi[2 * c + 1];
+    }
+    if (j->gamma)
+        for (int c = 0; c < in; c++) a[c] *= j->gamma[i];
+    act_round(j->m, a, (size_t)in);
+}
+
 /* y[n][D] = down(silu(gate x) * up x * gamma) for the layout's gate/up rows; gamma NULL = 1.
  * act holds n rows of the inner width, f n rows of twice that. */
 static void glu(const model *m, const ink_glu *u, const float *x, int n, const float *gamma, float *y, float *act,
                 float *f) {
-    int in = u->inter;
     if (u->layout == GLU_SPLIT) {
-        project(m, &u->gate, x, n, act);
-        project(m, &u->up, x, n, f);
-        for (size_t k = 0; k < (size_t)n * in; k++) act[k] = silu(act[k]) * f[k];
+        const qmat *w[] = {&u->gate, &u->up};
+        float *y2[] = {act, f};
+        project_each(m, 2, w, x, n, y2);
     } else {
         project(m, &u->fused, x, n, f);
-        for (int i = 0; i < n; i++)
-            for (int c = 0; c < in; c++) {
-                const float *fi = f + (size_t)i * 2 * in;
-                float gv = u->layout == GLU_HALVES ? fi[c] : fi[2 * c], uv = u->layout == GLU_HALVES ? fi[in + c] : fi[2 * c + 1];
-                act[(size_t)i * in + c] = silu(gv) * uv;
-            }
     }
-    if (gamma)
-        for (int i = 0; i < n; i++)
-            for (int c = 0; c < in; c++) act[(size_t)i * in + c] *= gamma[i];
-    act_round(m, act, (size_t)n * in);
+    gate_job j = {m, u, gamma, act, f};
+    pool_run(n, gate_row, &j);
     project(m, &u->down, act, n, y);
 }
 
@@ -332,6 +428,28 @@ size_t inkling_expert_scratch(void *ctx, int layer, int cnt) {
     return a.used;
 }
 
+typedef struct {
+    const model *m;
+    const ink_model *g;
+    const float *gam, *ex;    /* [n][K + S] weights, [n][K + S][D] expert outputs */
+    float *y;
+} moe_sum_job;
+
+/* Row i: the routed outputs weighted in slot order, plus the shared ones (weighted in their GLU). */
+static void moe_sum_row(void *ctx, int i) {
+    const moe_sum_job *j = ctx;
+    int d = j->g->dim, K = j->g->top_k, S = j->g->n_shared;
+    const float *gam = j->gam + (size_t)i * (K + S), *ex = j->ex + (size_t)i * (K + S) * d;
+    float *y = j->y + (size_t)i * d;
+    for (int c = 0; c < d; c++) {
+        float routed = 0.0f, shared = 0.0f;
+        for (int k = 0; k < K; k++) routed += gam[k] * ex[(size_t)k * d + c];
+        for (int s = 0; s < S; s++) shared += ex[(size_t)(K + s) * d + c];
+        y[c] = routed + shared;
+    }
+    act_round(j->m, y, (size_t)d);
+}
+
 static void moe(const model *m, const ink_layer *l, const float *x, int n, float *y, ink_bufs *b) {
     const ink_model *g = m->priv;
     int d = g->dim, K = g->top_k, S = g->n_shared, R = g->n_experts + S;
@@ -348,14 +466,8 @@ static void moe(const model *m, const ink_layer *l, const float *x, int n, float
         glu(m, &l->shared[s], x, n, g1, eout, b->act, b->fused);
         for (int i = 0; i < n; i++) memcpy(ex + ((size_t)i * (K + S) + K + s) * d, eout + (size_t)i * d, (size_t)d * sizeof *ex);
     }
-    for (int i = 0; i < n; i++)
-        for (int c = 0; c < d; c++) {
-            float routed = 0.0f, shared = 0.0f;
-            for (int k = 0; k < K; k++) routed += gam[(size_t)i * (K + S) + k] * ex[((size_t)i * (K + S) + k) * d + c];
-            for (int s = 0; s < S; s++) shared += ex[((size_t)i * (K + S) + K + s) * d + c];
-            y[(size_t)i * d + c] = routed + shared;
-        }
-    act_round(m, y, (size_t)n * d);
+    moe_sum_job j = {m, g, gam, ex, y};
+    pool_run(n, moe_sum_row, &j);
 }
 
 static void mlp(const model *m, const ink_layer *l, const float *x, int n, float *y, ink_bufs *b) {
@@ -389,9 +501,17 @@ static void embed(const model *m, ink_seq *s, int id, float *x, float *tmp) {
     act_round(m, x, (size_t)g->dim);
 }
 
-static void add_residual(const model *m, float *x, const float *delta, size_t len) {
-    for (size_t k = 0; k < len; k++) x[k] += delta[k];
-    act_round(m, x, len);
+static void add_row(void *ctx, int i) {
+    const row_job *j = ctx;
+    float *x = j->out + (size_t)i * j->dim;
+    const float *delta = j->x + (size_t)i * j->dim;
+    for (int c = 0; c < j->dim; c++) x[c] += delta[c];
+    act_round(j->m, x, (size_t)j->dim);
+}
+
+static void add_residual(const model *m, float *x, const float *delta, int n) {
+    row_job j = {.m = m, .out = x, .x = delta, .dim = ((const ink_model *)m->priv)->dim};
+    pool_run(n, add_row, &j);
 }
 
 /* lm_head(RMSNorm(x) / logits_mup_width_multiplier), only the unpadded rows, of the rows that
@@ -416,7 +536,7 @@ static void head_logits(const model *m, const ink_rows *rw, const float *x, ink_
  * sequence. */
 static void forward_rows(const model *m, const ink_rows *rw, arena *sc) {
     const ink_model *g = m->priv;
-    size_t start = arena_mark(sc), len = (size_t)rw->n * g->dim;
+    size_t start = arena_mark(sc);
     ink_bufs b;
     chunk_layout(sc, g, rw->n, &b);
     float *x = b.x, *hn = b.hn, *delta = b.delta, *branch = b.branch;
@@ -426,11 +546,11 @@ static void forward_rows(const model *m, const ink_rows *rw, arena *sc) {
         norm_rows(m, hn, x, l->attn_norm, rw->n, g->dim, g->eps);
         attention(m, li, rw, hn, &b, branch);
         conv_rows(m, rw, li, CONV_ATTN, l->conv_attn, g->dim, branch, (size_t)g->dim, delta);
-        add_residual(m, x, delta, len);
+        add_residual(m, x, delta, rw->n);
         norm_rows(m, hn, x, l->mlp_norm, rw->n, g->dim, g->eps);
         mlp(m, l, hn, rw->n, branch, &b);
         conv_rows(m, rw, li, CONV_MLP, l->conv_mlp, g->dim, branch, (size_t)g->dim, delta);
-        add_residual(m, x, delta, len);
+        add_residual(m, x, delta, rw->n);
     }
     head_logits(m, rw, x, &b);
     arena_release(sc, start);

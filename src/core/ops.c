@@ -178,15 +178,26 @@ float dot_f32(const float *a, const float *b, int n) {
 
 /* Blocks of 16 columns with a constant trip count: GCC's -O2 vectorizer (cheap cost model)
  * takes a loop only when it needs no scalar remainder. */
+/* Columns in blocks of WEIGHTED_BLOCK held in registers across the rows: the per-row walk
+ * loaded and stored `out` for every term (store-bound); each column's chain is unchanged. */
+#define WEIGHTED_BLOCK 64
+
 void weighted_rows(float *restrict out, const float *restrict w, const float *restrict rows, int count, size_t stride,
                    int width) {
-    int full = width / 16 * 16;
-    memset(out, 0, (size_t)width * sizeof *out);
-    for (int k = 0; k < count; k++) {
-        const float *r = rows + (size_t)k * stride;
-        float wk = w[k];
-        for (int c0 = 0; c0 < full; c0 += 16)
-            for (int c = c0; c < c0 + 16; c++) out[c] = fmaf(wk, r[c], out[c]);
-        for (int c = full; c < width; c++) out[c] = fmaf(wk, r[c], out[c]);
+    int c0 = 0;
+    for (; c0 + WEIGHTED_BLOCK <= width; c0 += WEIGHTED_BLOCK) {
+        float acc[WEIGHTED_BLOCK] = {0};
+        for (int k = 0; k < count; k++) {
+            const float *r = rows + (size_t)k * stride + c0;
+            float wk = w[k];
+            #pragma GCC unroll 64
+            for (int c = 0; c < WEIGHTED_BLOCK; c++) acc[c] = fmaf(wk, r[c], acc[c]);
+        }
+        memcpy(out + c0, acc, sizeof acc);
+    }
+    for (int c = c0; c < width; c++) {
+        float acc = 0.0f;
+        for (int k = 0; k < count; k++) acc = fmaf(w[k], rows[(size_t)k * stride + c], acc);
+        out[c] = acc;
     }
 }

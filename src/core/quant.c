@@ -5,6 +5,7 @@
  * Dividing by that spacing is exact (a power of two), so rounding to an integer in the default
  * rounding mode gives round-half-to-even on the grid. */
 #include "quant.h"
+#include "threads.h"
 #include "util.h"
 
 #include <float.h>
@@ -109,6 +110,21 @@ void bf16_round_vec(float *x, size_t n) {
     size_t full = n / 16 * 16;
     for (size_t i = 0; i < full; i += 16) bf16_round16(x + i);
     for (size_t i = full; i < n; i++) x[i] = bf16_round(x[i]);
+}
+
+typedef struct {
+    float *x;
+    size_t width;
+} round_job;
+
+static void round_row(void *ctx, int i) {
+    const round_job *j = ctx;
+    bf16_round_vec(j->x + (size_t)i * j->width, j->width);
+}
+
+void bf16_round_rows(float *x, int n, size_t width) {
+    round_job j = {x, width};
+    pool_run(n, round_row, &j);
 }
 
 /* 2^ceil(log2(v)) for finite v > 0, computed exactly from the binary exponent (log2f can

@@ -48,6 +48,9 @@ float e2m1_to_f32(uint8_t code);       /* low 4 bits used */
 float e2m1_round(float f);             /* nearest E2M1 value, half to even, saturating at 6 */
 
 void bf16_round_vec(float *x, size_t n);
+/* bf16_round_vec over n rows of `width` floats, one pool index per row: a projection's output
+ * rounded on every thread (the same bits, each element rounds alone). */
+void bf16_round_rows(float *x, int n, size_t width);
 void act_qdq_e4m3(float *x, size_t n, size_t block);
 void act_qdq_fp4(float *x, size_t n, size_t block);
 

@@ -434,7 +434,7 @@ static void project_output(const dsv4_model *d, const dsv4_layer *L, dsv4_seq *s
     token_job j = {.d = d, .s = s, .cols = uw};
     pool_run(n, output_latent_row, &j);
     qmat_mul(&L->wo_b, s->u, n, out);
-    dsv4_bf16(d, out, (size_t)n * c->dim);
+    if (d->qat) bf16_round_rows(out, n, (size_t)c->dim);
 }
 
 void dsv4_window_rows(const dsv4_model *d, const dsv4_layer *L, int li, dsv4_seq *s, int n) {

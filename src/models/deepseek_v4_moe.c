@@ -73,7 +73,7 @@ static void expert_run(const dsv4_model *d, const qmat *w1, const qmat *w3, cons
     swiglu_job j = {d, weight, ge, ue, inter};
     pool_run(ne, swiglu_row, &j);
     qmat_mul(w2, ge, ne, ye);
-    dsv4_bf16(d, ye, (size_t)ne * d->c.dim);
+    if (d->qat) bf16_round_rows(ye, ne, (size_t)d->c.dim);
 }
 
 size_t dsv4_expert_scratch(void *ctx, int layer, int ne) {

@@ -63,7 +63,7 @@ static void rmsnorm_rows(const model *m, float *out, const float *x, const float
 /* y[k] = round(w[k] x) for count matrices that read the same x, in one pool job. */
 static void project_each(const model *m, int count, const qmat *const *w, const float *x, int n, float *const *y) {
     qmat_mul_each(count, w, x, n, y);
-    for (int k = 0; k < count; k++) act_round(m, y[k], (size_t)n * w[k]->rows);
+    for (int k = 0; k < count && m->num == NUMERICS_QAT; k++) bf16_round_rows(y[k], n, (size_t)w[k]->rows);
 }
 
 static void project(const model *m, const qmat *w, const float *x, int n, float *y) {

@@ -93,18 +93,10 @@ static void norm_rows(const model *m, float *out, const float *x, const float *w
     pool_run(n, norm_row, &j);
 }
 
-static void round_row(void *ctx, int i) {
-    const row_job *j = ctx;
-    act_round(j->m, j->out + (size_t)i * j->dim, (size_t)j->dim);
-}
-
 /* y[k] = round(w[k] x) for count matrices that read the same x, in one pool job. */
 static void project_each(const model *m, int count, const qmat *const *w, const float *x, int n, float *const *y) {
     qmat_mul_each(count, w, x, n, y);
-    for (int k = 0; k < count && m->num == NUMERICS_QAT; k++) {
-        row_job j = {.m = m, .out = y[k], .dim = w[k]->rows};
-        pool_run(n, round_row, &j);
-    }
+    for (int k = 0; k < count && m->num == NUMERICS_QAT; k++) bf16_round_rows(y[k], n, (size_t)w[k]->rows);
 }
 
 static void project(const model *m, const qmat *w, const float *x, int n, float *y) {

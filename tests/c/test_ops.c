@@ -208,10 +208,10 @@ static void test_dot(void) {
 }
 
 /* weighted_rows: each column one fmaf chain over the rows in order from +0 (checked bitwise
- * against that chain written column by column), full 16-column blocks and a tail, rows read at
- * their stride, nothing written past `width`. */
+ * against that chain written column by column), two full register blocks and a tail, rows read
+ * at their stride, nothing written past `width`. */
 static void test_weighted_rows(void) {
-    enum { K = 5, W = 37, STRIDE = 41 };
+    enum { K = 5, W = 2 * 64 + 37, STRIDE = W + 6 };
     float w[K], rows[K * STRIDE], out[W + 1];
     for (int k = 0; k < K; k++) w[k] = rnd_float();
     for (int i = 0; i < K * STRIDE; i++) rows[i] = rnd_float();

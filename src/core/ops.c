@@ -178,26 +178,44 @@ float dot_f32(const float *a, const float *b, int n) {
 
 /* Blocks of 16 columns with a constant trip count: GCC's -O2 vectorizer (cheap cost model)
  * takes a loop only when it needs no scalar remainder. */
-/* Columns in blocks of WEIGHTED_BLOCK held in registers across the rows: the per-row walk
- * loaded and stored `out` for every term (store-bound); each column's chain is unchanged. */
+/* Columns in blocks of WEIGHTED_BLOCK for WEIGHTED_HEADS heads at a time, held in registers
+ * across the rows: a row's block is loaded once for those heads, and `out` is written once
+ * (walking rows outermost loaded and stored it for every term, store-bound). Each column's chain
+ * is unchanged. Always inlined so that HB is a constant and the block stays in registers. */
 #define WEIGHTED_BLOCK 64
+#define WEIGHTED_HEADS 4
 
-void weighted_rows(float *restrict out, const float *restrict w, const float *restrict rows, int count, size_t stride,
-                   int width) {
+static inline __attribute__((always_inline)) void weighted_block(int HB, float *restrict out, size_t out_stride,
+                                                                 const float *restrict w, const float *restrict rows,
+                                                                 int count, size_t stride, int c0) {
+    float acc[WEIGHTED_HEADS][WEIGHTED_BLOCK] = {{0}};
+    for (int k = 0; k < count; k++) {
+        const float *r = rows + (size_t)k * stride + c0;
+        #pragma GCC unroll 4
+        for (int h = 0; h < HB; h++) {
+            float wk = w[(size_t)h * count + k];
+            #pragma GCC unroll 64
+            for (int c = 0; c < WEIGHTED_BLOCK; c++) acc[h][c] = fmaf(wk, r[c], acc[h][c]);
+        }
+    }
+    for (int h = 0; h < HB; h++) memcpy(out + (size_t)h * out_stride + c0, acc[h], sizeof acc[h]);
+}
+
+void weighted_rows(float *restrict out, size_t out_stride, const float *restrict w, int heads,
+                   const float *restrict rows, int count, size_t stride, int width) {
     int c0 = 0;
     for (; c0 + WEIGHTED_BLOCK <= width; c0 += WEIGHTED_BLOCK) {
-        float acc[WEIGHTED_BLOCK] = {0};
-        for (int k = 0; k < count; k++) {
-            const float *r = rows + (size_t)k * stride + c0;
-            float wk = w[k];
-            #pragma GCC unroll 64
-            for (int c = 0; c < WEIGHTED_BLOCK; c++) acc[c] = fmaf(wk, r[c], acc[c]);
+        int h = 0;
+        for (; h + WEIGHTED_HEADS <= heads; h += WEIGHTED_HEADS)
+            weighted_block(WEIGHTED_HEADS, out + (size_t)h * out_stride, out_stride, w + (size_t)h * count, rows, count,
+                           stride, c0);
+        for (; h < heads; h++)
+            weighted_block(1, out + (size_t)h * out_stride, out_stride, w + (size_t)h * count, rows, count, stride, c0);
+    }
+    for (int h = 0; h < heads; h++)
+        for (int c = c0; c < width; c++) {
+            float acc = 0.0f;
+            for (int k = 0; k < count; k++) acc = fmaf(w[(size_t)h * count + k], rows[(size_t)k * stride + c], acc);
+            out[(size_t)h * out_stride + c] = acc;
         }
-        memcpy(out + c0, acc, sizeof acc);
-    }
-    for (int c = c0; c < width; c++) {
-        float acc = 0.0f;
-        for (int k = 0; k < count; k++) acc = fmaf(w[k], rows[(size_t)k * stride + c], acc);
-        out[c] = acc;
-    }
 }

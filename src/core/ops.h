@@ -40,10 +40,11 @@ void topk(const float *x, int n, int k, int *idx);
 void hadamard(float *x, int n);
 /* Dot product with a fixed order (for attention scores). */
 float dot_f32(const float *a, const float *b, int n);
-/* out[c] = sum_k w[k] * rows[k * stride + c] for c < width, k ascending, one fmaf per term from
- * +0 (attention's weighted sum of value rows). Each output is its own chain, so the compiler's
- * vector code and the scalar code of a build without SIMD give the same bits. */
-void weighted_rows(float *restrict out, const float *restrict w, const float *restrict rows, int count, size_t stride,
-                   int width);
+/* For each head h < heads: out[h * out_stride + c] = sum_k w[h * count + k] * rows[k * stride + c]
+ * for c < width, k ascending, one fmaf per term from +0 (attention's weighted sums of the value
+ * rows every head reads). Each output is its own chain, so the compiler's vector code and the
+ * scalar code of a build without SIMD give the same bits, however many heads share a call. */
+void weighted_rows(float *restrict out, size_t out_stride, const float *restrict w, int heads,
+                   const float *restrict rows, int count, size_t stride, int width);
 
 #endif

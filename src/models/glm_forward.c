@@ -206,13 +206,13 @@ static const float *attended_rows(const attn_job *j, int i, float *gathered, int
     return gathered;
 }
 
-/* Head h of row i over its attended rows, in the row's temporaries. */
-static void attend_one(attn_job *j, const attend_temps *t, int i, int h, const float *rows, int cnt) {
+/* Heads [h0, h1) of row i over its attended rows, in the row's temporaries. */
+static void attend_heads(attn_job *j, const attend_temps *t, int i, int h0, int h1, const float *rows, int cnt) {
     const glm_model *g = j->g;
     int qk = g->nope + g->rope;
-    const float *q = j->q + ((size_t)i * g->n_heads + h) * qk;
-    mla_attend_head(&j->pass, h, i, g->rope, q + g->nope, rows, cnt, 1.0f / sqrtf((float)qk),
-                    t->work + (size_t)h * j->work_stride);
+    const float *q = j->q + ((size_t)i * g->n_heads + h0) * qk;
+    mla_attend_heads(&j->pass, h0, h1, i, g->rope, q + g->nope, (size_t)qk, rows, cnt, 1.0f / sqrtf((float)qk),
+                     t->work + (size_t)h0 * j->work_stride);
 }
 
 /* A pass of several rows: rows in parallel, each row's gather and heads on one thread. */
@@ -221,10 +221,11 @@ static void attend_row(void *ctx, int i) {
     attend_temps t = thread_attend_temps(j);
     int cnt;
     const float *rows = attended_rows(j, i, t.gathered, &cnt);
-    for (int h = 0; h < j->g->n_heads; h++) attend_one(j, &t, i, h, rows, cnt);
+    attend_heads(j, &t, i, 0, j->g->n_heads, rows, cnt);
 }
 
-/* A single row (decode): its heads in parallel, in the calling thread's temporaries. */
+/* A single row (decode): its heads in parallel, MLA_HEADS_PER_TASK to a pool index, in the
+ * calling thread's temporaries. */
 typedef struct {
     attn_job *j;
     attend_temps t;
@@ -232,9 +233,10 @@ typedef struct {
     const float *rows;
 } head_job;
 
-static void attend_head(void *ctx, int h) {
+static void attend_head_group(void *ctx, int t) {
     head_job *hj = ctx;
-    attend_one(hj->j, &hj->t, hj->i, h, hj->rows, hj->cnt);
+    int h0 = t * MLA_HEADS_PER_TASK;
+    attend_heads(hj->j, &hj->t, hj->i, h0, MIN(hj->j->g->n_heads, h0 + MLA_HEADS_PER_TASK), hj->rows, hj->cnt);
 }
 
 static void attend_layout(arena *a, const glm_model *g, const glm_layer *l, int n, int end, attn_job *j) {
@@ -256,7 +258,7 @@ static void attend(const glm_model *g, const glm_layer *l, int li, const rows_in
         for (int i = 0; i < n; i++) {
             head_job hj = {&j, thread_attend_temps(&j), i, 0, NULL};
             hj.rows = attended_rows(&j, i, hj.t.gathered, &hj.cnt);
-            pool_run(g->n_heads, attend_head, &hj);
+            pool_run(mla_head_tasks(g->n_heads), attend_head_group, &hj);
         }
     }
     mla_values(&j.pass, out);

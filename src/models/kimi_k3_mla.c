@@ -8,7 +8,7 @@
  * The absorbed form is used for every token (prefill and decode alike, so chunk boundaries never
  * change the arithmetic): per head q_abs = W_uk^T q_nope over the latent scores every row in one
  * kernel call against [q_abs | q_rope], and the softmax-weighted latent goes through W_uv.
- * Each head's work is mla_attend_head (mla.h: W_uk^T copied once at load, no per-call
+ * Each head's work is mla_attend_heads (mla.h: W_uk^T copied once at load, no per-call
  * dequantisation). The projections run once per pass over every row, whichever sequence a row
  * belongs to (k3_run); each row attends over its own sequence's rows. */
 #include <math.h>
@@ -29,12 +29,12 @@ typedef struct {
     size_t work_stride;
 } mla_job;
 
-static void attend_head(void *ctx, int h) {
+static void attend_head_group(void *ctx, int t) {
     mla_job *j = ctx;
     const k3_model *k = j->k;
-    int qk = k->nope + k->rope;
-    mla_attend_head(&j->pass, h, j->i, k->rope, j->q + (size_t)h * qk + k->nope, j->rows, j->cnt,
-                    1.0f / sqrtf((float)qk), j->work + (size_t)h * j->work_stride);
+    int qk = k->nope + k->rope, h0 = t * MLA_HEADS_PER_TASK, h1 = MIN(k->n_heads, h0 + MLA_HEADS_PER_TASK);
+    mla_attend_heads(&j->pass, h0, h1, j->i, k->rope, j->q + (size_t)h0 * qk + k->nope, (size_t)qk, j->rows, j->cnt,
+                     1.0f / sqrtf((float)qk), j->work + (size_t)h0 * j->work_stride);
 }
 
 /* The buffers of one MLA layer pass over n tokens whose last position is below `end`. */
@@ -95,7 +95,7 @@ void k3_mla_forward(const model *m, const k3_layer *l, int li, const k3_run *run
             j.cnt = u->pos0 + i + 1;
             j.i = u->t0 + i;
             j.q = b.q + (size_t)j.i * k->n_heads * qk;
-            pool_run(k->n_heads, attend_head, &j);
+            pool_run(mla_head_tasks(k->n_heads), attend_head_group, &j);
         }
     }
     mla_values(&j.pass, b.heads);

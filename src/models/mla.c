@@ -87,18 +87,24 @@ void mla_queries(mla_pass *p, const float *q, int rope) {
     pool_run(p->a->heads, queries_head, &j);
 }
 
-void mla_attend_head(mla_pass *p, int h, int i, int rope, const float *q_rope, const float *rows, int cnt,
-                     float scale, float *work) {
-    int kvl = p->a->kv_lora, row_len = kvl + rope;
-    size_t at = ((size_t)h * p->n + i) * kvl;
-    float *qcat = work, *score = qcat + row_len;
-    memcpy(qcat, p->q_abs + at, (size_t)kvl * sizeof *qcat);
-    memcpy(qcat + kvl, q_rope, (size_t)rope * sizeof *qcat);
+void mla_attend_heads(mla_pass *p, int h0, int h1, int i, int rope, const float *q_rope, size_t q_stride,
+                      const float *rows, int cnt, float scale, float *work) {
+    int kvl = p->a->kv_lora, row_len = kvl + rope, nh = h1 - h0;
+    float *qcat = work, *score = qcat + (size_t)nh * row_len;
+    for (int h = h0; h < h1; h++) {
+        float *qh = qcat + (size_t)(h - h0) * row_len;
+        memcpy(qh, p->q_abs + ((size_t)h * p->n + i) * kvl, (size_t)kvl * sizeof *qh);
+        memcpy(qh + kvl, q_rope + (size_t)(h - h0) * q_stride, (size_t)rope * sizeof *qh);
+    }
     qmat attended = {.fmt = WF_F32, .rows = cnt, .cols = row_len, .data = rows};
-    qmat_vec(&attended, qcat, score);
-    for (int k = 0; k < cnt; k++) score[k] *= scale;
-    softmax(score, cnt);
-    weighted_rows(p->lat + at, score, rows, cnt, (size_t)row_len, kvl);
+    qmat_mul(&attended, qcat, nh, score);
+    for (int h = 0; h < nh; h++) {
+        float *sh = score + (size_t)h * cnt;
+        for (int k = 0; k < cnt; k++) sh[k] *= scale;
+        softmax(sh, cnt);
+    }
+    /* head h's latents are p->n rows of kv_lora apart */
+    weighted_rows(p->lat + ((size_t)h0 * p->n + i) * kvl, (size_t)p->n * kvl, score, nh, rows, cnt, (size_t)row_len, kvl);
 }
 
 /* Head h's latents of every row through its W_uv in one call, then into each row's output. */

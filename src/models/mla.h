@@ -15,9 +15,10 @@
  * read each head's matrix once for all n rows (prefill chunks, batched decode, speculative
  * verification) instead of once per row:
  *   mla_queries  q_abs[h][i] = W_uk^T q_nope of row i, for every head (one qmat_mul per head);
- *   mla_attend_head, per row and head: score_t = [q_abs | q_rope] . [latent_t | rope_t] * scale
- *                over the row's attended rows (one kernel call), softmax in position order, and
- *                the softmax-weighted latent (weighted_rows, ops.h);
+ *   mla_attend_heads, per row for a range of heads: score_t = [q_abs | q_rope] . [latent_t |
+ *                rope_t] * scale over the row's attended rows (one kernel call for all the heads,
+ *                which read the same rows), softmax in position order, and the softmax-weighted
+ *                latent (weighted_rows, ops.h);
  *   mla_values   out[i][h] = W_uv latent[h][i] (one qmat_mul per head).
  * Every product is a canonical kernel call (kernels.h), whose rows are bit-identical whatever
  * the batch (chunking invariance), and the latent sum runs elementwise in row order, so a row's
@@ -52,15 +53,22 @@ typedef struct {
 
 /* Takes p's buffers from the arena (a measuring arena only counts them). */
 void mla_pass_layout(arena *sc, const mla_absorbed *a, int n, mla_pass *p);
-/* Floats of work one mla_attend_head needs for `cnt` attended rows of kv_lora + rope floats. */
+/* Heads per pool index where a row's heads run in parallel (decode): the weighted sum's block
+ * of heads (ops.c), so each index reads the attended rows once for that many heads. */
+#define MLA_HEADS_PER_TASK 4
+static inline int mla_head_tasks(int heads) { return (heads + MLA_HEADS_PER_TASK - 1) / MLA_HEADS_PER_TASK; }
+
+/* Floats of work mla_attend_heads needs per head for `cnt` attended rows of kv_lora + rope floats. */
 size_t mla_work_floats(int kv_lora, int rope, int cnt);
 
 /* q: [n][heads][nope + rope]. Fills p->q_abs (heads in parallel). */
 void mla_queries(mla_pass *p, const float *q, int rope);
-/* Row i, head h: q_rope is that head's rope part of the query, rows [cnt][kv_lora + rope] the
- * attended latent + rope rows. Fills p->lat[h][i]. Runs on the calling thread (a pool task). */
-void mla_attend_head(mla_pass *p, int h, int i, int rope, const float *q_rope, const float *rows, int cnt,
-                     float scale, float *work);
+/* Row i, heads [h0, h1): q_rope is head h0's rope part of the query (head h's q_stride floats
+ * on), rows [cnt][kv_lora + rope] the attended latent + rope rows, work (h1 - h0) times
+ * mla_work_floats. Fills p->lat[h][i]. The scores of every head come from one kernel call, the
+ * bits of one call per head (chunking invariance). Runs on the calling thread (a pool task). */
+void mla_attend_heads(mla_pass *p, int h0, int h1, int i, int rope, const float *q_rope, size_t q_stride,
+                      const float *rows, int cnt, float scale, float *work);
 /* out: [n][heads * v_dim] = W_uv of every row's latents (heads in parallel). */
 void mla_values(mla_pass *p, float *out);
 

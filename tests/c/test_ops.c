@@ -207,30 +207,36 @@ static void test_dot(void) {
     CHECK(d == ds, "dot: SIMD and scalar agree bitwise");
 }
 
-/* weighted_rows: each column one fmaf chain over the rows in order from +0 (checked bitwise
- * against that chain written column by column), two full register blocks and a tail, rows read
- * at their stride, nothing written past `width`. */
+/* weighted_rows: each head's column one fmaf chain over the rows in order from +0 (checked
+ * bitwise against that chain written column by column), for one head and for six (a block of
+ * four heads and two alone), two full register blocks and a tail, rows read at their stride,
+ * each head's output at its own stride, nothing written past `width`. */
 static void test_weighted_rows(void) {
-    enum { K = 5, W = 2 * 64 + 37, STRIDE = W + 6 };
-    float w[K], rows[K * STRIDE], out[W + 1];
-    for (int k = 0; k < K; k++) w[k] = rnd_float();
+    enum { K = 5, W = 2 * 64 + 37, STRIDE = W + 6, H = 6, OUT_STRIDE = W + 3 };
+    static float w[H * K], rows[K * STRIDE], out[H * OUT_STRIDE];
+    for (int k = 0; k < H * K; k++) w[k] = rnd_float();
     for (int i = 0; i < K * STRIDE; i++) rows[i] = rnd_float();
-    out[W] = 12345.0f;
-    weighted_rows(out, w, rows, K, STRIDE, W);
-    int bad = 0, off = 0;
-    for (int c = 0; c < W; c++) {
-        float acc = 0.0f;
-        double want = 0;
-        for (int k = 0; k < K; k++) {
-            acc = fmaf(w[k], rows[k * STRIDE + c], acc);
-            want += (double)w[k] * rows[k * STRIDE + c];
+    for (int heads = 1; heads <= H; heads += H - 1) {
+        for (int i = 0; i < H * OUT_STRIDE; i++) out[i] = 12345.0f;
+        weighted_rows(out, OUT_STRIDE, w, heads, rows, K, STRIDE, W);
+        int bad = 0, off = 0, past = 0;
+        for (int h = 0; h < heads; h++) {
+            for (int c = 0; c < W; c++) {
+                float acc = 0.0f;
+                double want = 0;
+                for (int k = 0; k < K; k++) {
+                    acc = fmaf(w[h * K + k], rows[k * STRIDE + c], acc);
+                    want += (double)w[h * K + k] * rows[k * STRIDE + c];
+                }
+                bad += memcmp(&acc, &out[h * OUT_STRIDE + c], sizeof acc) != 0;
+                off += fabs(out[h * OUT_STRIDE + c] - want) > 1e-5;
+            }
+            for (int c = W; c < OUT_STRIDE; c++) past += out[h * OUT_STRIDE + c] != 12345.0f;
         }
-        bad += memcmp(&acc, &out[c], sizeof acc) != 0;
-        off += fabs(out[c] - want) > 1e-5;
+        CHECK(bad == 0, "weighted_rows (%d heads): %d columns differ from the in-order fmaf chain", heads, bad);
+        CHECK(off == 0, "weighted_rows (%d heads): %d columns off the double sum", heads, off);
+        CHECK(past == 0, "weighted_rows (%d heads) writes nothing past width", heads);
     }
-    CHECK(bad == 0, "weighted_rows: %d columns differ from the in-order fmaf chain", bad);
-    CHECK(off == 0, "weighted_rows: %d columns off the double sum", off);
-    CHECK(out[W] == 12345.0f, "weighted_rows writes nothing past width");
 }
 
 int main(void) {

@@ -8,8 +8,8 @@
  * The absorbed form is used for every token (prefill and decode alike, so chunk boundaries never
  * change the arithmetic): per head q_abs = W_uk^T q_nope over the latent scores every row in one
  * kernel call against [q_abs | q_rope], and the softmax-weighted latent goes through W_uv.
- * Each head's work is mla_attend_heads (mla.h: W_uk^T copied once at load, no per-call
- * dequantisation). The projections run once per pass over every row, whichever sequence a row
+ * A row's heads are one mla_attend_heads call (mla.h: W_uk^T copied once at load, no per-call
+ * dequantisation); a run's rows attend in parallel, or a lone row's heads do, four to a task. The projections run once per pass over every row, whichever sequence a row
  * belongs to (k3_run); each row attends over its own sequence's rows. */
 #include <math.h>
 #include <string.h>
@@ -18,23 +18,41 @@
 #include "../core/util.h"
 #include "kimi_k3.h"
 
+/* The attention of one run's rows: row t0 + i (position pos0 + i) attends rows 0 .. pos0 + i. */
 typedef struct {
     const k3_model *k;
     mla_pass pass;
-    int i;                   /* the pass row */
-    const float *q;          /* this row's [heads][nope + rope] */
-    const float *rows;       /* rows 0..cnt-1 of the layer's state part */
-    int cnt;
-    float *work;             /* [heads][work_stride] */
+    const float *q;          /* the pass's [n][heads][nope + rope] */
+    const float *rows;       /* the layer's state part */
+    int t0, pos0;
+    int i;                   /* the row whose heads run in parallel (attend_head_group) */
+    float *work;             /* [heads][work_stride] for that row */
     size_t work_stride;
 } mla_job;
 
-static void attend_head_group(void *ctx, int t) {
-    mla_job *j = ctx;
+static void attend_heads(mla_job *j, int i, int h0, int h1, float *work) {
     const k3_model *k = j->k;
-    int qk = k->nope + k->rope, h0 = t * MLA_HEADS_PER_TASK, h1 = MIN(k->n_heads, h0 + MLA_HEADS_PER_TASK);
-    mla_attend_heads(&j->pass, h0, h1, j->i, k->rope, j->q + (size_t)h0 * qk + k->nope, (size_t)qk, j->rows, j->cnt,
-                     1.0f / sqrtf((float)qk), j->work + (size_t)h0 * j->work_stride);
+    int qk = k->nope + k->rope, t = j->t0 + i;
+    const float *q = j->q + ((size_t)t * k->n_heads + h0) * qk;
+    mla_attend_heads(&j->pass, h0, h1, t, k->rope, q + k->nope, (size_t)qk, j->rows, j->pos0 + i + 1,
+                     1.0f / sqrtf((float)qk), work + (size_t)h0 * j->work_stride);
+}
+
+/* Several rows: rows in parallel, each row's heads on one thread in its thread's work. */
+static void attend_row(void *ctx, int i) {
+    mla_job *j = ctx;
+    size_t len = (size_t)j->k->n_heads * j->work_stride;
+    arena measure = {0};
+    arena_take(&measure, len, sizeof(float));
+    float *work = arena_take(arena_thread(measure.used), len, sizeof(float));
+    attend_heads(j, i, 0, j->k->n_heads, work);
+}
+
+/* One row: its heads in parallel, MLA_HEADS_PER_TASK to a pool index, in the pass's work. */
+static void attend_head_group(void *ctx, int g) {
+    mla_job *j = ctx;
+    int h0 = g * MLA_HEADS_PER_TASK;
+    attend_heads(j, j->i, h0, MIN(j->k->n_heads, h0 + MLA_HEADS_PER_TASK), j->work);
 }
 
 /* The buffers of one MLA layer pass over n tokens whose last position is below `end`. */
@@ -68,7 +86,7 @@ void k3_mla_forward(const model *m, const k3_layer *l, int li, const k3_run *run
                     float *out, arena *sc) {
     const k3_model *k = m->priv;
     const k3_mla *a = &l->mla;
-    int qk = k->nope + k->rope, row = k->kv_lora + k->rope, hv = k->n_heads * k->v_dim, end = 0;
+    int row = k->kv_lora + k->rope, hv = k->n_heads * k->v_dim, end = 0;
     for (int r = 0; r < nruns; r++) end = MAX(end, runs[r].pos0 + runs[r].n);
     size_t mark = arena_mark(sc);
     mla_bufs b;
@@ -78,7 +96,7 @@ void k3_mla_forward(const model *m, const k3_layer *l, int li, const k3_run *run
     k3_project(m, &a->q_b, b.qa, n, b.q);
     k3_project(m, &a->kv_a, hn, n, b.ckv);
     k3_project(m, &a->g, hn, n, b.gate);
-    mla_job j = {.k = k, .pass = b.pass, .work = b.work, .work_stride = b.work_stride};
+    mla_job j = {.k = k, .pass = b.pass, .q = b.q, .work = b.work, .work_stride = b.work_stride};
     mla_queries(&j.pass, b.q, k->rope);
     for (int r = 0; r < nruns; r++) {
         const k3_run *u = &runs[r];
@@ -90,12 +108,11 @@ void k3_mla_forward(const model *m, const k3_layer *l, int li, const k3_run *run
             k3_round(m, dst, (size_t)k->kv_lora);
             memcpy(dst + k->kv_lora, src + k->kv_lora, (size_t)k->rope * sizeof *dst);
         }
-        j.rows = rows;
-        for (int i = 0; i < u->n; i++) {
-            j.cnt = u->pos0 + i + 1;
-            j.i = u->t0 + i;
-            j.q = b.q + (size_t)j.i * k->n_heads * qk;
-            pool_run(mla_head_tasks(k->n_heads), attend_head_group, &j);
+        j.rows = rows, j.t0 = u->t0, j.pos0 = u->pos0;
+        if (u->n >= pool_threads() && u->n > 1) {
+            pool_run(u->n, attend_row, &j);
+        } else {
+            for (j.i = 0; j.i < u->n; j.i++) pool_run(mla_head_tasks(k->n_heads), attend_head_group, &j);
         }
     }
     mla_values(&j.pass, b.heads);

@@ -25,7 +25,9 @@
  * block per task instead, so each block's input rows are scaled once (prepared_x): with tasks
  * of 48 rows, every thread that met a block scaled all n x cols inputs for it again, 2.67
  * scalings per block on two threads, and the scaled copy (2 MiB at 256 x 2048) streamed through
- * L2 each time. Decode-sized batches keep the finer split: their scaled input is small. */
+ * L2 each time. Decode-sized batches keep the finer split: their scaled input is small. (A path
+ * with fp8_raw_from scales a batch's inputs inside its tile loop instead, where they stay in L1;
+ * whole scale blocks per task keep that scaling once per block there too.) */
 #define FP8_ROWS_PER_TASK 128
 #define FP8_BLOCK_TASK_N 9
 
@@ -175,9 +177,11 @@ static uint32_t *grow(uint32_t **buf, size_t *cap, size_t words) {
     return *buf;
 }
 
-/* Whether the path reads a prepared input for w's rows (prepared_x) rather than x itself. */
-static int input_prepared(const kernel_path *path, const qmat *w) {
-    return w->fmt == WF_FP8 || (kernel_is_nibbles(w->fmt) && path->nibble_width);
+/* Whether the path reads a prepared input for w's rows (prepared_x) rather than x itself, in a
+ * product of n inputs. */
+static int input_prepared(const kernel_path *path, const qmat *w, int n) {
+    if (w->fmt == WF_FP8) return !path->fp8_raw_from || n < path->fp8_raw_from;
+    return kernel_is_nibbles(w->fmt) && path->nibble_width;
 }
 
 static prepared prepared_x(const kernel_path *path, const qmat *w, int r, const float *x, int n,
@@ -188,7 +192,7 @@ static prepared prepared_x(const kernel_path *path, const qmat *w, int r, const 
     static _Thread_local int cached_block = -1;
     static _Thread_local prepared cached;
     int fp8 = w->fmt == WF_FP8, block = fp8 ? r / 128 : 0;
-    if (!input_prepared(path, w)) return (prepared){x, NULL};
+    if (!input_prepared(path, w, n)) return (prepared){x, NULL};
     if (cached_call == call && cached_block == block) return cached;
     float *out_all = (float *)grow(&buf, &cap, (size_t)n * (size_t)w->cols);
     size_t pair_row = (size_t)w->cols / 64 * 32;
@@ -313,7 +317,7 @@ static void scalar_transpose(const float *src, int rows, int cols, size_t lds, f
 }
 
 const kernel_path kernel_path_scalar = {"scalar", scalar_rows_vec, scalar_rows_mul, 0, weight_row, scalar_transpose,
-                                        NULL, NULL, NULL, NULL};
+                                        NULL, NULL, NULL, NULL, 0};
 
 static int force_scalar;
 
@@ -508,7 +512,7 @@ void qmat_mul(const qmat *w, const float *x, int n, float *y) { qmat_mul_rows(w,
 float qmat_dot_row(const qmat *w, int r, const float *x) {
     const kernel_path *path = active_path();
     float y;
-    if (input_prepared(path, w)) {
+    if (input_prepared(path, w, 1)) {
         qmat_mul_rows(w, r, r + 1, x, 1, &y);
         return y;
     }

@@ -819,9 +819,10 @@ INLINE __m512 tile_weight(const void *wb, int BF, int ldw, int i, int c, __mmask
 }
 
 /* NR x NX tile over columns [c0, c1); partial lanes in acc[input row][weight row][16], which
- * the first range (c0 == 0) starts from zero rather than reads. */
-INLINE void tile(const void *wb, int BF, int ldw, const float *x, int cols, int c0, int c1, int NR, int NX, float *acc,
-                 int nr_all) {
+ * the first range (c0 == 0) starts from zero rather than reads. Input j holds column c at
+ * x + j * ldx + c - xc0 (the inputs themselves, or their range scaled in avx512_rows_mul). */
+INLINE void tile(const void *wb, int BF, int ldw, const float *x, size_t ldx, int xc0, int cols, int c0, int c1, int NR,
+                 int NX, float *acc, int nr_all) {
     __m512 a[TILE_R][TILE_X];
     const int full_end = c1 & ~15;
     #pragma GCC unroll 4
@@ -833,7 +834,7 @@ INLINE void tile(const void *wb, int BF, int ldw, const float *x, int cols, int 
         __m512 xv[TILE_X];
         #pragma GCC unroll 6
         for (int j = 0; j < NX; j++) {
-            xv[j] = _mm512_loadu_ps(x + (size_t)j * cols + c);
+            xv[j] = _mm512_loadu_ps(x + (size_t)j * ldx + (c - xc0));
             /* Keep the input in a register: folded into each FMA it would be loaded NR times. */
             __asm__("" : "+v"(xv[j]));
         }
@@ -854,7 +855,7 @@ INLINE void tile(const void *wb, int BF, int ldw, const float *x, int cols, int 
             __m512 wv = tile_weight(wb, BF, ldw, i, full_end, m);
             #pragma GCC unroll 6
             for (int j = 0; j < NX; j++)
-                a[i][j] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, x + (size_t)j * cols + full_end), a[i][j]);
+                a[i][j] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, x + (size_t)j * ldx + (full_end - xc0)), a[i][j]);
         }
     }
     #pragma GCC unroll 4
@@ -864,7 +865,7 @@ INLINE void tile(const void *wb, int BF, int ldw, const float *x, int cols, int 
 }
 
 #define TILE_CASE(nr, nx) \
-    case (nr) * 8 + (nx): tile(wb, BF, ldw, x, cols, c0, c1, nr, nx, acc, nr_all); break
+    case (nr) * 8 + (nx): tile(wb, BF, ldw, x, ldx, xc0, cols, c0, c1, nr, nx, acc, nr_all); break
 #define TILE_CASES(bf)                                                                                      \
     {                                                                                                       \
         const int BF = bf;                                                                                  \
@@ -877,9 +878,24 @@ INLINE void tile(const void *wb, int BF, int ldw, const float *x, int cols, int 
     }
 
 /* One tile call; bf: the weights are BF16 patterns, widened in the tile (see avx512_rows_mul). */
-static void tile_chunk(const void *wb, int bf, int ldw, const float *x, int cols, int c0, int c1, int nr, int nx,
-                       float *acc, int nr_all) {
+static void tile_chunk(const void *wb, int bf, int ldw, const float *x, size_t ldx, int xc0, int cols, int c0, int c1,
+                       int nr, int nx, float *acc, int nr_all) {
     if (bf) TILE_CASES(1) else TILE_CASES(0)
+}
+
+/* Rule 1's FP8 input factors of nx inputs (x, cols apart) for the scale block of row r, columns
+ * [c0, c1), into out (MUL_CHUNK apart, column c at c - c0): each column times its 128-column
+ * block's scale * 2^8, one rounding, as prepared_x does for the other kernels. */
+static void scale_inputs(const qmat *w, int r, const float *x, int nx, int c0, int c1, float *out) {
+    for (int b = c0; b < c1; b += 128) {
+        const __m512 s = _mm512_set1_ps(kernel_fp8_scale(w, r, b));
+        for (int j = 0; j < nx; j++)
+            for (int c = b; c < MIN(b + 128, c1); c += 16) {
+                __mmask16 m = tail_mask(c, c1);
+                _mm512_mask_storeu_ps(out + (size_t)j * MUL_CHUNK + (c - c0), m,
+                                      _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + (size_t)j * w->cols + c), s));
+            }
+    }
 }
 
 static void avx512_rows_mul(const qmat *w, int r0, int r1, const float *x, int n, float *y, int ldy) {
@@ -907,7 +923,11 @@ static void avx512_rows_mul(const qmat *w, int r0, int r1, const float *x, int n
     const int ldw = in_place ? cols : ((cols + 15) & ~15) + 64 / (int)elem;     /* elements from row to row */
     const size_t row_bytes = (size_t)ldw * elem;
     const size_t decoded = in_place ? 0 : ((size_t)nr * row_bytes / sizeof(float) + 15) & ~(size_t)15;
-    float *scratch = kernel_scratch(decoded + (size_t)MUL_XROWS * nr * 16), *acc = scratch + decoded;
+    /* FP8 inputs arrive unscaled (fp8_raw_from): each pass scales its range of its inputs into
+     * xs, MUL_XROWS x MUL_CHUNK floats that stay in L1 while the pass's row tiles read them. */
+    const int scaled = w->fmt == WF_FP8;
+    float *scratch = kernel_scratch(decoded + (size_t)MUL_XROWS * nr * 16 + (scaled ? (size_t)MUL_XROWS * MUL_CHUNK : 0));
+    float *acc = scratch + decoded, *xs = acc + (size_t)MUL_XROWS * nr * 16;
     const char *wb = in_place ? (const char *)kernel_row_ptr(w, r0) : (const char *)scratch;
     for (int r = r0; r < r1 && !in_place; r++)
         KERNEL_FOR_EACH_FORMAT(w->fmt, decode_row(w, F, bf, r, (char *)scratch + (size_t)(r - r0) * row_bytes), (void)0)
@@ -918,9 +938,12 @@ static void avx512_rows_mul(const qmat *w, int r0, int r1, const float *x, int n
         const float *xg = x + (size_t)j0 * cols;
         for (int c0 = 0; c0 < cols; c0 += MUL_CHUNK) {
             int c1 = c0 + MUL_CHUNK < cols ? c0 + MUL_CHUNK : cols;
+            if (scaled) scale_inputs(w, r0, xg, nx_all, c0, c1, xs);
+            const float *xr = scaled ? xs : xg;
+            const size_t ldx = scaled ? MUL_CHUNK : (size_t)cols;
             for (int j = 0; j < nx_all; j += TILE_X)
                 for (int i = 0; i < nr; i += TILE_R, row_stream_step(&next))
-                    tile_chunk(wb + (size_t)i * row_bytes, bf, ldw, xg + (size_t)j * cols, cols, c0, c1,
+                    tile_chunk(wb + (size_t)i * row_bytes, bf, ldw, xr + (size_t)j * ldx, ldx, scaled ? c0 : 0, cols, c0, c1,
                                nr - i < TILE_R ? nr - i : TILE_R, nx_all - j < TILE_X ? nx_all - j : TILE_X,
                                acc + ((size_t)j * nr + i) * 16, nr);
         }
@@ -1010,10 +1033,10 @@ const kernel_path kernel_path_avx512 = {"avx512", avx512_rows_vec, avx512_rows_m
                                         NULL, NULL, NULL,
 #endif
 #if FP8_STEP == 64
-                                        avx512_fp8_converted_groups
+                                        avx512_fp8_converted_groups,
 #else
-                                        NULL
+                                        NULL,
 #endif
-};
+                                        FEW_BATCH + 1};
 
 #endif

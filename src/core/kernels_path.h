@@ -51,7 +51,8 @@ typedef struct {
     /* y[r - r0] = canonical dot product of row r of w with x, for r in [r0, r1). x holds the
      * input factors of rule 1 (for FP8 the scaled input, and then all rows share a scale block). */
     void (*rows_vec)(const qmat *w, int r0, int r1, const float *x, float *y);
-    /* y[j * ldy + (r - r0)] = that dot product with x + j * cols, for r in [r0, r1), j in [0, n). */
+    /* y[j * ldy + (r - r0)] = that dot product with x + j * cols, for r in [r0, r1), j in [0, n).
+     * For FP8 with n >= fp8_raw_from, x is the input itself and the path scales it (rule 1). */
     void (*rows_mul)(const qmat *w, int r0, int r1, const float *x, int n, float *y, int ldy);
     /* Vector width (8 or 16 lanes) whose kernel_nibble_permute_x order nibble-format input rows
      * must arrive in (the SIMD decode order), or 0 for column order. */
@@ -77,6 +78,10 @@ typedef struct {
      * calling thread decoded through the f16 conversion because a code had exponent field 0,
      * where the others take the cheaper exact BF16 patterns (kernels_fp8_converted_groups). */
     unsigned long long (*fp8_converted_groups)(void);
+    /* FP8 batches of at least this many inputs reach rows_mul unscaled (0: never): the path
+     * multiplies each column by its block's scale * 2^8 itself, a tile's inputs at a time where
+     * they stay in L1, instead of reading a scaled copy of all n inputs from L2. Same product. */
+    int fp8_raw_from;
 } kernel_path;
 
 extern const kernel_path kernel_path_scalar;

@@ -121,7 +121,8 @@ typedef struct {
 extern const chat_template inkling_chat;   /* chat_inkling.c */
 
 #define INK_CONV_MAX 16   /* sconv_kernel_size allowed (the convs keep K input pointers on the stack) */
-#define INK_CHUNK 64   /* rows per internal pass: bounds the scratch */
+#define INK_CHUNK 256      /* rows per internal pass: each pass reads every weight once */
+#define INK_HEAD_ROWS 8    /* rows per lm_head product (a batched decode step's sequences) */
 
 /* The rows of one pass: row i is token ids[i] at position pos[i] of sequence seq[i]; its logits
  * go to all[i] or last[i] when set. end = 1 + the largest position. */

@@ -31,7 +31,7 @@ typedef struct {
     int *run;
     float *logits, *gam, *eout, *ex, *g1, *act, *fused, *choice;   /* MLP (routed experts: core/experts.c's scratch) */
     int *idx;
-    float *head_hn, *head_out;                       /* [n][D], [n][unpadded] */
+    float *head_hn, *head_out;                       /* [n][D], [INK_HEAD_ROWS][unpadded] */
 } ink_bufs;
 
 static float *floats(arena *a, size_t n) { return arena_take(a, n, sizeof(float)); }
@@ -55,7 +55,7 @@ static void chunk_layout(arena *a, const ink_model *g, int n, ink_bufs *b) {
     b->idx = arena_take(a, (size_t)n * g->top_k, sizeof(int));
     b->eout = floats(a, nd), b->ex = floats(a, n * ks * g->dim), b->g1 = floats(a, (size_t)n);
     b->act = floats(a, n * imax), b->fused = floats(a, n * 2 * imax), b->choice = floats(a, (size_t)g->n_experts);
-    b->head_hn = floats(a, nd), b->head_out = floats(a, (size_t)n * g->unpadded);
+    b->head_hn = floats(a, nd), b->head_out = floats(a, (size_t)MIN(n, INK_HEAD_ROWS) * g->unpadded);
 }
 
 size_t inkling_scratch_bytes(const model *m, int ctx) {
@@ -507,20 +507,27 @@ static void add_residual(const model *m, float *x, const float *delta, int n) {
 }
 
 /* lm_head(RMSNorm(x) / logits_mup_width_multiplier), only the unpadded rows, of the rows that
- * want logits (every row a segment asked all of, and each segment's last row), in one product:
- * the head is read once per pass, and the kernel's result for a row does not depend on the batch. */
+ * want logits (every row a segment asked all of, and each segment's last row), INK_HEAD_ROWS
+ * rows per product: a batched decode step reads the head once for all its sequences, and the
+ * logits buffer stays a few rows of the vocabulary; the kernel's result for a row does not
+ * depend on the batch. */
 static void head_logits(const model *m, const ink_rows *rw, const float *x, ink_bufs *b) {
     const ink_model *g = m->priv;
     size_t d = (size_t)g->dim, v = (size_t)g->unpadded;
+    float *dest[INK_CHUNK];
     int cnt = 0;
     for (int i = 0; i < rw->n; i++)
-        if (rw->all[i] || rw->last[i]) norm_rows(m, b->head_hn + (size_t)cnt++ * d, x + i * d, g->final_norm, 1, g->dim, g->eps);
-    if (!cnt) return;
+        if (rw->all[i] || rw->last[i]) {
+            norm_rows(m, b->head_hn + (size_t)cnt * d, x + i * d, g->final_norm, 1, g->dim, g->eps);
+            dest[cnt++] = rw->all[i] ? rw->all[i] : rw->last[i];
+        }
     for (size_t k = 0; k < (size_t)cnt * d; k++) b->head_hn[k] /= g->logit_div;
     act_round(m, b->head_hn, (size_t)cnt * d);
-    qmat_mul_rows(&g->head, 0, g->unpadded, b->head_hn, cnt, b->head_out);
-    for (int i = 0, k = 0; i < rw->n; i++)
-        if (rw->all[i] || rw->last[i]) memcpy(rw->all[i] ? rw->all[i] : rw->last[i], b->head_out + (size_t)k++ * v, v * sizeof(float));
+    for (int k0 = 0; k0 < cnt; k0 += INK_HEAD_ROWS) {
+        int rows = MIN(INK_HEAD_ROWS, cnt - k0);
+        qmat_mul_rows(&g->head, 0, g->unpadded, b->head_hn + (size_t)k0 * d, rows, b->head_out);
+        for (int k = 0; k < rows; k++) memcpy(dest[k0 + k], b->head_out + (size_t)k * v, v * sizeof(float));
+    }
 }
 
 /* One pass over at most INK_CHUNK rows (from one or more sequences); all its scratch is given

@@ -28,10 +28,6 @@
 static float *floats(arena *a, size_t n) { return arena_take(a, n, sizeof(float)); }
 static int *ints(arena *a, size_t n) { return arena_take(a, n, sizeof(int)); }
 
-static void act_round(const model *m, float *x, size_t n) {
-    if (m->num == NUMERICS_QAT) bf16_round_vec(x, n);
-}
-
 static void rope_rotate(const glm_model *g, float *x, int pos, int interleave) {
     if (interleave) rope_apply_interleaved(&g->rope_tab, x, pos, 0);
     else rope_apply_half(&g->rope_tab, x, pos, 0);
@@ -43,32 +39,9 @@ static void rope_rotate(const glm_model *g, float *x, int pos, int interleave) {
 typedef struct {
     const model *m;
     float *out, *up;               /* swiglu_row: gate rows in out, up rows in up */
-    const float *x, *w, *weight;   /* rmsnorm: input rows and norm weight; moe_sum: route weights */
+    const float *x, *weight;       /* input rows; moe_sum: route weights */
     int dim, k;                    /* row width; moe_sum: experts per token */
-    float eps;
 } row_job;
-
-static void rmsnorm_row(void *ctx, int i) {
-    const row_job *j = ctx;
-    float *out = j->out + (size_t)i * j->dim;
-    rmsnorm(out, j->x + (size_t)i * j->dim, j->w, j->dim, j->eps);
-    act_round(j->m, out, (size_t)j->dim);
-}
-
-static void rmsnorm_rows(const model *m, float *out, const float *x, const float *w, int n, int dim, float eps) {
-    row_job j = {.m = m, .out = out, .x = x, .w = w, .dim = dim, .eps = eps};
-    pool_run(n, rmsnorm_row, &j);
-}
-
-/* y[k] = round(w[k] x) for count matrices that read the same x, in one pool job. */
-static void project_each(const model *m, int count, const qmat *const *w, const float *x, int n, float *const *y) {
-    qmat_mul_each(count, w, x, n, y);
-    for (int k = 0; k < count && m->num == NUMERICS_QAT; k++) bf16_round_rows(y[k], n, (size_t)w[k]->rows);
-}
-
-static void project(const model *m, const qmat *w, const float *x, int n, float *y) {
-    project_each(m, 1, &w, x, n, &y);
-}
 
 /* Which positions token i attends to: nsel[i] < 0 means every t <= pos, else sel[i*cap..] ascending. */
 typedef struct {
@@ -133,10 +106,10 @@ static void run_indexer(const model *m, const glm_layer *l, int li, const rows_i
     indexer_bufs b;
     indexer_layout(sc, g, n, ri->end, &b);
     float *q = b.q, *k = b.k, *w = b.w, *dots = b.dots;
-    project(m, &l->idx_wq_b, q_resid, n, q);
+    model_project(m, &l->idx_wq_b, q_resid, n, q);
     const qmat *wh[] = {&l->idx_wk, &l->idx_weights};
     float *yh[] = {k, w};
-    project_each(m, 2, wh, hn, n, yh);
+    model_project_each(m, 2, wh, hn, n, yh);
     float head_scale = 1.0f / sqrtf((float)nh);
     for (int i = 0; i < n; i++) {
         int pos = ri->pos[i];
@@ -144,7 +117,7 @@ static void run_indexer(const model *m, const glm_layer *l, int li, const rows_i
         for (int h = 0; h < nh; h++) w[(size_t)i * nh + h] *= head_scale;
         float *row = ri->seq[i]->ik[li] + (size_t)pos * hd;
         layernorm(row, k + (size_t)i * hd, l->idx_knorm_w, l->idx_knorm_b, hd, 1e-6f);
-        act_round(m, row, (size_t)hd);
+        model_round(m, row, (size_t)hd);
         rope_rotate(g, row, pos, g->idx_rope_interleave);
     }
     for (int i = 0; i < n; i++) {
@@ -285,23 +258,23 @@ static void attention(const model *m, const glm_layer *l, int li, const rows_inf
     float *qa = b.qa, *q = b.q, *ckv = b.ckv, *heads = b.heads;
     const qmat *wh[] = {&l->q_a, &l->kv_a};
     float *yh[] = {qa, ckv};
-    project_each(m, 2, wh, hn, n, yh);
-    rmsnorm_rows(m, qa, qa, l->q_a_norm, n, g->q_lora, 1e-6f);
-    project(m, &l->q_b, qa, n, q);
+    model_project_each(m, 2, wh, hn, n, yh);
+    model_norm_rows(m, qa, qa, l->q_a_norm, n, g->q_lora, 1e-6f);
+    model_project(m, &l->q_b, qa, n, q);
     for (int i = 0; i < n; i++) {
         int pos = ri->pos[i];
         for (int h = 0; h < g->n_heads; h++)
             rope_rotate(g, q + ((size_t)i * g->n_heads + h) * qk + g->nope, pos, g->rope_interleave);
         float *row = ri->seq[i]->kv[li] + (size_t)pos * row_len;
         rmsnorm(row, ckv + (size_t)i * row_len, l->kv_a_norm, g->kv_lora, 1e-6f);
-        act_round(m, row, (size_t)g->kv_lora);
+        model_round(m, row, (size_t)g->kv_lora);
         memcpy(row + g->kv_lora, ckv + (size_t)i * row_len + g->kv_lora, (size_t)g->rope * sizeof *row);
         rope_rotate(g, row + g->kv_lora, pos, g->rope_interleave);
     }
     if (g->has_indexer && l->full_indexer) run_indexer(m, l, li, ri, hn, qa, n, sel, sc);
     attend(g, l, li, ri, q, sel, n, heads, sc);
-    act_round(m, heads, (size_t)n * g->n_heads * g->v_dim);
-    project(m, &l->o, heads, n, out);
+    model_round(m, heads, (size_t)n * g->n_heads * g->v_dim);
+    model_project(m, &l->o, heads, n, out);
 }
 
 /* ---- FFN -------------------------------------------------------------------------------- */
@@ -316,10 +289,10 @@ static void swiglu_layout(arena *sc, int n, int inter, float **a, float **b) {
 static void swiglu_row(void *ctx, int i) {
     const row_job *j = ctx;
     float *a = j->out + (size_t)i * j->dim, *b = j->up + (size_t)i * j->dim;
-    act_round(j->m, a, (size_t)j->dim);
-    act_round(j->m, b, (size_t)j->dim);
+    model_round(j->m, a, (size_t)j->dim);
+    model_round(j->m, b, (size_t)j->dim);
     for (int k = 0; k < j->dim; k++) a[k] = silu(a[k]) * b[k];
-    act_round(j->m, a, (size_t)j->dim);
+    model_round(j->m, a, (size_t)j->dim);
 }
 
 static void swiglu(const model *m, const qmat *gate, const qmat *up, const qmat *down, const float *x, int n,
@@ -331,7 +304,7 @@ static void swiglu(const model *m, const qmat *gate, const qmat *up, const qmat 
     qmat_mul_each(2, w, x, n, ab);
     row_job j = {.m = m, .out = a, .up = b, .dim = gate->rows};
     pool_run(n, swiglu_row, &j);
-    project(m, down, a, n, y);
+    model_project(m, down, a, n, y);
 }
 
 /* Sigmoid router: choose top_k on score + correction bias, weight by the unbiased scores
@@ -396,7 +369,7 @@ static void moe_sum_row(void *ctx, int i) {
         for (int k = 0; k < K; k++) acc += wi[k] * ex[(size_t)k * d + c];
         yi[c] += acc;
     }
-    act_round(j->m, yi, (size_t)d);
+    model_round(j->m, yi, (size_t)d);
 }
 
 static void moe(const model *m, const glm_layer *l, int li, const float *x, int n, float *y, arena *sc) {
@@ -424,7 +397,7 @@ static void add_residual_row(void *ctx, int i) {
     float *x = j->out + (size_t)i * j->dim;
     const float *delta = j->x + (size_t)i * j->dim;
     for (int k = 0; k < j->dim; k++) x[k] += delta[k];
-    act_round(j->m, x, (size_t)j->dim);
+    model_round(j->m, x, (size_t)j->dim);
 }
 
 /* x += delta over n rows of dim, then rounded. */
@@ -453,7 +426,7 @@ static void head_logits(const model *m, const float *x, const fwd_seg *const *se
     for (int t = 0, k = 0; t < n; t++)
         if (seg[t]->all_logits || (seg[t]->logits && tok[t] == seg[t]->n - 1))
             rmsnorm(hn + (size_t)k++ * g->dim, x + (size_t)t * g->dim, g->final_norm, g->dim, g->eps);
-    act_round(m, hn, (size_t)cnt * g->dim);
+    model_round(m, hn, (size_t)cnt * g->dim);
     qmat_mul(&g->head, hn, cnt, out);
     size_t v = (size_t)g->vocab;
     for (int t = 0, k = 0; t < n; t++) {
@@ -539,10 +512,10 @@ static void run_layer(const model *m, const glm_layer *l, int li, const rows_inf
                       float *delta, selection *sel, int n, arena *sc) {
     const glm_model *g = m->priv;
     size_t mark = arena_mark(sc);
-    rmsnorm_rows(m, hn, x, l->attn_norm, n, g->dim, g->eps);
+    model_norm_rows(m, hn, x, l->attn_norm, n, g->dim, g->eps);
     attention(m, l, li, ri, hn, n, sel, delta, sc);
     add_residual(m, x, delta, n, g->dim);
-    rmsnorm_rows(m, hn, x, l->ffn_norm, n, g->dim, g->eps);
+    model_norm_rows(m, hn, x, l->ffn_norm, n, g->dim, g->eps);
     if (l->sparse) moe(m, l, li, hn, n, delta, sc);
     else swiglu(m, &l->gate, &l->up, &l->down, hn, n, delta, sc);
     add_residual(m, x, delta, n, g->dim);
@@ -563,7 +536,7 @@ static void mtp_pass(const model *m, glm_seq *const *seqs, const int *pos, const
     for (int i = 0; i < n; i++) {
         float *row = in + (size_t)i * 2 * d;
         qmat_row(&g->embed, id[i], b.x);
-        act_round(m, b.x, (size_t)d);
+        model_round(m, b.x, (size_t)d);
         rmsnorm(row, b.x, g->mtp_extra.enorm, d, g->eps);
         rmsnorm(row + d, prev[i], g->mtp_extra.hnorm, d, g->eps);
         b.sel.nsel[i] = -1;
@@ -571,8 +544,8 @@ static void mtp_pass(const model *m, glm_seq *const *seqs, const int *pos, const
         b.rows.seq[i] = seqs[i];
         b.rows.end = MAX(b.rows.end, pos[i] + 1);
     }
-    act_round(m, in, (size_t)n * 2 * d);
-    project(m, &g->mtp_extra.eh, in, n, out);
+    model_round(m, in, (size_t)n * 2 * d);
+    model_project(m, &g->mtp_extra.eh, in, n, out);
     run_layer(m, &g->mtp, g->n_layers, &b.rows, out, b.hn, b.delta, &b.sel, n, sc);
     arena_release(sc, mark);
 }
@@ -583,7 +556,7 @@ static void mtp_logits(const model *m, const float *x, float *logits, arena *sc)
     size_t mark = arena_mark(sc);
     float *hn = floats(sc, (size_t)g->dim);
     rmsnorm(hn, x, g->mtp_extra.head_norm, g->dim, g->eps);
-    act_round(m, hn, (size_t)g->dim);
+    model_round(m, hn, (size_t)g->dim);
     qmat_vec(&g->head, hn, logits);
     arena_release(sc, mark);
 }
@@ -605,7 +578,7 @@ static void mtp_rows(const model *m, const rows_info *ri, const int *ids, const 
         if (!s->hfin) continue;
         float *h = s->hfin + (size_t)ri->pos[i] * d;
         rmsnorm(h, x + (size_t)i * d, g->final_norm, d, g->eps);
-        act_round(m, h, (size_t)d);
+        model_round(m, h, (size_t)d);
     }
     for (int i = 0; i < n; i++) {
         if (ri->pos[i] == 0 || !ri->seq[i]->hfin) continue;
@@ -652,7 +625,7 @@ static void forward_chunk(const model *m, glm_seq *s, const fwd_seg *const *seg,
         b.rows.end = MAX(b.rows.end, b.rows.pos[i] + 1);
         qmat_row(&g->embed, seg[i]->ids[tok[i]], x + (size_t)i * g->dim);
     }
-    act_round(m, x, len);
+    model_round(m, x, len);
     for (int li = 0; li < g->n_layers; li++) run_layer(m, &g->layers[li], li, &b.rows, x, hn, delta, &b.sel, n, sc);
     head_logits(m, x, seg, tok, n, sc);
     if (g->has_mtp) {

@@ -65,43 +65,16 @@ size_t inkling_scratch_bytes(const model *m, int ctx) {
     return a.used;
 }
 
-static void act_round(const model *m, float *x, size_t n) {
-    if (m->num == NUMERICS_QAT) bf16_round_vec(x, n);
-}
-
-/* ROW-PARALLEL ELEMENT WORK. Norms, residual adds, the GLU's gating and the expert sum are a
- * tenth of a prefill on one thread; each row's result depends on that row alone, so they run one
- * pool index per row (the same bits on any number of threads). Inside a pool task (an expert's
- * GLU) pool_run runs them serially on that thread. */
+/* ROW-PARALLEL ELEMENT WORK. Norms (model_norm_rows), residual adds, the GLU's gating and the
+ * expert sum are a tenth of a prefill on one thread; each row's result depends on that row
+ * alone, so they run one pool index per row (the same bits on any number of threads). Inside a
+ * pool task (an expert's GLU) pool_run runs them serially on that thread. */
 typedef struct {
     const model *m;
     float *out;
-    const float *x, *w;       /* norms: weights; residual add: the delta */
+    const float *x;           /* the residual add's delta */
     int dim;
-    float eps;
 } row_job;
-
-static void norm_row(void *ctx, int i) {
-    const row_job *j = ctx;
-    float *out = j->out + (size_t)i * j->dim;
-    rmsnorm(out, j->x + (size_t)i * j->dim, j->w, j->dim, j->eps);
-    act_round(j->m, out, (size_t)j->dim);
-}
-
-static void norm_rows(const model *m, float *out, const float *x, const float *w, int n, int dim, float eps) {
-    row_job j = {.m = m, .out = out, .x = x, .w = w, .dim = dim, .eps = eps};
-    pool_run(n, norm_row, &j);
-}
-
-/* y[k] = round(w[k] x) for count matrices that read the same x, in one pool job. */
-static void project_each(const model *m, int count, const qmat *const *w, const float *x, int n, float *const *y) {
-    qmat_mul_each(count, w, x, n, y);
-    for (int k = 0; k < count && m->num == NUMERICS_QAT; k++) bf16_round_rows(y[k], n, (size_t)w[k]->rows);
-}
-
-static void project(const model *m, const qmat *w, const float *x, int n, float *y) {
-    project_each(m, 1, &w, x, n, &y);
-}
 
 /* Which conv of a layer a pass runs (each is its own RECUR part, see inkling.h). */
 typedef enum { CONV_KV, CONV_ATTN, CONV_MLP } conv_which;
@@ -147,7 +120,7 @@ static void conv_channels(void *ctx, int t) {
             acc += wc[K - 1] * x[c];
             y[c] = acc + x[c];
         }
-        act_round(j->m, y + c0, (size_t)(c1 - c0));
+        model_round(j->m, y + c0, (size_t)(c1 - c0));
     }
     for (int k = 0; k < K - 1; k++) {   /* ascending: slot k reads slot k + rows, not yet rewritten */
         int src = j->rows - (K - 1) + k;
@@ -232,12 +205,12 @@ static void attend_head(const attn_job *j, int i, int h, float *work) {
         const float *restrict rel = l->rel + (size_t)e * l->extent;
         for (int d = 0; d < l->extent; d++) prof[d] += re * rel[d];
     }
-    act_round(j->m, prof, (size_t)l->extent);
+    model_round(j->m, prof, (size_t)l->extent);
     if (tau != 1.0f) {
         for (int d = 0; d < hd; d++) q[d] *= tau;
         for (int d = 0; d < l->extent; d++) prof[d] *= tau;
-        act_round(j->m, q, (size_t)hd);
-        act_round(j->m, prof, (size_t)l->extent);
+        model_round(j->m, q, (size_t)hd);
+        model_round(j->m, prof, (size_t)l->extent);
     }
     float inv = 1.0f / (float)hd;
     for (int k = 0; k < nk; k++) {
@@ -308,8 +281,8 @@ static void qk_norm_row(void *ctx, int i) {
     float *q = j->q + i * qd, *kv = j->kv + i * 2 * kvd;
     for (int h = 0; h < l->heads; h++) rmsnorm(q + h * hd, q + h * hd, l->q_norm, (int)hd, j->g->eps);
     for (int h = 0; h < l->kv_heads; h++) rmsnorm(kv + h * hd, kv + h * hd, l->k_norm, (int)hd, j->g->eps);
-    act_round(j->m, q, qd);
-    act_round(j->m, kv, 2 * kvd);
+    model_round(j->m, q, qd);
+    model_round(j->m, kv, 2 * kvd);
 }
 
 /* heads[n][H*hd] for the pass; writes each row's k/v at its position into its sequence's ring or rows. */
@@ -322,7 +295,7 @@ static void attention(const model *m, int li, const ink_rows *rw, const float *h
     /* raw[i] = [W_k h | W_v h]: the k/v convs share one part, updated together per token */
     const qmat *wp[] = {&l->q, &l->r, &l->k, &l->v};
     float *yp[] = {q, r, b->kp, b->vp};
-    project_each(m, 4, wp, hn, n, yp);
+    model_project_each(m, 4, wp, hn, n, yp);
     for (int i = 0; i < n; i++) {
         memcpy(raw + (size_t)i * 2 * kvd, b->kp + (size_t)i * kvd, (size_t)kvd * sizeof *raw);
         memcpy(raw + (size_t)i * 2 * kvd + kvd, b->vp + (size_t)i * kvd, (size_t)kvd * sizeof *raw);
@@ -344,8 +317,8 @@ static void attention(const model *m, int li, const ink_rows *rw, const float *h
         }
     }
     write_keys(&j);
-    act_round(m, heads, (size_t)n * qd);
-    project(m, &l->o, heads, n, out);
+    model_round(m, heads, (size_t)n * qd);
+    model_project(m, &l->o, heads, n, out);
 }
 
 /* ---- MLP -------------------------------------------------------------------------------- */
@@ -371,7 +344,7 @@ static void gate_row(void *ctx, int i) {
     }
     if (j->gamma)
         for (int c = 0; c < in; c++) a[c] *= j->gamma[i];
-    act_round(j->m, a, (size_t)in);
+    model_round(j->m, a, (size_t)in);
 }
 
 /* y[n][D] = down(silu(gate x) * up x * gamma) for the layout's gate/up rows; gamma NULL = 1.
@@ -381,13 +354,13 @@ static void glu(const model *m, const ink_glu *u, const float *x, int n, const f
     if (u->layout == GLU_SPLIT) {
         const qmat *w[] = {&u->gate, &u->up};
         float *y2[] = {act, f};
-        project_each(m, 2, w, x, n, y2);
+        model_project_each(m, 2, w, x, n, y2);
     } else {
-        project(m, &u->fused, x, n, f);
+        model_project(m, &u->fused, x, n, f);
     }
     gate_job j = {m, u, gamma, act, f};
     pool_run(n, gate_row, &j);
-    project(m, &u->down, act, n, y);
+    model_project(m, &u->down, act, n, y);
 }
 
 /* Top-k routed experts on sigmoid + correction bias; the k chosen and every shared expert weighted
@@ -439,7 +412,7 @@ static void moe_sum_row(void *ctx, int i) {
         for (int s = 0; s < S; s++) shared += ex[(size_t)(K + s) * d + c];
         y[c] = routed + shared;
     }
-    act_round(j->m, y, (size_t)d);
+    model_round(j->m, y, (size_t)d);
 }
 
 static void moe(const model *m, const ink_layer *l, const float *x, int n, float *y, ink_bufs *b) {
@@ -447,7 +420,7 @@ static void moe(const model *m, const ink_layer *l, const float *x, int n, float
     int d = g->dim, K = g->top_k, S = g->n_shared, R = g->n_experts + S;
     float *logits = b->logits, *gam = b->gam, *eout = b->eout, *ex = b->ex, *g1 = b->g1;
     int *idx = b->idx;
-    project(m, &l->router, x, n, logits);
+    model_project(m, &l->router, x, n, logits);
     for (int i = 0; i < n; i++)
         route(g, l, logits + (size_t)i * R, idx + (size_t)i * K, gam + (size_t)i * (K + S), b->choice);
     /* each routed expert once over the tokens that chose it; outputs land in ex[token][slot] */
@@ -467,7 +440,7 @@ static void mlp(const model *m, const ink_layer *l, const float *x, int n, float
     if (l->sparse) return moe(m, l, x, n, y, b);
     glu(m, &l->mlp, x, n, NULL, y, b->act, b->fused);
     for (size_t k = 0; k < (size_t)n * g->dim; k++) y[k] *= *l->mlp_scale;
-    act_round(m, y, (size_t)n * g->dim);
+    model_round(m, y, (size_t)n * g->dim);
 }
 
 /* ---- the whole model -------------------------------------------------------------------- */
@@ -483,14 +456,14 @@ static void embed(const model *m, ink_seq *s, int id, float *x, float *tmp) {
             qmat_row(&g->audio_embed, b * g->mel_vocab + frame[b], tmp);
             for (int c = 0; c < g->dim; c++) x[c] += tmp[c];
         }
-        act_round(m, x, (size_t)g->dim);
+        model_round(m, x, (size_t)g->dim);
         rmsnorm(x, x, g->audio_norm, g->dim, 1e-6f);
     } else {
         qmat_row(&g->embed, id, tmp);
-        act_round(m, tmp, (size_t)g->dim);
+        model_round(m, tmp, (size_t)g->dim);
         rmsnorm(x, tmp, g->embed_norm, g->dim, g->eps);
     }
-    act_round(m, x, (size_t)g->dim);
+    model_round(m, x, (size_t)g->dim);
 }
 
 static void add_row(void *ctx, int i) {
@@ -498,7 +471,7 @@ static void add_row(void *ctx, int i) {
     float *x = j->out + (size_t)i * j->dim;
     const float *delta = j->x + (size_t)i * j->dim;
     for (int c = 0; c < j->dim; c++) x[c] += delta[c];
-    act_round(j->m, x, (size_t)j->dim);
+    model_round(j->m, x, (size_t)j->dim);
 }
 
 static void add_residual(const model *m, float *x, const float *delta, int n) {
@@ -518,11 +491,11 @@ static void head_logits(const model *m, const ink_rows *rw, const float *x, ink_
     int cnt = 0;
     for (int i = 0; i < rw->n; i++)
         if (rw->all[i] || rw->last[i]) {
-            norm_rows(m, b->head_hn + (size_t)cnt * d, x + i * d, g->final_norm, 1, g->dim, g->eps);
+            model_norm_rows(m, b->head_hn + (size_t)cnt * d, x + i * d, g->final_norm, 1, g->dim, g->eps);
             dest[cnt++] = rw->all[i] ? rw->all[i] : rw->last[i];
         }
     for (size_t k = 0; k < (size_t)cnt * d; k++) b->head_hn[k] /= g->logit_div;
-    act_round(m, b->head_hn, (size_t)cnt * d);
+    model_round(m, b->head_hn, (size_t)cnt * d);
     for (int k0 = 0; k0 < cnt; k0 += INK_HEAD_ROWS) {
         int rows = MIN(INK_HEAD_ROWS, cnt - k0);
         qmat_mul_rows(&g->head, 0, g->unpadded, b->head_hn + (size_t)k0 * d, rows, b->head_out);
@@ -542,11 +515,11 @@ static void forward_rows(const model *m, const ink_rows *rw, arena *sc) {
     for (int i = 0; i < rw->n; i++) embed(m, rw->seq[i], rw->ids[i], x + (size_t)i * g->dim, delta);
     for (int li = 0; li < g->n_layers; li++) {
         const ink_layer *l = &g->layers[li];
-        norm_rows(m, hn, x, l->attn_norm, rw->n, g->dim, g->eps);
+        model_norm_rows(m, hn, x, l->attn_norm, rw->n, g->dim, g->eps);
         attention(m, li, rw, hn, &b, branch);
         conv_rows(m, rw, li, CONV_ATTN, l->conv_attn, g->dim, branch, (size_t)g->dim, delta);
         add_residual(m, x, delta, rw->n);
-        norm_rows(m, hn, x, l->mlp_norm, rw->n, g->dim, g->eps);
+        model_norm_rows(m, hn, x, l->mlp_norm, rw->n, g->dim, g->eps);
         mlp(m, l, hn, rw->n, branch, &b);
         conv_rows(m, rw, li, CONV_MLP, l->conv_mlp, g->dim, branch, (size_t)g->dim, delta);
         add_residual(m, x, delta, rw->n);

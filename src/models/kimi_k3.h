@@ -109,11 +109,6 @@ void k3_expert(void *ctx, int layer, int e, const qmat *w, const float *in, cons
                arena *sc);
 size_t k3_expert_scratch(void *ctx, int layer, int cnt);
 size_t k3_scratch_bytes(const model *m, int ctx);
-/* Rounds activations to BF16 under default numerics (no-op with --numerics exact). */
-void k3_round(const model *m, float *x, size_t n);
-/* y[n][w->rows] = W x, rounded as an activation. */
-void k3_project(const model *m, const qmat *w, const float *x, int n, float *y);
-void k3_rmsnorm_rows(const model *m, float *out, const float *x, const float *w, int n, int dim, float eps);
 /* beta * tanh(g / beta) * sigmoid(g) * linear_beta * tanh(u / linear_beta), into g. */
 void k3_situ(const k3_model *k, float *g, const float *u, size_t n);
 

@@ -27,20 +27,6 @@
 
 float *k3_floats(arena *a, size_t n) { return arena_take(a, n, sizeof(float)); }
 
-void k3_round(const model *m, float *x, size_t n) {
-    if (m->num == NUMERICS_QAT) bf16_round_vec(x, n);
-}
-
-void k3_project(const model *m, const qmat *w, const float *x, int n, float *y) {
-    qmat_mul(w, x, n, y);
-    k3_round(m, y, (size_t)n * w->rows);
-}
-
-void k3_rmsnorm_rows(const model *m, float *out, const float *x, const float *w, int n, int dim, float eps) {
-    for (int i = 0; i < n; i++) rmsnorm(out + (size_t)i * dim, x + (size_t)i * dim, w, dim, eps);
-    k3_round(m, out, (size_t)n * dim);
-}
-
 void k3_situ(const k3_model *k, float *g, const float *u, size_t n) {
     float b1 = k->situ_beta, b2 = k->situ_linear_beta;
     for (size_t i = 0; i < n; i++) g[i] = b1 * tanhf(g[i] / b1) * sigmoidf(g[i]) * (b2 * tanhf(u[i] / b2));
@@ -107,7 +93,7 @@ static void res_mix(const model *m, const k3_stream *rs, const float *last, cons
         for (int e = 0; e < nc; e++) {
             const float *v = (e < rs->nblocks ? rs->blocks[e] : last) + (size_t)t * d;
             rmsnorm(normed, v, norm_w, d, k->eps);
-            k3_round(m, normed, (size_t)d);
+            model_round(m, normed, (size_t)d);
             score[e] = dot_f32(normed, proj, d);
         }
         softmax(score, nc);
@@ -118,7 +104,7 @@ static void res_mix(const model *m, const k3_stream *rs, const float *last, cons
             for (int c = 0; c < d; c++) o[c] += score[e] * v[c];
         }
     }
-    k3_round(m, out, (size_t)n * d);
+    model_round(m, out, (size_t)n * d);
 }
 
 static void add_into(const model *m, k3_stream *rs, const float *delta, size_t len) {
@@ -126,7 +112,7 @@ static void add_into(const model *m, k3_stream *rs, const float *delta, size_t l
     else
         for (size_t i = 0; i < len; i++) rs->prefix[i] += delta[i];
     rs->have_prefix = 1;
-    k3_round(m, rs->prefix, len);
+    model_round(m, rs->prefix, len);
 }
 
 /* One decoder layer over the n rows of a pass; rs->prefix holds its input and receives its output. */
@@ -143,13 +129,13 @@ static void layer(const model *m, int li, const k3_run *runs, int nruns, k3_stre
         rs->prefix = b->slots[rs->nblocks];
         rs->have_prefix = 0;
     }
-    k3_rmsnorm_rows(m, b->hn, b->x, l->attn_norm, n, k->dim, k->eps);
+    model_norm_rows(m, b->hn, b->x, l->attn_norm, n, k->dim, k->eps);
     if (l->kda) k3_kda_forward(m, l, li, runs, nruns, b->hn, n, b->delta, sc);
     else k3_mla_forward(m, l, li, runs, nruns, b->hn, n, b->delta, sc);
     add_into(m, rs, b->delta, len);
     if (k->res_block) res_mix(m, rs, rs->prefix, l->res_mlp_norm, l->res_mlp_proj, n, b->normed, b->x);
     else memcpy(b->x, rs->prefix, len * sizeof *b->x);
-    k3_rmsnorm_rows(m, b->hn, b->x, l->ffn_norm, n, k->dim, k->eps);
+    model_norm_rows(m, b->hn, b->x, l->ffn_norm, n, k->dim, k->eps);
     k3_ffn_forward(m, l, b->hn, n, b->delta, sc);
     add_into(m, rs, b->delta, len);
 }
@@ -171,7 +157,7 @@ static void head_logits(const model *m, const k3_stream *rs, chunk_bufs *cb, con
     else memcpy(cb->x, rs->prefix, (size_t)n * d * sizeof *cb->x);
     for (int t = 0, i = 0; t < n; t++)
         if (wants_logits(seg[t], tok[t])) rmsnorm(b.hn + (size_t)i++ * d, cb->x + (size_t)t * d, k->final_norm, d, k->eps);
-    k3_round(m, b.hn, (size_t)cnt * d);
+    model_round(m, b.hn, (size_t)cnt * d);
     qmat_mul(&k->head, b.hn, cnt, b.out);
     size_t v = (size_t)k->vocab;
     for (int t = 0, i = 0; t < n; t++) {
@@ -199,7 +185,7 @@ static void forward_pass(const model *m, arena *sc, const fwd_seg *const *seg, c
     }
     k3_stream rs = {.prefix = b.slots[0], .have_prefix = 1};
     for (int t = 0; t < n; t++) qmat_row(&k->embed, seg[t]->ids[tok[t]], rs.prefix + (size_t)t * k->dim);
-    k3_round(m, rs.prefix, (size_t)n * k->dim);
+    model_round(m, rs.prefix, (size_t)n * k->dim);
     for (int li = 0; li < k->n_layers; li++) layer(m, li, runs, nruns, &rs, &b, n, sc);
     head_logits(m, &rs, &b, seg, tok, n, sc);
     arena_release(sc, start);

@@ -149,7 +149,7 @@ static void run_recurrence(const model *m, const k3_kda *a, int li, const k3_run
             size_t o = (size_t)t * P;
             for (int i = 0; i < 3; i++)
                 short_conv(a->conv[i], K, s->conv[li] + (size_t)i * P * (K - 1), b->raw[i] + o, P, b->act[i] + o);
-            for (int i = 0; i < 3; i++) k3_round(m, b->act[i] + o, (size_t)P);
+            for (int i = 0; i < 3; i++) model_round(m, b->act[i] + o, (size_t)P);
             l2norm_heads(b->act[0] + o, H, d, 1.0f / sqrtf((float)d));
             l2norm_heads(b->act[1] + o, H, d, 1.0f);
             decays(k, a, b->f + o, b->dec + o);
@@ -171,22 +171,22 @@ void k3_kda_forward(const model *m, const k3_layer *l, int li, const k3_run *run
     kda_bufs b;
     kda_layout(sc, k, n, &b);
     const qmat *proj[3] = {&a->q, &a->k, &a->v};
-    for (int i = 0; i < 3; i++) k3_project(m, proj[i], hn, n, b.raw[i]);
-    k3_project(m, &a->f_a, hn, n, b.fa);
-    k3_project(m, &a->f_b, b.fa, n, b.f);
-    k3_project(m, &a->b, hn, n, b.beta);
-    if (a->g.data) k3_project(m, &a->g, hn, n, b.gate);
+    for (int i = 0; i < 3; i++) model_project(m, proj[i], hn, n, b.raw[i]);
+    model_project(m, &a->f_a, hn, n, b.fa);
+    model_project(m, &a->f_b, b.fa, n, b.f);
+    model_project(m, &a->b, hn, n, b.beta);
+    if (a->g.data) model_project(m, &a->g, hn, n, b.gate);
     else {
-        k3_project(m, &a->g_a, hn, n, b.ga);
-        k3_project(m, &a->g_b, b.ga, n, b.gate);
+        model_project(m, &a->g_a, hn, n, b.ga);
+        model_project(m, &a->g_b, b.ga, n, b.gate);
     }
     for (int r = 0; r < nruns; r++) run_recurrence(m, a, li, &runs[r], &b);
     float *core = b.core;
-    k3_round(m, core, (size_t)n * P);
+    model_round(m, core, (size_t)n * P);
     for (size_t r = 0; r < (size_t)n * H; r++) rmsnorm(core + r * d, core + r * d, a->o_norm, d, k->eps);
-    k3_round(m, core, (size_t)n * P);
+    model_round(m, core, (size_t)n * P);
     for (size_t c = 0; c < (size_t)n * P; c++) core[c] *= sigmoidf(b.gate[c]);
-    k3_round(m, core, (size_t)n * P);
-    k3_project(m, &a->o, core, n, out);
+    model_round(m, core, (size_t)n * P);
+    model_project(m, &a->o, core, n, out);
     arena_release(sc, mark);
 }

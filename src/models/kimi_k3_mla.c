@@ -91,11 +91,11 @@ void k3_mla_forward(const model *m, const k3_layer *l, int li, const k3_run *run
     size_t mark = arena_mark(sc);
     mla_bufs b;
     mla_layout(sc, k, a, n, end, &b);
-    k3_project(m, &a->q_a, hn, n, b.qa);
-    k3_rmsnorm_rows(m, b.qa, b.qa, a->q_a_norm, n, k->q_lora, 1e-6f);
-    k3_project(m, &a->q_b, b.qa, n, b.q);
-    k3_project(m, &a->kv_a, hn, n, b.ckv);
-    k3_project(m, &a->g, hn, n, b.gate);
+    model_project(m, &a->q_a, hn, n, b.qa);
+    model_norm_rows(m, b.qa, b.qa, a->q_a_norm, n, k->q_lora, 1e-6f);
+    model_project(m, &a->q_b, b.qa, n, b.q);
+    model_project(m, &a->kv_a, hn, n, b.ckv);
+    model_project(m, &a->g, hn, n, b.gate);
     mla_job j = {.k = k, .pass = b.pass, .q = b.q, .work = b.work, .work_stride = b.work_stride};
     mla_queries(&j.pass, b.q, k->rope);
     for (int r = 0; r < nruns; r++) {
@@ -105,7 +105,7 @@ void k3_mla_forward(const model *m, const k3_layer *l, int li, const k3_run *run
             float *dst = rows + (size_t)(u->pos0 + i) * row;
             const float *src = b.ckv + (size_t)(u->t0 + i) * row;
             rmsnorm(dst, src, a->kv_a_norm, k->kv_lora, 1e-6f);
-            k3_round(m, dst, (size_t)k->kv_lora);
+            model_round(m, dst, (size_t)k->kv_lora);
             memcpy(dst + k->kv_lora, src + k->kv_lora, (size_t)k->rope * sizeof *dst);
         }
         j.rows = rows, j.t0 = u->t0, j.pos0 = u->pos0;
@@ -116,9 +116,9 @@ void k3_mla_forward(const model *m, const k3_layer *l, int li, const k3_run *run
         }
     }
     mla_values(&j.pass, b.heads);
-    k3_round(m, b.heads, (size_t)n * hv);
+    model_round(m, b.heads, (size_t)n * hv);
     for (size_t c = 0; c < (size_t)n * hv; c++) b.heads[c] *= sigmoidf(b.gate[c]);
-    k3_round(m, b.heads, (size_t)n * hv);
-    k3_project(m, &a->o, b.heads, n, out);
+    model_round(m, b.heads, (size_t)n * hv);
+    model_project(m, &a->o, b.heads, n, out);
     arena_release(sc, mark);
 }

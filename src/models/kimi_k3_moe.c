@@ -29,11 +29,11 @@ static void situ_glu(const model *m, const qmat *gate, const qmat *up, const qma
     size_t mark = arena_mark(sc), len = (size_t)n * gate->rows;
     glu_bufs b;
     glu_layout(sc, n, gate->rows, &b);
-    k3_project(m, gate, x, n, b.g);
-    k3_project(m, up, x, n, b.u);
+    model_project(m, gate, x, n, b.g);
+    model_project(m, up, x, n, b.u);
     k3_situ(m->priv, b.g, b.u, len);
-    k3_round(m, b.g, len);
-    k3_project(m, down, b.g, n, y);
+    model_round(m, b.g, len);
+    model_project(m, down, b.g, n, y);
     arena_release(sc, mark);
 }
 
@@ -108,7 +108,7 @@ static void latent_moe(const model *m, const k3_layer *l, const float *x, int n,
     qmat_mul(&l->router, x, n, b.logits);
     for (int t = 0; t < n; t++)
         route(k, l, b.logits + (size_t)t * k->n_experts, b.score, b.choice, b.idx + (size_t)t * K, b.weight + (size_t)t * K);
-    k3_project(m, &l->lat_down, x, n, b.z);
+    model_project(m, &l->lat_down, x, n, b.z);
     /* Each expert runs once over the tokens that chose it; results land in ex[token][slot]. */
     experts_io io = {.x = b.z, .din = lat, .k = K, .out = b.ex, .dout = lat, .out_k = K};
     experts_run(k->experts, (int)(l - k->layers), b.idx, n * K, &io);
@@ -118,12 +118,12 @@ static void latent_moe(const model *m, const k3_layer *l, const float *x, int n,
             for (int s = 0; s < K; s++) acc += b.weight[(size_t)t * K + s] * b.ex[((size_t)t * K + s) * lat + c];
             b.agg[(size_t)t * lat + c] = acc;
         }
-    k3_round(m, b.agg, (size_t)n * lat);
-    k3_rmsnorm_rows(m, b.agg, b.agg, l->lat_norm, n, lat, k->eps);
-    k3_project(m, &l->lat_up, b.agg, n, y);
+    model_round(m, b.agg, (size_t)n * lat);
+    model_norm_rows(m, b.agg, b.agg, l->lat_norm, n, lat, k->eps);
+    model_project(m, &l->lat_up, b.agg, n, y);
     situ_glu(m, &l->gate, &l->up, &l->down, x, n, b.shared, sc);
     for (size_t i = 0; i < (size_t)n * k->dim; i++) y[i] += b.shared[i];
-    k3_round(m, y, (size_t)n * k->dim);
+    model_round(m, y, (size_t)n * k->dim);
     arena_release(sc, mark);
 }
 

@@ -11,7 +11,10 @@
 
 #include "../core/config.h"
 #include "../core/experts.h"
+#include "../core/ops.h"
+#include "../core/quant.h"
 #include "../core/sampler.h"
+#include "../core/threads.h"
 #include "../core/util.h"
 
 /* The family's turn tokens as ids of this tokenizer; a token it lacks is left out (-1). */
@@ -448,6 +451,39 @@ static int spec_accept(spec_job *j, spec_work *w, char *err, size_t errlen) {
 }
 
 int seq_join_rows(const model *m, int decode_rows) { return m->pass_rows - decode_rows % m->pass_rows; }
+
+void model_round(const model *m, float *x, size_t n) {
+    if (m->num == NUMERICS_QAT) bf16_round_vec(x, n);
+}
+
+void model_project_each(const model *m, int count, const qmat *const *w, const float *x, int n, float *const *y) {
+    qmat_mul_each(count, w, x, n, y);
+    for (int k = 0; k < count && m->num == NUMERICS_QAT; k++) bf16_round_rows(y[k], n, (size_t)w[k]->rows);
+}
+
+void model_project(const model *m, const qmat *w, const float *x, int n, float *y) {
+    model_project_each(m, 1, &w, x, n, &y);
+}
+
+typedef struct {
+    const model *m;
+    float *out;
+    const float *x, *w;
+    int dim;
+    float eps;
+} norm_job;
+
+static void norm_row(void *ctx, int i) {
+    const norm_job *j = ctx;
+    float *out = j->out + (size_t)i * j->dim;
+    rmsnorm(out, j->x + (size_t)i * j->dim, j->w, j->dim, j->eps);
+    model_round(j->m, out, (size_t)j->dim);
+}
+
+void model_norm_rows(const model *m, float *out, const float *x, const float *w, int n, int dim, float eps) {
+    norm_job j = {m, out, x, w, dim, eps};
+    pool_run(n, norm_row, &j);
+}
 
 /* The jobs' segments first, then the feeds': seqs[] and segs[] hold n + nfeeds entries. */
 int seq_spec_steps(spec_job *jobs, int n, const feed_job *feeds, int nfeeds, char *err, size_t errlen) {

@@ -300,6 +300,16 @@ int seq_spec_steps(spec_job *jobs, int n, const feed_job *feeds, int nfeeds, cha
  * n_batch), with the budget set by the pass the step pays for anyway. */
 int seq_join_rows(const model *m, int decode_rows);
 
+/* ---- activation steps the families share (a row's result depends only on that row) ---- */
+/* x rounded to BF16 where the numerics say so (NUMERICS_QAT), unchanged under NUMERICS_EXACT. */
+void model_round(const model *m, float *x, size_t n);
+/* y[k] = model_round(w[k] x) for count matrices that read the same n input rows, in one pool
+ * job (qmat_mul_each), the rounding one pool index per row. */
+void model_project_each(const model *m, int count, const qmat *const *w, const float *x, int n, float *const *y);
+void model_project(const model *m, const qmat *w, const float *x, int n, float *y);
+/* out[i] = model_round(rmsnorm(x[i]) * w) for n rows of dim, one pool index per row. */
+void model_norm_rows(const model *m, float *out, const float *x, const float *w, int n, int dim, float eps);
+
 /* seq_feed behind the reuse layer's feed callback (state/reuse.h), so state/ never calls up. */
 reuse_feeder seq_feeder(seq *s);
 /* A whole prompt the way one-slot callers (cairn run --chat, bench reuse) take it: the reuse

@@ -148,10 +148,12 @@ INLINE float tree16(__m256 lo, __m256 hi) {
 /* y[i] = dot(row r + i, x) for i < NR, the rows interleaved 16 columns at a time.
  * These are VEC_ROWS short streams (4 KiB per FP8 row of 4096 columns), too short for the
  * hardware prefetchers to ramp up, so each row prefetches the same offset of the row VEC_ROWS
- * further on: the rows this thread reads next. */
+ * further on: the rows this thread reads next, and one line in four also far ahead
+ * (kernel_prefetch_far). */
 INLINE void dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, float *y) {
     const int full = w->cols / 16 * 16;
     const size_t ahead = (size_t)(kernel_row_ptr(w, VEC_ROWS) - kernel_row_ptr(w, 0));
+    const uint8_t *end = kernel_row_ptr(w, w->rows);
     const uint8_t *row[VEC_ROWS];
     __m256 acc[VEC_ROWS][2];
     #pragma GCC unroll 4
@@ -162,8 +164,10 @@ INLINE void dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, fl
     for (int c = 0; c < full; c += 16) {
         if (kernel_col_bytes(f, c) % 64 == 0) {
             #pragma GCC unroll 4
-            for (int i = 0; i < NR; i++)
+            for (int i = 0; i < NR; i++) {
                 _mm_prefetch((const char *)row[i] + kernel_col_bytes(f, c) + ahead, _MM_HINT_T0);
+                if (kernel_col_bytes(f, c) % 256 == 0) kernel_prefetch_far(row[i] + kernel_col_bytes(f, c), end);
+            }
         }
         #pragma GCC unroll 4
         for (int i = 0; i < NR; i++) {
@@ -195,6 +199,7 @@ static float nibble_finish(const qmat *w, int r, int full, const float *x, const
 INLINE void nibble_dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, float *y) {
     const int full = w->cols / 64 * 64;
     const size_t ahead = (size_t)(kernel_row_ptr(w, VEC_ROWS) - kernel_row_ptr(w, 0));
+    const uint8_t *end = kernel_row_ptr(w, w->rows);
     const uint8_t *row[VEC_ROWS];
     const void *srow[VEC_ROWS];
     __m256i lo_bytes, hi_bytes;
@@ -207,7 +212,10 @@ INLINE void nibble_dot_rows(const qmat *w, wformat f, int r, int NR, const float
         acc[i][0] = acc[i][1] = _mm256_setzero_ps();
     }
     for (int c = 0; c < full; c += 64) {
-        if (c % 128 == 0) kernel_prefetch_next_group(row[0], NR, (size_t)c / 2, ahead);
+        if (c % 128 == 0) {
+            kernel_prefetch_next_group(row[0], NR, (size_t)c / 2, ahead);
+            kernel_prefetch_far(row[0] + (size_t)c / 2 * NR, end);
+        }
         #pragma GCC unroll 4
         for (int i = 0; i < NR; i++) {
             __m256 v[8], scale[2];

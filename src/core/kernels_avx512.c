@@ -5,7 +5,7 @@
  * do. FP8 (unscaled) decodes as in the AVX2 path, BF16 by one byte permute where VBMI exists
  * (widen_bf16); matvec decodes 32 columns per step
  * (FP8: one zmm of f16 patterns, two conversions). Matvec interleaves
- * four rows for independent FMA chains, decoding in registers; so do batches of up to FEW_BATCH
+ * four rows for independent FMA chains, decoding in registers; so do batches of up to FEW_BATCH (NIB_FEW_BATCH for the nibble formats)
  * input rows (batched decode across conversations, MoE experts with few tokens), each decoded
  * vector serving up to FEW_X inputs. Larger batches run a 4x6 register tile (4 weight rows x 6
  * input rows: 24 accumulators, 10 loads per 24 FMAs, so the FMA ports and not the load ports
@@ -40,6 +40,11 @@
 #define VEC_ROWS 4
 #define FEW_X 4          /* inputs per register pass of dot_rows: VEC_ROWS x FEW_X accumulators */
 #define FEW_BATCH 8      /* batches up to this many inputs decode in registers (two passes of 4) */
+/* The same for the nibble formats, whose tile pays a decoded row's stores (five vectors per 64
+ * columns) and which the register kernel decodes once per four inputs at eight uops. One
+ * thread, FP4 1024 x 2048 in L2, GFLOP/s tile / register kernel: n = 9 72 / 108, 12 95 / 111,
+ * 16 106-109 / 112-116, 24 122 / 113. */
+#define NIB_FEW_BATCH 16
 /* Columns per range of the rule-2 tile. A range's MUL_XROWS input slices (6 x 4 KiB) and a tile's
  * four weight rows (16 KiB as f32) fit a 48 KiB L1 together, as NIB_KC's do for the nibble tile,
  * and each tile call's fixed cost (its 24 lanes loaded and stored, its dispatch: 17 % of the
@@ -65,6 +70,18 @@
 #define FP8_SHORT_ROW 1024
 #define TILE_R 4
 #define TILE_X 6
+
+/* Inputs whose weights decode in registers (rows_few_inputs) rather than through a tile. */
+INLINE int few_inputs(const qmat *w, int n) { return n <= (kernel_is_nibbles(w->fmt) ? NIB_FEW_BATCH : FEW_BATCH); }
+
+/* The next group of a batch split into as few groups of at most `max` inputs as can hold the
+ * `left` inputs, their sizes as even as they can be (13 -> 5, 4, 4 rather than 6, 6, 1): a
+ * tile of one or two inputs loads its weights for too few FMAs. Which inputs share a tile
+ * changes no sum. */
+INLINE int input_group(int left, int max) {
+    int groups = (left + max - 1) / max;
+    return (left + groups - 1) / groups;
+}
 
 INLINE __mmask16 tail_mask(int c, int cols) {
     int left = cols - c;
@@ -733,7 +750,7 @@ INLINE void nibble_decode_row(const qmat *w, wformat f, int r, int pairs, float 
     }
 }
 
-/* Batches past FEW_BATCH: each row decoded once (as pairs when `pairs` holds the inputs'), then
+/* Batches past NIB_FEW_BATCH: each row decoded once (as pairs when `pairs` holds the inputs'), then
  * the NIB_R x NIB_X tile over column ranges of NIB_KC chunks. */
 static void nibble_rows_mul(const qmat *w, int r0, int r1, const float *x, const uint32_t *pairs, int n, float *y,
                             int ldy) {
@@ -745,8 +762,8 @@ static void nibble_rows_mul(const qmat *w, int r0, int r1, const float *x, const
         KERNEL_FOR_EACH_FORMAT(w->fmt, (void)0, nibble_decode_row(w, F, r, pairs != NULL, wb + (size_t)(r - r0) * ldw))
     row_stream next = row_stream_after(w, r0, r1, (n + NIB_X - 1) / NIB_X * ((chunks + NIB_KC - 1) / NIB_KC) *
                                                       ((nr + NIB_R - 1) / NIB_R));
-    for (int j0 = 0; j0 < n; j0 += NIB_X) {
-        int nx = MIN(NIB_X, n - j0);
+    for (int j0 = 0, nx; j0 < n; j0 += nx) {
+        nx = input_group(n - j0, NIB_X);
         const float *xg = x + (size_t)j0 * cols;
         const uint32_t *pg = pairs ? pairs + (size_t)j0 * chunks * 32 : NULL;
         for (int k0 = 0; k0 == 0 || k0 < chunks; k0 += NIB_KC)   /* once at least: the first range zeroes acc */
@@ -799,7 +816,7 @@ static void rows_few_pairs(const qmat *w, int r, int nr, const float *x, const u
 #endif
 }
 
-/* y[j * ldy + (r - r0)] for inputs j in [0, n), n <= FEW_X * 2, rows in groups of VEC_ROWS;
+/* y[j * ldy + (r - r0)] for inputs j in [0, n), n <= NIB_FEW_BATCH, rows in groups of VEC_ROWS;
  * from the BF16 pairs where given. */
 static void rows_few_inputs(const qmat *w, int r0, int r1, const float *x, const uint32_t *pairs, int n, float *y,
                             int ldy) {
@@ -911,7 +928,7 @@ static void scale_inputs(const qmat *w, int r, const float *x, int nx, int c0, i
 }
 
 static void avx512_rows_mul(const qmat *w, int r0, int r1, const float *x, int n, float *y, int ldy) {
-    if (n <= FEW_BATCH) {
+    if (few_inputs(w, n)) {
         rows_few_inputs(w, r0, r1, x, NULL, n, y, ldy);
         return;
     }
@@ -945,8 +962,8 @@ static void avx512_rows_mul(const qmat *w, int r0, int r1, const float *x, int n
         KERNEL_FOR_EACH_FORMAT(w->fmt, decode_row(w, F, bf, r, (char *)scratch + (size_t)(r - r0) * row_bytes), (void)0)
     row_stream next = row_stream_after(w, r0, r1, (n + MUL_XROWS - 1) / MUL_XROWS * ((cols + MUL_CHUNK - 1) / MUL_CHUNK) *
                                                       ((nr + TILE_R - 1) / TILE_R));
-    for (int j0 = 0; j0 < n; j0 += MUL_XROWS) {
-        int nx_all = n - j0 < MUL_XROWS ? n - j0 : MUL_XROWS;
+    for (int j0 = 0, nx_all; j0 < n; j0 += nx_all) {
+        nx_all = input_group(n - j0, MUL_XROWS);
         const float *xg = x + (size_t)j0 * cols;
         for (int c0 = 0; c0 < cols; c0 += MUL_CHUNK) {
             int c1 = c0 + MUL_CHUNK < cols ? c0 + MUL_CHUNK : cols;
@@ -977,7 +994,7 @@ static void avx512_row_factors(const qmat *w, int r, float *out) {
  * tile both use them. */
 static void avx512_rows_pairs(const qmat *w, int r0, int r1, const float *x, const uint32_t *pairs, int n, float *y,
                               int ldy) {
-    if (n <= FEW_BATCH) rows_few_inputs(w, r0, r1, x, pairs, n, y, ldy);
+    if (few_inputs(w, n)) rows_few_inputs(w, r0, r1, x, pairs, n, y, ldy);
     else nibble_rows_mul(w, r0, r1, x, pairs, n, y, ldy);
 }
 
@@ -992,7 +1009,7 @@ enum { PAIR_KINDS = 3 };
 static const int pair_probe_n[PAIR_KINDS] = {1, FEW_X, 2 * MUL_XROWS};
 static int pairs_faster[PAIR_KINDS];
 
-static int pair_kind(int n) { return n == 1 ? 0 : n <= FEW_BATCH ? 1 : 2; }
+static int pair_kind(int n) { return n == 1 ? 0 : n <= NIB_FEW_BATCH ? 1 : 2; }
 
 /* The probe's FP4 product (R x C, N input rows with their pairs), filled once by measure_pairs. */
 enum { PROBE_R = 64, PROBE_C = 1024, PROBE_N = 2 * MUL_XROWS };

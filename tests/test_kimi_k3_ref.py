@@ -1,7 +1,7 @@
 """Kimi K3 forward pass (src/models/kimi_k3*.c) against the independent float64 reference
 tools/ref/kimi_k3.py on the tiny checkpoint (release layout: kimi_k3 root config with a kimi_linear
 text_config, `language_model.` names, MXFP4 routed experts): exact numerics agree on every prompt
-position, on prompts past 64 tokens too; the reference's two KDA paths (token by token and HF's
+position, on prompts past a pass (K3_CHUNK, 128 tokens) too; the reference's two KDA paths (token by token and HF's
 chunked UT form) agree with each other; the KDA recurrence, the short convs, the attention-residual
 blocks and the gate lower bound all shape the output (the reference with each one changed differs,
 and cairn follows the real one); default numerics round to BF16; any split of a prompt into forward
@@ -27,7 +27,7 @@ BASE = 960  # tiny vocab: K3 specials from BASE ([BOS], [EOS], <|end_of_msg|> = 
 PROMPTS = {
     "short": [BASE, 72, 105, 3, 500],
     "chat": [BASE + 3, 300, 301, BASE + 5, 40, 41, 42, BASE + 4, 300, BASE + 5, BASE + 2, BASE + 3, 17],
-    "long": [BASE] + [(37 * i + 11) % 950 for i in range(80)],
+    "long": [BASE] + [(37 * i + 11) % 950 for i in range(150)],
 }
 
 
@@ -128,7 +128,7 @@ def test_prompt_split_is_bit_exact(cairn, tiny_kimi_k3, numerics):
     calls in the state) gives the same bits as one call."""
     ids = PROMPTS["long"]
     _, whole = echo(cairn, tiny_kimi_k3, ids, numerics)
-    for chunks in ("1", "7,1,30", "64"):
+    for chunks in ("1", "7,1,30", "64", "128"):
         _, split = echo(cairn, tiny_kimi_k3, ids, numerics, ["--prefill-chunks", chunks])
         assert split == whole, f"--prefill-chunks {chunks} changed the output"
 

@@ -40,7 +40,10 @@ extern const chat_template kimi_k3_chat;
 
 #define K3_MAX_BLOCKS 32        /* attention-residual snapshots: ceil(layers / block size) */
 #define K3_MAX_CONV 8           /* short-conv kernel */
-#define K3_CHUNK 64             /* tokens per internal pass: bounds the scratch arena */
+/* Tokens per internal pass: each pass reads every weight once, and its routed experts see its
+ * tokens. 64 -> 128 made the bench model's prefill 7 % faster (256 -> same again) for a
+ * per-sequence scratch at the real shape of 66 -> 132 MB (263 MB at 256). */
+#define K3_CHUNK 128
 
 typedef struct {
     qmat q, k, v, f_a, f_b, b, g, g_a, g_b, o;  /* g full rank, or g_a/g_b low rank (Kimi Linear) */

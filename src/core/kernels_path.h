@@ -221,7 +221,7 @@ static inline void kernel_prefetch_next_group(const uint8_t *row0, int nr, size_
  * 19.6-20.9 GB/s, one thread 8.5-8.8 -> 10.2-10.6 (12.7 in cache); FP8 matvecs of DeepSeek V4's
  * bench model 3-8 % faster each. Changes no result. */
 static inline void kernel_prefetch_far(const uint8_t *at, const uint8_t *end) {
-    if (at + KERNEL_FAR_AHEAD < end) __builtin_prefetch(at + KERNEL_FAR_AHEAD, 0, 1);
+    if (end - at > (ptrdiff_t)KERNEL_FAR_AHEAD) __builtin_prefetch(at + KERNEL_FAR_AHEAD, 0, 1);
 }
 
 /* The scales row r of a nibble format reads, for kernel_nibble_scale: FP4 its E8M0 bytes,

@@ -131,12 +131,54 @@ size_t k3_kda_scratch(const k3_model *k, int n) {
     return a.used;
 }
 
+/* Channels per pool index of the convs: each walks the stretch in position order for its channels,
+ * the only order a channel's window allows. */
+#define KDA_CONV_CHANNELS 16
+
+/* A stretch [t0, t1) of one sequence's rows, for the element work around the recurrence. */
+typedef struct {
+    const model *m;
+    const k3_kda *a;
+    kda_bufs *b;
+    float *win;                /* the sequence's conv windows of this layer: [3][proj][K - 1] */
+    int t0, t1;
+} kda_prep;
+
+/* The q, k and v convs (and SiLU) of channels [KDA_CONV_CHANNELS * i, ...) over the stretch. */
+static void conv_channels(void *ctx, int i) {
+    const kda_prep *j = ctx;
+    const k3_model *k = j->m->priv;
+    int P = k->kda_heads * k->kda_dim, K = k->conv_k, c0 = i * KDA_CONV_CHANNELS;
+    int cnt = P - c0 < KDA_CONV_CHANNELS ? P - c0 : KDA_CONV_CHANNELS;
+    for (int q = 0; q < 3; q++) {
+        const float *taps = j->a->conv[q] + (size_t)c0 * K;
+        float *win = j->win + (size_t)q * P * (K - 1) + (size_t)c0 * (K - 1);
+        for (int t = j->t0; t < j->t1; t++) {
+            size_t o = (size_t)t * P + (size_t)c0;
+            short_conv(taps, K, win, j->b->raw[q] + o, cnt, j->b->act[q] + o);
+        }
+    }
+}
+
+/* Row t's rounding, q/k L2 norms, decays and beta (a pool task: rows are independent). */
+static void prep_row(void *ctx, int i) {
+    const kda_prep *j = ctx;
+    const k3_model *k = j->m->priv;
+    int H = k->kda_heads, d = k->kda_dim, t = j->t0 + i;
+    size_t o = (size_t)t * H * d;
+    for (int q = 0; q < 3; q++) model_round(j->m, j->b->act[q] + o, (size_t)H * d);
+    l2norm_heads(j->b->act[0] + o, H, d, 1.0f / sqrtf((float)d));
+    l2norm_heads(j->b->act[1] + o, H, d, 1.0f);
+    decays(k, j->a, j->b->f + o, j->b->dec + o);
+    for (int h = 0; h < H; h++) j->b->beta[(size_t)t * H + h] = sigmoidf(j->b->beta[(size_t)t * H + h]);
+}
+
 /* The recurrence of one run (rows t0.. of the pass, positions pos0.. of its sequence), in
  * stretches that end where a capture is armed. */
 static void run_recurrence(const model *m, const k3_kda *a, int li, const k3_run *r, kda_bufs *b) {
     const k3_model *k = m->priv;
     k3_seq *s = r->s;
-    int H = k->kda_heads, d = k->kda_dim, P = H * d, K = k->conv_k;
+    int H = k->kda_heads, d = k->kda_dim, P = H * d;
     kda_step j = {.hd = d, .heads = H, .state = s->kda[li], .work = b->work, .q = b->act[0], .k = b->act[1],
                   .v = b->act[2], .decay = b->dec, .beta = b->beta, .out = b->core};
     for (int t0 = r->t0, end = r->t0 + r->n; t0 < end;) {
@@ -145,16 +187,9 @@ static void run_recurrence(const model *m, const k3_kda *a, int li, const k3_run
         if (next - pos < t1 - t0) t1 = t0 + (next - pos);
         state_capture(s->st, s->conv_part[li], pos);
         state_capture(s->st, s->kda_part[li], pos);
-        for (int t = t0; t < t1; t++) {
-            size_t o = (size_t)t * P;
-            for (int i = 0; i < 3; i++)
-                short_conv(a->conv[i], K, s->conv[li] + (size_t)i * P * (K - 1), b->raw[i] + o, P, b->act[i] + o);
-            for (int i = 0; i < 3; i++) model_round(m, b->act[i] + o, (size_t)P);
-            l2norm_heads(b->act[0] + o, H, d, 1.0f / sqrtf((float)d));
-            l2norm_heads(b->act[1] + o, H, d, 1.0f);
-            decays(k, a, b->f + o, b->dec + o);
-            for (int h = 0; h < H; h++) b->beta[(size_t)t * H + h] = sigmoidf(b->beta[(size_t)t * H + h]);
-        }
+        kda_prep prep = {m, a, b, s->conv[li], t0, t1};
+        pool_run((P + KDA_CONV_CHANNELS - 1) / KDA_CONV_CHANNELS, conv_channels, &prep);
+        pool_run(t1 - t0, prep_row, &prep);
         j.t0 = t0;
         j.t1 = t1;
         pool_run(H, head_steps, &j);
@@ -162,31 +197,44 @@ static void run_recurrence(const model *m, const k3_kda *a, int li, const k3_run
     }
 }
 
+typedef struct {
+    const model *m;
+    const k3_kda *a;
+    float *core;
+    const float *gate;
+} kda_out_job;
+
+/* Row r of the recurrence's output: per-head RMS norm, then the output gate (a pool task). */
+static void out_row(void *ctx, int r) {
+    const kda_out_job *j = ctx;
+    const k3_model *k = j->m->priv;
+    int H = k->kda_heads, d = k->kda_dim;
+    size_t P = (size_t)H * d;
+    float *core = j->core + (size_t)r * P;
+    const float *gate = j->gate + (size_t)r * P;
+    model_round(j->m, core, P);
+    for (int h = 0; h < H; h++) rmsnorm(core + (size_t)h * d, core + (size_t)h * d, j->a->o_norm, d, k->eps);
+    model_round(j->m, core, P);
+    for (size_t c = 0; c < P; c++) core[c] *= sigmoidf(gate[c]);
+    model_round(j->m, core, P);
+}
+
 void k3_kda_forward(const model *m, const k3_layer *l, int li, const k3_run *runs, int nruns, const float *hn, int n,
                     float *out, arena *sc) {
     const k3_model *k = m->priv;
     const k3_kda *a = &l->lin;
-    int H = k->kda_heads, d = k->kda_dim, P = H * d;
     size_t mark = arena_mark(sc);
     kda_bufs b;
     kda_layout(sc, k, n, &b);
-    const qmat *proj[3] = {&a->q, &a->k, &a->v};
-    for (int i = 0; i < 3; i++) model_project(m, proj[i], hn, n, b.raw[i]);
-    model_project(m, &a->f_a, hn, n, b.fa);
+    /* every projection of the layer input in one pool job, then the low-rank second halves */
+    const qmat *proj[] = {&a->q, &a->k, &a->v, &a->f_a, &a->b, a->g.data ? &a->g : &a->g_a};
+    float *dst[] = {b.raw[0], b.raw[1], b.raw[2], b.fa, b.beta, a->g.data ? b.gate : b.ga};
+    model_project_each(m, 6, proj, hn, n, dst);
     model_project(m, &a->f_b, b.fa, n, b.f);
-    model_project(m, &a->b, hn, n, b.beta);
-    if (a->g.data) model_project(m, &a->g, hn, n, b.gate);
-    else {
-        model_project(m, &a->g_a, hn, n, b.ga);
-        model_project(m, &a->g_b, b.ga, n, b.gate);
-    }
+    if (!a->g.data) model_project(m, &a->g_b, b.ga, n, b.gate);
     for (int r = 0; r < nruns; r++) run_recurrence(m, a, li, &runs[r], &b);
-    float *core = b.core;
-    model_round(m, core, (size_t)n * P);
-    for (size_t r = 0; r < (size_t)n * H; r++) rmsnorm(core + r * d, core + r * d, a->o_norm, d, k->eps);
-    model_round(m, core, (size_t)n * P);
-    for (size_t c = 0; c < (size_t)n * P; c++) core[c] *= sigmoidf(b.gate[c]);
-    model_round(m, core, (size_t)n * P);
-    model_project(m, &a->o, core, n, out);
+    kda_out_job oj = {m, a, b.core, b.gate};
+    pool_run(n, out_row, &oj);
+    model_project(m, &a->o, b.core, n, out);
     arena_release(sc, mark);
 }

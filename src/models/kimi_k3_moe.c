@@ -11,6 +11,7 @@
  * plus the shared experts on x, unweighted. Expert contributions are summed in top-k order. */
 #include <string.h>
 
+#include "../core/threads.h"
 #include "../core/util.h"
 #include "kimi_k3.h"
 
@@ -23,16 +24,33 @@ static void glu_layout(arena *a, int n, int inter, glu_bufs *b) {
     b->u = k3_floats(a, (size_t)n * inter);
 }
 
+typedef struct {
+    const model *m;
+    float *g;
+    const float *u;
+    int width;
+} situ_job;
+
+/* Row r's activation (a pool task: rows are independent; inside a routed expert's task it runs
+ * on that thread, as every nested pool call does). */
+static void situ_row(void *ctx, int r) {
+    const situ_job *j = ctx;
+    size_t at = (size_t)r * j->width;
+    k3_situ(j->m->priv, j->g + at, j->u + at, (size_t)j->width);
+    model_round(j->m, j->g + at, (size_t)j->width);
+}
+
 /* y[n][down->rows] = SiTU-GLU(x). */
 static void situ_glu(const model *m, const qmat *gate, const qmat *up, const qmat *down, const float *x, int n,
                      float *y, arena *sc) {
-    size_t mark = arena_mark(sc), len = (size_t)n * gate->rows;
+    size_t mark = arena_mark(sc);
     glu_bufs b;
     glu_layout(sc, n, gate->rows, &b);
-    model_project(m, gate, x, n, b.g);
-    model_project(m, up, x, n, b.u);
-    k3_situ(m->priv, b.g, b.u, len);
-    model_round(m, b.g, len);
+    const qmat *w[] = {gate, up};
+    float *gu[] = {b.g, b.u};
+    model_project_each(m, 2, w, x, n, gu);
+    situ_job j = {m, b.g, b.u, gate->rows};
+    pool_run(n, situ_row, &j);
     model_project(m, down, b.g, n, y);
     arena_release(sc, mark);
 }

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 PY=/usr/bin/python3
 OUT=build/bench
 mkdir -p $OUT
-for fam in deepseek_v4 glm inkling; do
+for fam in deepseek_v4 glm inkling kimi_k3; do
     dir=build/models/$fam-bench-1234
     # once, and again when its generator changed since (a stale shape would bench the old model)
     [ "$dir/config.json" -nt tools/tiny_$fam.py ] || {
@@ -16,7 +16,7 @@ for fam in deepseek_v4 glm inkling; do
 done
 echo "== kernels: matvec weight bytes/s / measured read bandwidth, batched GFLOP/s / measured FMA peak"
 build/cairn bench kernels
-for fam in deepseek_v4 glm inkling; do
+for fam in deepseek_v4 glm inkling kimi_k3; do
     m=build/models/$fam-bench-1234
     echo "== $fam: prefill / decode (decode_efficiency = weight bytes per token x tok/s / read bandwidth;"
     echo "   thread_scaling_* = tok/s on every core / on one, both timed in this run)"
@@ -87,7 +87,7 @@ def load(name):
     with open(f"{out}/{name}.json") as f:
         return json.load(f)
 print("\n== issue 12 targets (measured in this run)")
-fams = ("deepseek_v4", "glm", "inkling")
+fams = ("deepseek_v4", "glm", "inkling", "kimi_k3")
 print(f"{'target':58}" + "".join(f" {f:>14}" for f in fams))
 rows = []
 for fam in fams:

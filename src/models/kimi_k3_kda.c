@@ -14,11 +14,12 @@
  * decode): any chunking of a prompt is then bit-identical to feeding it one token at a time.
  * Heads are independent, so one threadpool call runs each head through a whole stretch of tokens
  * (the same operations in the same order as one call per token); before it the convs run in
- * slices of channels over the stretch, and the rows' norms, decays and betas one row per pool
- * index, and after the recurrence so do the rows' head norms and output gate. A stretch ends where a capture
- * is armed: the state parts are captured (state_capture) before the first write of the stretch's
- * first position, which is before each position's first write as state.h asks. The projections
- * run over every row of the pass at once, whichever sequence a row belongs to (k3_run). */
+ * slices of channels over the stretch and the rows' norms, decays and betas one row per pool
+ * index, and after the recurrence so do the rows' head norms and output gate. A stretch ends
+ * where a capture is armed: the state parts are captured (state_capture) before the first write
+ * of the stretch's first position, which is before each position's first write as state.h asks.
+ * The projections run over every row of the pass at once, whichever sequence a row belongs to
+ * (k3_run). */
 #include <math.h>
 #include <string.h>
 

@@ -3,11 +3,11 @@
  * One zmm holds all 16 canonical lanes of an output, so a group of 16 columns is one FMA and
  * the tree starts by adding the two 256-bit halves (lanes i and i+8), exactly as the other paths
  * do. FP8 (unscaled) decodes as in the AVX2 path, BF16 by one byte permute where VBMI exists
- * (widen_bf16); matvec decodes 32 columns per step
- * (FP8: one zmm of f16 patterns, two conversions). Matvec interleaves
- * four rows for independent FMA chains, decoding in registers; so do batches of up to FEW_BATCH (NIB_FEW_BATCH for the nibble formats)
- * input rows (batched decode across conversations, MoE experts with few tokens), each decoded
- * vector serving up to FEW_X inputs. Larger batches run a 4x6 register tile (4 weight rows x 6
+ * (widen_bf16); matvec decodes 32 columns per step (FP8: one zmm of f16 patterns, two
+ * conversions). Matvec interleaves four rows for independent FMA chains, decoding in registers;
+ * so do batches of up to FEW_BATCH input rows (NIB_FEW_BATCH for the nibble formats: batched
+ * decode across conversations, MoE experts with few tokens), each decoded vector serving up to
+ * FEW_X inputs. Larger batches run a 4x6 register tile (4 weight rows x 6
  * input rows: 24 accumulators, 10 loads per 24 FMAs, so the FMA ports and not the load ports
  * set the pace) over rows dequantized to f32, or where those would crowd L2, BF16 rows in place
  * and FP8 and I8_ROW rows dequantized only into BF16: the tile widens those as it loads them.

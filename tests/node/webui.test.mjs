@@ -8,12 +8,12 @@
 // exception or unhandled promise rejection in the page. Screenshots go to build/.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtempSync, writeFileSync, rmSync } from 'node:fs';
+import { mkdtempSync, writeFileSync, rmSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, dirname } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import puppeteer from 'puppeteer-core';
-import { startServer, FAMILY, TOOL_SYNTAX, TOOL } from './serve_helper.mjs';
+import { startServer, FAMILY, MODEL, TOOL_SYNTAX, TOOL } from './serve_helper.mjs';
 
 const BUILD = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'build');
 const CHROMIUM = process.env.CHROMIUM || '/usr/bin/chromium';
@@ -129,11 +129,23 @@ test('chat on the tiny model: reuse rises, stop, regenerate, edit, reload', asyn
       /^Cold estimate: the turn's TTFT with its own prefill replaced by (\S+ ms \+ \S+ ms per prompt token, fitted to 3 prefills|the prompt at [0-9,]+ tok\/s)/);
 
     // A reply stopped once it is streaming: Stop is pressed from inside the page the moment the
-    // first text shows, since the tiny models decode thousands of tokens a second. A random model
-    // may still end a reply first (it has several end-of-turn tokens); that reply is one more
-    // turn and the next attempt, with another seed, tries again.
-    await setField(page, '#max-tokens', 300);
+    // first text shows, since the tiny models decode thousands of tokens a second. So that the
+    // reply is still streaming when the Stop arrives, the page's requests get a logit_bias that
+    // bans every special token (the end-of-turn ones among them): the reply would otherwise end
+    // after a few dozen tokens, sooner than a busy machine's browser renders them (CI saw eight
+    // replies in a row end first), and now runs on towards the end of the context. Should one
+    // still end first, that reply is one more turn and the next attempt, with another seed, tries again.
+    await setField(page, '#max-tokens', 4096);
     await setField(page, '#temperature', 1);
+    const ban = Object.fromEntries(JSON.parse(readFileSync(join(MODEL, 'tokenizer.json'), 'utf8'))
+      .added_tokens.map((a) => [String(a.id), -100]));
+    const banSpecials = (r) => {
+      if (r.isInterceptResolutionHandled()) return;
+      if (r.method() !== 'POST' || !r.url().endsWith('/v1/chat/completions')) return r.continue();
+      r.continue({ postData: JSON.stringify({ ...JSON.parse(r.postData()), logit_bias: ban }) });
+    };
+    await page.setRequestInterception(true);
+    page.on('request', banSpecials);
     for (let seed = 1; seed <= 8; seed++) {
       await setField(page, '#seed', seed);
       const n = (await stats(page)).length + 1;
@@ -156,6 +168,8 @@ test('chat on the tiny model: reuse rises, stop, regenerate, edit, reload', asyn
       s = await stats(page);
       if (s.at(-1).stopped) break;
     }
+    page.off('request', banSpecials);
+    await page.setRequestInterception(false);
     t.diagnostic(`stopped on attempt ${s.length - 3}: ${s.at(-1).text.length} characters streamed before Stop`);
     assert.ok(s.at(-1).stopped && s.at(-1).text.length > 0 && s.at(-1).error === null, JSON.stringify(s));
     assert.equal(await page.$eval('#send', (e) => e.hidden), false);

@@ -150,22 +150,33 @@ static void scale_columns(float *restrict out, const float *restrict x, int n, f
 /* The input rows a path reads for rows from r on: x itself, FP8's scaled input of rule 1 for the
  * scale block of r (each column times its block's scale * 2^8), or the nibble formats' permuted
  * input, with its exact BF16 pairs where the path has them and every row qualifies
- * (kernel_path.nibble_pairs; `pairs` NULL otherwise). Kept per thread for the current call (`call`
- * numbers every qmat_mul_rows), since a thread's contiguous rows mostly share one FP8 block and
- * every nibble row one input order. */
+ * (kernel_path.nibble_pairs; `pairs` NULL otherwise), or for an FP4 matvec its exact integer form
+ * where the path has one and the input qualifies (kernel_path.nibble_ints; `ints` NULL otherwise,
+ * and then pairs are not made). Kept per thread for the current call (`call` numbers every
+ * qmat_mul_rows), since a thread's contiguous rows mostly share one FP8 block and every nibble
+ * row one input order. */
 typedef struct {
     const float *x;
     const uint32_t *pairs;
+    const uint8_t *ints;
 } prepared;
 
-/* kernels_force_pairs' setting: -1 as the path measured (the default), 0 off, 1 on. */
-static int pairs_mode = -1;
+/* kernels_force_pairs' and kernels_force_ints' settings: -1 as the path measured (the default),
+ * 0 off, 1 on. */
+static int pairs_mode = -1, ints_mode = -1;
 
 /* Whether `path` takes the BF16 pairs for a nibble product of n inputs (kernels_pairs_pay). */
 static int path_pairs_pay(const kernel_path *path, int n) {
     if (!path->nibble_pairs) return 0;
     if (pairs_mode >= 0) return pairs_mode;
     return !path->pairs_pay || path->pairs_pay(n);
+}
+
+/* Whether `path` takes the integer partials for a product of n inputs with w (kernels_ints_pay). */
+static int path_ints_pay(const kernel_path *path, const qmat *w, int n) {
+    if (!path->nibble_ints || w->fmt != WF_FP4 || n != 1 || w->cols < 64) return 0;
+    if (ints_mode >= 0) return ints_mode;
+    return !path->ints_pay || path->ints_pay();
 }
 
 static uint32_t *grow(uint32_t **buf, size_t *cap, size_t words) {
@@ -186,18 +197,25 @@ static int input_prepared(const kernel_path *path, const qmat *w, int n) {
 
 static prepared prepared_x(const kernel_path *path, const qmat *w, int r, const float *x, int n,
                            unsigned long long call) {
-    static _Thread_local uint32_t *buf, *pair_buf;
-    static _Thread_local size_t cap, pair_cap;
+    static _Thread_local uint32_t *buf, *pair_buf, *int_buf;
+    static _Thread_local size_t cap, pair_cap, int_cap;
     static _Thread_local unsigned long long cached_call;
     static _Thread_local int cached_block = -1;
     static _Thread_local prepared cached;
     int fp8 = w->fmt == WF_FP8, block = fp8 ? r / 128 : 0;
-    if (!input_prepared(path, w, n)) return (prepared){x, NULL};
+    if (!input_prepared(path, w, n)) return (prepared){x, NULL, NULL};
     if (cached_call == call && cached_block == block) return cached;
+    cached_call = call;
+    cached_block = block;
+    if (path_ints_pay(path, w, n)) {   /* rows_ints reads x itself past the full chunks */
+        uint8_t *ints = (uint8_t *)grow(&int_buf, &int_cap, (size_t)w->cols / 64 * KERNEL_INT_CHUNK / sizeof(uint32_t));
+        if (path->nibble_ints(x, w->cols, ints)) return cached = (prepared){x, NULL, ints};
+    }
     float *out_all = (float *)grow(&buf, &cap, (size_t)n * (size_t)w->cols);
     size_t pair_row = (size_t)w->cols / 64 * 32;
-    uint32_t *pairs = !fp8 && pair_row && path_pairs_pay(path, n) ? grow(&pair_buf, &pair_cap, (size_t)n * pair_row)
-                                                                   : NULL;
+    uint32_t *pairs = !fp8 && pair_row && path_pairs_pay(path, n)
+                          ? grow(&pair_buf, &pair_cap, (size_t)n * pair_row)
+                          : NULL;
     for (int j = 0; j < n; j++) {
         const float *xr = x + (size_t)j * w->cols;
         float *out = out_all + (size_t)j * w->cols;
@@ -212,10 +230,7 @@ static prepared prepared_x(const kernel_path *path, const qmat *w, int r, const 
             scale_columns(out + c0, xr + c0, c1 - c0, scale);
         }
     }
-    cached_call = call;
-    cached_block = block;
-    cached = (prepared){out_all, pairs};
-    return cached;
+    return cached = (prepared){out_all, pairs, NULL};
 }
 
 /* nibble_src[width == 16][d]: the chunk column that kernel_nibble_permute_x stores at d. */
@@ -317,7 +332,7 @@ static void scalar_transpose(const float *src, int rows, int cols, size_t lds, f
 }
 
 const kernel_path kernel_path_scalar = {"scalar", scalar_rows_vec, scalar_rows_mul, 0, weight_row, scalar_transpose,
-                                        NULL, NULL, NULL, NULL, 0};
+                                        NULL, NULL, NULL, NULL, 0, NULL, NULL, NULL};
 
 static int force_scalar;
 
@@ -337,6 +352,15 @@ void kernels_force_scalar(int on) { force_scalar = on; }
 const char *kernels_simd_name(void) { return active_path()->name; }
 
 int kernels_has_pairs(void) { return active_path()->nibble_pairs != NULL; }
+
+int kernels_has_ints(void) { return active_path()->nibble_ints != NULL; }
+
+int kernels_ints_pay(void) {
+    const qmat fp4 = {WF_FP4, 1, 64, NULL, NULL, NULL, 0, 0, QM_SCRATCH};
+    return path_ints_pay(active_path(), &fp4, 1);
+}
+
+void kernels_force_ints(int mode) { ints_mode = mode; }
 
 int kernels_pairs_pay(int n) { return path_pairs_pay(active_path(), n); }
 
@@ -361,7 +385,7 @@ void kernels_transpose(const float *src, int rows, int cols, size_t lds, float *
  * a locked add there (a full barrier, waiting for the task's loads) was 2 % of a DeepSeek V4
  * decode step. Threads past the lines' number share line 0 and add atomically. */
 enum { STREAM_LINES = 64 };
-typedef enum { COUNT_DENSE, COUNT_ROUTED, COUNT_PAIRED, COUNTS } counter;
+typedef enum { COUNT_DENSE, COUNT_ROUTED, COUNT_PAIRED, COUNT_INTS, COUNTS } counter;
 typedef struct {
     _Alignas(64) atomic_ullong n[COUNTS];
 } stream_line;
@@ -401,6 +425,8 @@ static unsigned long long count_total(counter k) {
 
 unsigned long long kernels_paired_products(void) { return count_total(COUNT_PAIRED); }
 
+unsigned long long kernels_int_products(void) { return count_total(COUNT_INTS); }
+
 /* One matrix's rows [r0, r1) of a job, written to y[n][r1 - r0]; its tasks are indices
  * [first, first + tasks) of the job, rows_per_task rows each (run_parts sets both). */
 typedef struct {
@@ -430,7 +456,10 @@ static void job_rows(const mul_job *job, int k, int lo, int hi) {
         if (w->fmt == WF_FP8) end = MIN(hi, (lo / 128 + 1) * 128);
         prepared in = prepared_x(job->path, w, lo, job->x, job->n, job->call + (unsigned)k);
         float *y = p->y + (lo - p->r0);
-        if (in.pairs) {
+        if (in.ints) {
+            job->path->rows_ints(w, lo, end, in.x, in.ints, y);
+            count_add(COUNT_INTS, (unsigned)(end - lo));
+        } else if (in.pairs) {
             job->path->rows_pairs(w, lo, end, in.x, in.pairs, job->n, y, ldy);
             count_add(COUNT_PAIRED, (unsigned long long)job->n * (unsigned)(end - lo));
         } else if (job->n == 1) job->path->rows_vec(w, lo, end, in.x, y);

@@ -92,6 +92,16 @@ void kernels_streamed(unsigned long long *dense, unsigned long long *routed);
  * must see the fast path fire; the results are the same bits either way. */
 unsigned long long kernels_paired_products(void);
 int kernels_has_pairs(void);                         /* the active path has them */
+/* FP4 (weight row, input) dot products of matvecs computed from exact integer partials since the
+ * start (kernels_path.h: the input qualified and the path has them, AVX-512 with VNNI and VBMI),
+ * for tests and benches that must see the fast path fire; the same bits either way.
+ * kernels_ints_pay says whether the active path takes them (it times them once per process
+ * against its f32 matvec); kernels_force_ints(1 / 0) fixes the choice, -1 returns to the measured
+ * one. */
+unsigned long long kernels_int_products(void);
+int kernels_has_ints(void);
+int kernels_ints_pay(void);
+void kernels_force_ints(int mode);
 /* FP8 64-code groups the calling thread's matvec and few-input kernels decoded through the f16
  * conversion (a code with exponent field 0: zero or subnormal) instead of the BF16 patterns the
  * others take, for tests that must see which decode ran; -1 where the active path has one decode

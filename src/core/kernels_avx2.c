@@ -430,6 +430,6 @@ void kernel_transpose_avx2(const float *src, int rows, int cols, size_t lds, flo
 }
 
 const kernel_path kernel_path_avx2 = {"avx2", avx2_rows_vec, avx2_rows_mul, 8, NULL, kernel_transpose_avx2,
-                                      NULL, NULL, NULL, NULL, 0};
+                                      NULL, NULL, NULL, NULL, 0, NULL, NULL, NULL};
 
 #endif

@@ -25,7 +25,10 @@
  * the FMAs for the load ports). Range sizes, task sizes and tile shapes only change which
  * partial sums sit in registers or memory, never the order in which a lane adds its terms.
  * While a batched call's tiles compute, the rows after its own stream into L2 (row_stream), and
- * its outputs are reduced 16 weight rows at a time (tree16x16), in rule 3's order. */
+ * its outputs are reduced 16 weight rows at a time (tree16x16), in rule 3's order. Where an
+ * input's partials are exact, they may come from BF16 dot products (the pairs) or, for FP4
+ * matvecs with VNNI, from integer dot products (the integer partials): the same bits, faster
+ * where the CPU says so. */
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 
 #include <immintrin.h>
@@ -834,6 +837,162 @@ static void rows_few_inputs(const qmat *w, int r0, int r1, const float *x, const
     }
 }
 
+#if defined(__AVX512VNNI__) && defined(__AVX512VBMI__)
+/* ---- exact integer partials (FP4 matvecs through VNNI) ----
+ *
+ * An FP4 weight factor (rule 1) is an integer w in -12..12. If the 64 inputs of a chunk are
+ * integers q times one power of two 2^E (E at most the lowest set bit of any of them) with
+ * 48 |q| < 2^24, every product and partial sum of a 4-column group is an integer times 2^E below
+ * 2^24 times 2^E, so rule 4's partial is exact: it is 2^E times sum w q, whatever the order. So
+ * VPDPBUSD, which sums four byte products into a dword, gives the partials: |q| < 2^16 (else
+ * < 2^24) split into two (three) unsigned bytes, the input's sign moved onto the weight (the
+ * E2M1 sign bit of the code, flipped per column before the table lookup), one dot product per
+ * byte and a shift between. The partial then multiplies the scale factor s_b * 2^E instead of
+ * s_b: the same real product, so the same FMA result, provided s_b * 2^E is still a power of two
+ * in f32: E in [-21, 1] for any E8M0 scale. A DeepSeek V4 linear's input after its E4M3 QDQ has
+ * |q| <= 448 * 2^9 over its block's scale.
+ * Per chunk and row that is a byte shuffle selecting nibbles, a sign flip, a byte table lookup,
+ * two dot products, a shift, a conversion, the scale blend and one FMA, where the f32 kernel
+ * takes eight decode uops and five FMAs: one thread's FP4 1024 x 2048 matvec in L2 ran 16.7 ->
+ * 25.4 GB/s on a Xeon (Sapphire Rapids class).
+ * The codes load as one 32-byte broadcast, and VPMULTISHIFTQB picks, for dword lane 2m + j
+ * (m < 4) the nibbles of group 4m + j and for lane 8 + 2m + j those of group 4m + 2 + j (group G
+ * = columns 4G .. 4G + 3 of the chunk): lane order lam(G) = 8 ((G % 4) / 2) + 2 (G / 4) + G % 2,
+ * not rule 4's; the inputs are stored in that order, and each row's 16 lanes are permuted back
+ * to rule 4's once at the end. Block b + 1's groups (G >= 8) land in lanes 4-7 and 12-15, as in
+ * rule 4, so the scale blend is nibble_scales'. */
+#define HAVE_INTS 1
+#define INT_E_MIN (-21)
+#define INT_E_MAX 1
+#define INT_Q_MAX 349525.0f     /* 48 q < 2^24 */
+
+/* Header of a chunk of nibble_ints' form, then 64 bytes each: the sign flips (0x08 where the
+ * input is negative), the top, high and low bytes of |q|, in lam order. */
+typedef struct {
+    const float *scales;        /* E8M0 byte -> rule 4's scale factor times 2^E */
+    int limbs;                  /* 2 or 3 */
+} int_head;
+
+static float int_scales[INT_E_MAX - INT_E_MIN + 1][256];
+static int8_t int_weights[64];               /* code (low 4 bits of the index) -> rule 1's factor */
+static int32_t int_lane_of_group[16];        /* byte order: dword lam(G) <- column dword G */
+static int32_t int_lane_back[16];            /* rule 4's lane l(G) <- lam(G) */
+static pthread_once_t int_once = PTHREAD_ONCE_INIT;
+
+static void int_tables(void) {
+    for (int e = INT_E_MIN; e <= INT_E_MAX; e++)
+        for (int b = 0; b < 256; b++) int_scales[e - INT_E_MIN][b] = kernel_fp4_scale_lut[b] * (e < 0 ? 1.0f / (float)(1 << -e) : (float)(1 << e));
+    for (int i = 0; i < 64; i++) int_weights[i] = (int8_t)kernel_fp4_lut[i % 16];
+    for (int G = 0; G < 16; G++) {
+        int lam = 8 * (G % 4 / 2) + 2 * (G / 4) + G % 2, rule4 = 8 * (G % 8 / 4) + 4 * (G / 8) + G % 4;
+        int_lane_of_group[lam] = G;
+        int_lane_back[rule4] = lam;
+    }
+}
+
+/* The biased exponent of each lane's lowest set bit, where the lane is nonzero (an f32's bits). */
+INLINE __m512i lowest_bit_exponent(__m512i bits) {
+    const __m512i e = _mm512_srli_epi32(_mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff)), 23);
+    const __mmask16 normal = _mm512_test_epi32_mask(e, e);
+    const __m512i m = _mm512_mask_or_epi32(_mm512_and_si512(bits, _mm512_set1_epi32(0x7fffff)), normal,
+                                           _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffff)), _mm512_set1_epi32(0x800000));
+    const __m512i low_bit = _mm512_and_si512(m, _mm512_sub_epi32(_mm512_setzero_si512(), m));
+    /* value = m * 2^(max(e, 1) - 150); its lowest bit is 2^(that + 31 - lzcnt(low_bit)) */
+    return _mm512_sub_epi32(_mm512_max_epi32(e, _mm512_set1_epi32(1)),
+                            _mm512_add_epi32(_mm512_set1_epi32(150 - 31), _mm512_lzcnt_epi32(low_bit)));
+}
+
+/* kernel_path.nibble_ints: each full chunk of x (column order) as above; 0 if one does not qualify. */
+static int avx512_nibble_ints(const float *x, int cols, uint8_t *out) {
+    pthread_once(&int_once, int_tables);
+    const __m512i order = _mm512_loadu_si512(int_lane_of_group);
+    for (int c = 0; c + 64 <= cols; c += 64) {
+        __m512i bits[4], low = _mm512_set1_epi32(1 << 20);
+        __mmask16 bad = 0;
+        for (int t = 0; t < 4; t++) {
+            bits[t] = _mm512_loadu_si512(x + c + 16 * t);
+            const __m512i mag = _mm512_and_si512(bits[t], _mm512_set1_epi32(0x7fffffff));
+            bad |= _mm512_cmpge_epu32_mask(mag, _mm512_set1_epi32(0x7f800000));   /* inf, NaN */
+            low = _mm512_mask_min_epi32(low, _mm512_test_epi32_mask(mag, mag), low, lowest_bit_exponent(bits[t]));
+        }
+        int e = _mm512_reduce_min_epi32(low);
+        e = e == 1 << 20 ? 0 : e;
+        if (bad || e < INT_E_MIN || e > INT_E_MAX) return 0;
+        uint8_t *rec = out + (size_t)c / 64 * KERNEL_INT_CHUNK;
+        uint8_t column_order[4][64];   /* sign, top, high, low bytes */
+        __m512i qmax = _mm512_setzero_si512();
+        for (int t = 0; t < 4; t++) {
+            __m512 q = _mm512_scalef_ps(_mm512_abs_ps(_mm512_castsi512_ps(bits[t])), _mm512_set1_ps((float)-e));
+            if (_mm512_cmp_ps_mask(q, _mm512_set1_ps(INT_Q_MAX), _CMP_GE_OQ)) return 0;
+            __m512i qi = _mm512_cvttps_epi32(q);
+            qmax = _mm512_max_epi32(qmax, qi);
+            _mm_storeu_si128((__m128i *)(column_order[0] + 16 * t),
+                             _mm512_cvtepi32_epi8(_mm512_slli_epi32(_mm512_srli_epi32(bits[t], 31), 3)));
+            for (int k = 1; k < 4; k++)
+                _mm_storeu_si128((__m128i *)(column_order[k] + 16 * t), _mm512_cvtepi32_epi8(_mm512_srli_epi32(qi, 8 * (3 - k))));
+        }
+        for (int k = 0; k < 4; k++)
+            _mm512_storeu_si512(rec + 64 * (k + 1), _mm512_permutexvar_epi32(order, _mm512_loadu_si512(column_order[k])));
+        int_head h = {int_scales[e - INT_E_MIN], _mm512_reduce_max_epi32(qmax) < 65536 ? 2 : 3};
+        memcpy(rec, &h, sizeof h);
+    }
+    return 1;
+}
+
+/* Rows [r, r + NR) of an FP4 matrix times one input in nibble_ints' form, NR rows interleaved for
+ * independent chains, prefetching as nibble_dot_rows does. */
+INLINE void nibble_int_rows(const qmat *w, int r, int NR, const float *x, const uint8_t *ints, float *y) {
+    const int full = w->cols / 64 * 64;
+    const size_t ahead = (size_t)(kernel_row_ptr(w, VEC_ROWS) - kernel_row_ptr(w, 0));
+    const uint8_t *end = kernel_row_ptr(w, w->rows);
+    const __m512i pick = _mm512_set_epi64(0x3c3834302c282420LL, 0x3c3834302c282420LL, 0x3c3834302c282420LL,
+                                          0x3c3834302c282420LL, 0x1c1814100c080400LL, 0x1c1814100c080400LL,
+                                          0x1c1814100c080400LL, 0x1c1814100c080400LL);
+    const __m512i table = _mm512_loadu_si512(int_weights);
+    const uint8_t *row[VEC_ROWS], *srow[VEC_ROWS];
+    __m512 acc[VEC_ROWS];
+    #pragma GCC unroll 4
+    for (int i = 0; i < NR; i++) {
+        row[i] = kernel_row_ptr(w, r + i);
+        srow[i] = kernel_nibble_scale_row(w, r + i);
+        acc[i] = _mm512_setzero_ps();
+    }
+    for (int c = 0; c < full; c += 64) {
+        if (c % 128 == 0) {
+            kernel_prefetch_next_group(row[0], NR, (size_t)c / 2, ahead);
+            kernel_prefetch_far(row[0] + (size_t)c / 2 * NR, end);
+        }
+        const uint8_t *rec = ints + (size_t)c / 64 * KERNEL_INT_CHUNK;
+        int_head h;
+        memcpy(&h, rec, sizeof h);
+        const __m512i sign = _mm512_loadu_si512(rec + 64), top = _mm512_loadu_si512(rec + 128);
+        const __m512i high = _mm512_loadu_si512(rec + 192), low = _mm512_loadu_si512(rec + 256);
+        #pragma GCC unroll 4
+        for (int i = 0; i < NR; i++) {
+            const __m512i codes = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(row[i] + c / 2)));
+            const __m512i wt = _mm512_permutexvar_epi8(_mm512_xor_si512(_mm512_multishift_epi64_epi8(pick, codes), sign), table);
+            __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), h.limbs == 3 ? top : high, wt);
+            if (h.limbs == 3) d = _mm512_dpbusd_epi32(_mm512_slli_epi32(d, 8), high, wt);
+            d = _mm512_dpbusd_epi32(_mm512_slli_epi32(d, 8), low, wt);
+            const __m512 scale = _mm512_mask_blend_ps(0xf0f0, _mm512_set1_ps(h.scales[srow[i][c / 32]]),
+                                                      _mm512_set1_ps(h.scales[srow[i][c / 32 + 1]]));
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), scale, acc[i]);
+        }
+    }
+    const __m512i back = _mm512_loadu_si512(int_lane_back);
+    for (int i = 0; i < NR; i++) y[i] = nibble_finish(w, r + i, full, x, _mm512_permutexvar_ps(back, acc[i]));
+}
+
+/* kernel_path.rows_ints. */
+static void avx512_rows_ints(const qmat *w, int r0, int r1, const float *x, const uint8_t *ints, float *y) {
+    int r = r0;
+    for (; r + VEC_ROWS <= r1; r += VEC_ROWS) nibble_int_rows(w, r, VEC_ROWS, x, ints, y + (r - r0));
+    for (; r < r1; r++) nibble_int_rows(w, r, 1, x, ints, y + (r - r0));
+}
+#else
+#define HAVE_INTS 0
+#endif
+
 static void avx512_rows_vec(const qmat *w, int r0, int r1, const float *x, float *y) {
     rows_few_inputs(w, r0, r1, x, NULL, 1, y, r1 - r0);
 }
@@ -997,7 +1156,38 @@ static void avx512_rows_pairs(const qmat *w, int r0, int r1, const float *x, con
     if (few_inputs(w, n)) rows_few_inputs(w, r0, r1, x, pairs, n, y, ldy);
     else nibble_rows_mul(w, r0, r1, x, pairs, n, y, ldy);
 }
+#endif
 
+#if HAVE_PAIRS || HAVE_INTS
+/* The probes' FP4 product (R x C, N input rows), filled once by probe_fill; its inputs qualify
+ * for both the pairs and the integer partials. */
+enum { PROBE_R = 64, PROBE_C = 1024, PROBE_N = 2 * MUL_XROWS };
+static uint8_t probe_codes[PROBE_R * PROBE_C / 2], probe_scales[PROBE_R * PROBE_C / 32];
+static float probe_x[PROBE_N * PROBE_C], probe_y[PROBE_N * PROBE_R];
+static const qmat probe_w = {WF_FP4, PROBE_R, PROBE_C, probe_codes, probe_scales, NULL, 0, 0, QM_SCRATCH};
+
+static void probe_fill(void) {
+    for (int i = 0; i < PROBE_R * PROBE_C / 2; i++) probe_codes[i] = (uint8_t)(i * 37 + i / 64);
+    memset(probe_scales, 127, sizeof probe_scales);
+    for (int i = 0; i < PROBE_N * PROBE_C; i++) probe_x[i] = (float)(i % 5 + 1) * (i % 3 ? 0.25f : -0.5f);
+}
+
+/* Whether run(1, reps) beats run(0, reps), each the same work: alternated, best of 5 each after
+ * two warm-up calls (caches, scratch). */
+static int second_faster(void (*run)(int second, int reps), int reps) {
+    enum { ROUNDS = 5 };
+    double best[2] = {1e30, 1e30};
+    for (int k = 0; k < 2 * ROUNDS + 2; k++) {
+        double t = now_seconds();
+        run(k % 2, reps);
+        t = now_seconds() - t;
+        if (k >= 2 && t < best[k % 2]) best[k % 2] = t;
+    }
+    return best[1] < best[0];
+}
+#endif
+
+#if HAVE_PAIRS
 /* Whether nibble products take the BF16 pairs on this CPU, per kind of kernel: matvec, the
  * few-input register kernels, the batched tile. Each is timed once per process on a small FP4
  * product that stays in L2, with and without pairs alternated, best of 5 each. The pairs' two dot
@@ -1008,45 +1198,75 @@ static void avx512_rows_pairs(const qmat *w, int r0, int r1, const float *x, con
 enum { PAIR_KINDS = 3 };
 static const int pair_probe_n[PAIR_KINDS] = {1, FEW_X, 2 * MUL_XROWS};
 static int pairs_faster[PAIR_KINDS];
+static uint32_t probe_pairs[PROBE_N * PROBE_C / 2];
 
 static int pair_kind(int n) { return n == 1 ? 0 : n <= NIB_FEW_BATCH ? 1 : 2; }
 
-/* The probe's FP4 product (R x C, N input rows with their pairs), filled once by measure_pairs. */
-enum { PROBE_R = 64, PROBE_C = 1024, PROBE_N = 2 * MUL_XROWS };
-static uint8_t probe_codes[PROBE_R * PROBE_C / 2], probe_scales[PROBE_R * PROBE_C / 32];
-static float probe_x[PROBE_N * PROBE_C], probe_y[PROBE_N * PROBE_R];
-static uint32_t probe_pairs[PROBE_N * PROBE_C / 2];
-
-static int pairs_faster_at(int n) {
-    enum { ROUNDS = 5 };
-    const qmat w = {WF_FP4, PROBE_R, PROBE_C, probe_codes, probe_scales, NULL, 0, 0, QM_SCRATCH};
-    double best[2] = {1e30, 1e30};
-    for (int k = 0; k < 2 * ROUNDS + 2; k++) {   /* the first two warm the caches and the scratch */
-        double t = now_seconds();
-        for (int rep = 0; rep < PROBE_N / n; rep++) {   /* about the same work at every n */
-            if (k % 2) avx512_rows_pairs(&w, 0, PROBE_R, probe_x, probe_pairs, n, probe_y, PROBE_R);
-            else avx512_rows_mul(&w, 0, PROBE_R, probe_x, n, probe_y, PROBE_R);
-        }
-        t = now_seconds() - t;
-        if (k >= 2 && t < best[k % 2]) best[k % 2] = t;
+static void run_pairs_probe(int pairs, int n) {
+    for (int rep = 0; rep < PROBE_N / n; rep++) {   /* about the same work at every n */
+        if (pairs) avx512_rows_pairs(&probe_w, 0, PROBE_R, probe_x, probe_pairs, n, probe_y, PROBE_R);
+        else avx512_rows_mul(&probe_w, 0, PROBE_R, probe_x, n, probe_y, PROBE_R);
     }
-    return best[1] < best[0];
 }
 
 static void measure_pairs(void) {
-    for (int i = 0; i < PROBE_R * PROBE_C / 2; i++) probe_codes[i] = (uint8_t)(i * 37 + i / 64);
-    memset(probe_scales, 127, sizeof probe_scales);
-    for (int i = 0; i < PROBE_N * PROBE_C; i++) probe_x[i] = (float)(i % 5 + 1) * (i % 3 ? 0.25f : -0.5f);
     for (int j = 0; j < PROBE_N; j++)
         avx512_nibble_pairs(probe_x + (size_t)j * PROBE_C, PROBE_C, probe_pairs + (size_t)j * (PROBE_C / 2));
-    for (int k = 0; k < PAIR_KINDS; k++) pairs_faster[k] = pairs_faster_at(pair_probe_n[k]);
+    for (int k = 0; k < PAIR_KINDS; k++) pairs_faster[k] = second_faster(run_pairs_probe, pair_probe_n[k]);
 }
 
+#endif
+
+#if HAVE_INTS
+/* Whether an FP4 matvec takes the integer partials on this CPU, timed once per process as the
+ * pairs are (the probe's rows from L2, PROBE_N inputs one after another). */
+static uint8_t probe_ints[PROBE_N][PROBE_C / 64 * KERNEL_INT_CHUNK];
+static int ints_faster;
+
+static void run_ints_probe(int ints, int reps) {
+    for (int j = 0; j < reps; j++) {
+        const float *x = probe_x + (size_t)j * PROBE_C;
+        if (ints) avx512_rows_ints(&probe_w, 0, PROBE_R, x, probe_ints[j], probe_y);
+        else avx512_rows_vec(&probe_w, 0, PROBE_R, x, probe_y);
+    }
+}
+
+static void measure_ints(void) {
+    int qualified = 1;
+    for (int j = 0; j < PROBE_N; j++) qualified &= avx512_nibble_ints(probe_x + (size_t)j * PROBE_C, PROBE_C, probe_ints[j]);
+    ints_faster = qualified && second_faster(run_ints_probe, PROBE_N);
+}
+
+#endif
+
+#if HAVE_PAIRS || HAVE_INTS
+/* Both probes, once per process (they share the probe's arrays). */
+static pthread_once_t probes_once = PTHREAD_ONCE_INIT;
+
+static void measure_probes(void) {
+    probe_fill();
+#if HAVE_PAIRS
+    measure_pairs();
+#endif
+#if HAVE_INTS
+    measure_ints();
+#endif
+}
+#endif
+
+#if HAVE_PAIRS
 /* kernel_path.pairs_pay: as measured, on the first call. */
 static int avx512_pairs_pay(int n) {
-    static pthread_once_t once = PTHREAD_ONCE_INIT;
-    pthread_once(&once, measure_pairs);
+    pthread_once(&probes_once, measure_probes);
     return pairs_faster[pair_kind(n)];
+}
+#endif
+
+#if HAVE_INTS
+/* kernel_path.ints_pay: as measured, on the first call. */
+static int avx512_ints_pay(void) {
+    pthread_once(&probes_once, measure_probes);
+    return ints_faster;
 }
 #endif
 
@@ -1066,6 +1286,12 @@ const kernel_path kernel_path_avx512 = {"avx512", avx512_rows_vec, avx512_rows_m
 #else
                                         NULL,
 #endif
-                                        FEW_BATCH + 1};
+                                        FEW_BATCH + 1,
+#if HAVE_INTS
+                                        avx512_nibble_ints, avx512_rows_ints, avx512_ints_pay,
+#else
+                                        NULL, NULL, NULL,
+#endif
+};
 
 #endif

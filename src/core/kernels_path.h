@@ -82,7 +82,19 @@ typedef struct {
      * multiplies each column by its block's scale * 2^8 itself, a tile's inputs at a time where
      * they stay in L1, instead of reading a scaled copy of all n inputs from L2. Same product. */
     int fp8_raw_from;
+    /* Optional (NULL where the path has none): an FP4 product of one input from exact integer
+     * partials. nibble_ints writes an input row's integer form (KERNEL_INT_CHUNK bytes per full
+     * 64-column chunk, from x in column order) and returns 1 if every chunk qualifies, so that each
+     * 4-column group's partial is exact in f32 and the integer dot products give rule 4's bits;
+     * else 0. rows_ints is rows_vec from that form (x as rows_vec reads it, for the columns past
+     * the last full chunk). ints_pay: whether they are faster than rows_vec on this CPU. */
+    int (*nibble_ints)(const float *x, int cols, uint8_t *out);
+    void (*rows_ints)(const qmat *w, int r0, int r1, const float *x, const uint8_t *ints, float *y);
+    int (*ints_pay)(void);
 } kernel_path;
+
+/* Bytes of nibble_ints' form per 64-column chunk. */
+#define KERNEL_INT_CHUNK 320
 
 extern const kernel_path kernel_path_scalar;
 extern const kernel_path kernel_path_avx2;     /* defined only when compiled with AVX2+FMA+F16C */

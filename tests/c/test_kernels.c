@@ -216,13 +216,17 @@ static void check_format_input(wformat fmt, int rows, int cols, int f32_scales, 
     const char *input = qdq ? " e4m3-qdq input" : "";
     float *simd = malloc(sizeof(float) * rows * NX), *scalar = malloc(sizeof(float) * rows * NX);
 
-    unsigned long long paired = kernels_paired_products();
+    unsigned long long paired = kernels_paired_products(), ints = kernels_int_products();
     snprintf(what, sizeof what, "%s%s %dx%d%s %s", wformat_name(fmt), scales, rows, cols, input, kernels_simd_name());
     check_matrix(&m.w, x, what, simd);
     paired = kernels_paired_products() - paired;
+    ints = kernels_int_products() - ints;
     int want_pairs = qdq && cols >= 64 && kernels_pairs_pay(1) && is_nibbles(fmt);
     CHECK(want_pairs ? paired > 0 : paired == 0, "%s: %llu products from BF16 pairs, want %s", what, paired,
           want_pairs ? "some" : "none");
+    int want_ints = qdq && cols >= 64 && kernels_ints_pay() && fmt == WF_FP4;
+    CHECK(want_ints ? ints > 0 : ints == 0, "%s: %llu products from integer partials, want %s", what, ints,
+          want_ints ? "some" : "none");
     kernels_force_scalar(1);
     snprintf(what, sizeof what, "%s%s %dx%d%s %s", wformat_name(fmt), scales, rows, cols, input, kernels_simd_name());
     check_matrix(&m.w, x, what, scalar);
@@ -251,6 +255,7 @@ static void check_pair_bound(void) {
     };
     if (!kernels_has_pairs()) printf("  note: %s has no BF16 pairs; only the scalar match is checked\n", kernels_simd_name());
     kernels_force_pairs(1);
+    kernels_force_ints(0);
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         float x[C], y[2];
         for (int c = 0; c < C; c++) x[c] = c % 4 == 1 ? cases[k].low * (c % 8 == 1 ? -1.0f : 1.0f) : c % 4 == 2 ? cases[k].high : 0.75f * cases[k].high;
@@ -266,6 +271,47 @@ static void check_pair_bound(void) {
         CHECK(paired == (unsigned long long)want, "pair bound case %zu: %llu paired products, want %d", k, paired, want);
     }
     kernels_force_pairs(-1);
+    kernels_force_ints(-1);
+}
+
+/* The integer partials' bounds (kernels_avx512.c): a chunk whose inputs are integers q times 2^E,
+ * E its lowest set bit, qualifies when E lies in [-21, 1] and 48 |q| < 2^24; below 2^16 it takes
+ * two bytes per input, else three. Five rows (a group of four and one alone) of 96 columns (a
+ * chunk and a tail), whose scales include E8M0's extremes, so s_b * 2^E reaches 2^-149 and
+ * 2^127. Either way the result is the scalar path's. */
+static void check_int_bound(void) {
+    enum { R = 5, C = 96 };
+    uint8_t codes[R * C / 2], scales[R * C / 32];
+    for (int i = 0; i < R * C / 2; i++) codes[i] = (uint8_t)(0x77 ^ (i * 0x35));
+    for (int i = 0; i < R * C / 32; i++) scales[i] = (uint8_t)(i % 3 == 0 ? 0 : i % 3 == 1 ? 254 : 120 + i);
+    qmat m = {WF_FP4, R, C, codes, scales, NULL, 0, 0, QM_SCRATCH};
+    struct { float low, high; int ints; } cases[] = {
+        {0x1p-9f, 448.0f, 1},        /* E4M3's span over a block: q = 448 * 2^9, three bytes */
+        {0x1p-9f, 1.75f, 1},         /* two bytes */
+        {0x1p-10f, 448.0f, 0},       /* 48 q >= 2^24 */
+        {0x1p-21f, 0x1p-3f, 1},      /* the lowest E */
+        {0x1p-22f, 0x1p-20f, 0},     /* below it */
+        {2.0f, 1000.0f, 1},          /* the highest E */
+        {4.0f, 16.0f, 0},            /* above it */
+    };
+    if (!kernels_has_ints()) printf("  note: %s has no integer partials; only the scalar match is checked\n", kernels_simd_name());
+    kernels_force_ints(1);
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        float x[C], y[2][R];
+        for (int c = 0; c < C; c++)
+            x[c] = c % 4 == 1 ? cases[k].low * (c % 8 == 1 ? -1.0f : 1.0f) : c % 4 == 2 ? -cases[k].high : c % 4 == 3 ? cases[k].high * 0.75f : 0.0f;
+        unsigned long long ints = kernels_int_products();
+        for (int s = 0; s < 2; s++) {
+            kernels_force_scalar(s);
+            qmat_vec(&m, x, y[s]);
+        }
+        kernels_force_scalar(0);
+        ints = kernels_int_products() - ints;
+        CHECK(!memcmp(y[0], y[1], sizeof y[0]), "int bound case %zu: SIMD %.9g, scalar %.9g", k, y[0][0], y[1][0]);
+        unsigned long long want = cases[k].ints && kernels_has_ints() ? R : 0;
+        CHECK(ints == want, "int bound case %zu: %llu integer products, want %llu", k, ints, want);
+    }
+    kernels_force_ints(-1);
 }
 
 /* No FMA of the FP8 kernels sees a denormal operand when the inputs are normal: every E4M3 code
@@ -577,6 +623,7 @@ int main(void) {
     check_nvfp4_rules();
     check_int_rules();
     check_pair_bound();
+    check_int_bound();
     check_fp8_no_denormal_operands();
     check_fp8_decodes();
     static const struct { wformat fmt; int rows, cols, f32_scales; } cases[] = {
@@ -598,16 +645,22 @@ int main(void) {
         /* batched rows past 1 MiB as f32 (128-row FP8 tasks, 48-row I8_ROW ones): decoded to BF16 */
         {WF_FP8, 130, 2100, 1},  {WF_I8_ROW, 50, 5500, 0}, {WF_BF16, 50, 5500, 0},
     };
-    /* Nibble products with and without the BF16 pairs (the CPU picks per kind of kernel, by speed). */
-    for (int pairs = 1; pairs >= 0; pairs--) {
-        kernels_force_pairs(pairs);
+    /* Nibble products with the integer partials, with the BF16 pairs, and with neither (the CPU
+     * picks by speed); the other formats once. */
+    for (int exact = 2; exact >= 0; exact--) {
+        kernels_force_ints(exact == 2);
+        kernels_force_pairs(exact == 1);
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-            if (pairs || is_nibbles(cases[i].fmt))
+            if (exact == 2 || is_nibbles(cases[i].fmt))
                 check_format(cases[i].fmt, cases[i].rows, cases[i].cols, cases[i].f32_scales);
     }
     kernels_force_pairs(-1);
+    kernels_force_ints(-1);
     if (kernels_has_pairs())
         printf("  note: %s takes the BF16 pairs here (measured) for 1 input: %s, 4: %s, 12: %s\n", kernels_simd_name(),
                kernels_pairs_pay(1) ? "yes" : "no", kernels_pairs_pay(4) ? "yes" : "no", kernels_pairs_pay(12) ? "yes" : "no");
+    if (kernels_has_ints())
+        printf("  note: %s takes the integer partials here (measured) for FP4 matvecs: %s\n", kernels_simd_name(),
+               kernels_ints_pay() ? "yes" : "no");
     return TEST_END();
 }

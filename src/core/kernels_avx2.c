@@ -152,7 +152,7 @@ INLINE float tree16(__m256 lo, __m256 hi) {
  * (kernel_prefetch_far). */
 INLINE void dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, float *y) {
     const int full = w->cols / 16 * 16;
-    const size_t ahead = (size_t)(kernel_row_ptr(w, VEC_ROWS) - kernel_row_ptr(w, 0));
+    const size_t ahead = kernel_group_ahead(w, VEC_ROWS);
     const uint8_t *end = kernel_row_ptr(w, w->rows);
     const uint8_t *row[VEC_ROWS];
     __m256 acc[VEC_ROWS][2];
@@ -198,7 +198,7 @@ static float nibble_finish(const qmat *w, int r, int full, const float *x, const
  * prefetching the next row group in memory order, as the AVX-512 path does. */
 INLINE void nibble_dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, float *y) {
     const int full = w->cols / 64 * 64;
-    const size_t ahead = (size_t)(kernel_row_ptr(w, VEC_ROWS) - kernel_row_ptr(w, 0));
+    const size_t ahead = kernel_group_ahead(w, VEC_ROWS);
     const uint8_t *end = kernel_row_ptr(w, w->rows);
     const uint8_t *row[VEC_ROWS];
     const void *srow[VEC_ROWS];

@@ -283,7 +283,7 @@ static void finish_rows(const qmat *w, int r0, int nr, const float *acc, float *
  * kernels do; and one line in four far ahead (kernel_prefetch_far). */
 INLINE void dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, int NX, float *y, int ldy) {
     const int cols = w->cols, full = cols / 16 * 16, pairs = cols / 32 * 32;
-    const size_t ahead = (size_t)(kernel_row_ptr(w, VEC_ROWS) - kernel_row_ptr(w, 0));
+    const size_t ahead = kernel_group_ahead(w, VEC_ROWS);
     const int short_fp8_rows = f == WF_FP8 && cols <= FP8_SHORT_ROW;
     const uint8_t *end = kernel_row_ptr(w, w->rows);
     const uint8_t *row[VEC_ROWS];
@@ -560,7 +560,7 @@ INLINE __m512 pair_partial(__m512i wa, __m512i wb, __m512i xa, __m512i xb) {
 INLINE void nibble_dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, const uint32_t *pairs, int PAIRS,
                             int NX, float *y, int ldy) {
     const int cols = w->cols, full = cols / 64 * 64;
-    const size_t ahead = (size_t)(kernel_row_ptr(w, VEC_ROWS) - kernel_row_ptr(w, 0));
+    const size_t ahead = kernel_group_ahead(w, VEC_ROWS);
     const uint8_t *end = kernel_row_ptr(w, w->rows);
     const __m512 table = nibble_table(f);
 #if HAVE_PAIRS
@@ -943,7 +943,7 @@ static int avx512_nibble_ints(const float *x, int cols, uint8_t *out) {
  * independent chains, prefetching as nibble_dot_rows does. */
 INLINE void nibble_int_rows(const qmat *w, int r, int NR, const float *x, const uint8_t *ints, float *y) {
     const int full = w->cols / 64 * 64;
-    const size_t ahead = (size_t)(kernel_row_ptr(w, VEC_ROWS) - kernel_row_ptr(w, 0));
+    const size_t ahead = kernel_group_ahead(w, VEC_ROWS);
     const uint8_t *end = kernel_row_ptr(w, w->rows);
     const __m512i pick = _mm512_set_epi64(0x3c3834302c282420LL, 0x3c3834302c282420LL, 0x3c3834302c282420LL,
                                           0x3c3834302c282420LL, 0x1c1814100c080400LL, 0x1c1814100c080400LL,

@@ -211,14 +211,26 @@ static inline const uint8_t *kernel_row_ptr(const qmat *w, int r) {
     return (const uint8_t *)w->data + (size_t)r * row_bytes;
 }
 
-/* Prefetch into L1 the next row group of a walk over nr consecutive rows (row0 its first),
- * `ahead` bytes on (the group's size), in memory order: called once per 64 bytes each row
- * consumes, `done` bytes into each row, it fetches nr lines of the next group from where the
+/* Prefetch into L1 a later row group of a walk over nr consecutive rows (row0 its first),
+ * `ahead` bytes on (kernel_group_ahead), in memory order: called once per 64 bytes each row
+ * consumes, `done` bytes into each row, it fetches nr lines of that group from where the
  * previous call stopped. A kernel reading nr rows side by side presents nr short interleaved
  * streams; prefetching the same lines in ascending order presents one, which streams from
  * memory faster (nibble rows of 512 B-1 KiB, see kernels_avx512.c). Changes no result. */
 static inline void kernel_prefetch_next_group(const uint8_t *row0, int nr, size_t done, size_t ahead) {
     for (int i = 0; i < nr; i++) __builtin_prefetch(row0 + ahead + done * (size_t)nr + 64 * (size_t)i, 0, 3);
+}
+
+/* How far kernel_prefetch_next_group runs ahead of a walk over groups of nr rows: the next group,
+ * or as many groups as make KERNEL_NEAR_AHEAD bytes where the rows are short. A group of 2 KiB
+ * (four FP4 rows of 1024 columns, DeepSeek V4's expert down projection) fetched one group ahead
+ * left one thread's FP4 2048 x 1024 matvec from memory at 12.3-12.9 GB/s; two groups ahead,
+ * 13.0-14.1 (Xeon, 400 matrices, integer partials and f32 path alike); rows of 1 KiB and longer
+ * measured the same at one to three groups. */
+#define KERNEL_NEAR_AHEAD 4096u
+static inline size_t kernel_group_ahead(const qmat *w, int nr) {
+    size_t group = (size_t)(kernel_row_ptr(w, nr) - kernel_row_ptr(w, 0));
+    return group ? (KERNEL_NEAR_AHEAD + group - 1) / group * group : 0;
 }
 
 /* Bytes ahead of a matvec's walk that kernel_prefetch_far touches. */

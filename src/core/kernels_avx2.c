@@ -212,10 +212,7 @@ INLINE void nibble_dot_rows(const qmat *w, wformat f, int r, int NR, const float
         acc[i][0] = acc[i][1] = _mm256_setzero_ps();
     }
     for (int c = 0; c < full; c += 64) {
-        if (c % 128 == 0) {
-            kernel_prefetch_next_group(row[0], NR, (size_t)c / 2, ahead);
-            kernel_prefetch_far(row[0] + (size_t)c / 2 * NR, end);
-        }
+        if (c % 128 == 0) kernel_prefetch_next_group(row[0], NR, (size_t)c / 2, ahead, end);
         #pragma GCC unroll 4
         for (int i = 0; i < NR; i++) {
             __m256 v[8], scale[2];

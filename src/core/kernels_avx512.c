@@ -32,6 +32,7 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 
 #include <immintrin.h>
+#include <math.h>
 #include <pthread.h>
 #include <string.h>
 
@@ -303,10 +304,7 @@ INLINE void dot_rows(const qmat *w, wformat f, int r, int NR, const float *x, in
     for (int c = 0; c < pairs;) {
         const int step = f == WF_FP8 && c + FP8_STEP <= cols ? FP8_STEP : 32;
         if (short_fp8_rows) {
-            if (c % 64 == 0) {
-                kernel_prefetch_next_group(row[0], NR, (size_t)c, ahead);
-                kernel_prefetch_far(row[0] + (size_t)c * NR, end);
-            }
+            if (c % 64 == 0) kernel_prefetch_next_group(row[0], NR, (size_t)c, ahead, end);
         } else {
             #pragma GCC unroll 2
             for (size_t b = (kernel_col_bytes(f, c) + 63) & ~(size_t)63; b < kernel_col_bytes(f, c + step); b += 64) {
@@ -454,6 +452,16 @@ static float nibble_finish(const qmat *w, int r, int full, const float *x, __m51
     return kernel_row_finish(w, r, kernel_tree16(a));
 }
 
+/* The biased exponent of the lowest set bit of each lane's value, for normal f32 lanes (`mag` the
+ * lane's bits without the sign, `e` its exponent field): the value is (mantissa | 2^23) *
+ * 2^(e - 150), so its lowest bit sits that many trailing zeros above 2^(e - 23). Zero and denormal
+ * lanes give 0 or less. The pairs and the integer partials both bound their inputs' span by it. */
+INLINE __m512i lowest_bit_exponent(__m512i mag, __m512i e) {
+    const __m512i m = _mm512_or_si512(_mm512_and_si512(mag, _mm512_set1_epi32(0x7fffff)), _mm512_set1_epi32(0x800000));
+    const __m512i low_bit = _mm512_and_si512(m, _mm512_sub_epi32(_mm512_setzero_si512(), m));
+    return _mm512_sub_epi32(e, _mm512_add_epi32(_mm512_set1_epi32(23 - 31), _mm512_lzcnt_epi32(low_bit)));
+}
+
 #if defined(__AVX512BF16__) && defined(__AVX512VBMI__)
 /* ---- exact BF16 pairs (the nibble formats' partials as BF16 dot products) ----
  *
@@ -481,9 +489,7 @@ static float nibble_finish(const qmat *w, int r, int full, const float *x, __m51
 INLINE __mmask16 pair_span(__m512i bits, __m512i *hi, __m512i *lo) {
     const __m512i mag = _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff));
     const __m512i e = _mm512_srli_epi32(mag, 23);
-    const __m512i m = _mm512_or_si512(_mm512_and_si512(mag, _mm512_set1_epi32(0x7fffff)), _mm512_set1_epi32(0x800000));
-    const __m512i low_bit = _mm512_and_si512(m, _mm512_sub_epi32(_mm512_setzero_si512(), m));
-    const __m512i low = _mm512_sub_epi32(e, _mm512_add_epi32(_mm512_set1_epi32(23 - 31), _mm512_lzcnt_epi32(low_bit)));
+    const __m512i low = lowest_bit_exponent(mag, e);
     __mmask16 nonzero = _mm512_test_epi32_mask(mag, mag);
     *hi = _mm512_mask_max_epi32(*hi, nonzero, *hi, e);
     *lo = _mm512_mask_min_epi32(*lo, nonzero, *lo, low);
@@ -577,10 +583,7 @@ INLINE void nibble_dot_rows(const qmat *w, wformat f, int r, int NR, const float
         for (int j = 0; j < NX; j++) acc[i][j] = _mm512_setzero_ps();
     }
     for (int c = 0; c < full; c += 64) {
-        if (c % 128 == 0) {
-            kernel_prefetch_next_group(row[0], NR, (size_t)c / 2, ahead);
-            kernel_prefetch_far(row[0] + (size_t)c / 2 * NR, end);
-        }
+        if (c % 128 == 0) kernel_prefetch_next_group(row[0], NR, (size_t)c / 2, ahead, end);
 #if HAVE_PAIRS
         if (PAIRS) {   /* the inputs' pairs in registers for all NR rows, as xv below */
             __m512i xa[FEW_X], xb[FEW_X];
@@ -881,25 +884,13 @@ static pthread_once_t int_once = PTHREAD_ONCE_INIT;
 
 static void int_tables(void) {
     for (int e = INT_E_MIN; e <= INT_E_MAX; e++)
-        for (int b = 0; b < 256; b++) int_scales[e - INT_E_MIN][b] = kernel_fp4_scale_lut[b] * (e < 0 ? 1.0f / (float)(1 << -e) : (float)(1 << e));
+        for (int b = 0; b < 256; b++) int_scales[e - INT_E_MIN][b] = ldexpf(kernel_fp4_scale_lut[b], e);
     for (int i = 0; i < 64; i++) int_weights[i] = (int8_t)kernel_fp4_lut[i % 16];
     for (int G = 0; G < 16; G++) {
         int lam = 8 * (G % 4 / 2) + 2 * (G / 4) + G % 2, rule4 = 8 * (G % 8 / 4) + 4 * (G / 8) + G % 4;
         int_lane_of_group[lam] = G;
         int_lane_back[rule4] = lam;
     }
-}
-
-/* The biased exponent of each lane's lowest set bit, where the lane is nonzero (an f32's bits). */
-INLINE __m512i lowest_bit_exponent(__m512i bits) {
-    const __m512i e = _mm512_srli_epi32(_mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff)), 23);
-    const __mmask16 normal = _mm512_test_epi32_mask(e, e);
-    const __m512i m = _mm512_mask_or_epi32(_mm512_and_si512(bits, _mm512_set1_epi32(0x7fffff)), normal,
-                                           _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffff)), _mm512_set1_epi32(0x800000));
-    const __m512i low_bit = _mm512_and_si512(m, _mm512_sub_epi32(_mm512_setzero_si512(), m));
-    /* value = m * 2^(max(e, 1) - 150); its lowest bit is 2^(that + 31 - lzcnt(low_bit)) */
-    return _mm512_sub_epi32(_mm512_max_epi32(e, _mm512_set1_epi32(1)),
-                            _mm512_add_epi32(_mm512_set1_epi32(150 - 31), _mm512_lzcnt_epi32(low_bit)));
 }
 
 /* kernel_path.nibble_ints: each full chunk of x (column order) as above; 0 if one does not qualify. */
@@ -913,10 +904,11 @@ static int avx512_nibble_ints(const float *x, int cols, uint8_t *out) {
             bits[t] = _mm512_loadu_si512(x + c + 16 * t);
             const __m512i mag = _mm512_and_si512(bits[t], _mm512_set1_epi32(0x7fffffff));
             bad |= _mm512_cmpge_epu32_mask(mag, _mm512_set1_epi32(0x7f800000));   /* inf, NaN */
-            low = _mm512_mask_min_epi32(low, _mm512_test_epi32_mask(mag, mag), low, lowest_bit_exponent(bits[t]));
+            low = _mm512_mask_min_epi32(low, _mm512_test_epi32_mask(mag, mag), low,
+                                        lowest_bit_exponent(mag, _mm512_srli_epi32(mag, 23)));
         }
-        int e = _mm512_reduce_min_epi32(low);
-        e = e == 1 << 20 ? 0 : e;
+        int e = _mm512_reduce_min_epi32(low);   /* biased; a denormal gives 0 or less, out of range */
+        e = e == 1 << 20 ? 0 : e - 127;
         if (bad || e < INT_E_MIN || e > INT_E_MAX) return 0;
         uint8_t *rec = out + (size_t)c / 64 * KERNEL_INT_CHUNK;
         uint8_t column_order[4][64];   /* sign, top, high, low bytes */
@@ -958,10 +950,7 @@ INLINE void nibble_int_rows(const qmat *w, int r, int NR, const float *x, const 
         acc[i] = _mm512_setzero_ps();
     }
     for (int c = 0; c < full; c += 64) {
-        if (c % 128 == 0) {
-            kernel_prefetch_next_group(row[0], NR, (size_t)c / 2, ahead);
-            kernel_prefetch_far(row[0] + (size_t)c / 2 * NR, end);
-        }
+        if (c % 128 == 0) kernel_prefetch_next_group(row[0], NR, (size_t)c / 2, ahead, end);
         const uint8_t *rec = ints + (size_t)c / 64 * KERNEL_INT_CHUNK;
         int_head h;
         memcpy(&h, rec, sizeof h);

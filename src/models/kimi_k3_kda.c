@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "../core/threads.h"
+#include "../core/util.h"
 #include "kimi_k3.h"
 
 /* A stretch of tokens [t0, t1) of one sequence in one layer, shared by the head jobs; the
@@ -152,7 +153,7 @@ static void conv_channels(void *ctx, int i) {
     const kda_prep *j = ctx;
     const k3_model *k = j->m->priv;
     int P = k->kda_heads * k->kda_dim, K = k->conv_k, c0 = i * KDA_CONV_CHANNELS;
-    int cnt = P - c0 < KDA_CONV_CHANNELS ? P - c0 : KDA_CONV_CHANNELS;
+    int cnt = MIN(P - c0, KDA_CONV_CHANNELS);
     for (int q = 0; q < 3; q++) {
         const float *taps = j->a->conv[q] + (size_t)c0 * K;
         float *win = j->win + (size_t)q * P * (K - 1) + (size_t)c0 * (K - 1);

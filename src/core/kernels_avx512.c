@@ -46,9 +46,11 @@
 #define FEW_BATCH 8      /* batches up to this many inputs decode in registers (two passes of 4) */
 /* The same for the nibble formats, whose tile pays a decoded row's stores (five vectors per 64
  * columns) and which the register kernel decodes once per four inputs at eight uops. One
- * thread, FP4 1024 x 2048 in L2, GFLOP/s tile / register kernel: n = 9 72 / 108, 12 95 / 111,
- * 16 106-109 / 112-116, 24 122 / 113. */
-#define NIB_FEW_BATCH 16
+ * thread, FP4 1024 x 2048 in L2, GFLOP/s tile / register kernel, Xeon, with the tile decoding
+ * each range just before its first use (nibble_rows_mul): n = 9 106 / 106, 12 120-121 / 116,
+ * 16 127-128 / 116 (two threads from memory: n = 9 174-181 / 182-186, 12 189-200 / 200-207,
+ * 16 216-218 / 201-211). */
+#define NIB_FEW_BATCH 12
 /* Columns per range of the rule-2 tile. A range's MUL_XROWS input slices (6 x 4 KiB) and a tile's
  * four weight rows (16 KiB as f32) fit a 48 KiB L1 together, as NIB_KC's do for the nibble tile,
  * and each tile call's fixed cost (its 24 lanes loaded and stored, its dispatch: 17 % of the
@@ -730,12 +732,12 @@ static void nibble_tile_any(const float *wb, int ldw, const float *x, const uint
     if (pairs) NIB_CASES(HAVE_PAIRS) else NIB_CASES(0)
 }
 
-INLINE void nibble_decode_row(const qmat *w, wformat f, int r, int pairs, float *out) {
-    const int chunks = w->cols / 64;
+/* Chunks [k0, k1) of row r decoded into out (its decoded row: chunk k at k * the chunk's floats). */
+INLINE void nibble_decode_row(const qmat *w, wformat f, int r, int pairs, int k0, int k1, float *out) {
     const __m512 table = nibble_table(f);
     const uint8_t *row = kernel_row_ptr(w, r);
     const void *srow = kernel_nibble_scale_row(w, r);
-    for (int k = 0; k < chunks; k++) {
+    for (int k = k0; k < k1; k++) {
 #if HAVE_PAIRS
         if (pairs) {
             __m512i a, b;
@@ -756,16 +758,20 @@ INLINE void nibble_decode_row(const qmat *w, wformat f, int r, int pairs, float 
     }
 }
 
-/* Batches past NIB_FEW_BATCH: each row decoded once (as pairs when `pairs` holds the inputs'), then
- * the NIB_R x NIB_X tile over column ranges of NIB_KC chunks. */
+/* Batches past NIB_FEW_BATCH: the NIB_R x NIB_X tile over column ranges of NIB_KC chunks, each
+ * row decoded once (as pairs when `pairs` holds the inputs'). The first input group decodes a
+ * tile's rows range by range just before it uses them, so the decoded lines are still in L1
+ * and the decode's stores overlap the tiles' FMAs; later groups read them back from L2. Decoding
+ * every row up front instead (480 KiB per 48-row task at 2048 columns, all written to L2 before
+ * the first FMA) cost 23 % of the product's samples at n = 24: FP4 1024 x 2048, n = 24, one
+ * thread in L2 128 -> 139 GFLOP/s, two threads from memory 202-228 -> 250-253 (alternated);
+ * DeepSeek V4 bench prefill 179 -> 183 tok/s (median of 5, alternated). */
 static void nibble_rows_mul(const qmat *w, int r0, int r1, const float *x, const uint32_t *pairs, int n, float *y,
                             int ldy) {
     const int cols = w->cols, chunks = cols / 64, nr = r1 - r0;
     const int ldw = chunks * (pairs ? NIB_PAIR_CHUNK : NIB_CHUNK_FLOATS);
     float *wb = kernel_scratch((size_t)nr * ldw + (size_t)NIB_X * nr * 16);
     float *acc = wb + (size_t)nr * ldw;
-    for (int r = r0; r < r1; r++)
-        KERNEL_FOR_EACH_FORMAT(w->fmt, (void)0, nibble_decode_row(w, F, r, pairs != NULL, wb + (size_t)(r - r0) * ldw))
     row_stream next = row_stream_after(w, r0, r1, (n + NIB_X - 1) / NIB_X * ((chunks + NIB_KC - 1) / NIB_KC) *
                                                       ((nr + NIB_R - 1) / NIB_R));
     for (int j0 = 0, nx; j0 < n; j0 += nx) {
@@ -773,9 +779,13 @@ static void nibble_rows_mul(const qmat *w, int r0, int r1, const float *x, const
         const float *xg = x + (size_t)j0 * cols;
         const uint32_t *pg = pairs ? pairs + (size_t)j0 * chunks * 32 : NULL;
         for (int k0 = 0; k0 == 0 || k0 < chunks; k0 += NIB_KC)   /* once at least: the first range zeroes acc */
-            for (int i = 0; i < nr; i += NIB_R, row_stream_step(&next))
-                nibble_tile_any(wb + (size_t)i * ldw, ldw, xg, pg, cols, k0, MIN(k0 + NIB_KC, chunks), MIN(NIB_R, nr - i),
-                                nx, acc + (size_t)i * 16, nr);
+            for (int i = 0; i < nr; i += NIB_R, row_stream_step(&next)) {
+                const int k1 = MIN(k0 + NIB_KC, chunks), tile_rows = MIN(NIB_R, nr - i);
+                for (int t = 0; j0 == 0 && t < tile_rows; t++)
+                    KERNEL_FOR_EACH_FORMAT(w->fmt, (void)0,
+                                           nibble_decode_row(w, F, r0 + i + t, pairs != NULL, k0, k1, wb + (size_t)(i + t) * ldw))
+                nibble_tile_any(wb + (size_t)i * ldw, ldw, xg, pg, cols, k0, k1, tile_rows, nx, acc + (size_t)i * 16, nr);
+            }
         for (int j = 0; j < nx; j++) {
             if (chunks * 64 == cols) {
                 finish_rows(w, r0, nr, acc + (size_t)j * nr * 16, y + (size_t)(j0 + j) * ldy);

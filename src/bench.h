@@ -51,7 +51,7 @@ double bench_median(double *v, long n);
 int bench_disk(const bench_opts *o);
 
 /* Stream-like read bandwidth in bytes/s over a buffer of at least `bytes` (bench_stream_bytes() for reports),
- * using the same thread pool as the kernels. */
+ * using the same thread pool as the kernels: the faster of plain loads and loads behind software prefetches. */
 double bench_read_bandwidth(size_t bytes);
 
 /* Size of the largest CPU cache (sysfs, cpu0; else CPUID on x86), 0 if unknown. Streaming measurements use buffers

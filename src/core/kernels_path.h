@@ -217,9 +217,8 @@ static inline const uint8_t *kernel_row_ptr(const qmat *w, int r) {
 /* The line KERNEL_FAR_AHEAD bytes past `at` (where a matvec's walk over its rows is, in memory
  * order), into L2, if it lies before `end` (past the matrix's last code byte). Matvecs call it
  * for one line in four of their stream. Their near prefetches run a few KiB ahead
- * (kernel_group_ahead), and each holds an L1 fill buffer until memory answers, so a thread
- * cannot keep enough lines in flight to stream from memory; a touch well ahead starts the L2
- * prefetchers on those lines early.
+ * (kernel_group_ahead), too few lines in flight for one thread to stream from memory (measured
+ * when they went into L1); a touch well ahead starts the L2 prefetchers on those lines early.
  * Xeon, from memory, two threads: FP4 1024 x 2048 (DeepSeek V4's expert shape) 16.6-17.4 ->
  * 19.6-20.9 GB/s, one thread 8.5-8.8 -> 10.2-10.6 (12.7 in cache); FP8 matvecs of DeepSeek V4's
  * bench model 3-8 % faster each. Changes no result. */
@@ -227,26 +226,29 @@ static inline void kernel_prefetch_far(const uint8_t *at, const uint8_t *end) {
     if (end - at > (ptrdiff_t)KERNEL_FAR_AHEAD) __builtin_prefetch(at + KERNEL_FAR_AHEAD, 0, 1);
 }
 
-/* Prefetch into L1 a later row group of a walk over nr consecutive rows (row0 its first),
+/* Prefetch into L2 a later row group of a walk over nr consecutive rows (row0 its first),
  * `ahead` bytes on (kernel_group_ahead), in memory order: called once per 64 bytes each row
  * consumes, `done` bytes into each row, it fetches nr lines of that group from where the
  * previous call stopped, and touches one line far ahead of the walk (kernel_prefetch_far; `end`
  * past the matrix's last code byte). A kernel reading nr rows side by side presents nr short
  * interleaved streams; prefetching the same lines in ascending order presents one, which streams
- * from memory faster (nibble rows of 512 B-1 KiB, see kernels_avx512.c). Changes no result. */
+ * from memory faster (nibble rows of 512 B-1 KiB, see kernels_avx512.c). Into L2 (prefetcht1)
+ * rather than L1, and at least 8 KiB ahead rather than 4: DeepSeek V4 bench decode, alternated,
+ * 12 of 15 pairs faster, medians +1 to +4 %; GLM 4 of 5, Kimi K3 2 of 4 (Xeon, two threads); one
+ * thread's FP4 1024 x 2048 matvec from memory 12.3-12.8 -> 13.0-13.1 GB/s. Changes no result. */
 static inline void kernel_prefetch_next_group(const uint8_t *row0, int nr, size_t done, size_t ahead,
                                               const uint8_t *end) {
-    for (int i = 0; i < nr; i++) __builtin_prefetch(row0 + ahead + done * (size_t)nr + 64 * (size_t)i, 0, 3);
+    for (int i = 0; i < nr; i++) __builtin_prefetch(row0 + ahead + done * (size_t)nr + 64 * (size_t)i, 0, 2);
     kernel_prefetch_far(row0 + done * (size_t)nr, end);
 }
 
-/* How far kernel_prefetch_next_group runs ahead of a walk over groups of nr rows: the next group,
- * or as many groups as make KERNEL_NEAR_AHEAD bytes where the rows are short. A group of 2 KiB
- * (four FP4 rows of 1024 columns, DeepSeek V4's expert down projection) fetched one group ahead
- * left one thread's FP4 2048 x 1024 matvec from memory at 12.3-12.9 GB/s; two groups ahead,
- * 13.0-14.1 (Xeon, 400 matrices, integer partials and f32 path alike); rows of 1 KiB and longer
- * measured the same at one to three groups. */
-#define KERNEL_NEAR_AHEAD 4096u
+/* How far kernel_prefetch_next_group (and dot_rows' row by row prefetch) runs ahead of a walk
+ * over groups of nr rows: the next group, or as many groups as make KERNEL_NEAR_AHEAD bytes where
+ * the rows are short. A group of 2 KiB (four FP4 rows of 1024 columns, DeepSeek V4's expert down
+ * projection) fetched one group ahead left one thread's FP4 2048 x 1024 matvec from memory at
+ * 12.3-12.9 GB/s; two groups ahead, 13.0-14.1 (Xeon, 400 matrices, integer partials and f32 path
+ * alike). 8 KiB with the L2 prefetch: see kernel_prefetch_next_group. */
+#define KERNEL_NEAR_AHEAD 8192u
 static inline size_t kernel_group_ahead(const qmat *w, int nr) {
     size_t group = (size_t)(kernel_row_ptr(w, nr) - kernel_row_ptr(w, 0));
     return group ? (KERNEL_NEAR_AHEAD + group - 1) / group * group : 0;

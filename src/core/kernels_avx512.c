@@ -781,10 +781,12 @@ static void nibble_rows_mul(const qmat *w, int r0, int r1, const float *x, const
         for (int k0 = 0; k0 == 0 || k0 < chunks; k0 += NIB_KC)   /* once at least: the first range zeroes acc */
             for (int i = 0; i < nr; i += NIB_R, row_stream_step(&next)) {
                 const int k1 = MIN(k0 + NIB_KC, chunks), tile_rows = MIN(NIB_R, nr - i);
-                for (int t = 0; j0 == 0 && t < tile_rows; t++)
-                    KERNEL_FOR_EACH_FORMAT(w->fmt, (void)0,
-                                           nibble_decode_row(w, F, r0 + i + t, pairs != NULL, k0, k1, wb + (size_t)(i + t) * ldw))
-                nibble_tile_any(wb + (size_t)i * ldw, ldw, xg, pg, cols, k0, k1, tile_rows, nx, acc + (size_t)i * 16, nr);
+                float *tile_wb = wb + (size_t)i * ldw;
+                for (int t = 0; j0 == 0 && t < tile_rows; t++) {
+                    float *out = tile_wb + (size_t)t * ldw;
+                    KERNEL_FOR_EACH_FORMAT(w->fmt, (void)0, nibble_decode_row(w, F, r0 + i + t, pairs != NULL, k0, k1, out))
+                }
+                nibble_tile_any(tile_wb, ldw, xg, pg, cols, k0, k1, tile_rows, nx, acc + (size_t)i * 16, nr);
             }
         for (int j = 0; j < nx; j++) {
             if (chunks * 64 == cols) {

@@ -113,7 +113,7 @@ void k3_expert(void *ctx, int layer, int e, const qmat *w, const float *in, cons
 size_t k3_expert_scratch(void *ctx, int layer, int cnt);
 size_t k3_scratch_bytes(const model *m, int ctx);
 /* beta * tanh(g / beta) * sigmoid(g) * linear_beta * tanh(u / linear_beta), into g. */
-void k3_situ(const k3_model *k, float *g, const float *u, size_t n);
+void k3_situ(const k3_model *k, float *restrict g, const float *restrict u, size_t n);
 
 /* A pass (kimi_k3_forward.c) holds rows of several sequences: rows t0 .. t0+n-1 of it are
  * positions pos0 .. pos0+n-1 of sequence s. The attention layers project all the pass's rows with

@@ -239,6 +239,53 @@ static void test_weighted_rows(void) {
     }
 }
 
+/* Error in units of the last place of the f32 nearest want. */
+static double ulps(float got, double want) {
+    double ulp = want == 0 ? ldexp(1.0, -149) : ldexp(1.0, ilogb(want) - 23);
+    return fabs(got - want) / ulp;
+}
+
+/* One element through a call the compiler cannot vectorize, for the bitwise comparisons below. */
+__attribute__((noinline)) static float tanh_one(float x) { return tanh_f32(x); }
+__attribute__((noinline)) static float sigmoid_one(float x) { return sigmoid_f32(x); }
+
+/* ops.h's exp_f32, sigmoid_f32 and tanh_f32: within the ulps their comment states against double
+ * precision over [-12, 12] (every 97th f32, and the tiny and huge edges), odd or monotone where
+ * the functions are, and a vectorized loop over an array (this file's own, at -O2) gives the same
+ * bits as one call per element. */
+static void test_fast_transcendentals(void) {
+    double worst_exp = 0, worst_sigmoid = 0, worst_tanh = 0;
+    int odd = 0, n = 0;
+    for (float x = -12.0f; x < 12.0f; n++) {
+        worst_exp = fmax(worst_exp, ulps(exp_f32(x), exp((double)x)));
+        worst_sigmoid = fmax(worst_sigmoid, ulps(sigmoid_f32(x), 1 / (1 + exp(-(double)x))));
+        worst_tanh = fmax(worst_tanh, ulps(tanh_f32(x), tanh((double)x)));
+        odd += tanh_f32(-x) != -tanh_f32(x);
+        for (int k = 0; k < 97; k++) x = nextafterf(x, 13.0f);
+    }
+    CHECK(n > 100000 && worst_exp <= 1.0 && worst_sigmoid <= 2.0 && worst_tanh <= 2.5,
+          "worst ulps over %d points: exp %.2f sigmoid %.2f tanh %.2f", n, worst_exp, worst_sigmoid, worst_tanh);
+    CHECK(odd == 0, "tanh_f32 is odd (%d points not)", odd);
+    float tiny[] = {1e-30f, 1e-10f, 3e-6f, 1e-3f};
+    int tiny_bad = 0;
+    for (int i = 0; i < 4; i++) tiny_bad += ulps(tanh_f32(tiny[i]), tanh((double)tiny[i])) > 1.0;
+    CHECK(tiny_bad == 0 && signbit(tanh_f32(-0.0f)) && tanh_f32(0.0f) == 0.0f, "tanh near zero keeps x and its sign");
+    CHECK(tanh_f32(30.0f) == 1.0f && tanh_f32(-1e30f) == -1.0f && sigmoid_f32(-200.0f) >= 0.0f &&
+              sigmoid_f32(200.0f) == 1.0f && exp_f32(-200.0f) > 0.0f && isfinite(exp_f32(200.0f)),
+          "saturation past the clamps");
+    enum { N = 4099 };   /* a vector body and a scalar remainder */
+    static float x[N], t[N], s[N];
+    for (int i = 0; i < N; i++) x[i] = (rnd_float() - 0.5f) * 40.0f;
+    for (int i = 0; i < N; i++) t[i] = tanh_f32(x[i]);
+    for (int i = 0; i < N; i++) s[i] = sigmoid_f32(x[i]);
+    int bad = 0;
+    for (int i = 0; i < N; i++) {
+        float ti = tanh_one(x[i]), si = sigmoid_one(x[i]);
+        bad += memcmp(&ti, &t[i], sizeof ti) != 0 || memcmp(&si, &s[i], sizeof si) != 0;
+    }
+    CHECK(bad == 0, "%d elements of the vectorized loops differ from one call per element", bad);
+}
+
 int main(void) {
     test_norms();
     test_rope_tables();
@@ -248,5 +295,6 @@ int main(void) {
     test_hadamard();
     test_dot();
     test_weighted_rows();
+    test_fast_transcendentals();
     return TEST_END();
 }

@@ -136,8 +136,6 @@ float silu(float x) { return x / (1.0f + expf(-x)); }
 /* log(1 + e^x) without overflow for large x or loss of precision for very negative x. */
 float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
-float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
-
 /* Selection by repeated insertion into a sorted prefix: k is small (experts, indexer top-k over
  * a few thousand at most), and a strict '>' keeps the earlier index first among equal values. */
 void topk(const float *x, int n, int k, int *idx) {

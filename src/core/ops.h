@@ -35,7 +35,6 @@ void rope_apply_half(const rope_table *t, float *x, int pos, int inverse);
 void softmax(float *x, int n);                     /* in place, max-subtracted */
 float silu(float x);
 float softplus(float x);
-float sigmoidf(float x);
 /* exp and tanh for elementwise loops the compiler vectorizes: branch-free, from +, *, fmaf and
  * bit moves only, so a loop's vector body and its scalar remainder (and a build without SIMD)
  * give the same bits for the same input, which libm's calls cannot be vectorized to promise.

@@ -31,8 +31,8 @@ static void hc_split(const dsv4_config *c, const dsv4_hc *p, const float *mix, f
     int hc = c->hc;
     float eps = (float)c->hc_eps;
     for (int i = 0; i < hc; i++) {
-        pre[i] = sigmoidf(mix[i] * p->scale[0] + p->base[i]) + eps;
-        post[i] = 2.0f * sigmoidf(mix[hc + i] * p->scale[1] + p->base[hc + i]);
+        pre[i] = sigmoid_f32(mix[i] * p->scale[0] + p->base[i]) + eps;
+        post[i] = 2.0f * sigmoid_f32(mix[hc + i] * p->scale[1] + p->base[hc + i]);
     }
     for (int i = 0; i < hc; i++) {
         float *row = comb + i * hc;
@@ -168,7 +168,7 @@ void dsv4_head_state(const dsv4_model *d, const dsv4_hc *hc_head, const uint16_t
     float pre[DSV4_MAX_HC];
     float r = dsv4_rsqrt_mean_square(h, width, c->eps);
     for (int i = 0; i < c->hc; i++)
-        pre[i] = sigmoidf(mix[i] * r * hc_head->scale[0] + hc_head->base[i]) + (float)c->hc_eps;
+        pre[i] = sigmoid_f32(mix[i] * r * hc_head->scale[0] + hc_head->base[i]) + (float)c->hc_eps;
     hc_collapse(d, h, pre, y);
     rmsnorm_bf16w(y, y, norm, c->dim, (float)c->eps);
     dsv4_bf16(d, y, c->dim);

@@ -319,7 +319,7 @@ static void route(const glm_model *g, const glm_layer *l, const float *logits, i
     float *score, *choice;
     route_layout(sc, g, &score, &choice);
     for (int e = 0; e < g->n_experts; e++) {
-        score[e] = sigmoidf(logits[e]);
+        score[e] = sigmoid_f32(logits[e]);
         choice[e] = score[e] + l->router_bias[e];
     }
     topk(choice, g->n_experts, g->top_k, idx);

@@ -367,10 +367,10 @@ static void glu(const model *m, const ink_glu *u, const float *x, int n, const f
  * by their sigmoids normalised jointly (HF: exp(logsigmoid - logsumexp)), times the two scales. */
 static void route(const ink_model *g, const ink_layer *l, const float *logits, int *idx, float *gam, float *choice) {
     int E = g->n_experts, K = g->top_k;
-    for (int e = 0; e < E; e++) choice[e] = sigmoidf(logits[e]) + l->router_bias[e];
+    for (int e = 0; e < E; e++) choice[e] = sigmoid_f32(logits[e]) + l->router_bias[e];
     topk(choice, E, K, idx);
     float sum = 0.0f;
-    for (int k = 0; k < K + g->n_shared; k++) sum += gam[k] = sigmoidf(logits[k < K ? idx[k] : E + k - K]);
+    for (int k = 0; k < K + g->n_shared; k++) sum += gam[k] = sigmoid_f32(logits[k < K ? idx[k] : E + k - K]);
     for (int k = 0; k < K + g->n_shared; k++) gam[k] = gam[k] / sum * g->route_scale * *l->router_scale;
 }
 

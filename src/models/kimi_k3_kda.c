@@ -102,7 +102,7 @@ static void decays(const k3_model *k, const k3_kda *a, const float *f, float *ou
         for (int i = 0; i < d; i++) {
             int c = h * d + i;
             float z = f[c] + a->dt_bias[c], s = a->decay_scale[h];
-            float g = k->has_lower_bound ? k->lower_bound * sigmoidf(s * z) : -s * softplus(z);
+            float g = k->has_lower_bound ? k->lower_bound * sigmoid_f32(s * z) : -s * softplus(z);
             out[c] = expf(g);
         }
 }
@@ -174,7 +174,7 @@ static void prep_row(void *ctx, int i) {
     l2norm_heads(j->b->act[0] + o, H, d, 1.0f / sqrtf((float)d));
     l2norm_heads(j->b->act[1] + o, H, d, 1.0f);
     decays(k, j->a, j->b->f + o, j->b->dec + o);
-    for (int h = 0; h < H; h++) j->b->beta[(size_t)t * H + h] = sigmoidf(j->b->beta[(size_t)t * H + h]);
+    for (int h = 0; h < H; h++) j->b->beta[(size_t)t * H + h] = sigmoid_f32(j->b->beta[(size_t)t * H + h]);
 }
 
 /* The recurrence of one run (rows t0.. of the pass, positions pos0.. of its sequence), in
@@ -219,7 +219,7 @@ static void out_row(void *ctx, int r) {
     model_round(j->m, core, P);
     for (int h = 0; h < H; h++) rmsnorm(core + (size_t)h * d, core + (size_t)h * d, j->a->o_norm, d, k->eps);
     model_round(j->m, core, P);
-    for (size_t c = 0; c < P; c++) core[c] *= sigmoidf(gate[c]);
+    for (size_t c = 0; c < P; c++) core[c] *= sigmoid_f32(gate[c]);
     model_round(j->m, core, P);
 }
 

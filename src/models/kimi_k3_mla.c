@@ -117,7 +117,7 @@ void k3_mla_forward(const model *m, const k3_layer *l, int li, const k3_run *run
     }
     mla_values(&j.pass, b.heads);
     model_round(m, b.heads, (size_t)n * hv);
-    for (size_t c = 0; c < (size_t)n * hv; c++) b.heads[c] *= sigmoidf(b.gate[c]);
+    for (size_t c = 0; c < (size_t)n * hv; c++) b.heads[c] *= sigmoid_f32(b.gate[c]);
     model_round(m, b.heads, (size_t)n * hv);
     model_project(m, &a->o, b.heads, n, out);
     arena_release(sc, mark);

@@ -58,7 +58,7 @@ static void situ_glu(const model *m, const qmat *gate, const qmat *up, const qma
 static void route(const k3_model *k, const k3_layer *l, const float *logits, float *score, float *choice, int *idx,
                   float *weight) {
     for (int e = 0; e < k->n_experts; e++) {
-        score[e] = sigmoidf(logits[e]);
+        score[e] = sigmoid_f32(logits[e]);
         choice[e] = score[e] + l->router_bias[e];
     }
     topk(choice, k->n_experts, k->top_k, idx);

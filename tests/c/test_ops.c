@@ -136,7 +136,8 @@ static void test_activations(void) {
     CHECK(close_rel(silu(1.5f), 1.5 / (1 + exp(-1.5)), 1e-6) && silu(-100) > -1e-30f, "silu");
     CHECK(close_rel(softplus(0.3f), log1p(exp(0.3)), 1e-6) && softplus(100) == 100.0f &&
           close_rel(softplus(-30), exp(-30.0), 1e-5), "softplus");
-    CHECK(close_rel(sigmoidf(-2), 1 / (1 + exp(2.0)), 1e-6) && sigmoidf(0) == 0.5f, "sigmoid");
+    CHECK(close_rel(sigmoid_f32(-2), 1 / (1 + exp(2.0)), 1e-6) && sigmoid_f32(0) == 0.5f && sigmoid_f32(200) == 1.0f &&
+          sigmoid_f32(-200) >= 0 && sigmoid_f32(-200) < 1e-37f, "sigmoid");
 }
 
 static int cmp_desc_then_index(const float *x, int a, int b) { return x[a] > x[b] || (x[a] == x[b] && a < b); }

@@ -98,6 +98,10 @@ for fam in fams:
         "  prefill as a fraction of the measured f32 FMA peak": f"{m['prefill_vs_fma_peak']:.3f}",
         "decode efficiency >= 0.85": f"{m['decode_efficiency']:.3f}",
         "4 conversations aggregate / one >= 2.5 (concurrency_ratio_4)": f"{c['concurrency_ratio_4']:.2f}",
+        "  decode, 1 conversation: dense / experts GB/s, other time":
+            f"{c['dense_gbs_1']:.1f}/{c['experts_gbs_1']:.1f}/{100 * c['other_share_1']:.0f}%",
+        "  decode, 4 conversations: dense / experts GB/s, other time":
+            f"{c['dense_gbs_4']:.1f}/{c['experts_gbs_4']:.1f}/{100 * c['other_share_4']:.0f}%",
         "decode tok/s beside a 512-token prefill, joined/apart (mix)":
             f"{c['mix_decode_tok_s_joined']:.2f}/{c['mix_decode_tok_s_apart']:.2f}",
         "prefill 2 threads / 1 thread >= 1.8 (thread_scaling_prefill)": f"{m['thread_scaling_prefill']:.2f}",

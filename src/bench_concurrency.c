@@ -10,6 +10,13 @@
  * k x best step of one / best step of k (best_step_ratio_k): on a shared machine a phase's total
  * time carries whatever else ran meanwhile, while its fastest step is the one least disturbed.
  *
+ * WHERE THE STEPS' TIME GOES, for 1 and 4 conversations: the dense weights' bytes per second of
+ * the dense products (kernels_dense_seconds), the routed experts' bytes per second of the MoE
+ * layers' expert calls (experts_stats.seconds: gathering, the experts' products on every thread
+ * at once, scattering), and the share of the steps' time in neither (attention, norms, routing,
+ * the head's sampling input, hand-offs). Against the machine's read bandwidth (`cairn bench
+ * kernels`) they say which part of a decode step is short of it.
+ *
  * WHILE ANOTHER PREFILLS: two conversations decode while a third prefills a MIX_LONG-token prompt,
  * timed from the first step until that prefill ends, both ways in the same run: joined (the
  * engine's joint step: each step is ONE call carrying the two tokens and a prefill chunk of
@@ -48,7 +55,9 @@ static void usage(FILE *f) {
             "--json prints {concurrency_ratio_2, concurrency_ratio_4, concurrency_ratio_8,\n"
             "best_step_ratio_2, best_step_ratio_4, best_step_ratio_8 (k x fastest step of one /\n"
             "fastest step of k: less disturbed by other load), experts_per_call_k (distinct routed\n"
-            "experts per MoE layer call), experts_spread_share_4,\n"
+            "experts per MoE layer call), experts_spread_share_4, dense_gbs_k, experts_gbs_k and\n"
+            "other_share_k for k = 1, 4 (dense weight bytes per second of the dense products, routed\n"
+            "expert bytes per second of the MoE layers' expert calls, the steps' time in neither),\n"
             "mix_decode_tok_s_joined, mix_decode_tok_s_apart, mix_prefill_tok_s_joined, ...}.\n");
 }
 
@@ -81,6 +90,9 @@ typedef struct {
     double best;          /* the fastest step's seconds */
     double chosen;        /* distinct routed experts per MoE layer call */
     double spread;        /* share of those calls that spread their experts over the pool */
+    double dense_gbs;     /* dense weight bytes / seconds in dense products */
+    double experts_gbs;   /* routed expert bytes / seconds in the MoE layers' expert calls (0: none) */
+    double other_share;   /* share of the steps' time in neither */
 } step_figures;
 
 static double run_batch(model *m, const bench_opts *o, int first, int k, int (*tokens)[64], step_figures *f,
@@ -91,8 +103,10 @@ static double run_batch(model *m, const bench_opts *o, int first, int k, int (*t
     int ok = open_conversations(m, o, first, k, (int)(o->prompt + o->decode + 1), seqs, logits, err, errlen);
     double t = -1;
     experts_stats x0, x1;
+    unsigned long long dense0, routed0, dense1, routed1;
     experts_get_stats(m->experts, &x0);
-    double t0 = now_seconds(), fastest = -1;
+    kernels_streamed(&dense0, &routed0);
+    double dense_s = kernels_dense_seconds(), t0 = now_seconds(), fastest = -1;
     for (long step = 0; ok && step < o->decode; step++) {
         for (int i = 0; i < k; i++) ids[i] = tokens[i][step] = bench_argmax(logits[i], m->vocab_size);
         double s0 = now_seconds();
@@ -101,12 +115,17 @@ static double run_batch(model *m, const bench_opts *o, int first, int k, int (*t
         if (fastest < 0 || st < fastest) fastest = st;
     }
     if (ok) t = now_seconds() - t0;
+    dense_s = kernels_dense_seconds() - dense_s;
     experts_get_stats(m->experts, &x1);
+    kernels_streamed(&dense1, &routed1);
     if (f) {
-        double calls = (double)(x1.layer_calls - x0.layer_calls);
+        double calls = (double)(x1.layer_calls - x0.layer_calls), experts_s = x1.seconds - x0.seconds;
         f->best = fastest;
         f->chosen = calls > 0 ? (double)(x1.chosen - x0.chosen) / calls : 0;
         f->spread = calls > 0 ? (double)(x1.spread_calls - x0.spread_calls) / calls : 0;
+        f->dense_gbs = dense_s > 0 ? (double)(dense1 - dense0) / dense_s * 1e-9 : 0;
+        f->experts_gbs = experts_s > 0 ? (double)(routed1 - routed0) / experts_s * 1e-9 : 0;
+        f->other_share = t > 0 ? (t - dense_s - experts_s) / t : 0;
     }
     close_conversations(seqs, logits, k);
     return t;
@@ -208,18 +227,24 @@ int bench_concurrency(int argc, char **argv) {
                "\"mix_prefill_tok_s_apart\":%.3f,\"mix_long_prompt\":%d,\"best_step_ratio_2\":%.3f,"
                "\"best_step_ratio_4\":%.3f,\"best_step_ratio_8\":%.3f,\"experts_per_call_1\":%.2f,"
                "\"experts_per_call_4\":%.2f,\"experts_per_call_8\":%.2f,\"experts_spread_share_4\":%.3f,"
-               "\"threads\":%d,\"simd\":\"%s\"}\n",
+               "\"dense_gbs_1\":%.2f,\"experts_gbs_1\":%.2f,\"other_share_1\":%.3f,\"dense_gbs_4\":%.2f,"
+               "\"experts_gbs_4\":%.2f,\"other_share_4\":%.3f,\"threads\":%d,\"simd\":\"%s\"}\n",
                tok_s[0], tok_s[1], tok_s[2], tok_s[3], tok_s[1] / tok_s[0], tok_s[2] / tok_s[0], tok_s[3] / tok_s[0],
                o.prompt, o.decode, mix[0], mix[1], mix[2], mix[3], MIX_LONG, best_ratio[1], best_ratio[2],
-               best_ratio[3], fig[0].chosen, fig[2].chosen, fig[3].chosen, fig[2].spread, pool_threads(),
-               kernels_simd_name());
+               best_ratio[3], fig[0].chosen, fig[2].chosen, fig[3].chosen, fig[2].spread, fig[0].dense_gbs,
+               fig[0].experts_gbs, fig[0].other_share, fig[2].dense_gbs, fig[2].experts_gbs, fig[2].other_share,
+               pool_threads(), kernels_simd_name());
         return 0;
     }
-    printf("conversations  aggregate tok/s  / one conversation  fastest step ratio  experts/MoE call  spread\n");
+    printf("conversations  aggregate tok/s  / one conversation  fastest step ratio  experts/MoE call  spread"
+           "  dense GB/s  experts GB/s  other\n");
     for (int r = 0; r < 4; r++)
-        printf("%13d  %15.2f  %18.2f  %18.2f  %16.2f  %5.0f%%\n", ks[r], tok_s[r], tok_s[r] / tok_s[0], best_ratio[r],
-               fig[r].chosen, 100 * fig[r].spread);
-    printf("(one forward call per step; %d threads, %s; spread: MoE calls whose experts ran one per pool task)\n",
+        printf("%13d  %15.2f  %18.2f  %18.2f  %16.2f  %5.0f%%  %10.2f  %12.2f  %4.0f%%\n", ks[r], tok_s[r],
+               tok_s[r] / tok_s[0], best_ratio[r], fig[r].chosen, 100 * fig[r].spread, fig[r].dense_gbs,
+               fig[r].experts_gbs, 100 * fig[r].other_share);
+    printf("(one forward call per step; %d threads, %s; spread: MoE calls whose experts ran one per pool task;\n"
+           " dense / experts GB/s: their weight bytes per second of their products / of the MoE expert calls;\n"
+           " other: the steps' time in neither)\n",
            pool_threads(), kernels_simd_name());
     printf("%d conversations decoding while another prefills %d tokens:\n"
            "  prefill joined to the decode calls  decode %8.2f tok/s  prefill %8.2f tok/s\n"

@@ -701,6 +701,7 @@ static void take_reply(experts *x, int r, const experts_io *io, const int *slots
 }
 
 void experts_run(experts *x, int layer, const int *idx, int nk, const experts_io *io) {
+    const double t0 = now_seconds();
     layer_set *l = &x->layers[layer];
     int E = l->n;
     grow(&x->slots, &x->slots_cap, (size_t)nk);
@@ -739,6 +740,7 @@ void experts_run(experts *x, int layer, const int *idx, int nk, const experts_io
     }
     for (int r = 1; r < x->ranks; r++)
         if (x->rows_of[r]) take_reply(x, r, io, x->slots, x->start, nchosen, x->rows_of[r]);
+    x->s.seconds += now_seconds() - t0;
 }
 
 /* ---- the other ranks: answering requests ----------------------------------------------------- */

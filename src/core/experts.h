@@ -95,6 +95,8 @@ typedef struct {
     uint64_t layer_calls, chosen;
     /* ... of those calls, the ones whose experts ran one per pool task, and their experts */
     uint64_t spread_calls, spread_experts;
+    /* ... and their wall seconds (rank 0: its own experts and the wait for the other ranks') */
+    double seconds;
 } experts_stats;
 
 experts *experts_new(const st_file *st);

@@ -385,7 +385,7 @@ void kernels_transpose(const float *src, int rows, int cols, size_t lds, float *
  * a locked add there (a full barrier, waiting for the task's loads) was 2 % of a DeepSeek V4
  * decode step. Threads past the lines' number share line 0 and add atomically. */
 enum { STREAM_LINES = 64 };
-typedef enum { COUNT_DENSE, COUNT_ROUTED, COUNT_PAIRED, COUNT_INTS, COUNTS } counter;
+typedef enum { COUNT_DENSE, COUNT_ROUTED, COUNT_PAIRED, COUNT_INTS, COUNT_DENSE_NS, COUNTS } counter;
 typedef struct {
     _Alignas(64) atomic_ullong n[COUNTS];
 } stream_line;
@@ -426,6 +426,8 @@ static unsigned long long count_total(counter k) {
 unsigned long long kernels_paired_products(void) { return count_total(COUNT_PAIRED); }
 
 unsigned long long kernels_int_products(void) { return count_total(COUNT_INTS); }
+
+double kernels_dense_seconds(void) { return (double)count_total(COUNT_DENSE_NS) * 1e-9; }
 
 /* One matrix's rows [r0, r1) of a job, written to y[n][r1 - r0]; its tasks are indices
  * [first, first + tasks) of the job, rows_per_task rows each (run_parts sets both). */
@@ -513,7 +515,12 @@ static void run_parts(int count, const mul_part *parts, const float *x, int n) {
     }
     if (!tasks) return;
     job.call = take_calls(job.parts);
+    /* a top-level product of dense weights is timed (kernels_dense_seconds): two clock reads
+     * against a job of microseconds at least */
+    const int timed = job.part[0].w->source == QM_DENSE && !pool_in_task();
+    const double t0 = timed ? now_seconds() : 0;
     pool_run(tasks, mul_task, &job);
+    if (timed) count_add(COUNT_DENSE_NS, (unsigned long long)((now_seconds() - t0) * 1e9));
 }
 
 void qmat_mul_rows(const qmat *w, int r0, int r1, const float *x, int n, float *y) {

@@ -86,6 +86,11 @@ void qmat_row(const qmat *w, int r, float *out);
  * adds (routed experts depend on what the tokens choose). qmat_row and QM_SCRATCH views are not
  * counted. */
 void kernels_streamed(unsigned long long *dense, unsigned long long *routed);
+/* Wall seconds since the start in products of dense checkpoint weights (QM_DENSE) called outside
+ * pool work: with kernels_streamed's dense bytes, the rate those weights stream at in a forward
+ * pass. Products called inside pool work (a MoE layer's experts, one per task) overlap each
+ * other and are not counted here. */
+double kernels_dense_seconds(void);
 
 /* (weight row, input row) dot products of nibble formats computed from exact BF16 pairs since the
  * start (kernels_path.h: the input qualified and the path has them), for tests and benches that

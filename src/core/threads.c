@@ -209,6 +209,8 @@ static void pool_start(void) {
 
 int pool_worker(void) { return worker_part; }
 
+int pool_in_task(void) { return in_task; }
+
 int pool_threads(void) {
     pthread_once(&pool_once, pool_start);
     return pool.active;

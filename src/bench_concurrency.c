@@ -14,8 +14,8 @@
  * the dense products (kernels_dense_seconds), the routed experts' bytes per second of the MoE
  * layers' expert calls (experts_stats.seconds: gathering, the experts' products on every thread
  * at once, scattering), and the share of the steps' time in neither (attention, norms, routing,
- * hand-offs, and this bench's argmax over each conversation's logits). Against the machine's read bandwidth (`cairn bench
- * kernels`) they say which part of a decode step is short of it.
+ * hand-offs, and this bench's argmax over each conversation's logits). Against the machine's
+ * read bandwidth (`cairn bench kernels`) they say which part of a decode step is short of it.
  *
  * WHILE ANOTHER PREFILLS: two conversations decode while a third prefills a MIX_LONG-token prompt,
  * timed from the first step until that prefill ends, both ways in the same run: joined (the
